@@ -1,0 +1,1 @@
+"""Hydra configs of klalm, shipped as the package `klalm.configs` (see pyproject.toml)."""

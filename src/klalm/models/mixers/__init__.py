@@ -1,0 +1,1 @@
+"""klalm.models.mixers."""
