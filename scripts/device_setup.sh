@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Source this first in a command sent to the GPU machine (no network there):
+#   source scripts/device_setup.sh
+# It installs the wheels carried in .whl/ (made here by ../shared/tools/device-wheels.sh) into /tmp/site and
+# klalm itself (editable, no dependencies), so `import klalm`, `klalm.kernels` and the console scripts work.
+if compgen -G ".whl/*.whl" >/dev/null; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    || return 1
+  export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+fi
+python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . || return 1
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
+python3 -c "import torch, triton, klalm.kernels; print('device:', torch.cuda.get_device_name(), 'torch', torch.__version__, 'triton', triton.__version__)"
