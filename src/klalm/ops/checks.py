@@ -1,0 +1,141 @@
+"""Input validation for the KLA scan: shapes and dtypes always, values where they cost no device sync.
+
+Shape and dtype checks read only metadata, so every call runs them. Value checks (Λ > 0, a in (0, 1],
+p ≥ 0, everything finite, λ_0 > 0) reduce whole tensors to one boolean; on a GPU that is a device
+synchronisation, so they run on CPU tensors always and on CUDA tensors only when the environment
+variable `KLALM_CHECK_INPUTS=1` is set (a debug switch, never on in the training hot path).
+Every error is a ValueError that names the tensor and the rule it broke.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+from torch import Tensor
+
+CHECK_ENV_VAR = "KLALM_CHECK_INPUTS"
+
+
+def value_checks_enabled(device: torch.device) -> bool:
+    """True on CPU, and on other devices when $KLALM_CHECK_INPUTS is "1"."""
+    return device.type == "cpu" or os.environ.get(CHECK_ENV_VAR, "0") == "1"
+
+
+def _check_float(name: str, x: Tensor, device: torch.device) -> None:
+    if not isinstance(x, Tensor):
+        raise ValueError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if not x.is_floating_point():
+        raise ValueError(f"{name} must be a floating-point tensor, got dtype {x.dtype}")
+    if x.device != device:
+        raise ValueError(f"{name} is on {x.device} but v is on {device}; all inputs must share one device")
+
+
+def _check_shape(name: str, x: Tensor, expected: tuple[int, ...], letters: str) -> None:
+    if tuple(x.shape) != expected:
+        want = "[" + ", ".join(f"{c}={n}" for c, n in zip(letters.split(","), expected)) + "]"
+        raise ValueError(f"{name} must have shape {want}, got {list(x.shape)}")
+
+
+def check_shapes(
+    v: Tensor,
+    lambda_v: Tensor,
+    k: Tensor,
+    q: Tensor,
+    a: Tensor,
+    p: Tensor,
+    lam0: Tensor | None,
+    eta0: Tensor | None,
+    *,
+    step: bool = False,
+) -> None:
+    """Check shapes, dtypes and devices of scan (or, with `step`, one-token) inputs.
+
+    Args:
+        v, lambda_v: [B, L, M] ([B, M] when `step`).
+        k, q: [B, L, S] ([B, S] when `step`).
+        a, p: [M, S].
+        lam0, eta0: state tensors [B, M, S], or None for a fresh sequence.
+        step: whether the inputs are one token without the time axis.
+
+    Raises:
+        ValueError: naming the first tensor whose rank, shape, dtype or device is wrong.
+    """
+    _check_float("v", v, v.device)
+    rank, letters = (2, "B,M") if step else (3, "B,L,M")
+    if v.dim() != rank:
+        raise ValueError(f"v must have shape [{letters}] (rank {rank}), got {list(v.shape)}")
+    for name, x in (("lambda_v", lambda_v), ("k", k), ("q", q), ("a", a), ("p", p)):
+        _check_float(name, x, v.device)
+    _check_shape("lambda_v", lambda_v, tuple(v.shape), letters)
+    if k.dim() != rank:
+        raise ValueError(f"k must have rank {rank} ([{letters[:-1]}S]), got {list(k.shape)}")
+    s = k.shape[-1]
+    lead = tuple(v.shape[:-1])
+    _check_shape("k", k, (*lead, s), letters[:-1] + "S")
+    _check_shape("q", q, (*lead, s), letters[:-1] + "S")
+    m = v.shape[-1]
+    _check_shape("a", a, (m, s), "M,S")
+    _check_shape("p", p, (m, s), "M,S")
+    for name, x in (("initial_state.lam", lam0), ("initial_state.eta", eta0)):
+        if x is not None:
+            _check_float(name, x, v.device)
+            _check_shape(name, x, (v.shape[0], m, s), "B,M,S")
+
+
+def _require(ok: Tensor, name: str, rule: str) -> None:
+    if not bool(ok):
+        raise ValueError(f"{name} breaks the rule: {rule}")
+
+
+def check_values(
+    v: Tensor,
+    lambda_v: Tensor,
+    k: Tensor,
+    q: Tensor,
+    a: Tensor,
+    p: Tensor,
+    lam0: Tensor | None,
+    eta0: Tensor | None,
+) -> None:
+    """Check the value rules of the filter (costs a device sync on GPU; see `value_checks_enabled`).
+
+    Raises:
+        ValueError: naming the tensor and the rule (finite, Λ > 0, a in (0, 1], p ≥ 0, λ_0 > 0).
+    """
+    named = {"v": v, "lambda_v": lambda_v, "k": k, "q": q, "a": a, "p": p}
+    if lam0 is not None:
+        named |= {"initial_state.lam": lam0, "initial_state.eta": eta0}
+    for name, x in named.items():
+        _require(torch.isfinite(x.detach()).all(), name, "all values finite (no NaN or inf)")
+    _require((lambda_v.detach() > 0).all(), "lambda_v", "value precision Λ > 0")
+    a_ = a.detach()
+    _require(((a_ > 0) & (a_ <= 1)).all(), "a", "discrete decay a in (0, 1]")
+    _require((p.detach() >= 0).all(), "p", "discrete process noise p >= 0")
+    if lam0 is not None:
+        _require((lam0.detach() > 0).all(), "initial_state.lam", "posterior precision λ_0 > 0")
+
+
+def check_inputs(
+    v: Tensor,
+    lambda_v: Tensor,
+    k: Tensor,
+    q: Tensor,
+    a: Tensor,
+    p: Tensor,
+    state,
+    *,
+    step: bool = False,
+    force_values: bool = False,
+) -> None:
+    """Shape/dtype checks always; value checks on CPU, under $KLALM_CHECK_INPUTS=1, or when `force_values`.
+
+    Args:
+        state: a `KLAState` (lam, eta) or None.
+        step: one-token inputs ([B, M] and [B, S]) instead of sequences.
+        force_values: run the value checks on any device (the reference backend does).
+    """
+    lam0, eta0 = (None, None) if state is None else (state[0], state[1])
+    check_shapes(v, lambda_v, k, q, a, p, lam0, eta0, step=step)
+    if force_values or value_checks_enabled(v.device):
+        check_values(v, lambda_v, k, q, a, p, lam0, eta0)
