@@ -1,0 +1,177 @@
+"""Find and load the checkpoints `klalm-eval` evaluates: HF exports and Lightning training checkpoints.
+
+Two kinds, told apart by what is on disk (`checkpoint_kind`):
+- "hf_export": a folder with `config.json` (from `save_pretrained`); loaded with `AutoModelForCausalLM` and
+  `AutoTokenizer` after `import klalm` (which registers the klalm model classes with the Auto classes).
+- "training": a Lightning `.ckpt` file, or a run folder holding one; loaded with the training package's
+  `klalm.train.checkpoint.load_model(path) -> (model, tokenizer)`.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+import klalm  # noqa: F401  (registers the klalm config/model with transformers' Auto classes)
+
+log = logging.getLogger(__name__)
+
+DTYPES: dict[str, torch.dtype] = {
+    "float32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+    "float64": torch.float64,
+}
+
+
+@dataclass
+class LoadedModel:
+    """A model ready for evaluation and where it came from.
+
+    Attributes:
+        model: causal LM (`transformers.PreTrainedModel`), in eval mode on the target device and dtype.
+        tokenizer: its tokenizer.
+        provenance: JSON-able facts: checkpoint path and kind, arch, model_type, parameter count, dtype, device.
+    """
+
+    model: Any
+    tokenizer: Any
+    provenance: dict[str, Any] = field(default_factory=dict)
+
+
+def _has_ckpt(folder: Path) -> bool:
+    return any(folder.rglob("*.ckpt"))
+
+
+def checkpoint_kind(path: str | Path) -> str:
+    """ "hf_export" or "training" for a checkpoint path (see the module docstring).
+
+    Raises:
+        FileNotFoundError: the path does not exist, or holds neither `config.json` nor a `.ckpt` file.
+    """
+    path = Path(path).expanduser()
+    if not path.exists():
+        raise FileNotFoundError(f"checkpoint {str(path)!r} does not exist")
+    if path.is_file():
+        if path.suffix == ".ckpt":
+            return "training"
+        raise FileNotFoundError(f"checkpoint {str(path)!r} is a file but not a Lightning .ckpt file")
+    if (path / "config.json").is_file():
+        return "hf_export"
+    if _has_ckpt(path):
+        return "training"
+    raise FileNotFoundError(
+        f"checkpoint folder {str(path)!r} holds neither config.json (an HF export) nor a .ckpt file (a training run)"
+    )
+
+
+def _load_hf_export(path: Path, tokenizer: str | Path | None) -> tuple[Any, Any]:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(path)
+    tok_source = Path(tokenizer).expanduser() if tokenizer is not None else path
+    try:
+        tok = AutoTokenizer.from_pretrained(tok_source)
+    except (OSError, ValueError) as err:
+        raise FileNotFoundError(
+            f"no usable tokenizer in {str(tok_source)!r} ({err}); pass tokenizer=FOLDER to name one"
+        ) from err
+    return model, tok
+
+
+def _load_training(path: Path, tokenizer: str | Path | None) -> tuple[Any, Any]:
+    try:
+        module = importlib.import_module("klalm.train.checkpoint")
+    except ModuleNotFoundError as err:
+        raise ImportError(
+            f"{str(path)!r} is a training checkpoint, but klalm.train.checkpoint (which loads those) is missing "
+            f"({err}); evaluate an HF export (save_pretrained folder) instead"
+        ) from err
+    model, tok = module.load_model(path)
+    if tokenizer is not None:
+        from transformers import AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(Path(tokenizer).expanduser())
+    return model, tok
+
+
+LOADERS: dict[str, Callable[[Path, str | Path | None], tuple[Any, Any]]] = {
+    "hf_export": _load_hf_export,
+    "training": _load_training,
+}
+
+
+def count_parameters(model: torch.nn.Module) -> int:
+    """Exact number of parameters; tied weights (embedding = LM head) count once."""
+    return sum(p.numel() for p in model.parameters())
+
+
+def resolve_device(device: str) -> torch.device:
+    """`"auto"` → CUDA when available, else CPU (the choice is logged); anything else is taken as given."""
+    if device != "auto":
+        return torch.device(device)
+    chosen = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    log.info("device=auto chose %s", chosen)
+    return chosen
+
+
+def resolve_dtype(dtype: str) -> torch.dtype:
+    """A dtype name from `DTYPES`.
+
+    Raises:
+        KeyError: unknown name; the message lists the valid ones.
+    """
+    if dtype not in DTYPES:
+        raise KeyError(f"unknown dtype {dtype!r}; valid: {sorted(DTYPES)}")
+    return DTYPES[dtype]
+
+
+def describe_model(model: Any) -> dict[str, Any]:
+    """Architecture facts of a loaded model for the results' provenance."""
+    config = model.config
+    return {
+        "arch": getattr(config, "arch", None) or config.model_type,
+        "model_type": config.model_type,
+        "model_class": type(model).__name__,
+        "n_params": count_parameters(model),
+    }
+
+
+def load_checkpoint(
+    path: str | Path,
+    *,
+    tokenizer: str | Path | None = None,
+    device: str = "auto",
+    dtype: str = "float32",
+) -> LoadedModel:
+    """Load a checkpoint of either kind for evaluation.
+
+    Args:
+        path: HF export folder, Lightning `.ckpt` file, or run folder holding a `.ckpt`.
+        tokenizer: tokenizer folder to use instead of the checkpoint's own (None: the checkpoint's).
+        device: "auto", "cpu", "cuda", "cuda:1", ...
+        dtype: weight dtype, a key of `DTYPES`.
+
+    Returns:
+        The model in eval mode on `device` in `dtype`, its tokenizer and provenance.
+
+    Raises:
+        FileNotFoundError: missing or unrecognised checkpoint, or no tokenizer in it.
+        ImportError: a training checkpoint while `klalm.train.checkpoint` is not installed.
+        KeyError: unknown dtype.
+    """
+    path = Path(path).expanduser()
+    kind = checkpoint_kind(path)
+    torch_dtype = resolve_dtype(dtype)
+    target = resolve_device(device)
+    model, tok = LOADERS[kind](path, tokenizer)
+    model = model.to(device=target, dtype=torch_dtype).eval()
+    provenance = {"checkpoint": str(path.resolve()), "kind": kind, **describe_model(model)}
+    provenance.update(dtype=dtype, device=str(target), tokenizer=type(tok).__name__, vocab_size=len(tok))
+    return LoadedModel(model=model, tokenizer=tok, provenance=provenance)

@@ -1,0 +1,174 @@
+"""lm-eval glue: resolve task names, wrap a model in `HFLM`, run `simple_evaluate` zero-shot, pick the metrics.
+
+With a `data_dir`, the user-facing names ("hellaswag", "piqa") map to the local tasks in `klalm.eval.tasks`,
+which read the original files and reproduce the upstream preprocessing and metrics; lm-eval's own task index is
+then not loaded at all (offline, and ~7 s faster). Without a `data_dir`, names are lm-eval's upstream tasks,
+used unchanged (they download from the hub).
+
+`cli_main` is the `klalm-lm-eval` console script: lm-eval's own CLI with klalm imported first, so
+`--model hf --model_args pretrained=<klalm export>` loads klalm models.
+"""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from klalm.eval.tasks import TASKS, TASKS_DIR, get_local_task, resolve_files
+
+log = logging.getLogger(__name__)
+
+METRICS = ("acc", "acc_norm")  # reported per task, each with its stderr
+METRIC_FILTER = "none"  # lm-eval's key suffix for multiple-choice metrics: "acc,none"
+
+
+@dataclass
+class TaskSpec:
+    """One task to run, as the user named it, and what backs it.
+
+    Attributes:
+        name: user-facing name ("hellaswag").
+        lm_eval_name: task name inside lm-eval ("hellaswag_local" or the upstream "hellaswag").
+        source: "local" (files in data_dir) or "upstream" (lm-eval's hub task).
+        config: path of the task YAML.
+        data_files: for local tasks, each file read with its size in bytes and sha256.
+    """
+
+    name: str
+    lm_eval_name: str
+    source: str
+    config: str
+    data_files: list[dict[str, Any]] = field(default_factory=list)
+
+
+def _file_facts(path: Path) -> dict[str, Any]:
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    return {"path": str(path.resolve()), "bytes": path.stat().st_size, "sha256": digest}
+
+
+def _local_spec(name: str, data_dir: str | Path) -> TaskSpec:
+    try:
+        task = get_local_task(name)
+    except KeyError as err:
+        raise KeyError(f"task {name!r} has no local definition for data_dir; valid: {sorted(TASKS)}") from err
+    files = resolve_files(task, data_dir)
+    user_name = next(key for key, value in TASKS.items() if value is task)
+    return TaskSpec(user_name, task.name, "local", str(TASKS_DIR / task.yaml), [_file_facts(p) for p in files])
+
+
+def _upstream_spec(name: str, manager: Any) -> TaskSpec:
+    if name not in manager.all_tasks:
+        close = difflib.get_close_matches(name, manager.all_tasks, n=5)
+        raise KeyError(
+            f"lm-eval has no task {name!r} (closest: {close}; `lm-eval ls tasks` lists all "
+            f"{len(manager.all_tasks)}); with data_dir the local tasks are {sorted(TASKS)}"
+        )
+    entry = manager.task_index.get(name)
+    config = str(entry.yaml_path) if entry is not None and entry.yaml_path else "unknown"
+    return TaskSpec(name, name, "upstream", config)
+
+
+def resolve_tasks(names: list[str], data_dir: str | Path | None = None) -> tuple[list[TaskSpec], Any]:
+    """Check task names (and data files) and build the lm-eval `TaskManager` that serves them.
+
+    Args:
+        names: user-facing task names, e.g. ["hellaswag", "piqa"].
+        data_dir: folder laid out like ../shared/data; None → lm-eval's upstream (hub) tasks.
+
+    Returns:
+        (specs, task_manager), specs in the order of `names`.
+
+    Raises:
+        ValueError: no task names, or a name given twice.
+        KeyError: a task that does not exist (the message lists the valid ones).
+        FileNotFoundError: `data_dir` lacks a file a task needs (named).
+    """
+    from lm_eval.tasks import TaskManager
+
+    names = list(names)
+    if not names:
+        raise ValueError("tasks is empty: name at least one, e.g. tasks=[hellaswag,piqa]")
+    if len(set(names)) != len(names):
+        raise ValueError(f"tasks lists a name twice: {names}")
+    if data_dir is not None:
+        specs = [_local_spec(name, data_dir) for name in names]
+        meta = {"data_dir": str(Path(data_dir).expanduser().resolve())}
+        return specs, TaskManager(include_path=str(TASKS_DIR), include_defaults=False, metadata=meta)
+    manager = TaskManager()
+    return [_upstream_spec(name, manager) for name in names], manager
+
+
+def make_lm(model: Any, tokenizer: Any, *, max_length: int, batch_size: int) -> Any:
+    """Wrap an in-memory causal LM in lm-eval's `HFLM` (causal backend, explicit max length and batch size)."""
+    from lm_eval.models.huggingface import HFLM
+
+    if max_length < 1 or batch_size < 1:
+        raise ValueError(f"max_length ({max_length}) and batch_size ({batch_size}) must be positive")
+    return HFLM(pretrained=model, tokenizer=tokenizer, backend="causal", max_length=max_length, batch_size=batch_size)
+
+
+def task_metrics(raw: dict[str, Any], spec: TaskSpec) -> dict[str, Any]:
+    """acc, acc_norm, their stderr and the example counts of one task from `simple_evaluate`'s output."""
+    scores = raw["results"][spec.lm_eval_name]
+    out: dict[str, Any] = {}
+    for metric in METRICS:
+        out[metric] = scores[f"{metric},{METRIC_FILTER}"]
+        out[f"{metric}_stderr"] = scores[f"{metric}_stderr,{METRIC_FILTER}"]
+    counts = raw["n-samples"][spec.lm_eval_name]
+    out.update(n_evaluated=counts["effective"], n_total=counts["original"])
+    return out
+
+
+def evaluate_model(
+    model: Any,
+    tokenizer: Any,
+    specs: list[TaskSpec],
+    task_manager: Any,
+    *,
+    limit: int | None = None,
+    batch_size: int = 16,
+    max_length: int = 2048,
+    log_samples: bool = False,
+) -> tuple[dict[str, dict[str, Any]], dict[str, list[dict[str, Any]]]]:
+    """Zero-shot lm-eval of one in-memory model.
+
+    Args:
+        model: causal LM (`transformers.PreTrainedModel`), on its device, in eval mode.
+        tokenizer: its tokenizer.
+        specs, task_manager: from `resolve_tasks`.
+        limit: at most this many examples per task (the first ones, in file order); None = all.
+        batch_size: requests per forward pass.
+        max_length: context window in tokens; longer requests are left-truncated.
+        log_samples: also return lm-eval's per-sample records.
+
+    Returns:
+        (metrics, samples): metrics[task] = {acc, acc_stderr, acc_norm, acc_norm_stderr, n_evaluated, n_total};
+        samples[task] = per-sample records (empty unless `log_samples`), keyed by user-facing task name.
+    """
+    from lm_eval import simple_evaluate
+
+    lm = make_lm(model, tokenizer, max_length=max_length, batch_size=batch_size)
+    raw = simple_evaluate(
+        model=lm,
+        tasks=[spec.lm_eval_name for spec in specs],
+        num_fewshot=0,
+        limit=limit,
+        log_samples=log_samples,
+        task_manager=task_manager,
+    )
+    metrics = {spec.name: task_metrics(raw, spec) for spec in specs}
+    samples = {spec.name: raw.get("samples", {}).get(spec.lm_eval_name, []) for spec in specs}
+    return metrics, samples
+
+
+def cli_main() -> None:
+    """`klalm-lm-eval`: lm-eval's CLI (same arguments) with klalm's model classes registered first."""
+    # Importing this module already ran klalm/__init__.py, which registers klalm's config and model classes with
+    # transformers' Auto classes, so lm-eval's `--model hf --model_args pretrained=<klalm export>` finds them.
+    from lm_eval.__main__ import cli_evaluate
+
+    cli_evaluate()

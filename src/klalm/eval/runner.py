@@ -1,0 +1,108 @@
+"""Evaluate one or more checkpoints zero-shot and write the report (the work behind `klalm-eval`).
+
+All input checks (checkpoint paths and kinds, task names, data files, dtype, sizes) run before any model is
+loaded, so a typo fails in seconds instead of after the first model's evaluation.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from tqdm.auto import tqdm
+
+from klalm.eval.checkpoint import checkpoint_kind, load_checkpoint, resolve_device, resolve_dtype
+from klalm.eval.harness import evaluate_model, resolve_tasks
+from klalm.eval.report import build_report, checkpoint_labels, write_report, write_samples
+
+log = logging.getLogger(__name__)
+
+
+def _check_sizes(limit: int | None, batch_size: int, max_length: int) -> None:
+    if limit is not None and limit < 1:
+        raise ValueError(f"limit must be a positive number of examples or null, got {limit}")
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be positive, got {batch_size}")
+    if max_length < 1:
+        raise ValueError(f"max_length must be positive, got {max_length}")
+
+
+def evaluate_checkpoints(
+    checkpoints: Sequence[str | Path],
+    tasks: Sequence[str],
+    *,
+    output_dir: str | Path,
+    data_dir: str | Path | None = None,
+    limit: int | None = None,
+    batch_size: int = 16,
+    max_length: int = 2048,
+    device: str = "auto",
+    dtype: str = "float32",
+    tokenizer: str | Path | None = None,
+    log_samples: bool = False,
+) -> dict[str, Any]:
+    """Zero-shot lm-eval of every checkpoint on every task; writes results.json, results.md (and samples).
+
+    Args:
+        checkpoints: HF export folders, Lightning `.ckpt` files or training run folders (mixed freely).
+        tasks: user-facing task names, e.g. ["hellaswag", "piqa"].
+        output_dir: where results.json, results.md and samples_*.jsonl go (created).
+        data_dir: local data folder (layout of ../shared/data) → offline local tasks; None → upstream hub tasks.
+        limit: at most this many examples per task (the first ones); None = the whole validation set.
+        batch_size: lm-eval requests per forward pass.
+        max_length: model context in tokens given to lm-eval (requests are left-truncated to it).
+        device: "auto" (CUDA if available), "cpu", "cuda", "cuda:N".
+        dtype: weight dtype ("float32", "bfloat16", "float16", "float64").
+        tokenizer: tokenizer folder overriding the checkpoints' own.
+        log_samples: also write lm-eval's per-sample records.
+
+    Returns:
+        The results.json document (see `klalm.eval.report`).
+
+    Raises:
+        ValueError: empty checkpoint or task list, or non-positive sizes.
+        FileNotFoundError: a missing checkpoint, or data_dir without a file a task needs.
+        KeyError: an unknown task or dtype (valid names listed).
+    """
+    checkpoints = [Path(c).expanduser() for c in checkpoints]
+    if not checkpoints:
+        raise ValueError("checkpoint is empty: give a path or a list of paths")
+    _check_sizes(limit, batch_size, max_length)
+    resolve_dtype(dtype)
+    kinds = [checkpoint_kind(c) for c in checkpoints]
+    specs, task_manager = resolve_tasks(list(tasks), data_dir)
+    labels = checkpoint_labels(checkpoints)
+    target = str(resolve_device(device))
+    log.info("evaluating %d checkpoint(s) (%s) on %s", len(checkpoints), ", ".join(kinds), [s.name for s in specs])
+
+    results, models = {}, {}
+    for label, path in tqdm(list(zip(labels, checkpoints)), desc="checkpoints", unit="ckpt"):
+        loaded = load_checkpoint(path, tokenizer=tokenizer, device=target, dtype=dtype)
+        metrics, samples = evaluate_model(
+            loaded.model,
+            loaded.tokenizer,
+            specs,
+            task_manager,
+            limit=limit,
+            batch_size=batch_size,
+            max_length=max_length,
+            log_samples=log_samples,
+        )
+        results[label], models[label] = metrics, loaded.provenance
+        if log_samples:
+            write_samples(samples, label, output_dir)
+        del loaded
+    settings = {
+        "limit": limit,
+        "num_fewshot": 0,
+        "batch_size": batch_size,
+        "max_length": max_length,
+        "log_samples": log_samples,
+        "data_dir": None if data_dir is None else str(Path(data_dir).expanduser().resolve()),
+    }
+    report = build_report(results, models, specs, settings)
+    json_path, md_path = write_report(report, output_dir)
+    log.info("wrote %s and %s", json_path, md_path)
+    return report
