@@ -1,1 +1,56 @@
-"""klalm.models."""
+"""klalm.models: one backbone, five architectures, Hugging Face classes and the size presets.
+
+model = build_model("kla", preset="45m")                     # a KLALMForCausalLM
+model = build_model("gpt_kla", d_model=256, n_layers=4, kla_layers=[1, 3], vocab_size=32000)
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+from klalm.models.config import ARCH_LAYOUTS, KLALMConfig
+from klalm.models.hf import KLALMCache, KLALMForCausalLM, KLALMOutput
+from klalm.models.mixers import MIXERS
+from klalm.models.presets import PRESETS, preset_fields
+
+_CONFIG_KEYS = tuple(
+    name
+    for name, p in inspect.signature(KLALMConfig.__init__).parameters.items()
+    if name not in ("self", "arch") and p.kind == p.POSITIONAL_OR_KEYWORD
+)
+
+
+def build_model(arch: str, preset: str | None = None, **overrides: Any) -> KLALMForCausalLM:
+    """Build a freshly initialised causal LM.
+
+    Args:
+        arch: "gpt", "kla", "mamba", "gdn" or "gpt_kla" (a KeyError-free ValueError lists them otherwise).
+        preset: a size ("45m", "180m", "tiny"): starts from PRESETS["<arch>_<size>"]; None: config defaults.
+        **overrides: any KLALMConfig field (d_model, n_layers, d_ff, n_heads, vocab_size, kla_layers,
+            mixer_options, ...); a value of None keeps the preset's (or default) value, which is how the
+            Hydra model configs leave a key unset. vocab_size is padded to a multiple of 64.
+
+    Returns:
+        KLALMForCausalLM in float32 on the current default device.
+    """
+    if arch not in ARCH_LAYOUTS:
+        raise ValueError(f"unknown arch {arch!r}; valid: {sorted(ARCH_LAYOUTS)}")
+    unknown = sorted(set(overrides) - set(_CONFIG_KEYS))
+    if unknown:
+        raise ValueError(f"build_model: unknown keys {unknown}; valid: {sorted(_CONFIG_KEYS)}")
+    fields = preset_fields(arch, preset) if preset is not None else {}
+    fields.update({key: value for key, value in overrides.items() if value is not None})
+    return KLALMForCausalLM(KLALMConfig(arch=arch, **fields))
+
+
+__all__ = [
+    "ARCH_LAYOUTS",
+    "MIXERS",
+    "PRESETS",
+    "KLALMCache",
+    "KLALMConfig",
+    "KLALMForCausalLM",
+    "KLALMOutput",
+    "build_model",
+]
