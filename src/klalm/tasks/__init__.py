@@ -1,1 +1,62 @@
-"""klalm.tasks."""
+"""Synthetic benchmarks of the KLA paper: A5 state tracking, Zoology MQAR and the six MAD-Lab tasks.
+
+    from klalm.tasks import make_task, TaskDataset
+    task = make_task("mqar", length=256, num_pairs=16)
+    test = TaskDataset(task, num_examples=3000, seed=0, split="test")
+    test[0]  # {"input_ids": LongTensor[256], "labels": LongTensor[256]}, labels -100 where not scored
+
+`scripts/run_synthetic.py` (klalm.tasks.runner) trains models on them and writes tables and plots.
+"""
+
+from __future__ import annotations
+
+from klalm.tasks.a5 import A5Task
+from klalm.tasks.base import IGNORE_INDEX, SyntheticTask, TaskDataset, TaskStream, materialize
+from klalm.tasks.mad import (
+    CompressionTask,
+    FuzzyRecallTask,
+    InContextRecallTask,
+    MemorizationTask,
+    NoisyRecallTask,
+    SelectiveCopyTask,
+)
+from klalm.tasks.mqar import MQARTask
+
+TASKS: dict[str, type[SyntheticTask]] = {
+    "a5": A5Task,
+    "mqar": MQARTask,
+    "mad_in_context_recall": InContextRecallTask,
+    "mad_noisy_recall": NoisyRecallTask,
+    "mad_fuzzy_recall": FuzzyRecallTask,
+    "mad_selective_copy": SelectiveCopyTask,
+    "mad_compression": CompressionTask,
+    "mad_memorization": MemorizationTask,
+}
+MAD_TASKS = tuple(name for name in TASKS if name.startswith("mad_"))
+
+
+def make_task(name: str, **settings) -> SyntheticTask:
+    """Build a task by registry name; `settings` override its fields (e.g. length, num_pairs)."""
+    if name not in TASKS:
+        raise KeyError(f"unknown synthetic task {name!r}; valid: {sorted(TASKS)}")
+    return TASKS[name](**settings)
+
+
+__all__ = [
+    "IGNORE_INDEX",
+    "MAD_TASKS",
+    "TASKS",
+    "A5Task",
+    "CompressionTask",
+    "FuzzyRecallTask",
+    "InContextRecallTask",
+    "MQARTask",
+    "MemorizationTask",
+    "NoisyRecallTask",
+    "SelectiveCopyTask",
+    "SyntheticTask",
+    "TaskDataset",
+    "TaskStream",
+    "make_task",
+    "materialize",
+]
