@@ -1,0 +1,182 @@
+"""`klalm-train`: the Hydra pretraining app (model × data × optim × scheduler × trainer × logger × callbacks).
+
+    klalm-train experiment=smoke                      tiny KLA on the CPU, under a minute
+    klalm-train experiment=kla_45m                    one GPU
+    klalm-train -m experiment=kla_45m,gpt_45m optim.lr=3e-4,1e-3     sweep, one run dir per job + summary table
+    klalm-train experiment=kla_45m resume=auto        continue from the newest checkpoint of this run name
+
+A run leaves in its directory: `.hydra/` (the composed config), `checkpoints/`, `csv/metrics.csv`, `tokenizer/`,
+`hf/` (Hugging Face export), `samples.txt`, `loss.png` and `summary.json` (final numbers, read by sweep tables).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import sys
+import time
+from glob import glob
+from pathlib import Path
+from typing import Any
+
+import hydra
+import lightning.pytorch as pl
+import torch
+from lightning.pytorch.utilities.exceptions import SIGTERMException
+from omegaconf import DictConfig, OmegaConf
+
+from klalm.train.budget import derive_budget
+from klalm.train.callbacks import StepMetrics
+from klalm.train.checkpoint import HF_DIR, TOKENIZER_DIR, RollingCheckpoint, export_hf, find_latest
+from klalm.train.module import LMModule
+from klalm.train.plots import plot_losses
+
+log = logging.getLogger(__name__)
+
+# `${mul:a,b,...}`: products in configs, e.g. a token budget of N global batches (configs/debug/fast.yaml).
+OmegaConf.register_new_resolver("mul", lambda *factors: math.prod(factors), replace=True)
+
+SIGTERM_EXIT_CODE = 143  # 128 + SIGTERM: what schedulers expect from a preempted job
+SUPPORTED_PRECISIONS = ("32-true", "32", "64-true", "bf16-mixed", "bf16-true")
+
+# Value checks run before anything is built: (config key, predicate, what the value must be).
+VALUE_CHECKS: tuple[tuple[str, Any, str], ...] = (
+    ("optim.lr", lambda v: v > 0, "> 0"),
+    ("optim.weight_decay", lambda v: v >= 0, "≥ 0"),
+    ("train.grad_clip", lambda v: v >= 0, "≥ 0 (0 disables clipping)"),
+    ("train.dynamics_lr_scale", lambda v: v > 0, "> 0"),
+    ("train.val_every_n_steps", lambda v: v >= 1, "≥ 1"),
+    ("trainer.precision", lambda v: str(v) in SUPPORTED_PRECISIONS, f"one of {SUPPORTED_PRECISIONS}"),
+)
+
+
+def validate_config(cfg: DictConfig) -> None:
+    """Fails fast, naming the key, on values that cannot work (unknown keys are caught by Hydra's struct mode)."""
+    for key, ok, expected in VALUE_CHECKS:
+        value = OmegaConf.select(cfg, key, throw_on_missing=True)
+        if not ok(value):
+            raise ValueError(f"{key}={value!r} is invalid: must be {expected}")
+    if cfg.resume not in (None, "auto") and not Path(cfg.resume).exists():
+        raise FileNotFoundError(f"resume={cfg.resume!r}: no such checkpoint file or run directory")
+
+
+def resolve_resume(resume: str | None, search_glob: str) -> str | None:
+    """The checkpoint to resume from: None (fresh run), "auto" (newest over `search_glob` dirs, or fresh), a path."""
+    if resume is None:
+        return None
+    if resume == "auto":
+        latest = find_latest(sorted(Path(p) for p in glob(search_glob)))
+        log.info("resume=auto: %s", f"resuming from {latest}" if latest else f"no checkpoint under {search_glob}")
+        return None if latest is None else str(latest)
+    path = Path(resume)
+    if path.is_dir():
+        latest = find_latest([path])
+        if latest is None:
+            raise FileNotFoundError(f"resume={resume!r}: the directory holds no checkpoints/step-*.ckpt")
+        return str(latest)
+    return str(path)
+
+
+def _instantiate_dict(group: DictConfig | None) -> list[Any]:
+    """Instantiates every entry of a {name: {_target_: ...}} group (callbacks, loggers); null entries are off."""
+    return [hydra.utils.instantiate(entry) for entry in (group or {}).values() if entry is not None]
+
+
+def build_trainer(cfg: DictConfig) -> pl.Trainer:
+    """The Lightning Trainer with klalm's callbacks and loggers; max_steps is set later from the token budget."""
+    callbacks = _instantiate_dict(cfg.callbacks)
+    if not any(isinstance(c, StepMetrics) for c in callbacks):
+        raise ValueError("callbacks.metrics (klalm.train.callbacks.StepMetrics) is required: it logs the loss")
+    if not any(isinstance(c, RollingCheckpoint) for c in callbacks):
+        log.warning("callbacks.checkpoint is off: this run writes no checkpoint and cannot be resumed")
+    return hydra.utils.instantiate(cfg.trainer, callbacks=callbacks, logger=_instantiate_dict(cfg.logger))
+
+
+def build_module(cfg: DictConfig, model: torch.nn.Module, vocab_size: int, world_size: int) -> LMModule:
+    """The LightningModule, with the step count and accumulation derived from the token budget."""
+    budget = derive_budget(
+        max_tokens=cfg.train.max_tokens,
+        global_batch_tokens=cfg.train.global_batch_tokens,
+        micro_batch_size=cfg.data.batch_size,
+        seq_len=cfg.data.seq_len,
+        world_size=world_size,
+    )
+    log.info(
+        "budget: %d steps × %d tokens (accumulate %d × micro-batch %d×%d × %d ranks)",
+        budget.max_steps, budget.tokens_per_step, budget.accumulate, budget.micro_batch_size, budget.seq_len,
+        budget.world_size,
+    )  # fmt: skip
+    meta = {"model_config": OmegaConf.to_container(cfg.model, resolve=True), "vocab_size": vocab_size}
+    return LMModule(
+        model,
+        optimizer=hydra.utils.instantiate(cfg.optim),
+        scheduler=hydra.utils.instantiate(cfg.scheduler),
+        budget=budget,
+        grad_clip=cfg.train.grad_clip,
+        max_bad_steps=cfg.train.max_bad_steps,
+        dynamics_lr_scale=cfg.train.dynamics_lr_scale,
+        compile=cfg.train.compile,
+        activation_checkpointing=cfg.train.activation_checkpointing,
+        meta=meta,
+    )
+
+
+def run(cfg: DictConfig) -> dict[str, Any]:
+    """Trains one run as configured and returns its summary (also written to `<run_dir>/summary.json`)."""
+    validate_config(cfg)
+    started = time.time()
+    pl.seed_everything(cfg.seed, workers=True)
+    run_dir = Path(cfg.paths.run_dir)
+    datamodule = hydra.utils.instantiate(cfg.data)
+    tokenizer = datamodule.tokenizer
+    vocab_size = len(tokenizer) if tokenizer is not None else datamodule.vocab_size
+    model = hydra.utils.instantiate(cfg.model, vocab_size=vocab_size)
+    trainer = build_trainer(cfg)
+    module = build_module(cfg, model, vocab_size, trainer.world_size)
+    trainer.fit_loop.epoch_loop.max_steps = module.budget.max_steps  # the token budget decides the length
+    if trainer.is_global_zero and tokenizer is not None:
+        tokenizer.save_pretrained(run_dir / TOKENIZER_DIR)
+    ckpt_path = resolve_resume(cfg.resume, cfg.paths.resume_glob)
+    try:
+        trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path)
+    except SIGTERMException:
+        log.warning("stopped by SIGTERM after step %d; resume with resume=auto", trainer.global_step)
+        sys.exit(SIGTERM_EXIT_CODE)
+    return finish(cfg, trainer, module, datamodule, started)
+
+
+def finish(cfg: DictConfig, trainer: pl.Trainer, module: LMModule, datamodule: Any, started: float) -> dict[str, Any]:
+    """After training: held-out evaluation, HF export, loss plot and `summary.json`."""
+    run_dir = Path(cfg.paths.run_dir)
+    val = trainer.validate(module, datamodule=datamodule, verbose=False)[0] if cfg.train.final_eval else {}
+    if cfg.train.export_hf:
+        export_hf(trainer, run_dir / HF_DIR, datamodule.tokenizer)
+    if not trainer.is_global_zero:
+        return {}
+    metrics = next(c for c in trainer.callbacks if isinstance(c, StepMetrics))
+    summary = {
+        "run_name": cfg.run_name,
+        "run_dir": str(run_dir),
+        "params": sum(p.numel() for p in module.model.parameters()),
+        "steps": trainer.global_step,
+        "tokens_seen": module.tokens_seen,
+        "skipped_steps": module.bad_steps_total,
+        "val_loss": float(val["val/loss"]) if val else None,
+        "val_ppl": float(val["val/ppl"]) if val else None,
+        **{k: v for k, v in metrics.last_row.items() if k.startswith(("train/loss", "perf/"))},
+        "wall_s": round(time.time() - started, 1),
+    }
+    csv_path = run_dir / "csv" / "metrics.csv"
+    if cfg.train.plot and csv_path.is_file():
+        plot_losses({cfg.run_name: csv_path}, run_dir / "loss.png", title=f"{cfg.run_name}: loss")
+    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    log.info("summary: %s", json.dumps(summary))
+    return summary
+
+
+@hydra.main(config_path="pkg://klalm.configs", config_name="train", version_base="1.3")
+def main(cfg: DictConfig) -> float | None:
+    """Hydra entry point; returns the final validation loss (for sweepers that optimise it)."""
+    summary = run(cfg)
+    return summary.get("val_loss")

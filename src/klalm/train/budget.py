@@ -1,0 +1,96 @@
+"""Token budget → optimiser steps and gradient accumulation.
+
+A run is specified in tokens, not steps: `global_batch_tokens` is what one optimiser step consumes across every
+rank and micro-batch, `max_tokens` the total to train on. Everything else is derived here, once:
+
+    tokens_per_micro = micro_batch_size · seq_len                   (one forward on one rank)
+    accumulate       = global_batch_tokens / (tokens_per_micro · world_size)   (must divide exactly)
+    max_steps        = max_tokens // global_batch_tokens
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class TokenBudget:
+    """Derived step counts of a run.
+
+    Attributes:
+        micro_batch_size: sequences per forward pass on one rank.
+        seq_len: tokens per sequence (T).
+        world_size: number of data-parallel ranks.
+        accumulate: micro-batches per optimiser step on each rank.
+        max_steps: optimiser steps in the run.
+    """
+
+    micro_batch_size: int
+    seq_len: int
+    world_size: int
+    accumulate: int
+    max_steps: int
+
+    @property
+    def tokens_per_micro(self) -> int:
+        """Tokens in one micro-batch on one rank."""
+        return self.micro_batch_size * self.seq_len
+
+    @property
+    def tokens_per_step(self) -> int:
+        """Tokens consumed by one optimiser step over all ranks (= the global batch)."""
+        return self.tokens_per_micro * self.accumulate * self.world_size
+
+    @property
+    def max_tokens(self) -> int:
+        """Tokens the run will actually train on (max_steps whole global batches)."""
+        return self.max_steps * self.tokens_per_step
+
+
+def derive_budget(
+    *, max_tokens: int, global_batch_tokens: int, micro_batch_size: int, seq_len: int, world_size: int
+) -> TokenBudget:
+    """Derives gradient accumulation and the step count from a token budget.
+
+    Args:
+        max_tokens: total training tokens; the run stops after `max_tokens // global_batch_tokens` steps.
+        global_batch_tokens: tokens per optimiser step over all ranks.
+        micro_batch_size: sequences per forward pass on one rank.
+        seq_len: tokens per sequence.
+        world_size: data-parallel ranks (devices × nodes).
+
+    Returns:
+        The derived `TokenBudget`.
+
+    Raises:
+        ValueError: naming the config key (`train.global_batch_tokens`, `train.max_tokens`, ...) when a value is not
+            positive or the global batch is not a whole number of micro-batches on every rank.
+    """
+    values = {
+        "train.max_tokens": max_tokens,
+        "train.global_batch_tokens": global_batch_tokens,
+        "data.batch_size": micro_batch_size,
+        "data.seq_len": seq_len,
+        "world_size": world_size,
+    }
+    for key, value in values.items():
+        if not isinstance(value, int) or value <= 0:
+            raise ValueError(f"{key} must be a positive integer, got {value!r}")
+    per_round = micro_batch_size * seq_len * world_size  # tokens of one micro-batch on every rank at once
+    if global_batch_tokens % per_round:
+        raise ValueError(
+            f"train.global_batch_tokens={global_batch_tokens} is not a multiple of data.batch_size × data.seq_len × "
+            f"world_size = {micro_batch_size} × {seq_len} × {world_size} = {per_round}"
+        )
+    if max_tokens < global_batch_tokens:
+        raise ValueError(
+            f"train.max_tokens={max_tokens} is smaller than one global batch (train.global_batch_tokens="
+            f"{global_batch_tokens}): the run would take no step"
+        )
+    return TokenBudget(
+        micro_batch_size=micro_batch_size,
+        seq_len=seq_len,
+        world_size=world_size,
+        accumulate=global_batch_tokens // per_round,
+        max_steps=max_tokens // global_batch_tokens,
+    )

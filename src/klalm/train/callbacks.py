@@ -1,0 +1,149 @@
+"""Training callbacks: per-step metrics with throughput/MFU/memory, and periodic text samples.
+
+`StepMetrics` writes one row per `trainer.log_every_n_steps` optimiser steps to every logger (CSV, TensorBoard,
+wandb), straight through `logger.log_metrics`, so large counters such as tokens seen stay exact integers:
+
+    train/loss, train/grad_norm, train/lr, train/skipped_steps        from LMModule.step_metrics
+    train/tokens_seen, perf/tokens_per_s, perf/tokens_per_s_per_device, perf/step_time_ms
+    perf/mfu                       only on GPUs whose peak rate is known (flops.PEAK_BF16_FLOPS) or is configured
+    perf/peak_mem_gb               CUDA only: peak allocated memory since the previous row, GiB
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+from lightning.pytorch.callbacks import Callback
+
+from klalm.train.flops import peak_flops, train_flops_per_token
+from klalm.train.sampling import sample_text
+
+log = logging.getLogger(__name__)
+
+
+class StepMetrics(Callback):
+    """Logs training metrics, throughput, MFU and peak memory every `trainer.log_every_n_steps` steps.
+
+    Args:
+        peak_flops_per_device: peak FLOP/s of one device for MFU; None looks the GPU name up in
+            `flops.PEAK_BF16_FLOPS` (MFU is omitted, with one log line, on CPUs and unknown GPUs).
+    """
+
+    def __init__(self, peak_flops_per_device: float | None = None) -> None:
+        self.peak_flops_per_device = peak_flops_per_device
+        self.flops_per_token = 0.0
+        self._window_start = 0.0
+        self._window_tokens = 0
+        self._window_steps = 0
+        self.last_row: dict[str, float] = {}
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self.flops_per_token = train_flops_per_token(pl_module.model, pl_module.budget.seq_len)
+        if self.peak_flops_per_device is None and pl_module.device.type == "cuda":
+            name = torch.cuda.get_device_name(pl_module.device)
+            self.peak_flops_per_device = peak_flops(name)
+            if self.peak_flops_per_device is None:
+                log.warning("MFU omitted: no peak FLOP/s known for %r (set callbacks.metrics.peak_flops_...)", name)
+        elif self.peak_flops_per_device is None:
+            log.info("MFU omitted on %s (peak rates are tabulated for GPUs only)", pl_module.device.type)
+        log.info("training FLOPs per token: %.4g", self.flops_per_token)
+        self._reset_window(pl_module)
+
+    def _reset_window(self, pl_module: pl.LightningModule) -> None:
+        self._window_start, self._window_tokens, self._window_steps = time.perf_counter(), 0, 0
+        if pl_module.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(pl_module.device)
+
+    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, *_: Any) -> None:
+        self._window_tokens += pl_module.budget.tokens_per_step
+        self._window_steps += 1
+        step = trainer.global_step
+        if step % trainer.log_every_n_steps and step != trainer.max_steps:
+            return
+        if pl_module.device.type == "cuda":
+            torch.cuda.synchronize(pl_module.device)
+        elapsed = max(time.perf_counter() - self._window_start, 1e-9)
+        tokens_per_s = self._window_tokens / elapsed
+        row = {k: float(v) for k, v in pl_module.step_metrics.items()}
+        row.update({
+            "train/tokens_seen": pl_module.tokens_seen,
+            "perf/tokens_per_s": tokens_per_s,
+            "perf/tokens_per_s_per_device": tokens_per_s / trainer.world_size,
+            "perf/step_time_ms": 1e3 * elapsed / self._window_steps,
+        })  # fmt: skip
+        if self.peak_flops_per_device:
+            row["perf/mfu"] = self.flops_per_token * tokens_per_s / (self.peak_flops_per_device * trainer.world_size)
+        if pl_module.device.type == "cuda":
+            row["perf/peak_mem_gb"] = torch.cuda.max_memory_allocated(pl_module.device) / 2**30
+        self.last_row = row
+        for logger in trainer.loggers:
+            logger.log_metrics(row, step=step)
+        self._reset_window(pl_module)
+
+
+class TextSampler(Callback):
+    """Writes a text sample from a fixed prompt every `every_n_steps` steps and at the end of training.
+
+    Samples are appended to `<path>` as "step N: <text>" blocks (every rank generates, since sharded models need all
+    ranks for a forward pass; rank 0 writes). Runs without a tokenizer (synthetic data) cannot sample: the
+    callback then raises at the start of training rather than silently doing nothing.
+
+    Args:
+        path: output text file (`<run_dir>/samples.txt`).
+        prompt: text the samples continue.
+        every_n_steps: period in optimiser steps; 0 samples only at the end.
+        max_new_tokens: tokens generated per sample.
+        temperature: softmax temperature; 0 decodes greedily.
+        top_k: sample among the k most likely tokens (0 = all).
+        seed: seed of the sampling generator (the training RNGs are not touched).
+    """
+
+    def __init__(
+        self,
+        path: str | Path,
+        prompt: str = "The",
+        every_n_steps: int = 0,
+        max_new_tokens: int = 64,
+        temperature: float = 0.8,
+        top_k: int = 50,
+        seed: int = 0,
+    ) -> None:
+        self.path, self.prompt, self.every_n_steps = Path(path), prompt, every_n_steps
+        self.max_new_tokens, self.temperature, self.top_k, self.seed = max_new_tokens, temperature, top_k, seed
+        self.last_sample: str | None = None
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if getattr(trainer.datamodule, "tokenizer", None) is None:
+            raise ValueError("callbacks.sampler needs a tokenizer, but the data module has none; remove the sampler")
+
+    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, *_: Any) -> None:
+        step = trainer.global_step
+        if self.every_n_steps and step % self.every_n_steps == 0 and step != trainer.max_steps:
+            self.write(trainer, pl_module)
+
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self.write(trainer, pl_module)
+
+    def write(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> str:
+        """Generates one sample with the current weights and appends it to the samples file (rank 0)."""
+        text = sample_text(
+            pl_module.model,
+            trainer.datamodule.tokenizer,
+            self.prompt,
+            max_new_tokens=self.max_new_tokens,
+            temperature=self.temperature,
+            top_k=self.top_k,
+            seed=self.seed,
+        )
+        self.last_sample = text
+        if trainer.is_global_zero:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            with open(self.path, "a", encoding="utf-8") as handle:
+                handle.write(f"=== step {trainer.global_step} ===\n{text}\n\n")
+            log.info("sample at step %d: %r", trainer.global_step, text[:200])
+        return text

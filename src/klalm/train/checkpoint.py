@@ -1,0 +1,220 @@
+"""Checkpoints: atomic rolling saves, `resume=auto` discovery, HF export, and `load_model` for evaluation.
+
+Layout of a run directory (`paths.run_dir`):
+
+    checkpoints/step-00000100.ckpt   Lightning checkpoints (model, optimiser, scheduler, data-loader state,
+                                     RNG, tokens seen), the last `keep_last` of them
+    tokenizer/                       the run's tokenizer (HF `save_pretrained` layout)
+    hf/                              final export: `save_pretrained` model + tokenizer, loadable with
+                                     `AutoModelForCausalLM.from_pretrained` after `import klalm`
+
+A checkpoint is first written to a hidden temporary path in the same folder and then renamed, so a crash during a
+save leaves every earlier checkpoint intact and never a half-written file under a final name.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+from lightning.pytorch.callbacks import Callback
+
+log = logging.getLogger(__name__)
+
+CKPT_DIR = "checkpoints"
+TOKENIZER_DIR = "tokenizer"
+HF_DIR = "hf"
+_CKPT_RE = re.compile(r"^step-(\d+)\.ckpt$")
+
+
+def checkpoint_step(path: Path) -> int:
+    """The optimiser step encoded in a checkpoint file name `step-XXXXXXXX.ckpt`."""
+    match = _CKPT_RE.match(Path(path).name)
+    if match is None:
+        raise ValueError(f"{path} is not a klalm checkpoint name (expected step-<N>.ckpt)")
+    return int(match.group(1))
+
+
+def list_checkpoints(run_dir: Path) -> list[Path]:
+    """Checkpoints of one run directory, oldest step first (temporary files excluded)."""
+    folder = Path(run_dir) / CKPT_DIR
+    if not folder.is_dir():
+        return []
+    return sorted((p for p in folder.iterdir() if _CKPT_RE.match(p.name)), key=checkpoint_step)
+
+
+def find_latest(run_dirs: list[Path]) -> Path | None:
+    """The checkpoint with the highest step over several run directories (newest directory wins ties)."""
+    best: tuple[int, float, Path] | None = None
+    for run_dir in run_dirs:
+        for path in list_checkpoints(run_dir):
+            key = (checkpoint_step(path), path.stat().st_mtime, path)
+            best = key if best is None or key[:2] > best[:2] else best
+    return None if best is None else best[2]
+
+
+class RollingCheckpoint(Callback):
+    """Saves every `every_n_steps` optimiser steps, at the end of training and on SIGTERM; keeps the last k.
+
+    Args:
+        dirpath: folder of the checkpoint files (`<run_dir>/checkpoints`).
+        every_n_steps: save period in optimiser steps; 0 saves only at the end and on SIGTERM.
+        keep_last: number of checkpoints kept (older ones are deleted after a successful save); ≥ 1.
+    """
+
+    def __init__(self, dirpath: str | Path, every_n_steps: int = 1000, keep_last: int = 2) -> None:
+        if every_n_steps < 0:
+            raise ValueError(f"callbacks.checkpoint.every_n_steps={every_n_steps} must be ≥ 0")
+        if keep_last < 1:
+            raise ValueError(f"callbacks.checkpoint.keep_last={keep_last} must be ≥ 1")
+        self.dirpath = Path(dirpath)
+        self.every_n_steps = every_n_steps
+        self.keep_last = keep_last
+        self.last_saved_step = -1
+        self.last_path: Path | None = None
+
+    def on_train_batch_end(self, trainer: pl.Trainer, *_: Any) -> None:
+        step = trainer.global_step
+        periodic = self.every_n_steps > 0 and step % self.every_n_steps == 0
+        if (periodic or trainer.received_sigterm) and step != self.last_saved_step:
+            path = self.save(trainer)
+            if trainer.received_sigterm:
+                log.warning("SIGTERM received: wrote %s; stopping (resume with resume=auto)", path)
+
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if trainer.global_step != self.last_saved_step:
+            self.save(trainer)
+
+    def save(self, trainer: pl.Trainer) -> Path:
+        """Writes `step-<N>.ckpt` atomically (temporary name, then rename) and prunes old checkpoints."""
+        step = trainer.global_step
+        final = self.dirpath / f"step-{step:08d}.ckpt"
+        tmp = self.dirpath / f".step-{step:08d}.ckpt.tmp"
+        if trainer.is_global_zero:
+            self.dirpath.mkdir(parents=True, exist_ok=True)
+            _remove(tmp)
+        trainer.strategy.barrier("klalm_ckpt_prepare")
+        trainer.save_checkpoint(tmp)  # every rank takes part (sharded strategies); rank 0 writes
+        if trainer.is_global_zero:
+            _fsync_tree(tmp)
+            os.replace(tmp, final)
+            _fsync_dir(self.dirpath)
+            for old in list_checkpoints(self.dirpath.parent)[: -self.keep_last]:
+                _remove(old)
+        trainer.strategy.barrier("klalm_ckpt_done")
+        self.last_saved_step, self.last_path = step, final
+        return final
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"last_saved_step": self.last_saved_step}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.last_saved_step = state_dict["last_saved_step"]
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir():
+        shutil.rmtree(path)
+    elif path.exists():
+        path.unlink()
+
+
+def _fsync_tree(path: Path) -> None:
+    files = [path] if path.is_file() else [p for p in path.rglob("*") if p.is_file()]
+    for file in files:
+        with open(file, "rb") as handle:
+            os.fsync(handle.fileno())
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def model_state_from_checkpoint(checkpoint: dict[str, Any]) -> dict[str, torch.Tensor]:
+    """The inner model's state dict from a Lightning checkpoint of `LMModule` (prefix `model.` removed)."""
+    from klalm.train.optim import clean_name
+
+    state = checkpoint["state_dict"]
+    return {clean_name(k).removeprefix("model."): v for k, v in state.items() if k.startswith("model.")}
+
+
+def load_model(path: str | os.PathLike) -> tuple[Any, Any]:
+    """Loads a trained model and its tokenizer from a run directory, an HF export or a Lightning `.ckpt`.
+
+    Args:
+        path: a run directory (uses its `hf/` export if present, else its latest checkpoint), an HF export folder
+            (`config.json` inside), or a `step-<N>.ckpt` file written by `klalm-train`.
+
+    Returns:
+        (model, tokenizer): a `transformers.PreTrainedModel` in eval mode on the CPU and the run's tokenizer (None for
+        runs on synthetic data, which have none).
+
+    Raises:
+        FileNotFoundError: naming the path when it holds neither an export nor a checkpoint.
+    """
+    from transformers import AutoModelForCausalLM
+
+    import klalm.models  # noqa: F401  (registers the Auto classes)
+
+    path = Path(path)
+    if path.is_dir() and (path / HF_DIR / "config.json").is_file():
+        path = path / HF_DIR
+    if path.is_dir() and (path / "config.json").is_file():
+        model = AutoModelForCausalLM.from_pretrained(path)
+        return model.eval(), _load_tokenizer(path)
+    if path.is_dir():
+        latest = find_latest([path])
+        if latest is None:
+            raise FileNotFoundError(f"{path} has no {HF_DIR}/ export and no {CKPT_DIR}/step-*.ckpt checkpoint")
+        path = latest
+    if not path.is_file():
+        raise FileNotFoundError(f"checkpoint {path} does not exist")
+    return _load_lightning_checkpoint(path)
+
+
+def _load_lightning_checkpoint(path: Path) -> tuple[Any, Any]:
+    import hydra
+
+    checkpoint = torch.load(path, map_location="cpu", weights_only=False)
+    if "klalm" not in checkpoint:
+        raise KeyError(f"{path} has no 'klalm' entry: not a checkpoint written by klalm-train")
+    meta = checkpoint["klalm"]
+    model = hydra.utils.instantiate(meta["model_config"], vocab_size=meta["vocab_size"])
+    model.load_state_dict(model_state_from_checkpoint(checkpoint))
+    tokenizer_dir = path.parent.parent / TOKENIZER_DIR
+    return model.eval(), _load_tokenizer(tokenizer_dir)
+
+
+def _load_tokenizer(folder: Path) -> Any:
+    from transformers import AutoTokenizer
+
+    if not (folder / "tokenizer_config.json").is_file():
+        return None
+    return AutoTokenizer.from_pretrained(folder)
+
+
+def export_hf(trainer: pl.Trainer, out_dir: Path, tokenizer: Any) -> Path | None:
+    """Writes the trained model (and tokenizer) in Hugging Face format; every rank must call it.
+
+    The full state dict is gathered through the strategy (so sharded FSDP runs export too) and rank 0 writes it.
+    """
+    state = trainer.strategy.lightning_module_state_dict()
+    if not trainer.is_global_zero:
+        return None
+    module = trainer.lightning_module
+    weights = model_state_from_checkpoint({"state_dict": state})
+    module.model.save_pretrained(out_dir, state_dict=weights)
+    if tokenizer is not None:
+        tokenizer.save_pretrained(out_dir)
+    log.info("exported Hugging Face model to %s", out_dir)
+    return out_dir

@@ -1,0 +1,250 @@
+"""The LightningModule that pretrains a klalm causal LM (the `nn.Module` itself stays Lightning-free).
+
+One `training_step` is one optimiser step: it pulls `accumulate` micro-batches from the loader itself
+(`dataloader_iter`), so checkpoints always fall on step boundaries and the saved loader position is exact.
+Optimisation is manual so that a step with a non-finite loss or gradient can be skipped on every rank at once:
+
+    for each micro-batch: loss = CE(model(input_ids), labels); backward(loss / accumulate)  (DDP syncs on the last)
+    grad_norm = global L2 norm (clipped to `grad_clip`)
+    non-finite loss or grad_norm on any rank → zero the grads, count, skip; `max_bad_steps` in a row → stop
+    otherwise → optimiser step, scheduler step
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import random
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import lightning.pytorch as pl
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from klalm.train.budget import TokenBudget
+from klalm.train.optim import classify_parameters, param_groups
+
+log = logging.getLogger(__name__)
+
+IGNORE_INDEX = -100
+
+
+class NonFiniteLossError(FloatingPointError):
+    """Raised after `max_bad_steps` consecutive optimiser steps with a non-finite loss or gradient."""
+
+
+def lm_loss(logits: Tensor, labels: Tensor) -> tuple[Tensor, Tensor]:
+    """Mean next-token cross entropy in float32 and the number of scored tokens.
+
+    Args:
+        logits: [B, T, V], any float dtype.
+        labels: [B, T] next-token ids (already shifted); IGNORE_INDEX positions are not scored.
+
+    Returns:
+        (loss, count): scalar mean loss in nats/token and the scalar number of scored tokens.
+    """
+    vocab = logits.shape[-1]
+    flat_logits = logits.float().reshape(-1, vocab)  # [B·T, V]
+    loss = F.cross_entropy(flat_logits, labels.reshape(-1), ignore_index=IGNORE_INDEX)  # labels [B·T]
+    return loss, (labels != IGNORE_INDEX).sum()
+
+
+def rng_state() -> dict[str, Any]:
+    """Every RNG a training step may draw from (python, numpy, torch CPU and CUDA)."""
+    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    """Restores the RNGs saved by `rng_state`."""
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+class LMModule(pl.LightningModule):
+    """Causal-LM pretraining around any klalm model (`forward(input_ids).logits` → [B, T, V]).
+
+    Args:
+        model: the causal LM (`transformers.PreTrainedModel`).
+        optimizer: partial optimiser taking parameter groups (from `configs/optim`, `_partial_: true`); its `lr` and
+            `weight_decay` keywords set the groups.
+        scheduler: partial schedule taking (optimizer, total_steps) (from `configs/scheduler`).
+        budget: the run's derived token budget (accumulation and step count).
+        grad_clip: max global L2 norm of the gradient; 0 disables clipping (the norm is still logged).
+        max_bad_steps: consecutive non-finite steps tolerated before stopping with `NonFiniteLossError`.
+        dynamics_lr_scale: lr multiplier of parameters marked `_no_weight_decay` (the KLA/SSM dynamics).
+        compile: compile the model in place with `torch.compile` (parameter names unchanged).
+        activation_checkpointing: recompute each backbone block in the backward pass instead of storing its
+            activations (non-reentrant `torch.utils.checkpoint`); saves memory, costs about one extra forward.
+        meta: stored in every checkpoint under "klalm" (model config, vocab size) so `load_model` can rebuild it.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        optimizer: Callable[..., torch.optim.Optimizer],
+        scheduler: Callable[..., torch.optim.lr_scheduler.LRScheduler],
+        budget: TokenBudget,
+        *,
+        grad_clip: float = 1.0,
+        max_bad_steps: int = 10,
+        dynamics_lr_scale: float = 1.0,
+        compile: bool = False,
+        activation_checkpointing: bool = False,
+        meta: dict[str, Any] | None = None,
+    ) -> None:
+        super().__init__()
+        if max_bad_steps < 1:
+            raise ValueError(f"train.max_bad_steps={max_bad_steps} must be ≥ 1")
+        self.automatic_optimization = False
+        self.model = model
+        self.optimizer_factory, self.scheduler_factory = optimizer, scheduler
+        self.budget, self.grad_clip, self.max_bad_steps = budget, grad_clip, max_bad_steps
+        self.dynamics_lr_scale, self.compile_model, self.meta = dynamics_lr_scale, compile, meta or {}
+        self.activation_checkpointing = activation_checkpointing
+        self.param_classes = classify_parameters(model)  # before any wrapping hides the _no_weight_decay marks
+        self.tokens_seen = 0
+        self.bad_steps_total = 0
+        self.bad_steps_in_row = 0
+        self._val_sums: list[Tensor] = []
+        self.step_metrics: dict[str, Any] = {}
+        self._configured = False
+
+    def configure_model(self) -> None:
+        """Wraps blocks for activation checkpointing and compiles, once (Lightning calls this per fit/validate)."""
+        if self._configured:
+            return
+        self._configured = True
+        if self.activation_checkpointing:
+            from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import apply_activation_checkpointing
+
+            from klalm.models.backbone import Block
+
+            apply_activation_checkpointing(self.model, check_fn=lambda module: isinstance(module, Block))
+        if self.compile_model:
+            self.model.compile()
+
+    def forward(self, input_ids: Tensor) -> Tensor:
+        """Logits [B, T, V] for input_ids [B, T]."""
+        return self.model(input_ids).logits
+
+    def configure_optimizers(self) -> dict[str, Any]:
+        base = self.optimizer_factory.keywords
+        for key in ("lr", "weight_decay"):
+            if key not in base:
+                raise KeyError(f"optim.{key} must be set (the parameter groups are built from it)")
+        groups = param_groups(
+            list(self.named_parameters()),
+            {f"model.{k}": v for k, v in self.param_classes.items()},
+            lr=base["lr"],
+            weight_decay=base["weight_decay"],
+            dynamics_lr_scale=self.dynamics_lr_scale,
+        )
+        optimizer = self.optimizer_factory(groups)
+        scheduler = self.scheduler_factory(optimizer, self.budget.max_steps)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+    def training_step(self, dataloader_iter: Iterator) -> None:
+        optimizer, scheduler = self.optimizers(), self.lr_schedulers()
+        optimizer.zero_grad(set_to_none=True)
+        loss_sum = torch.zeros((), device=self.device)
+        for micro in range(self.budget.accumulate):
+            batch, _, _ = next(dataloader_iter)
+            last = micro == self.budget.accumulate - 1
+            no_sync = getattr(self.trainer.strategy, "block_backward_sync", contextlib.nullcontext)
+            with contextlib.nullcontext() if last else no_sync():
+                loss, _ = lm_loss(self(batch["input_ids"]), batch["labels"])
+                self.manual_backward(loss / self.budget.accumulate)
+            loss_sum += loss.detach()
+        self.tokens_seen += self.budget.tokens_per_step
+        grad_norm = self._clip_and_norm()
+        loss, any_bad = self._reduce_step(loss_sum / self.budget.accumulate, grad_norm)
+        if any_bad:
+            self._skip_step(optimizer, loss, grad_norm)
+        else:
+            self.bad_steps_in_row = 0
+            optimizer.step()
+            scheduler.step()
+        self._log_step(loss, grad_norm, scheduler)
+
+    def _clip_and_norm(self) -> Tensor:
+        """Global gradient L2 norm before clipping (FSDP's root module computes it over all shards)."""
+        max_norm = self.grad_clip if self.grad_clip > 0 else math.inf
+        wrapped = self.trainer.strategy.model
+        if hasattr(wrapped, "clip_grad_norm_"):  # FSDP: clip_grad_norm_ of the root module sees every shard
+            return wrapped.clip_grad_norm_(max_norm).float()
+        return torch.nn.utils.clip_grad_norm_(self.parameters(), max_norm).float()
+
+    def _reduce_step(self, local_loss: Tensor, grad_norm: Tensor) -> tuple[Tensor, bool]:
+        """Mean loss over ranks and whether any rank saw a non-finite loss or gradient (one collective)."""
+        bad = (~torch.isfinite(local_loss) | ~torch.isfinite(grad_norm)).float()
+        stats = torch.stack([torch.nan_to_num(local_loss, nan=0.0, posinf=0.0, neginf=0.0), bad])
+        stats = self.trainer.strategy.reduce(stats, reduce_op="sum")
+        any_bad = bool(stats[1] > 0)
+        loss = local_loss if any_bad else stats[0] / self.trainer.world_size
+        return loss, any_bad
+
+    def _skip_step(self, optimizer: Any, loss: Tensor, grad_norm: Tensor) -> None:
+        optimizer.zero_grad(set_to_none=True)
+        self.bad_steps_total += 1
+        self.bad_steps_in_row += 1
+        log.warning(
+            "non-finite step skipped (loss=%s, grad_norm=%s); %d in a row, %d in total",
+            loss.item(), grad_norm.item(), self.bad_steps_in_row, self.bad_steps_total,
+        )  # fmt: skip
+        if self.bad_steps_in_row >= self.max_bad_steps:
+            raise NonFiniteLossError(
+                f"{self.bad_steps_in_row} consecutive optimiser steps had a non-finite loss or gradient (last loss="
+                f"{loss.item()}, grad_norm={grad_norm.item()}, step {self.global_step}); stopping. Lower optim.lr, "
+                f"check the data, or raise train.max_bad_steps."
+            )
+
+    def _log_step(self, loss: Tensor, grad_norm: Tensor, scheduler: Any) -> None:
+        """Keeps this step's metrics for `StepMetrics` (which writes them) and shows the loss in the progress bar."""
+        self.step_metrics = {
+            "train/loss": loss.detach(),
+            "train/grad_norm": grad_norm.detach(),
+            "train/lr": scheduler.get_last_lr()[0],
+            "train/skipped_steps": self.bad_steps_total,
+        }
+        self.log("loss", loss, prog_bar=True, logger=False, on_step=True, on_epoch=False, batch_size=1)
+
+    def on_validation_epoch_start(self) -> None:
+        self._val_sums = []
+
+    def validation_step(self, batch: dict[str, Tensor], batch_idx: int) -> None:
+        loss, count = lm_loss(self(batch["input_ids"]), batch["labels"])
+        self._val_sums.append(torch.stack([loss.detach() * count, count.to(loss.dtype)]))
+
+    def on_validation_epoch_end(self) -> None:
+        local = torch.stack(self._val_sums).sum(0) if self._val_sums else torch.zeros(2, device=self.device)
+        total = self.trainer.strategy.reduce(local, reduce_op="sum")
+        if total[1] <= 0:
+            raise ValueError("the validation loader yielded no scored token (check data.val_* settings)")
+        val_loss = total[0] / total[1]
+        self.log_dict({"val/loss": val_loss, "val/ppl": torch.exp(val_loss)}, sync_dist=False, prog_bar=True)
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        checkpoint["klalm"] = {
+            **self.meta,
+            "tokens_seen": self.tokens_seen,
+            "bad_steps_total": self.bad_steps_total,
+            "bad_steps_in_row": self.bad_steps_in_row,
+            "rng": rng_state(),
+        }
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        meta = checkpoint["klalm"]
+        self.tokens_seen = meta["tokens_seen"]
+        self.bad_steps_total = meta["bad_steps_total"]
+        self.bad_steps_in_row = meta["bad_steps_in_row"]
+        set_rng_state(meta["rng"])
