@@ -41,7 +41,13 @@ def fresh_state(batch: int, channels: int, state_size: int, device, dtype=torch.
 
 
 def kla_step_reference(
-    v: Tensor, lambda_v: Tensor, k: Tensor, q: Tensor, a: Tensor, p: Tensor, state: KLAState,
+    v: Tensor,
+    lambda_v: Tensor,
+    k: Tensor,
+    q: Tensor,
+    a: Tensor,
+    p: Tensor,
+    state: KLAState,
     decode_from_prior: bool = False,
 ) -> tuple[Tensor, Tensor, KLAState]:
     """One predict+update step of the filter, in the dtype of its inputs.
@@ -50,24 +56,30 @@ def kla_step_reference(
     Returns (y [B, M], y_var [B, M], new state).
     """
     lam, eta = state
-    k_ = k[:, None, :]                                    # [B, 1, S]
-    phi = lambda_v[:, :, None] * k_ * k_                  # [B, M, S]
-    r = (v * lambda_v)[:, :, None] * k_                   # [B, M, S]
-    d = a * a + p * lam                                   # [B, M, S]
+    k_ = k[:, None, :]  # [B, 1, S]
+    phi = lambda_v[:, :, None] * k_ * k_  # [B, M, S]
+    r = (v * lambda_v)[:, :, None] * k_  # [B, M, S]
+    d = a * a + p * lam  # [B, M, S]
     lam = lam / d + phi
     eta = (a / d) * eta + r
     mean, var = eta / lam, 1.0 / lam
     if decode_from_prior:
         mean, var = a * mean, a * a * var + p
-    q_ = q[:, None, :]                                    # [B, 1, S]
-    y = (q_ * mean).sum(-1)                               # [B, M]
-    y_var = (q_ * q_ * var).sum(-1)                       # [B, M]
+    q_ = q[:, None, :]  # [B, 1, S]
+    y = (q_ * mean).sum(-1)  # [B, M]
+    y_var = (q_ * q_ * var).sum(-1)  # [B, M]
     return y, y_var, KLAState(lam, eta)
 
 
 def kla_scan_reference(
-    v: Tensor, lambda_v: Tensor, k: Tensor, q: Tensor, a: Tensor, p: Tensor,
-    initial_state: KLAState | None = None, decode_from_prior: bool = False,
+    v: Tensor,
+    lambda_v: Tensor,
+    k: Tensor,
+    q: Tensor,
+    a: Tensor,
+    p: Tensor,
+    initial_state: KLAState | None = None,
+    decode_from_prior: bool = False,
 ) -> tuple[Tensor, Tensor, KLAState]:
     """Run the filter over a whole sequence with a Python loop over time.
 
@@ -83,9 +95,7 @@ def kla_scan_reference(
         state = KLAState(initial_state.lam.to(dt), initial_state.eta.to(dt))
     ys, y_vars = [], []
     for t in range(length):
-        y, y_var, state = kla_step_reference(
-            v[:, t], lambda_v[:, t], k[:, t], q[:, t], a, p, state, decode_from_prior
-        )
+        y, y_var, state = kla_step_reference(v[:, t], lambda_v[:, t], k[:, t], q[:, t], a, p, state, decode_from_prior)
         ys.append(y)
         y_vars.append(y_var)
     if length == 0:

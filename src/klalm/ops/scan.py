@@ -1,38 +1,143 @@
-"""Public entry points of the KLA scan: `kla_scan` and `kla_step`, and the table of backends.
+"""Public entry points of the KLA scan: `kla_scan`, `kla_step`, and the table of backends `BACKENDS`.
 
-This first version knows only the sequential reference; the parallel torch scan and the Triton kernels
-register themselves in `BACKENDS` (see `klalm.ops.parallel` and `klalm.kernels`).
+Backends share one signature, `fn(v, lambda_v, k, q, a, p, initial_state, decode_from_prior)`, and one
+return convention, `(y, y_var, KLAState(lam, eta))`:
+
+- "reference": the sequential loop of `klalm.ops.reference` (the oracle; any float dtype, float64 included).
+- "torch": the chunked parallel scan of `klalm.ops.parallel` with its exact hand-derived backward (CPU, GPU).
+- "triton": the fused GPU kernels `klalm.kernels.mobius_scan.kla_scan_triton`, imported on first use.
+- "auto" (not a table entry): "triton" for CUDA tensors, "torch" otherwise; the choice is logged once.
 """
 
 from __future__ import annotations
 
+import importlib
+import logging
 from collections.abc import Callable
 
 from torch import Tensor
 
-from klalm.ops.reference import KLAState, kla_scan_reference, kla_step_reference
+from klalm.ops.checks import check_inputs
+from klalm.ops.parallel import kla_scan_torch
+from klalm.ops.reference import KLAState, compute_dtype, kla_scan_reference, kla_step_reference
 
-BACKENDS: dict[str, Callable] = {"reference": kla_scan_reference}
+log = logging.getLogger(__name__)
+
+TRITON_MODULE, TRITON_FUNCTION = "klalm.kernels.mobius_scan", "kla_scan_triton"
+
+
+def _kla_scan_triton(
+    v: Tensor,
+    lambda_v: Tensor,
+    k: Tensor,
+    q: Tensor,
+    a: Tensor,
+    p: Tensor,
+    initial_state: KLAState | None,
+    decode_from_prior: bool,
+) -> tuple[Tensor, Tensor, KLAState]:
+    """Lazy entry of the Triton backend: import it on first use; it needs CUDA tensors."""
+    if not v.is_cuda:
+        raise ValueError(f"kla_scan backend 'triton' needs CUDA tensors, got v on {v.device}; use 'torch' or 'auto'")
+    try:
+        fn = getattr(importlib.import_module(TRITON_MODULE), TRITON_FUNCTION)
+    except (ImportError, AttributeError) as err:
+        where = f"{TRITON_MODULE}.{TRITON_FUNCTION}"
+        raise RuntimeError(f"kla_scan backend 'triton' is unavailable: cannot import {where} ({err})") from err
+    return fn(v, lambda_v, k, q, a, p, initial_state, decode_from_prior)
+
+
+BACKENDS: dict[str, Callable[..., tuple[Tensor, Tensor, KLAState]]] = {
+    "reference": kla_scan_reference,
+    "torch": kla_scan_torch,
+    "triton": _kla_scan_triton,
+}
+_AUTO_LOGGED: set[str] = set()
+
+
+def resolve_backend(backend: str, v: Tensor) -> str:
+    """The backend name that `backend` means for tensors like `v` ("auto": triton on CUDA, else torch)."""
+    if backend == "auto":
+        name = "triton" if v.is_cuda else "torch"
+        if name not in _AUTO_LOGGED:
+            _AUTO_LOGGED.add(name)
+            log.info("kla_scan backend 'auto' chose %r for %s tensors", name, v.device.type)
+        return name
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown kla_scan backend {backend!r}; valid: {sorted(BACKENDS) + ['auto']}")
+    return backend
 
 
 def kla_scan(
-    v: Tensor, lambda_v: Tensor, k: Tensor, q: Tensor, a: Tensor, p: Tensor,
-    initial_state: KLAState | None = None, *, backend: str = "auto", decode_from_prior: bool = False,
+    v: Tensor,
+    lambda_v: Tensor,
+    k: Tensor,
+    q: Tensor,
+    a: Tensor,
+    p: Tensor,
+    initial_state: KLAState | None = None,
+    *,
+    backend: str = "auto",
+    decode_from_prior: bool = False,
 ) -> tuple[Tensor, Tensor, KLAState]:
-    """Run the KLA filter over a sequence; see `klalm.ops.reference` for the math.
+    """Run the KLA filter (shared/DESIGN.md §1) over a sequence; differentiable in every tensor argument.
 
-    Shapes: v, lambda_v [B, L, M]; k, q [B, L, S]; a, p [M, S]; initial_state tensors [B, M, S].
-    Returns (y [B, L, M], y_var [B, L, M], KLAState(lam, eta)).
+    Per (b, m, s): φ_t = Λ_t·k_t², r_t = v_t·Λ_t·k_t, d_t = a² + p·λ_{t-1}, λ_t = λ_{t-1}/d_t + φ_t,
+    η_t = (a/d_t)·η_{t-1} + r_t; y_t = Σ_s q_t·η_t/λ_t, y_var_t = Σ_s q_t²/λ_t.
+
+    Args:
+        v: values, [B, L, M], any float dtype (bf16/fp16/fp32 computed in float32, float64 in float64).
+        lambda_v: value precisions Λ, [B, L, M], > 0 (finite).
+        k: keys (observation map), [B, L, S], finite; k = 0 is a valid "no information" step.
+        q: queries (readout), [B, L, S], finite.
+        a: discrete decay, [M, S], in (0, 1].
+        p: discrete process noise, [M, S], ≥ 0.
+        initial_state: `KLAState(lam, eta)`, each [B, M, S] with lam > 0; None means λ_0 = 1, η_0 = 0.
+        backend: "auto", "reference", "torch" or "triton" (see the module docstring).
+        decode_from_prior: read out the one-step-ahead prediction a·μ_t, a²·σ²_t + p instead of μ_t, σ²_t.
+
+    Returns:
+        y: posterior-mean readout, [B, L, M], in v's dtype.
+        y_var: readout variance, [B, L, M], in v's dtype, > 0.
+        state: final `KLAState(lam, eta)`, each [B, M, S], float32 (float64 for float64 inputs).
+
+    Raises:
+        ValueError: a bad shape, dtype or device (always), a broken value rule (Λ ≤ 0, a outside (0, 1],
+            p < 0, non-finite; checked on CPU and, with KLALM_CHECK_INPUTS=1, on GPU; always for the
+            reference backend), or an unknown backend.
     """
-    name = "reference" if backend == "auto" else backend
-    if name not in BACKENDS:
-        raise ValueError(f"unknown kla_scan backend {backend!r}; valid: {sorted(BACKENDS) + ['auto']}")
+    name = resolve_backend(backend, v)
+    check_inputs(v, lambda_v, k, q, a, p, initial_state, force_values=name == "reference")
     return BACKENDS[name](v, lambda_v, k, q, a, p, initial_state, decode_from_prior)
 
 
 def kla_step(
-    v: Tensor, lambda_v: Tensor, k: Tensor, q: Tensor, a: Tensor, p: Tensor, state: KLAState,
-    *, decode_from_prior: bool = False,
+    v: Tensor,
+    lambda_v: Tensor,
+    k: Tensor,
+    q: Tensor,
+    a: Tensor,
+    p: Tensor,
+    state: KLAState,
+    *,
+    decode_from_prior: bool = False,
 ) -> tuple[Tensor, Tensor, KLAState]:
-    """One decode step. Shapes: v, lambda_v [B, M]; k, q [B, S]; a, p [M, S]; state [B, M, S]."""
-    return kla_step_reference(v, lambda_v, k, q, a, p, state, decode_from_prior)
+    """One decode step of the filter, O(1) in the sequence length; same math and rules as `kla_scan`.
+
+    Args:
+        v, lambda_v: [B, M] (lambda_v > 0).
+        k, q: [B, S].
+        a: [M, S] in (0, 1]; p: [M, S], ≥ 0.
+        state: `KLAState(lam, eta)`, each [B, M, S] (lam > 0), e.g. the state a `kla_scan` returned.
+        decode_from_prior: as in `kla_scan`.
+
+    Returns:
+        (y [B, M], y_var [B, M]) in v's dtype and the new state in the compute dtype.
+    """
+    check_inputs(v, lambda_v, k, q, a, p, state, step=True)
+    out_dtype, dt = v.dtype, compute_dtype(v.dtype)
+    v, lambda_v, k, q, a, p = (x.to(dt) for x in (v, lambda_v, k, q, a, p))
+    y, y_var, new_state = kla_step_reference(
+        v, lambda_v, k, q, a, p, KLAState(state[0].to(dt), state[1].to(dt)), decode_from_prior
+    )
+    return y.to(out_dtype), y_var.to(out_dtype), new_state
