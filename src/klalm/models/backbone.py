@@ -184,7 +184,7 @@ class KLALM(nn.Module):
 
         Returns:
             (final-normed hidden states [B, L, D] at the mean, y_var [B, L, D] >= 0,
-            mc_probs [B, L, V] in float32 (rows sum to 1) or None when mc_samples == 0).
+            mc_probs [B, L, V] in float32 or wider (rows sum to 1) or None when mc_samples == 0).
         """
         if mc_samples < 0:
             raise ValueError(f"mc_samples must be >= 0, got {mc_samples}")
@@ -197,8 +197,9 @@ class KLALM(nn.Module):
         if mc_samples == 0:
             return hidden, y_var, None
         std = y_var.clamp_min(0).sqrt().to(u.dtype)
-        probs = torch.zeros(*input_ids.shape, self.config.vocab_size, device=u.device, dtype=torch.float32)
+        dtype = torch.promote_types(u.dtype, torch.float32)
+        probs = torch.zeros(*input_ids.shape, self.config.vocab_size, device=u.device, dtype=dtype)
         for _ in range(mc_samples):
             sample = self._rest(u + std * torch.randn_like(u), k)
-            probs += torch.softmax(self.lm_head(sample).float(), dim=-1)
+            probs += torch.softmax(self.lm_head(sample).to(dtype), dim=-1)
         return hidden, y_var, probs / mc_samples

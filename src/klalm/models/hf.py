@@ -131,7 +131,7 @@ class KLALMForCausalLM(KLALMPreTrainedModel, GenerationMixin):
             return_dict: False returns a tuple (loss?, logits, ...), as transformers models do.
 
         Returns:
-            KLALMOutput with logits [B, L, V] (float in the model dtype), loss (scalar, float32) when labels
+            KLALMOutput with logits [B, L, V] (float in the model dtype), loss (scalar, float32 or wider) when labels
             are given, the cache when use_cache, and variance / mc_probs when asked for.
         """
         cache = _one_cache(cache, past_key_values)
@@ -180,7 +180,7 @@ class KLALMForCausalLM(KLALMPreTrainedModel, GenerationMixin):
 
 
 def next_token_loss(logits: Tensor, labels: Tensor) -> Tensor:
-    """Mean cross-entropy of logits[:, t] against labels[:, t+1] (float32), ignoring label -100.
+    """Mean cross-entropy of logits[:, t] against labels[:, t+1] (float32 or wider), ignoring label -100.
 
     Args:
         logits: [B, L, V].
@@ -188,7 +188,8 @@ def next_token_loss(logits: Tensor, labels: Tensor) -> Tensor:
     """
     if labels.shape != logits.shape[:2]:
         raise ValueError(f"labels shape {tuple(labels.shape)} does not match input_ids shape {tuple(logits.shape[:2])}")
-    shifted = logits[:, :-1].reshape(-1, logits.shape[-1]).float()  # [B·(L-1), V]
+    dtype = torch.promote_types(logits.dtype, torch.float32)  # bf16 logits -> float32 loss; float64 stays
+    shifted = logits[:, :-1].reshape(-1, logits.shape[-1]).to(dtype)  # [B·(L-1), V]
     return F.cross_entropy(shifted, labels[:, 1:].reshape(-1), ignore_index=-100)
 
 

@@ -1,0 +1,77 @@
+"""Attention: the SDPA path against the plain-torch math path (outputs and gradients), RoPE, KV cache."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from klalm.models.mixers.attention import ATTENTION_IMPLS, Attention, attend_math, attend_sdpa, rotary
+
+
+def _pair(d_model: int = 32, n_heads: int = 4) -> tuple[Attention, Attention]:
+    torch.manual_seed(0)
+    sdpa = Attention(d_model, n_heads=n_heads, impl="sdpa").double()
+    math = Attention(d_model, n_heads=n_heads, impl="math").double()
+    math.load_state_dict(sdpa.state_dict())
+    return sdpa, math
+
+
+@pytest.mark.parametrize("length", [1, 2, 13])
+def test_sdpa_matches_math_outputs_and_grads(length):
+    sdpa, math = _pair()
+    x = torch.randn(2, length, 32, dtype=torch.float64, requires_grad=True)
+    x2 = x.detach().clone().requires_grad_()
+    y_s, _ = sdpa(x)
+    y_m, _ = math(x2)
+    torch.testing.assert_close(y_s, y_m, rtol=1e-10, atol=1e-12)
+    grad_out = torch.randn_like(y_s)
+    y_s.backward(grad_out)
+    y_m.backward(grad_out)
+    torch.testing.assert_close(x.grad, x2.grad, rtol=1e-10, atol=1e-12)
+    for (name, p_s), p_m in zip(sdpa.named_parameters(), math.parameters()):
+        torch.testing.assert_close(p_s.grad, p_m.grad, rtol=1e-10, atol=1e-12, msg=f"grad of {name}")
+
+
+def test_query_block_continuing_a_cache():
+    """With Lq < Lk the mask is aligned bottom-right (queries are the last Lq positions), in both paths."""
+    q = torch.randn(1, 2, 3, 8, dtype=torch.float64)
+    k, v = torch.randn(1, 2, 7, 8, dtype=torch.float64), torch.randn(1, 2, 7, 8, dtype=torch.float64)
+    expected = attend_math(torch.cat([torch.zeros(1, 2, 4, 8, dtype=torch.float64), q], dim=2), k, v)[:, :, 4:]
+    torch.testing.assert_close(attend_math(q, k, v), expected)
+    torch.testing.assert_close(attend_sdpa(q, k, v), expected)
+
+
+def test_rotary_scores_depend_only_on_relative_position():
+    q, k = torch.randn(1, 1, 1, 16, dtype=torch.float64), torch.randn(1, 1, 1, 16, dtype=torch.float64)
+    score = lambda i, j: (rotary(q, i, 10_000.0) * rotary(k, j, 10_000.0)).sum()
+    torch.testing.assert_close(score(3, 1), score(12, 10))
+    assert not torch.allclose(score(3, 1), score(3, 2))
+
+
+def test_rotary_preserves_norm_and_is_identity_at_zero():
+    x = torch.randn(2, 3, 5, 8, dtype=torch.float64)
+    torch.testing.assert_close(rotary(x, 0, 10_000.0)[:, :, 0], x[:, :, 0])
+    torch.testing.assert_close(rotary(x, 9, 10_000.0).norm(dim=-1), x.norm(dim=-1))
+
+
+def test_kv_cache_grows_and_positions_continue():
+    sdpa, _ = _pair()
+    x = torch.randn(2, 9, 32, dtype=torch.float64)
+    y, state = sdpa(x)
+    assert state.k.shape == (2, 4, 9, 8) and state.v.shape == (2, 4, 9, 8)
+    y1, st = sdpa(x[:, :5])
+    y2, st = sdpa(x[:, 5:], st)
+    torch.testing.assert_close(torch.cat([y1, y2], 1), y)
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [({"n_heads": 5}, "not divisible by n_heads"), ({"n_heads": 32}, "must be even"), ({"impl": "flash"}, "math")],
+)
+def test_bad_options(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        Attention(32, **kwargs)
+
+
+def test_impl_table():
+    assert set(ATTENTION_IMPLS) == {"sdpa", "math"}
