@@ -1,0 +1,197 @@
+"""`TextDataModule`: the Lightning face of the pipeline, built by Hydra from ``configs/data/<name>.yaml``.
+
+The tokenizer is loaded in ``__init__`` so the model can read ``len(dm.tokenizer)`` before it is built.
+``train_dataloader()`` returns a `ResumableLoader` (a torchdata `StatefulDataLoader`): Lightning saves its state
+in checkpoints by itself, and this module also returns it from ``state_dict()``; the state follows the batches
+that actually reached ``training_step`` (see `klalm.data.loader`), so a resumed run sees exactly the tokens it
+would have seen. Validation reads ``val_batches`` batches per rank from the start of the validation source
+every time (wrapping around if the source is shorter), so every rank runs the same number of steps.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any, Literal
+
+import lightning as L
+import torch
+from torch.utils.data import DataLoader
+
+from klalm.data.loader import ResumableLoader
+from klalm.data.packing import PackedTextDataset
+from klalm.data.shards import ShardDataset
+from klalm.data.sources import build_source
+from klalm.data.tokenizer import load_tokenizer
+
+log = logging.getLogger(__name__)
+
+
+def _plain(value: Any) -> Any:
+    """OmegaConf containers (from Hydra) to plain dicts/lists, resolving interpolations."""
+    from omegaconf import DictConfig, ListConfig, OmegaConf
+
+    if isinstance(value, (DictConfig, ListConfig)):
+        return OmegaConf.to_container(value, resolve=True)
+    return value
+
+
+def resolve_rank(rank: int | None, world_size: int | None) -> tuple[int, int]:
+    """(rank, world size) from torch.distributed when initialised, else the given values (default 0, 1)."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        actual = torch.distributed.get_rank(), torch.distributed.get_world_size()
+        if (rank is not None and rank != actual[0]) or (world_size is not None and world_size != actual[1]):
+            raise ValueError(f"rank/world_size given as {rank}/{world_size} but torch.distributed says {actual}")
+        return actual
+    return (rank or 0), (world_size or 1)
+
+
+def _packed_dataset(source: Any, tokenizer: Any, on_bad_record: str, block_docs: int, **common: Any) -> Any:
+    return PackedTextDataset(source, tokenizer, on_bad_record=on_bad_record, block_docs=block_docs, **common)
+
+
+def _shard_dataset(source: Any, tokenizer: Any, on_bad_record: str, block_docs: int, **common: Any) -> Any:
+    if source.shards.index["vocab_size"] != len(tokenizer):
+        raise ValueError(
+            f"shards {source.shards.path} were tokenised with vocab {source.shards.index['vocab_size']}"
+            f" ({source.shards.index.get('tokenizer')}), the tokenizer config has {len(tokenizer)}"
+        )
+    return ShardDataset(source, **common)
+
+
+DATASETS = {"files": _packed_dataset, "hf": _packed_dataset, "python_docs": _packed_dataset, "shards": _shard_dataset}
+
+
+class TextDataModule(L.LightningDataModule):
+    """Streaming, packed, resumable LM data.
+
+    Args:
+        source: training source config, ``{"kind": "files"|"hf"|"python_docs"|"shards", ...}``.
+        tokenizer: tokenizer config, ``{"kind": "hf"|"trained_bpe", ...}``.
+        seq_len: T, tokens per example.
+        batch_size: B, examples per batch per device (micro batch).
+        num_workers: DataLoader worker processes per rank (0: tokenise in the main process).
+        val_source: validation source config (None: no validation).
+        val_batches: validation batches per rank (None: one full pass; single process only).
+        val_batch_size: validation B (default: batch_size).
+        seed: seed of the shuffles.
+        shuffle: block-shuffle documents (document sources) or permute windows (shards) in training.
+        block_docs: documents read and tokenised at a time (and the shuffle span).
+        on_bad_record: "raise" or "skip" (counted) for corrupt/empty/undecodable records.
+        rank, world_size: for use without torch.distributed (taken from it when initialised).
+        pin_memory: pin batches for faster host-to-GPU copies.
+        data_root: folder the config's paths are interpolated from (``${..data_root}``); checked to exist, so a
+            missing ../shared/data fails at once with its name.
+
+    Shapes:
+        batches are {"input_ids": LongTensor[B, T], "labels": LongTensor[B, T]}.
+    """
+
+    def __init__(
+        self,
+        source: dict,
+        tokenizer: dict,
+        seq_len: int,
+        batch_size: int,
+        num_workers: int = 0,
+        val_source: dict | None = None,
+        val_batches: int | None = 8,
+        val_batch_size: int | None = None,
+        seed: int = 0,
+        shuffle: bool = True,
+        block_docs: int = 64,
+        on_bad_record: Literal["raise", "skip"] = "raise",
+        rank: int | None = None,
+        world_size: int | None = None,
+        pin_memory: bool = False,
+        data_root: str | None = None,
+    ):
+        super().__init__()
+        if data_root is not None and not Path(data_root).expanduser().is_dir():
+            raise FileNotFoundError(
+                f"data_root {data_root} does not exist (set KLALM_SHARED_DATA to the shared data "
+                "folder, or use data=python_docs offline)"
+            )
+        self.source_config, self.val_source_config = _plain(source), _plain(val_source)
+        for name, config in {"source": self.source_config, "val_source": self.val_source_config}.items():
+            if config is not None and config.get("kind") not in DATASETS:
+                raise KeyError(f"{name}.kind must be one of {sorted(DATASETS)}, got {config.get('kind')!r}")
+        if val_batches is not None and val_batches < 1:
+            raise ValueError(f"val_batches must be >= 1 or None, got {val_batches}")
+        self.tokenizer = load_tokenizer(_plain(tokenizer))
+        self.seq_len, self.batch_size, self.num_workers = seq_len, batch_size, num_workers
+        self.val_batches, self.val_batch_size = val_batches, val_batch_size or batch_size
+        self.seed, self.shuffle, self.block_docs, self.on_bad_record = seed, shuffle, block_docs, on_bad_record
+        self.rank, self.world_size, self.pin_memory = rank, world_size, pin_memory
+        self._train_loader: ResumableLoader | None = None
+        self._pending_state: dict[str, Any] | None = None
+
+    def _dataset(self, config: dict, train: bool) -> Any:
+        rank, world_size = resolve_rank(self.rank, self.world_size)
+        if not train and self.val_batches is None and world_size > 1:
+            raise ValueError("val_batches=None (one full pass) gives ranks unequal batch counts; set val_batches")
+        config = dict(config)
+        kind = config["kind"]
+        return DATASETS[kind](
+            build_source(config),
+            self.tokenizer,
+            self.on_bad_record,
+            self.block_docs,
+            seq_len=self.seq_len,
+            batch_size=self.batch_size if train else self.val_batch_size,
+            rank=rank,
+            world_size=world_size,
+            seed=self.seed,
+            shuffle=self.shuffle and train,
+            loop=train or self.val_batches is not None,
+            num_batches=None if train else self.val_batches,
+        )
+
+    def train_dataloader(self) -> ResumableLoader:
+        """The training stream (unbounded; train by steps). Restores a state loaded before it was created."""
+        loader = ResumableLoader(
+            self._dataset(self.source_config, train=True),
+            batch_size=None,
+            num_workers=self.num_workers,
+            pin_memory=self.pin_memory,
+        )
+        if self._pending_state is not None:
+            loader.load_state_dict(self._pending_state)
+            self._pending_state = None
+        self._train_loader = loader
+        return loader
+
+    def val_dataloader(self) -> DataLoader | list:
+        """``val_batches`` batches per rank from the start of the validation source ([] without one)."""
+        if self.val_source_config is None:
+            return []
+        return DataLoader(
+            self._dataset(self.val_source_config, train=False),
+            batch_size=None,
+            num_workers=self.num_workers,
+            pin_memory=self.pin_memory,
+            persistent_workers=self.num_workers > 0,
+        )
+
+    def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+        """Counts training batches that reached a step, so the saved loader state skips no prefetched batch."""
+        trainer = self.trainer
+        if trainer is not None and trainer.training and self._train_loader is not None:
+            self._train_loader.mark_consumed()
+        return batch
+
+    def state_dict(self) -> dict[str, Any]:
+        """{"train_loader": state of the training loader} (after the last consumed batch)."""
+        if self._train_loader is not None:
+            return {"train_loader": self._train_loader.state_dict()}
+        return {"train_loader": self._pending_state}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Restores the training position; applied now or when ``train_dataloader()`` is next called."""
+        if "train_loader" not in state_dict:
+            raise KeyError(f"data module state lacks 'train_loader' (keys: {sorted(state_dict)})")
+        state = state_dict["train_loader"]
+        if self._train_loader is not None and state is not None:
+            self._train_loader.load_state_dict(state)
+        else:
+            self._pending_state = state

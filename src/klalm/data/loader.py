@@ -1,0 +1,72 @@
+"""A StatefulDataLoader whose state can lag behind what it has yielded, to match what training has consumed.
+
+torchdata's `StatefulDataLoader.state_dict()` describes the position after the last batch *yielded*. Lightning's
+fit loop prefetches one batch ahead (`_PrefetchDataFetcher`), so when a checkpoint is written after training step
+n, the loader has already yielded batch n + 1, and a run resumed from that state would skip it. This loader keeps
+the state snapshot taken after each yielded batch (a few of them) and, once a consumer reports consumption through
+`mark_consumed()` (`TextDataModule` does so from Lightning's ``on_after_batch_transfer`` hook, which runs only for
+batches that reach a training step), `state_dict()` returns the snapshot of the last *consumed* batch. Without
+`mark_consumed` calls it behaves exactly like `StatefulDataLoader`.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterator
+from typing import Any
+
+from torchdata.stateful_dataloader import StatefulDataLoader
+
+MAX_LAG_BATCHES = 8  # snapshots kept: consumption may trail yielding by at most this many batches
+
+
+class ResumableLoader(StatefulDataLoader):
+    """`StatefulDataLoader` + consumption tracking (see module docstring). Same constructor arguments."""
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self._snapshots: deque[tuple[int, dict[str, Any]]] = deque(maxlen=MAX_LAG_BATCHES + 1)
+        self._yielded = 0
+        self._consumed = 0
+        self._tracking = False
+
+    def __iter__(self) -> Iterator[Any]:
+        start = super().state_dict()  # the loaded state if one is pending, else the fresh state
+        iterator = super().__iter__()
+        self._snapshots.clear()
+        self._snapshots.append((0, start))
+        self._yielded = self._consumed = 0
+        return self._track(iterator)
+
+    def _track(self, iterator: Iterator[Any]) -> Iterator[Any]:
+        for batch in iterator:
+            self._yielded += 1
+            self._snapshots.append((self._yielded, super().state_dict()))
+            yield batch
+
+    def mark_consumed(self) -> None:
+        """Records that one more yielded batch reached training; `state_dict` then follows consumption."""
+        if self._consumed >= self._yielded:
+            raise RuntimeError(
+                f"mark_consumed called {self._consumed + 1} times but only {self._yielded} batches were yielded"
+            )
+        self._consumed += 1
+        self._tracking = True
+
+    def state_dict(self) -> dict[str, Any]:
+        """State after the last consumed batch when consumption is tracked, else after the last yielded one."""
+        if not self._tracking or not self._snapshots:
+            return super().state_dict()
+        for count, snapshot in self._snapshots:
+            if count == self._consumed:
+                return snapshot
+        raise RuntimeError(
+            f"no loader snapshot for consumed batch {self._consumed} (yielded {self._yielded}); "
+            f"consumption trails yielding by more than {MAX_LAG_BATCHES} batches"
+        )
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self._snapshots.clear()
+        self._yielded = self._consumed = 0
+        self._tracking = False
+        super().load_state_dict(state_dict)

@@ -1,0 +1,230 @@
+"""Document sources: where text comes from, partitioned across consumers without overlap or loss.
+
+A *consumer* is one DataLoader worker of one rank: consumer ``c = rank * num_workers + worker_id`` of
+``N = world_size * num_workers``. Every source gives each consumer a disjoint share of its records whose union is
+the whole source, and a resumable position (`DocumentStream.state_dict`).
+
+Registry (``kind`` key of a source config):
+- ``files``: local jsonl/json/parquet/txt (also .gz/.bz2/.zst), glob patterns; record ``r`` goes to consumer
+  ``r % N``.
+- ``hf``: Hugging Face ``datasets`` streaming (hub or a local builder such as ``json``); split across consumers
+  by ``datasets.distributed.split_dataset_by_node`` (whole data files when they divide evenly, else every N-th
+  example), resumed through the ``datasets`` iterable state dict.
+- ``python_docs``: the offline corpus (Python language reference + standard-library docstrings).
+- ``shards``: pre-tokenised memory-mapped token shards (see `klalm.data.shards`).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any, Protocol
+
+from klalm.data.records import Record, expand_paths, iter_raw_records
+
+log = logging.getLogger(__name__)
+
+
+class DocumentStream(Protocol):
+    """One consumer's pass over a source: iterates `Record`s; ``state_dict()`` is the position after the last."""
+
+    def __iter__(self) -> Iterator[Record]: ...
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+
+class _StridedStream:
+    """Takes records ``r`` with ``r % N == c`` from a globally numbered record sequence, from a saved position."""
+
+    def __init__(
+        self,
+        raw: Iterable[tuple[str, Any]],
+        consumer: int,
+        num_consumers: int,
+        state: dict | None,
+        max_documents: int | None,
+    ):
+        self._raw = raw
+        self._consumer = consumer
+        self._num = num_consumers
+        self._limit = max_documents
+        self._next = int(state["record"]) if state else 0  # global index of the first record still to consider
+
+    def __iter__(self) -> Iterator[Record]:
+        for index, (_, decode) in enumerate(self._raw):
+            if self._limit is not None and index >= self._limit:
+                return
+            if index < self._next or index % self._num != self._consumer:
+                continue
+            self._next = index + 1
+            yield decode()
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"record": self._next}
+
+
+class FileSource:
+    """Local files (jsonl / json / parquet / txt, optionally .gz / .bz2 / .zst) named by glob patterns.
+
+    Args:
+        paths: a glob pattern or a list of them; each must match at least one file.
+        field: name of the text field (jsonl/json keys, parquet column; ignored for txt: one file = one document).
+        max_documents: read only the first this-many records (global, before partitioning), e.g. for tests.
+    """
+
+    def __init__(self, paths: str | list[str], field: str = "text", max_documents: int | None = None):
+        self.files = expand_paths(paths)
+        self.field = field
+        self.max_documents = max_documents
+
+    def _raw(self) -> Iterator[tuple[str, Any]]:
+        for path in self.files:
+            yield from iter_raw_records(path, self.field)
+
+    def stream(self, consumer: int, num_consumers: int, state: dict | None = None) -> DocumentStream:
+        """This consumer's share of the records, starting after position ``state``."""
+        return _StridedStream(self._raw(), consumer, num_consumers, state, self.max_documents)
+
+    def describe(self) -> str:
+        return f"files {[str(p) for p in self.files]} field={self.field!r}"
+
+
+class _HFStream:
+    def __init__(self, dataset: Any, where: str, field: str, state: dict | None):
+        self._dataset = dataset
+        self._where = where
+        self._field = field
+        self._seen = 0
+        if state:
+            self._dataset.load_state_dict(state["hf"])
+            self._seen = int(state["seen"])
+
+    def __iter__(self) -> Iterator[Record]:
+        # `.iter()` rather than `iter()`: inside a DataLoader worker, `datasets` would otherwise split the stream
+        # across workers a second time (we already gave this consumer its own share).
+        for batch in self._dataset.iter(batch_size=1):
+            self._seen += 1
+            where = f"{self._where} example {self._seen}"
+            if self._field not in batch:
+                yield Record(None, where, "missing_field", f"no field {self._field!r} (fields: {sorted(batch)})")
+                continue
+            value = batch[self._field][0]
+            if not isinstance(value, str):
+                yield Record(None, where, "not_text", f"field {self._field!r} holds {type(value).__name__}")
+            elif not value.strip():
+                yield Record(None, where, "empty_document", f"field {self._field!r} is empty or whitespace")
+            else:
+                yield Record(value, where)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"hf": self._dataset.state_dict(), "seen": self._seen}
+
+
+class HFSource:
+    """A Hugging Face ``datasets`` stream: a hub dataset (needs network) or a local builder such as ``json``.
+
+    Args:
+        path: dataset name on the hub (e.g. ``HuggingFaceFW/fineweb-edu``) or a builder (``json``, ``parquet``).
+        name: dataset config (e.g. ``sample-10BT``).
+        split: split name.
+        field: text field.
+        data_files: files for local builders (glob patterns allowed).
+        revision: hub revision (branch, tag or commit) for reproducible runs.
+        max_documents: read only the first this-many examples (before partitioning).
+    """
+
+    def __init__(
+        self,
+        path: str,
+        name: str | None = None,
+        split: str = "train",
+        field: str = "text",
+        data_files: Any = None,
+        revision: str | None = None,
+        max_documents: int | None = None,
+    ):
+        self.path, self.name, self.split, self.field = path, name, split, field
+        self.data_files, self.revision, self.max_documents = data_files, revision, max_documents
+
+    def stream(self, consumer: int, num_consumers: int, state: dict | None = None) -> DocumentStream:
+        """This consumer's share of the examples (split_dataset_by_node), resumed from ``state``."""
+        import datasets
+        from datasets.distributed import split_dataset_by_node
+
+        dataset = datasets.load_dataset(
+            self.path, self.name, split=self.split, streaming=True, data_files=self.data_files, revision=self.revision
+        )
+        if self.max_documents is not None:
+            dataset = dataset.take(self.max_documents)
+        dataset = split_dataset_by_node(dataset, rank=consumer, world_size=num_consumers)
+        where = f"{self.path}[{self.name or ''}:{self.split}] consumer {consumer}/{num_consumers}"
+        return _HFStream(dataset, where, self.field, state)
+
+    def describe(self) -> str:
+        return f"hf {self.path} name={self.name} split={self.split} field={self.field!r}"
+
+
+class PythonDocsSource:
+    """The offline corpus: Python language reference (`pydoc_data.topics`) + stdlib docstrings (PSF licence).
+
+    Args:
+        split: "train" or "val" (a deterministic hash hold-out of ``val_percent`` % of the documents).
+        cache_dir: where the extracted corpus (jsonl, one document per line) is cached.
+        val_percent: percentage of documents held out for validation.
+        max_documents: read only the first this-many documents of the split.
+    """
+
+    def __init__(
+        self,
+        split: str = "train",
+        cache_dir: str = ".cache/klalm",
+        val_percent: int = 5,
+        max_documents: int | None = None,
+    ):
+        from klalm.data.python_docs import python_docs_corpus
+
+        self.split = split
+        self.documents = python_docs_corpus(Path(cache_dir), split=split, val_percent=val_percent)
+        self.max_documents = max_documents
+
+    def _raw(self) -> Iterator[tuple[str, Any]]:
+        for doc in self.documents:
+            where = f"python_docs:{doc['id']}"
+            yield where, (lambda doc=doc, where=where: Record(doc["text"], where))
+
+    def stream(self, consumer: int, num_consumers: int, state: dict | None = None) -> DocumentStream:
+        """This consumer's share of the documents, starting after position ``state``."""
+        return _StridedStream(self._raw(), consumer, num_consumers, state, self.max_documents)
+
+    def describe(self) -> str:
+        return f"python_docs split={self.split} ({len(self.documents)} documents)"
+
+
+def _shard_source(**kwargs: Any) -> Any:
+    from klalm.data.shards import ShardSource
+
+    return ShardSource(**kwargs)
+
+
+SOURCES: dict[str, Any] = {
+    "files": FileSource,
+    "hf": HFSource,
+    "python_docs": PythonDocsSource,
+    "shards": _shard_source,
+}
+
+
+def build_source(config: dict[str, Any]) -> Any:
+    """Builds a source from its config: ``{"kind": <one of SOURCES>, **arguments}``.
+
+    Raises:
+        KeyError: missing or unknown ``kind`` (listing the valid ones).
+    """
+    config = dict(config)
+    if "kind" not in config:
+        raise KeyError(f"source config needs a 'kind' key, one of {sorted(SOURCES)}; got keys {sorted(config)}")
+    kind = config.pop("kind")
+    if kind not in SOURCES:
+        raise KeyError(f"unknown source kind {kind!r}; valid kinds: {sorted(SOURCES)}")
+    return SOURCES[kind](**config)

@@ -1,0 +1,143 @@
+"""Tokenisers: any Hugging Face tokenizer (hub name or local folder), or a byte-level BPE trained on a corpus.
+
+Registry (``kind`` key of a tokenizer config):
+- ``hf``: ``AutoTokenizer.from_pretrained(name_or_path)``, e.g. ``gpt2`` or ``../shared/data/gpt2_tokenizer``.
+- ``trained_bpe``: a byte-level BPE trained once on a source (``train_bpe_tokenizer``) and cached as an HF
+  tokenizer folder under ``cache_dir``; later runs load the cache.
+
+Every tokenizer must define an EOS token: documents are separated by it when packed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+import sys
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedTokenizerFast
+
+log = logging.getLogger(__name__)
+
+DEFAULT_EOS = "<|endoftext|>"
+
+
+def load_hf_tokenizer(name_or_path: str) -> PreTrainedTokenizerBase:
+    """A Hugging Face tokenizer by hub name or local folder (a local folder must exist)."""
+    folder = Path(name_or_path).expanduser()
+    if folder.is_dir():
+        return AutoTokenizer.from_pretrained(str(folder))
+    if name_or_path.startswith((".", "/", "~")):
+        raise FileNotFoundError(f"tokenizer folder {folder} does not exist")
+    return AutoTokenizer.from_pretrained(name_or_path)
+
+
+def train_bpe_tokenizer(
+    texts: Iterable[str], vocab_size: int, out_dir: str | Path, *, min_frequency: int = 2, eos_token: str = DEFAULT_EOS
+) -> PreTrainedTokenizerFast:
+    """Trains a byte-level BPE (GPT-2 style pre-tokenisation, no unknown tokens) and saves it as an HF folder.
+
+    Args:
+        texts: training documents.
+        vocab_size: final vocabulary size, including the 256 byte tokens and the EOS token.
+        out_dir: folder to write (``tokenizer.json`` + config); loadable with ``AutoTokenizer.from_pretrained``.
+        min_frequency: minimum pair count for a merge.
+        eos_token: the end-of-document token (also BOS/UNK/PAD-free: only EOS is special).
+
+    Returns:
+        the trained tokenizer; ``len(tokenizer) == vocab_size`` when the corpus has enough distinct merges.
+    """
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    if vocab_size < 257:
+        raise ValueError(f"vocab_size must be > 256 (the byte alphabet plus EOS), got {vocab_size}")
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        min_frequency=min_frequency,
+        special_tokens=[eos_token],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tokenizer.train_from_iterator(texts, trainer=trainer)
+    wrapped = PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token=eos_token, bos_token=eos_token)
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    wrapped.save_pretrained(str(out_dir))
+    return wrapped
+
+
+def _source_texts(source: Any) -> Iterator[str]:
+    for record in source.stream(0, 1):
+        if record.problem is None:
+            yield record.text
+
+
+def load_or_train_bpe(
+    source: dict[str, Any], vocab_size: int = 4096, cache_dir: str = ".cache/klalm", min_frequency: int = 2
+) -> PreTrainedTokenizerBase:
+    """A BPE trained on ``source`` (a source config), cached under ``cache_dir`` by a hash of its settings."""
+    from klalm.data.sources import build_source
+
+    key = json.dumps(
+        {"source": source, "vocab_size": vocab_size, "min_frequency": min_frequency, "python": sys.version_info[:3]},
+        sort_keys=True,
+        default=str,
+    )
+    folder = Path(cache_dir).expanduser() / f"bpe-{vocab_size}-{hashlib.sha256(key.encode()).hexdigest()[:12]}"
+    if not (folder / "tokenizer.json").exists():
+        log.info("training a %d-token byte-level BPE on %s into %s", vocab_size, source.get("kind"), folder)
+        tmp = folder.with_name(folder.name + f".tmp{os.getpid()}")
+        train_bpe_tokenizer(_source_texts(build_source(source)), vocab_size, tmp, min_frequency=min_frequency)
+        (tmp / "klalm_tokenizer.json").write_text(key + "\n")
+        try:
+            os.replace(tmp, folder)  # atomic: concurrent ranks either win or find the folder already there
+        except OSError:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return AutoTokenizer.from_pretrained(str(folder))
+
+
+TOKENIZERS: dict[str, Any] = {
+    "hf": load_hf_tokenizer,
+    "trained_bpe": load_or_train_bpe,
+}
+
+
+def load_tokenizer(config: dict[str, Any]) -> PreTrainedTokenizerBase:
+    """Builds a tokenizer from ``{"kind": <one of TOKENIZERS>, **arguments}``; checks it has an EOS token.
+
+    Raises:
+        KeyError: missing or unknown ``kind``.
+        ValueError: the tokenizer has no EOS token.
+    """
+    config = dict(config)
+    if "kind" not in config:
+        raise KeyError(f"tokenizer config needs a 'kind' key, one of {sorted(TOKENIZERS)}; got {sorted(config)}")
+    kind = config.pop("kind")
+    if kind not in TOKENIZERS:
+        raise KeyError(f"unknown tokenizer kind {kind!r}; valid kinds: {sorted(TOKENIZERS)}")
+    tokenizer = TOKENIZERS[kind](**config)
+    if tokenizer.eos_token_id is None:
+        raise ValueError(f"tokenizer {config} has no EOS token; packing needs one to separate documents")
+    return tokenizer
+
+
+def encode_texts(tokenizer: PreTrainedTokenizerBase, texts: list[str]) -> list[list[int]]:
+    """Token ids of each text, without special tokens (the Rust batch encoder when the tokenizer is fast)."""
+    if not texts:
+        return []
+    if tokenizer.is_fast:
+        return [e.ids for e in tokenizer.backend_tokenizer.encode_batch(texts, add_special_tokens=False)]
+    return [tokenizer.encode(t, add_special_tokens=False) for t in texts]
+
+
+def decode_tokens(tokenizer: PreTrainedTokenizerBase, ids: list[int]) -> str:
+    """Exact inverse of `encode_texts` for byte-level BPEs (no whitespace clean-up)."""
+    return tokenizer.decode(ids, clean_up_tokenization_spaces=False)

@@ -1,0 +1,128 @@
+"""Local file formats and the robustness cases: clear errors naming file/line/field, or counted skips."""
+
+from __future__ import annotations
+
+import bz2
+import gzip
+import json
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import zstandard
+
+from klalm.data import BadRecordError, PackedTextDataset, build_source
+from klalm.data.records import BadRecordPolicy
+
+DOCS = ["first document, with some words", "second document\nspans lines", "third: ünïcödé ✓"]
+
+
+def _jsonl_bytes(rows: list) -> bytes:
+    return "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows).encode()
+
+
+WRITERS = {
+    "a.jsonl": lambda p: p.write_bytes(_jsonl_bytes([{"text": d} for d in DOCS])),
+    "a.jsonl.gz": lambda p: p.write_bytes(gzip.compress(_jsonl_bytes([{"text": d} for d in DOCS]))),
+    "a.jsonl.bz2": lambda p: p.write_bytes(bz2.compress(_jsonl_bytes([{"text": d} for d in DOCS]))),
+    "a.jsonl.zst": lambda p: p.write_bytes(
+        zstandard.ZstdCompressor().compress(_jsonl_bytes([{"text": d} for d in DOCS]))
+    ),
+    "a.json": lambda p: p.write_text(json.dumps([{"text": d} for d in DOCS])),
+    "a.parquet": lambda p: pq.write_table(pa.table({"text": DOCS, "n": [1, 2, 3]}), p),
+}
+
+
+def _texts(source_config: dict, consumer: int = 0, n: int = 1) -> list:
+    return [r.text for r in build_source(source_config).stream(consumer, n)]
+
+
+@pytest.mark.parametrize("name", sorted(WRITERS))
+def test_formats_read_the_same_documents(tmp_path: Path, name: str):
+    WRITERS[name](tmp_path / name)
+    assert _texts({"kind": "files", "paths": str(tmp_path / name)}) == DOCS
+
+
+def test_txt_files_are_one_document_each_in_sorted_order(tmp_path: Path):
+    for i, doc in enumerate(DOCS):
+        (tmp_path / f"{i}.txt").write_text(doc)
+    assert _texts({"kind": "files", "paths": str(tmp_path / "*.txt")}) == DOCS
+
+
+def test_consumers_split_records_and_resume(tmp_path: Path):
+    rows = [{"text": f"doc {i}"} for i in range(10)]
+    (tmp_path / "a.jsonl").write_bytes(_jsonl_bytes(rows[:4]))
+    (tmp_path / "b.jsonl").write_bytes(_jsonl_bytes(rows[4:]))
+    source = build_source({"kind": "files", "paths": [str(tmp_path / "a.jsonl"), str(tmp_path / "b.jsonl")]})
+    shares = [[r.text for r in source.stream(c, 3)] for c in range(3)]
+    assert shares == [[f"doc {i}" for i in range(c, 10, 3)] for c in range(3)]
+    stream = source.stream(1, 3)
+    it = iter(stream)
+    assert next(it).text == "doc 1" and next(it).text == "doc 4"
+    assert [r.text for r in source.stream(1, 3, stream.state_dict())] == ["doc 7"]
+
+
+BAD_CASES = {
+    "corrupt_json": (b'{"text": "ok"}\n{"text": "broken\n', "corrupt_json", ":line 2"),
+    "empty_document": (b'{"text": "ok"}\n{"text": "   "}\n', "empty_document", ":line 2"),
+    "invalid_utf8": (b'{"text": "ok"}\n{"text": "\xff\xfe bad"}\n', "invalid_utf8", ":line 2"),
+    "wrong_field": (b'{"text": "ok"}\n{"body": "no text field"}\n', "missing_field", "'text'"),
+    "not_text": (b'{"text": "ok"}\n{"text": 17}\n', "not_text", ":line 2"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_CASES))
+def test_bad_record_raises_naming_file_and_line(tmp_path: Path, case: str):
+    payload, problem, fragment = BAD_CASES[case]
+    path = tmp_path / "bad.jsonl"
+    path.write_bytes(payload)
+    policy = BadRecordPolicy("raise")
+    with pytest.raises(BadRecordError) as err:
+        [policy.accept(r) for r in build_source({"kind": "files", "paths": str(path)}).stream(0, 1)]
+    assert str(path) in str(err.value) and problem in str(err.value) and fragment in str(err.value)
+
+
+@pytest.mark.parametrize("case", sorted(BAD_CASES))
+def test_bad_record_skip_is_counted(tmp_path: Path, case: str):
+    payload, problem, _ = BAD_CASES[case]
+    path = tmp_path / "bad.jsonl"
+    path.write_bytes(payload * 3)
+    policy = BadRecordPolicy("skip")
+    good = [r.text for r in build_source({"kind": "files", "paths": str(path)}).stream(0, 1) if policy.accept(r)]
+    assert good == ["ok"] * 3 and dict(policy.counts) == {problem: 3}
+
+
+def test_missing_file_and_bad_kind_and_policy(tmp_path: Path):
+    with pytest.raises(FileNotFoundError, match="nothing-here"):
+        build_source({"kind": "files", "paths": str(tmp_path / "nothing-here*.jsonl")})
+    with pytest.raises(KeyError, match="valid kinds"):
+        build_source({"kind": "ftp"})
+    with pytest.raises(ValueError, match="on_bad_record"):
+        BadRecordPolicy("ignore")
+    (tmp_path / "x.csv").write_text("a,b\n")
+    with pytest.raises(ValueError, match="unsupported file type"):
+        _texts({"kind": "files", "paths": str(tmp_path / "x.csv")})
+
+
+def test_parquet_wrong_column_is_a_key_error(tmp_path: Path):
+    WRITERS["a.parquet"](tmp_path / "a.parquet")
+    with pytest.raises(KeyError, match="no column 'body'"):
+        _texts({"kind": "files", "paths": str(tmp_path / "a.parquet"), "field": "body"})
+
+
+def test_pipeline_counts_skips_in_state_and_never_hangs(tmp_path: Path, gpt2):
+    rows = b'{"text": "good words here"}\n{"text": ""}\n{"oops": 1}\nnot json\n' * 5
+    (tmp_path / "mixed.jsonl").write_bytes(rows)
+    source = build_source({"kind": "files", "paths": str(tmp_path / "mixed.jsonl")})
+    dataset = PackedTextDataset(source, gpt2, seq_len=4, batch_size=1, loop=False, on_bad_record="skip")
+    batches = list(dataset)
+    assert len(batches) == 4  # 5 good docs x (3 tokens + EOS) = 20 tokens = 4 windows of 5, nothing left over
+    assert dataset.state_dict()["bad"] == {"empty_document": 4, "missing_field": 4, "corrupt_json": 4}
+    with pytest.raises(BadRecordError, match="mixed.jsonl:line 2"):
+        list(PackedTextDataset(source, gpt2, seq_len=4, batch_size=1, loop=False))
+    (tmp_path / "allbad.jsonl").write_bytes(b'{"text": ""}\n' * 3)
+    allbad = build_source({"kind": "files", "paths": str(tmp_path / "allbad.jsonl")})
+    looping = PackedTextDataset(allbad, gpt2, seq_len=4, batch_size=1, on_bad_record="skip")
+    with pytest.raises(ValueError, match="no usable document"):
+        next(iter(looping))
