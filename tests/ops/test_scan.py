@@ -1,0 +1,261 @@
+"""kla_scan / kla_step: the "torch" backend against the sequential reference, output by output and
+gradient by gradient, plus edge cases, dtypes, state carry, dispatch and input errors."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+
+from klalm.ops import BACKENDS, KLAState, kla_scan, kla_step
+from klalm.ops.checks import value_checks_enabled
+from klalm.ops.parallel import kla_scan_torch
+from klalm.ops.reference import kla_scan_reference
+
+NAMES = ("v", "lambda_v", "k", "q", "a", "p", "lam0", "eta0")
+
+
+def make_inputs(batch=2, length=9, channels=3, state=4, dtype=torch.float64, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    v = torch.randn(batch, length, channels, generator=g, dtype=dtype)
+    lambda_v = torch.rand(batch, length, channels, generator=g, dtype=dtype) * 3 + 0.1
+    k = torch.randn(batch, length, state, generator=g, dtype=dtype)
+    q = torch.randn(batch, length, state, generator=g, dtype=dtype)
+    a = torch.rand(channels, state, generator=g, dtype=dtype) * 0.5 + 0.5
+    p = torch.rand(channels, state, generator=g, dtype=dtype) * 0.3
+    lam0 = torch.rand(batch, channels, state, generator=g, dtype=dtype) + 0.5
+    eta0 = torch.randn(batch, channels, state, generator=g, dtype=dtype)
+    return dict(zip(NAMES, (v, lambda_v, k, q, a, p, lam0, eta0)))
+
+
+def run_with_grads(fn, inputs, prior=False, seed=1):
+    """Outputs (y, y_var, lam, eta) and the gradients of a random linear loss w.r.t. every input, by name."""
+    leaves = {n: x.detach().clone().requires_grad_() for n, x in inputs.items()}
+    args = [leaves[n] for n in NAMES[:6]]
+    y, y_var, state = fn(*args, KLAState(leaves["lam0"], leaves["eta0"]), prior)
+    outs = {"y": y, "y_var": y_var, "lam": state.lam, "eta": state.eta}
+    g = torch.Generator().manual_seed(seed)
+    loss = sum((torch.randn(o.shape, generator=g, dtype=torch.float64).to(o.dtype) * o).sum() for o in outs.values())
+    grads = torch.autograd.grad(loss, list(leaves.values()))
+    return {n: o.detach() for n, o in outs.items()}, dict(zip(NAMES, grads))
+
+
+def assert_all_close(ref, got, rtol, atol=0.0):
+    for name in ref:
+        assert torch.isfinite(got[name]).all(), f"{name}: non-finite values"
+        scale = ref[name].abs().max().clamp_min(1e-30)
+        err = ((got[name].double() - ref[name].double()).abs().max() / scale).item()
+        assert err <= rtol or (got[name] - ref[name]).abs().max() <= atol, f"{name}: relative error {err:.2e}"
+
+
+def compare_backends(inputs, prior=False, chunk_size=None, rtol=1e-10):
+    torch_fn = lambda *a: kla_scan_torch(*a, chunk_size=chunk_size)  # noqa: E731
+    ref_out, ref_grad = run_with_grads(kla_scan_reference, inputs, prior)
+    out, grad = run_with_grads(torch_fn, inputs, prior)
+    assert_all_close(ref_out, out, rtol)
+    assert_all_close(ref_grad, grad, rtol)
+
+
+@pytest.mark.parametrize("prior", [False, True], ids=["posterior", "prior"])
+@pytest.mark.parametrize("length", [1, 2, 37, 300], ids=lambda n: f"L{n}")
+def test_torch_matches_reference(length, prior):
+    compare_backends(make_inputs(length=length, seed=length), prior=prior)
+
+
+@pytest.mark.parametrize("chunk", [1, 4, 7, 37, 64], ids=lambda c: f"C{c}")
+def test_torch_any_chunk_size(chunk):
+    compare_backends(make_inputs(length=37, seed=3), chunk_size=chunk)
+
+
+def test_torch_gradcheck_float64():
+    inputs = [x.requires_grad_() for x in make_inputs(batch=1, length=5, channels=2, state=3).values()]
+
+    def fn(v, lambda_v, k, q, a, p, lam0, eta0):
+        y, y_var, state = kla_scan_torch(v, lambda_v, k, q, a, p, KLAState(lam0, eta0), True, chunk_size=2)
+        return y, y_var, state.lam, state.eta
+
+    assert torch.autograd.gradcheck(fn, inputs)
+
+
+def _edge(name):
+    x = make_inputs(length=40, seed=7)
+    if name == "k_zero":  # φ = 0: "no information" tokens, incl. the first and the last
+        x["k"][:, ::3] = 0.0
+        x["k"][:, -1] = 0.0
+    elif name == "confident":  # Λ ≈ 1e4
+        x["lambda_v"] = 1e4 * (1 + 0.01 * x["lambda_v"])
+    elif name == "p0_a_near_1":  # linear (GLA-like) precision recursion, almost no decay
+        x["p"] = torch.zeros_like(x["p"])
+        x["a"] = 1 - 1e-4 * x["a"]
+    elif name == "a_one":
+        x["a"] = torch.ones_like(x["a"])
+    return x
+
+
+@pytest.mark.parametrize("case", ["k_zero", "confident", "p0_a_near_1", "a_one"])
+def test_edge_cases_float64(case):
+    compare_backends(_edge(case), rtol=1e-9)
+
+
+@pytest.mark.parametrize("case", ["k_zero", "confident", "p0_a_near_1", "a_one"])
+def test_edge_cases_float32_against_float64(case):
+    x = _edge(case)
+    ref_out, ref_grad = run_with_grads(kla_scan_reference, x)
+    out, grad = run_with_grads(kla_scan_torch, {n: t.float() for n, t in x.items()})
+    assert_all_close(ref_out, out, rtol=2e-4)
+    assert_all_close(ref_grad, grad, rtol=2e-3)
+
+
+def test_k_zero_keeps_gradients():
+    x = make_inputs(length=6)
+    x["k"][:, 2] = 0.0
+    _, grad = run_with_grads(kla_scan_torch, x)
+    assert grad["k"][:, 2].abs().sum() > 0  # k = 0 must not kill ∂k
+
+
+def test_state_carry_two_halves_equal_one_scan():
+    x = make_inputs(length=37, seed=11)
+    args = [x[n] for n in NAMES[:6]]
+    state0 = KLAState(x["lam0"], x["eta0"])
+    y, y_var, state = kla_scan(*args, state0, backend="torch")
+    first = [t[:, :20] if t.dim() == 3 else t for t in args]
+    second = [t[:, 20:] if t.dim() == 3 else t for t in args]
+    y1, v1, s1 = kla_scan(*first, state0, backend="torch")
+    y2, v2, s2 = kla_scan(*second, s1, backend="torch")
+    torch.testing.assert_close(torch.cat([y1, y2], 1), y, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(torch.cat([v1, v2], 1), y_var, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(s2.lam, state.lam)
+    torch.testing.assert_close(s2.eta, state.eta)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_low_precision_inputs_compute_in_float32(dtype):
+    x = {n: t.to(dtype) for n, t in make_inputs(length=37).items()}
+    args = [x[n] for n in NAMES[:6]]
+    y, y_var, state = kla_scan(*args, KLAState(x["lam0"], x["eta0"]), backend="torch")
+    assert y.dtype == dtype and y_var.dtype == dtype and state.lam.dtype == torch.float32
+    y32, v32, s32 = kla_scan_reference(*[t.float() for t in args], KLAState(x["lam0"].float(), x["eta0"].float()))
+    torch.testing.assert_close(y.float(), y32.to(dtype).float(), rtol=1e-2, atol=1e-2)
+    torch.testing.assert_close(state.lam, s32.lam, rtol=1e-5, atol=1e-5)
+    leaves = [t.detach().requires_grad_() for t in args]
+    out = kla_scan(*leaves, backend="torch")
+    (out[0].float().sum() + out[1].float().sum()).backward()
+    assert all(t.grad.dtype == dtype and torch.isfinite(t.grad.float()).all() for t in leaves)
+
+
+@pytest.mark.parametrize("prior", [False, True], ids=["posterior", "prior"])
+def test_kla_step_equals_one_scan_step(prior):
+    x = make_inputs(length=5)
+    args = [x[n] for n in NAMES[:6]]
+    y, y_var, state = kla_scan(*args[:4], *args[4:], KLAState(x["lam0"], x["eta0"]), decode_from_prior=prior)
+    s = KLAState(x["lam0"], x["eta0"])
+    for t in range(5):
+        yt, vt, s = kla_step(*(a[:, t] for a in args[:4]), *args[4:], s, decode_from_prior=prior)
+        torch.testing.assert_close(yt, y[:, t])
+        torch.testing.assert_close(vt, y_var[:, t])
+    torch.testing.assert_close(s.lam, state.lam)
+    torch.testing.assert_close(s.eta, state.eta)
+
+
+def test_torch_backend_saves_no_per_step_tensors():
+    x = {n: t.float().requires_grad_() for n, t in make_inputs(batch=2, length=64, channels=8, state=4).items()}
+    y, _, _ = kla_scan_torch(*[x[n] for n in NAMES[:6]], KLAState(x["lam0"], x["eta0"]))
+    saved = sum(t.numel() for t in y.grad_fn.saved_tensors)
+    inputs = sum(t.numel() for t in x.values())
+    full = 2 * 64 * 8 * 4  # one [B, L, M, S] tensor
+    assert saved <= inputs + full // 2, f"saved {saved} elements for {inputs} input elements"
+
+
+def test_auto_picks_torch_on_cpu_and_logs(caplog):
+    from klalm.ops import scan
+
+    scan._AUTO_LOGGED.discard("torch")
+    with caplog.at_level(logging.INFO, logger="klalm.ops.scan"):
+        assert scan.resolve_backend("auto", torch.zeros(1)) == "torch"
+        assert scan.resolve_backend("auto", torch.zeros(1)) == "torch"
+    assert sum("chose 'torch'" in r.getMessage() for r in caplog.records) == 1
+    assert set(BACKENDS) >= {"reference", "torch", "triton"}
+
+
+def test_fresh_state_default_and_empty_sequence():
+    x = make_inputs(length=4)
+    args = [x[n] for n in NAMES[:6]]
+    y, _, state = kla_scan(*args, backend="torch")
+    y_ref, _, _ = kla_scan(*args, backend="reference")
+    torch.testing.assert_close(y, y_ref)
+    empty = [t[:, :0] if t.dim() == 3 else t for t in args]
+    y0, _, s0 = kla_scan(*empty, backend="torch")
+    assert y0.shape == (2, 0, 3) and torch.equal(s0.lam, torch.ones_like(state.lam))
+
+
+BAD = {
+    "batch": ("k", lambda x: x[:1], "k must have shape"),
+    "length": ("q", lambda x: x[:, :-1], "q must have shape"),
+    "channels": ("lambda_v", lambda x: x[..., :-1], "lambda_v must have shape"),
+    "state_size": ("q", lambda x: x[..., :-1], "q must have shape"),
+    "a_shape": ("a", lambda x: x[None], "a must have shape"),
+    "p_shape": ("p", lambda x: x.T, "p must have shape"),
+    "state_shape": ("lam0", lambda x: x[:, :, :-1], "initial_state.lam must have shape"),
+    "int_dtype": ("v", lambda x: x.long(), "v must be a floating-point tensor"),
+    "lambda_zero": ("lambda_v", lambda x: x * 0, "lambda_v breaks the rule: value precision"),
+    "lambda_neg": ("lambda_v", lambda x: -x, "lambda_v breaks the rule"),
+    "a_zero": ("a", lambda x: x * 0, "a breaks the rule: discrete decay a in (0, 1]"),
+    "a_above_one": ("a", lambda x: x + 1, "a breaks the rule"),
+    "p_negative": ("p", lambda x: x - 1, "p breaks the rule: discrete process noise"),
+    "nan_v": ("v", lambda x: x.index_fill(1, torch.tensor([2]), float("nan")), "v breaks the rule: all values finite"),
+    "inf_k": ("k", lambda x: x.index_fill(1, torch.tensor([0]), float("inf")), "k breaks the rule"),
+    "lam0_zero": ("lam0", lambda x: x * 0, "initial_state.lam breaks the rule"),
+}
+
+
+@pytest.mark.parametrize("backend", ["torch", "reference"])
+@pytest.mark.parametrize("case", sorted(BAD))
+def test_bad_inputs_raise_value_error_naming_the_tensor(case, backend):
+    name, corrupt, message = BAD[case]
+    x = make_inputs(length=5)
+    x[name] = corrupt(x[name])
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[")):
+        kla_scan(*[x[n] for n in NAMES[:6]], KLAState(x["lam0"], x["eta0"]), backend=backend)
+
+
+def test_kla_step_checks_shapes():
+    x = make_inputs(length=1)
+    with pytest.raises(ValueError, match="k must have shape"):
+        kla_step(
+            x["v"][:, 0],
+            x["lambda_v"][:, 0],
+            x["k"][:1, 0],
+            x["q"][:, 0],
+            x["a"],
+            x["p"],
+            KLAState(x["lam0"], x["eta0"]),
+        )
+
+
+def test_unknown_and_unavailable_backends():
+    x = make_inputs(length=3)
+    args = [x[n] for n in NAMES[:6]]
+    with pytest.raises(ValueError, match="valid: .*'torch'"):
+        kla_scan(*args, backend="cuda-magic")
+    with pytest.raises(ValueError, match="needs CUDA tensors"):
+        kla_scan(*args, backend="triton")
+
+
+def test_value_checks_switch(monkeypatch):
+    monkeypatch.delenv("KLALM_CHECK_INPUTS", raising=False)
+    assert value_checks_enabled(torch.device("cpu"))
+    assert not value_checks_enabled(torch.device("cuda"))
+    monkeypatch.setenv("KLALM_CHECK_INPUTS", "1")
+    assert value_checks_enabled(torch.device("cuda"))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_gpu_backends_match_reference(backend):
+    x = {n: t.float().cuda() for n, t in make_inputs(length=300, channels=8, state=16).items()}
+    fn = lambda *a: kla_scan(*a[:6], a[6], backend=backend, decode_from_prior=a[7])  # noqa: E731
+    ref_out, ref_grad = run_with_grads(kla_scan_reference, {n: t.double().cpu() for n, t in x.items()})
+    out, grad = run_with_grads(fn, x)
+    assert_all_close(ref_out, {n: t.cpu() for n, t in out.items()}, rtol=1e-4)
+    assert_all_close(ref_grad, {n: t.cpu() for n, t in grad.items()}, rtol=1e-3)
