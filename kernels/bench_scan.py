@@ -1,0 +1,186 @@
+"""Benchmark the KLA scan backends and the selective scan; prints Markdown tables for kernels/NOTES.md.
+
+    python kernels/bench_scan.py            # B=8, L=2048, M=1536, S=16, then L from 512 to 16384
+    python kernels/bench_scan.py --quick    # one small size, a sanity run
+    python kernels/bench_scan.py --tune     # Triton launch configs at the main size
+
+Times are medians of `triton.testing.do_bench` in ms. The floor of a row is the larger of its HBM time
+(bytes that must move, at PEAK_HBM_GB_S) and its arithmetic time (FLOP_PER_ELEM operations per
+(b, t, m, s) element, at PEAK_FP32_TFLOPS); "× floor" is the measured time over that floor.
+Without CUDA it prints a skip message and exits 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+
+PEAK_HBM_GB_S = 4800.0  # H200 SXM datasheet HBM3e bandwidth, GB/s
+PEAK_FP32_TFLOPS = 67.0  # H200 SXM datasheet non-tensor fp32, TFLOP/s
+FLOP_PER_ELEM = {"fwd": 27, "fwd+bwd": 81}  # DESIGN §8: ~25 ops + 2 reciprocals forward; backward ≈ 2× forward
+MAIN = dict(batch=8, length=2048, channels=1536, state=16)
+SWEEP_LENGTHS = (512, 1024, 2048, 4096, 8192, 16384)
+
+
+def kla_inputs(batch: int, length: int, channels: int, state: int, dtype=torch.float32) -> list[torch.Tensor]:
+    """Random inputs on the GPU shaped like the KLA layer's (unit-norm k, q; Λ from a softplus)."""
+    dev = "cuda"
+    v = torch.randn(batch, length, channels, device=dev)
+    lambda_v = 1.0 / (F.softplus(torch.randn(batch, length, channels, device=dev)) + 1e-4)
+    k = F.normalize(torch.randn(batch, length, state, device=dev), dim=-1)
+    q = F.normalize(torch.randn(batch, length, state, device=dev), dim=-1)
+    a = torch.exp(-0.5 * F.softplus(torch.randn(channels, state, device=dev)))
+    p = 0.05 * F.softplus(torch.randn(channels, state, device=dev))
+    return [x.to(dtype) for x in (v, lambda_v, k, q, a, p)]
+
+
+def kla_floor_ms(mode: str, batch: int, length: int, channels: int, state: int) -> tuple[float, float, float]:
+    """(floor ms, bytes, flops) of the scan: fwd moves v, Λ in and y, y_var out (fp32); bwd adds 6 more such."""
+    elems = batch * length * channels
+    bytes_ = 4 * elems * (4 if mode == "fwd" else 10)
+    flops = FLOP_PER_ELEM[mode] * elems * state
+    return max(bytes_ / (PEAK_HBM_GB_S * 1e9), flops / (PEAK_FP32_TFLOPS * 1e12)) * 1e3, bytes_, flops
+
+
+def timed(fn: Callable[[], object]) -> tuple[float, float]:
+    """(median ms, peak GB allocated during one call)."""
+    from triton.testing import do_bench
+
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    fn()
+    torch.cuda.synchronize()
+    peak = torch.cuda.max_memory_allocated() / 1e9
+    return do_bench(fn, warmup=25, rep=100, return_mode="median"), peak
+
+
+def scan_runners(backend: str, inputs: list[torch.Tensor], config=None) -> dict[str, Callable[[], object]]:
+    """Callables for the forward and the forward+backward of one backend."""
+    if backend == "triton":
+        from klalm.kernels.mobius_scan import kla_scan_triton
+
+        scan = lambda *x: kla_scan_triton(*x, config=config)
+    else:
+        from klalm.ops.scan import kla_scan
+
+        scan = lambda *x: kla_scan(*x, backend=backend)
+    grads_in = [x.detach().clone().requires_grad_() for x in inputs]
+
+    def fwd_bwd():
+        y, y_var, state = scan(*grads_in)
+        (y.sum() + y_var.sum() + state.lam.sum() + state.eta.sum()).backward()
+        for x in grads_in:
+            x.grad = None
+
+    def fwd():
+        with torch.no_grad():
+            return scan(*inputs)
+
+    return {"fwd": fwd, "fwd+bwd": fwd_bwd}
+
+
+def available_backends() -> list[str]:
+    """triton always; torch when `klalm.ops.scan` has registered it (ops/parallel.py may not exist yet)."""
+    backends = ["triton"]
+    try:
+        scan_mod = importlib.import_module("klalm.ops.scan")
+        if "torch" in getattr(scan_mod, "BACKENDS", {}):
+            backends.append("torch")
+    except ImportError as exc:  # the dispatch module is someone else's: report, don't hide
+        print(f"note: klalm.ops.scan not importable ({exc}); torch backend not benchmarked")
+    return backends
+
+
+def bench_kla_row(backend: str, shape: dict, config=None) -> list[str]:
+    inputs = kla_inputs(**shape)
+    cells = [backend, f"{shape['batch']}x{shape['length']}x{shape['channels']}x{shape['state']}"]
+    for mode, fn in scan_runners(backend, inputs, config).items():
+        floor, bytes_, flops = kla_floor_ms(mode, **shape)
+        try:
+            ms, peak = timed(fn)
+        except torch.cuda.OutOfMemoryError:
+            cells += ["OOM"] * 5
+            torch.cuda.empty_cache()
+            continue
+        cells += [
+            f"{ms:.3f}",
+            f"{peak:.2f}",
+            f"{bytes_ / ms / 1e6:.0f}",
+            f"{flops / ms / 1e9:.0f}",
+            f"{ms / floor:.1f}",
+        ]
+    return cells
+
+
+def bench_sdpa_row(batch: int, length: int, heads: int = 12, head_dim: int = 64) -> list[str]:
+    """Causal SDPA (flash) in bf16 at the KLA model's width: [B, H, T, D] q, k, v."""
+    qkv = [torch.randn(batch, heads, length, head_dim, device="cuda", dtype=torch.bfloat16) for _ in range(3)]
+    leaves = [x.clone().requires_grad_() for x in qkv]
+    fwd = lambda: F.scaled_dot_product_attention(*qkv, is_causal=True)
+
+    def fwd_bwd():
+        F.scaled_dot_product_attention(*leaves, is_causal=True).sum().backward()
+
+    cells = ["sdpa bf16", f"{batch}x{length}xH{heads}xD{head_dim}"]
+    for fn in (fwd, fwd_bwd):
+        ms, peak = timed(fn)
+        cells += [f"{ms:.3f}", f"{peak:.2f}", "", "", ""]
+    return cells
+
+
+HEADER = ["impl", "B×L×M×S", "fwd ms", "fwd GB", "fwd GB/s", "fwd GFLOP/s", "fwd × floor",
+          "f+b ms", "f+b GB", "f+b GB/s", "f+b GFLOP/s", "f+b × floor"]  # fmt: skip
+
+
+def print_table(header: list[str], rows: list[list[str]]) -> None:
+    print("| " + " | ".join(header) + " |")
+    print("|" + "---|" * len(header))
+    for row in rows:
+        print("| " + " | ".join(row) + " |", flush=True)
+
+
+def run_kla(quick: bool) -> None:
+    shapes = [dict(batch=2, length=512, channels=256, state=16)] if quick else [MAIN]
+    if not quick:
+        shapes += [dict(MAIN, length=n) for n in SWEEP_LENGTHS if n != MAIN["length"]]
+    rows = []
+    for shape in shapes:
+        floor = kla_floor_ms("fwd", **shape)[0], kla_floor_ms("fwd+bwd", **shape)[0]
+        print(f"floor {shape}: fwd {floor[0]:.3f} ms, fwd+bwd {floor[1]:.3f} ms", flush=True)
+        for backend in available_backends():
+            rows.append(bench_kla_row(backend, shape))
+        rows.append(bench_sdpa_row(shape["batch"], shape["length"]))
+    print_table(HEADER, rows)
+
+
+def run_tune() -> None:
+    """Time the Triton kernels over launch configs at the main size."""
+    from klalm.kernels.mobius_scan_fwd import ScanConfig
+
+    configs = [ScanConfig(bm, chunk, nw, ns) for bm, nw in ((8, 1), (16, 1), (32, 1), (64, 2), (32, 2))
+               for chunk in (16, 64) for ns in (2, 4)]  # fmt: skip
+    rows = [[str(tuple(c))] + bench_kla_row("triton", MAIN, c)[2:] for c in configs]
+    print_table(["(block_m, chunk, warps, stages)"] + HEADER[2:], rows)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="one small size only")
+    parser.add_argument("--tune", action="store_true", help="sweep Triton launch configs at the main size")
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        print("bench_scan: no CUDA device found; skipping (the kernels are benchmarked on a GPU only)")
+        return
+    print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}")
+    if args.tune:
+        run_tune()
+    else:
+        run_kla(args.quick)
+
+
+if __name__ == "__main__":
+    main()

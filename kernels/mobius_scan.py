@@ -1,0 +1,143 @@
+"""`kla_scan_triton`: the fused Triton KLA scan, differentiable in every tensor (backend "triton").
+
+Oracle: `klalm.ops.reference.kla_scan_reference` (same arguments, same results up to float32 rounding).
+The forward kernel is in mobius_scan_fwd.py and the backward kernel in mobius_scan_bwd.py; this file
+checks inputs and ties them together with a `torch.autograd.Function`.
+
+On CPU tensors the kernels run only under Triton's interpreter (`TRITON_INTERPRET=1` set before
+`triton` is imported), which is how the tests run them without a GPU.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+from klalm.kernels.mobius_scan_bwd import mobius_scan_bwd
+from klalm.kernels.mobius_scan_fwd import ScanConfig, mobius_scan_fwd
+from torch import Tensor
+
+from klalm.ops.reference import KLAState
+
+MAX_STATE_SIZE = 64
+KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+CHECK_VALUES_ENV = "KLALM_CHECK_VALUES"  # "1": also check values (costs a device sync), see `check_values`
+
+
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def check_kernel_device(tensors: dict[str, Tensor]) -> None:
+    """Raise ValueError unless all tensors share one device the Triton kernels can run on."""
+    devices = {name: t.device for name, t in tensors.items()}
+    first = next(iter(devices.values()))
+    for name, device in devices.items():
+        if device != first:
+            raise ValueError(f"{name} is on {device} but the other inputs are on {first}")
+    if first.type != "cuda" and not _interpreting():
+        raise ValueError(f"the Triton kernels need CUDA tensors (got {first}); set TRITON_INTERPRET=1 to run on CPU")
+    for name, t in tensors.items():
+        if t.dtype not in KERNEL_DTYPES:
+            raise ValueError(f"{name} has dtype {t.dtype}; the Triton kernels take {KERNEL_DTYPES}")
+
+
+def check_shapes(v, lambda_v, k, q, a, p, initial_state: KLAState | None) -> None:
+    """Raise ValueError naming the first tensor whose shape does not fit v [B, L, M] and k [B, L, S]."""
+    if v.dim() != 3 or k.dim() != 3:
+        raise ValueError(f"v and k must be 3-d [B, L, M] / [B, L, S]; got v {tuple(v.shape)}, k {tuple(k.shape)}")
+    (batch, length, channels), state_size = v.shape, k.shape[-1]
+    expected = {
+        "lambda_v": (lambda_v, (batch, length, channels)), "k": (k, (batch, length, state_size)),
+        "q": (q, (batch, length, state_size)), "a": (a, (channels, state_size)), "p": (p, (channels, state_size)),
+    }  # fmt: skip
+    if initial_state is not None:
+        expected["initial_state.lam"] = (initial_state.lam, (batch, channels, state_size))
+        expected["initial_state.eta"] = (initial_state.eta, (batch, channels, state_size))
+    for name, (tensor, shape) in expected.items():
+        if tuple(tensor.shape) != shape:
+            raise ValueError(f"{name} has shape {tuple(tensor.shape)}, expected {shape}")
+    if not 1 <= state_size <= MAX_STATE_SIZE:
+        raise ValueError(f"state size S={state_size} must be in [1, {MAX_STATE_SIZE}]")
+
+
+def check_values(lambda_v: Tensor, a: Tensor, p: Tensor, initial_state: KLAState | None) -> None:
+    """Raise ValueError on Λ ≤ 0, a outside (0, 1], p < 0 or λ0 ≤ 0 (one device sync per check)."""
+    checks = [("lambda_v", lambda_v, lambda x: x > 0, "> 0"), ("a", a, lambda x: (x > 0) & (x <= 1), "in (0, 1]"),
+              ("p", p, lambda x: x >= 0, ">= 0")]  # fmt: skip
+    if initial_state is not None:
+        checks.append(("initial_state.lam", initial_state.lam, lambda x: x > 0, "> 0"))
+    for name, tensor, ok, rule in checks:
+        if not bool((ok(tensor) & torch.isfinite(tensor)).all()):
+            raise ValueError(f"{name} must be finite and {rule}")
+
+
+class _MobiusScan(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, v, lambda_v, k, q, a, p, lam0, eta0, decode_from_prior: bool, config: ScanConfig):
+        y, y_var, lam, eta, ckpt_P, ckpt_mu = mobius_scan_fwd(
+            v, lambda_v, k, q, a, p, lam0, eta0, decode_from_prior, config, save_ckpt=any(ctx.needs_input_grad)
+        )
+        ctx.save_for_backward(v, lambda_v, k, q, a, p, lam0, eta0, lam, eta, ckpt_P, ckpt_mu)
+        ctx.decode_from_prior, ctx.config = decode_from_prior, config
+        return y, y_var, lam, eta
+
+    @staticmethod
+    def backward(ctx, gy, gyv, glam, geta):
+        saved = ctx.saved_tensors
+        v = saved[0]
+        gy = torch.zeros_like(v) if gy is None else gy.contiguous()
+        gyv = torch.zeros_like(v) if gyv is None else gyv.contiguous()
+        grads = mobius_scan_bwd(saved, gy, gyv, glam, geta, ctx.decode_from_prior, ctx.config)
+        return (*grads, None, None)
+
+
+def kla_scan_triton(
+    v: Tensor,
+    lambda_v: Tensor,
+    k: Tensor,
+    q: Tensor,
+    a: Tensor,
+    p: Tensor,
+    initial_state: KLAState | None = None,
+    decode_from_prior: bool = False,
+    config: ScanConfig | None = None,
+) -> tuple[Tensor, Tensor, KLAState]:
+    """Run the KLA filter over a sequence with the fused Triton kernels (differentiable in every tensor).
+
+    Args:
+        v: values, [B, L, M]; float16/bfloat16/float32, computed in float32.
+        lambda_v: value precisions Λ, [B, L, M], > 0.
+        k: keys (observation map), [B, L, S], S ≤ 64 (padded to a power of two inside).
+        q: queries (readout), [B, L, S].
+        a: discrete decay, [M, S], in (0, 1].
+        p: discrete process noise, [M, S], ≥ 0.
+        initial_state: KLAState(lam [B, M, S] > 0, eta [B, M, S]) or None for λ0 = 1, η0 = 0.
+        decode_from_prior: read out the one-step-ahead prediction (a·μ, a²·σ² + p) instead of the posterior.
+        config: launch parameters (`ScanConfig()` by default).
+    Returns:
+        y, y_var [B, L, M] in v's dtype and the final KLAState (float32 [B, M, S] each), as the reference.
+    Value checks (Λ > 0 etc.) run only when the environment variable KLALM_CHECK_VALUES is "1".
+    """
+    check_shapes(v, lambda_v, k, q, a, p, initial_state)
+    tensors = {"v": v, "lambda_v": lambda_v, "k": k, "q": q, "a": a, "p": p}
+    if initial_state is not None:
+        tensors |= {"initial_state.lam": initial_state.lam, "initial_state.eta": initial_state.eta}
+    check_kernel_device(tensors)
+    if os.environ.get(CHECK_VALUES_ENV, "0") == "1":
+        check_values(lambda_v, a, p, initial_state)
+    lam0, eta0 = (None, None) if initial_state is None else (initial_state.lam, initial_state.eta)
+    if v.shape[1] == 0:
+        return _empty_scan(v, k.shape[-1], lam0, eta0)
+    args = [x.contiguous() if x is not None else None for x in (v, lambda_v, k, q, a, p, lam0, eta0)]
+    y, y_var, lam, eta = _MobiusScan.apply(*args, decode_from_prior, config or ScanConfig())
+    return y, y_var, KLAState(lam, eta)
+
+
+def _empty_scan(v: Tensor, state_size: int, lam0: Tensor | None, eta0: Tensor | None):
+    """L = 0: empty outputs and the initial state unchanged (float32), as the reference returns."""
+    batch, _, channels = v.shape
+    if lam0 is None:
+        lam0 = torch.ones(batch, channels, state_size, device=v.device)
+        eta0 = torch.zeros_like(lam0)
+    return v.clone(), v.clone(), KLAState(lam0.float(), eta0.float())

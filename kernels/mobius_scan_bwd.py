@@ -1,0 +1,189 @@
+"""Backward Triton kernel of the KLA scan: exact gradients with no [B, L, M, S] tensor in HBM.
+
+Oracle: autograd through `klalm.ops.reference.kla_scan_reference`. The forward (mobius_scan_fwd.py)
+saved the covariance-form state (P, μ) before every chunk of CHUNK steps. Each program walks the
+chunks backwards; for one chunk it recomputes the states from the saved one into a small per-program
+scratch buffer ([CHUNK, S_PAD, BM], L2-resident), then runs the reverse adjoint recursion of
+
+    P'_t = a²·P_{t-1} + p     i_t = 1/(1 + φ_t·P'_t)     P_t = P'_t·i_t
+    w_t = a·μ_{t-1} + r_t·P'_t                           μ_t = i_t·w_t
+
+with gμ_t, gP_t the adjoints of the state after step t (readout terms added first):
+
+    gw = gμ·i      gi = gμ·w + gP·P'      gN = −gi·i²      gP' = gP·i + gw·r + gN·φ
+    gφ = gN·P'     gr = gw·P'             gμ_{t-1} = a·gw  gP_{t-1} = a²·gP'
+    ga += gw·μ_{t-1} + 2a·P_{t-1}·gP'     gp += gP'
+
+and φ = Λ·k², r = v·Λ·k. Reductions over s (dv, dΛ) stay in each thread; reductions over m (dk, dq)
+give one [S] row per (program, t), written to a [B, M/BM, L, S] buffer that the caller sums; da, dp
+are summed over t in registers and over b by the caller. No atomics: results are deterministic.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from klalm.kernels.mobius_scan_fwd import ScanConfig, _filter_step, _load_step, from_kernel_layout, to_kernel_layout
+from torch import Tensor
+
+
+@triton.jit
+def _readout_adjoint(b_gP, b_gmu, b_ga, b_gp, b_mu, b_P, b_a, b_a2, b_p, b_q, b_gy, b_gyv, PRIOR: tl.constexpr):
+    """Add the readout's gradients to the state adjoints; returns (gP, gμ, ga, gp, dq row [S_PAD])."""
+    b_q2 = (b_q * b_q)[:, None]  # [S_PAD, 1]
+    if PRIOR:
+        b_gmu += (b_a * b_q[:, None]) * b_gy[None, :]
+        b_gP += (b_a2 * b_q2) * b_gyv[None, :]
+        b_ga += b_q[:, None] * b_gy[None, :] * b_mu + 2.0 * b_a * b_q2 * b_gyv[None, :] * b_P
+        b_gp += b_q2 * b_gyv[None, :]
+        b_dq = b_gy[None, :] * b_a * b_mu + 2.0 * b_q[:, None] * b_gyv[None, :] * (b_a2 * b_P + b_p)
+    else:
+        b_gmu += b_q[:, None] * b_gy[None, :]
+        b_gP += b_q2 * b_gyv[None, :]
+        b_dq = b_gy[None, :] * b_mu + 2.0 * b_q[:, None] * b_gyv[None, :] * b_P
+    return b_gP, b_gmu, b_ga, b_gp, tl.sum(b_dq, axis=1)
+
+
+@triton.jit
+def _kla_bwd_kernel(
+    v_ptr, lam_v_ptr, k_ptr, q_ptr, a_ptr, p_ptr, lam0_ptr, eta0_ptr,
+    ckpt_P_ptr, ckpt_mu_ptr, lam_out_ptr, eta_out_ptr, gy_ptr, gyv_ptr, glam_ptr, geta_ptr,
+    dv_ptr, dlv_ptr, dk_ptr, dq_ptr, da_ptr, dp_ptr, dlam0_ptr, deta0_ptr, scr_P_ptr, scr_mu_ptr,
+    L, M, S, n_chunks,
+    BM: tl.constexpr, S_PAD: tl.constexpr, CHUNK: tl.constexpr, NUM_STAGES: tl.constexpr,
+    HAS_INIT: tl.constexpr, PRIOR: tl.constexpr, HAS_GSTATE: tl.constexpr,
+):  # fmt: skip
+    i_b, i_mb = tl.program_id(0).to(tl.int64), tl.program_id(1)
+    n_mb = tl.num_programs(1)
+    o_m = i_mb * BM + tl.arange(0, BM)  # [BM]
+    o_s = tl.arange(0, S_PAD)  # [S_PAD]
+    m_m, m_s = o_m < M, o_s < S
+    m_sm = m_s[:, None] & m_m[None, :]  # [S_PAD, BM]
+    o_sm = o_s[:, None] * M + o_m[None, :]  # [S_PAD, BM] into [S, M]
+    o_bsm = i_b * M * S + o_sm  # [S_PAD, BM] into [B, M, S]
+    b_a = tl.load(a_ptr + o_sm, mask=m_sm, other=1.0).to(tl.float32)
+    b_p = tl.load(p_ptr + o_sm, mask=m_sm, other=0.0).to(tl.float32)
+    b_a2 = b_a * b_a
+    b_gP = tl.zeros([S_PAD, BM], tl.float32)
+    b_gmu = tl.zeros([S_PAD, BM], tl.float32)
+    if HAS_GSTATE:
+        b_lamL = tl.load(lam_out_ptr + o_bsm, mask=m_sm, other=1.0)
+        b_etaL = tl.load(eta_out_ptr + o_bsm, mask=m_sm, other=0.0)
+        b_glam = tl.load(glam_ptr + o_bsm, mask=m_sm, other=0.0).to(tl.float32)
+        b_geta = tl.load(geta_ptr + o_bsm, mask=m_sm, other=0.0).to(tl.float32)
+        b_gP = -(b_glam * b_lamL + b_geta * b_etaL) * b_lamL  # λ = 1/P, η = μ/P
+        b_gmu = b_geta * b_lamL
+    b_ga = tl.zeros([S_PAD, BM], tl.float32)
+    b_gp = tl.zeros([S_PAD, BM], tl.float32)
+    o_ckpt = (i_b * n_chunks * S + o_s[:, None]) * M + o_m[None, :]  # [S_PAD, BM] into [B, NC, S, M]
+    o_scr = ((i_b * n_mb + i_mb) * CHUNK * S_PAD + o_s[:, None]) * BM + tl.arange(0, BM)[None, :]  # [S_PAD, BM]
+    o_part = (i_b * n_mb + i_mb) * L * S + o_s  # [S_PAD] into [B, NMB, L, S]
+    for i_c in range(n_chunks):
+        t0 = (n_chunks - 1 - i_c) * CHUNK
+        t1 = t0 + CHUNK
+        if t1 > L:
+            t1 = L
+        b_P = tl.load(ckpt_P_ptr + o_ckpt + (t0 // CHUNK) * S * M, mask=m_sm, other=1.0)
+        b_mu = tl.load(ckpt_mu_ptr + o_ckpt + (t0 // CHUNK) * S * M, mask=m_sm, other=0.0)
+        for t in tl.range(t0, t1, num_stages=NUM_STAGES):  # recompute the chunk's states
+            tl.store(scr_P_ptr + o_scr + (t - t0) * S_PAD * BM, b_P)
+            tl.store(scr_mu_ptr + o_scr + (t - t0) * S_PAD * BM, b_mu)
+            b_v, b_lv, b_k, _ = _load_step(
+                v_ptr, lam_v_ptr, k_ptr, q_ptr, (i_b * L + t) * M + o_m, (i_b * L + t) * S + o_s, m_m, m_s
+            )
+            b_phi = b_lv[None, :] * (b_k * b_k)[:, None]
+            b_P, b_mu, _, _ = _filter_step(b_P, b_mu, b_a, b_a2, b_p, b_phi, (b_v * b_lv)[None, :] * b_k[:, None])
+        tl.debug_barrier()
+        for j in tl.range(0, t1 - t0, num_stages=NUM_STAGES):  # reverse adjoint over the chunk
+            t = t1 - 1 - j
+            b_Pm = tl.load(scr_P_ptr + o_scr + (t - t0) * S_PAD * BM)
+            b_mum = tl.load(scr_mu_ptr + o_scr + (t - t0) * S_PAD * BM)
+            o_tm, o_ts = (i_b * L + t) * M + o_m, (i_b * L + t) * S + o_s
+            b_v, b_lv, b_k, b_q = _load_step(v_ptr, lam_v_ptr, k_ptr, q_ptr, o_tm, o_ts, m_m, m_s)
+            b_gy = tl.load(gy_ptr + o_tm, mask=m_m, other=0.0).to(tl.float32)
+            b_gyv = tl.load(gyv_ptr + o_tm, mask=m_m, other=0.0).to(tl.float32)
+            b_phi = b_lv[None, :] * (b_k * b_k)[:, None]  # [S_PAD, BM]
+            b_r = (b_v * b_lv)[None, :] * b_k[:, None]  # [S_PAD, BM]
+            b_P, b_mu, b_Pp, b_i = _filter_step(b_Pm, b_mum, b_a, b_a2, b_p, b_phi, b_r)
+            b_gP, b_gmu, b_ga, b_gp, b_dq = _readout_adjoint(
+                b_gP, b_gmu, b_ga, b_gp, b_mu, b_P, b_a, b_a2, b_p, b_q, b_gy, b_gyv, PRIOR
+            )
+            b_gw = b_gmu * b_i
+            b_gN = -(b_gmu * (b_a * b_mum + b_r * b_Pp) + b_gP * b_Pp) * b_i * b_i
+            b_gPp = b_gP * b_i + b_gw * b_r + b_gN * b_phi
+            b_gphi = b_gN * b_Pp
+            b_gr = b_gw * b_Pp
+            b_ga += b_gw * b_mum + 2.0 * b_a * b_Pm * b_gPp
+            b_gp += b_gPp
+            b_gmu = b_a * b_gw
+            b_gP = b_a2 * b_gPp
+            b_kgr = b_k[:, None] * b_gr  # [S_PAD, BM]
+            b_dv = b_lv * tl.sum(b_kgr, axis=0)  # [BM]
+            b_dlv = tl.sum(b_k[:, None] * b_k[:, None] * b_gphi + b_v[None, :] * b_kgr, axis=0)
+            b_dk = tl.sum(b_lv[None, :] * (2.0 * b_k[:, None] * b_gphi + b_v[None, :] * b_gr), axis=1)  # [S_PAD]
+            tl.store(dv_ptr + o_tm, b_dv.to(dv_ptr.dtype.element_ty), mask=m_m)
+            tl.store(dlv_ptr + o_tm, b_dlv.to(dlv_ptr.dtype.element_ty), mask=m_m)
+            tl.store(dk_ptr + o_part + t * S, b_dk, mask=m_s)
+            tl.store(dq_ptr + o_part + t * S, b_dq, mask=m_s)
+        tl.debug_barrier()
+    tl.store(da_ptr + o_bsm, b_ga, mask=m_sm)
+    tl.store(dp_ptr + o_bsm, b_gp, mask=m_sm)
+    if HAS_INIT:
+        b_P0 = 1.0 / tl.load(lam0_ptr + o_bsm, mask=m_sm, other=1.0).to(tl.float32)
+        b_mu0 = tl.load(eta0_ptr + o_bsm, mask=m_sm, other=0.0).to(tl.float32) * b_P0
+        tl.store(dlam0_ptr + o_bsm, -b_P0 * (b_gP * b_P0 + b_gmu * b_mu0), mask=m_sm)
+        tl.store(deta0_ptr + o_bsm, b_gmu * b_P0, mask=m_sm)
+
+
+def mobius_scan_bwd(
+    saved: tuple[Tensor | None, ...],
+    gy: Tensor,
+    gyv: Tensor,
+    glam: Tensor | None,
+    geta: Tensor | None,
+    decode_from_prior: bool,
+    config: ScanConfig,
+) -> tuple[Tensor, ...]:
+    """Launch the backward kernel and finish the reductions over batch and channel blocks.
+
+    Args:
+        saved: (v, lambda_v, k, q, a, p, lam0, eta0, lam, eta, ckpt_P, ckpt_mu) from the forward, contiguous;
+            lam0/eta0 None for a fresh sequence.
+        gy, gyv: output gradients [B, L, M], contiguous. glam, geta: final-state gradients [B, M, S] or None.
+    Returns:
+        (dv, dlambda_v, dk, dq, da, dp, dlam0, deta0), each in its input's dtype; dlam0, deta0 None when
+        the forward had no initial state.
+    """
+    v, lambda_v, k, q, a, p, lam0, eta0, lam, eta, ckpt_P, ckpt_mu = saved
+    batch, length, channels = v.shape
+    state_size, s_pad = k.shape[-1], triton.next_power_of_2(k.shape[-1])
+    n_mb = triton.cdiv(channels, config.block_m)
+    f32 = dict(device=v.device, dtype=torch.float32)
+    dv, dlv = torch.empty_like(v), torch.empty_like(lambda_v)
+    dk_part = torch.empty(batch, n_mb, length, state_size, **f32)
+    dq_part = torch.empty_like(dk_part)
+    da_part = torch.empty(batch, state_size, channels, **f32)  # [B, S, M] (kernel layout)
+    dp_part = torch.empty_like(da_part)
+    dlam0 = deta0 = None
+    if lam0 is not None:
+        dlam0, deta0 = torch.empty_like(da_part), torch.empty_like(da_part)
+    scr_P = torch.empty(batch, n_mb, config.chunk, s_pad, config.block_m, **f32)
+    scr_mu = torch.empty_like(scr_P)
+    has_gstate = glam is not None or geta is not None
+    if has_gstate:
+        glam = torch.zeros_like(lam) if glam is None else glam
+        geta = torch.zeros_like(eta) if geta is None else geta
+    a, p, lam0, eta0, lam, eta, glam, geta = (to_kernel_layout(x) for x in (a, p, lam0, eta0, lam, eta, glam, geta))
+    _kla_bwd_kernel[(batch, n_mb)](
+        v, lambda_v, k, q, a, p, lam0, eta0, ckpt_P, ckpt_mu, lam, eta, gy, gyv, glam, geta,
+        dv, dlv, dk_part, dq_part, da_part, dp_part, dlam0, deta0, scr_P, scr_mu,
+        length, channels, state_size, ckpt_P.shape[1],
+        BM=config.block_m, S_PAD=s_pad, CHUNK=config.chunk, NUM_STAGES=config.num_stages,
+        HAS_INIT=lam0 is not None, PRIOR=decode_from_prior, HAS_GSTATE=has_gstate, num_warps=config.num_warps,
+    )  # fmt: skip
+    dk, dq = dk_part.sum(1).to(k.dtype), dq_part.sum(1).to(q.dtype)
+    da, dp = from_kernel_layout(da_part.sum(0)).to(a.dtype), from_kernel_layout(dp_part.sum(0)).to(p.dtype)
+    if lam0 is not None:
+        dlam0, deta0 = from_kernel_layout(dlam0).to(lam0.dtype), from_kernel_layout(deta0).to(eta0.dtype)
+    return dv, dlv, dk, dq, da, dp, dlam0, deta0

@@ -1,0 +1,151 @@
+"""kla_scan_triton against the sequential float64 reference: every output and every gradient by name.
+
+Tiny shapes run under the Triton interpreter on the CPU (see conftest.py); the `gpu` tests run the
+compiled kernels at real sizes.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from klalm.kernels.mobius_scan import kla_scan_triton
+from klalm.kernels.mobius_scan_fwd import ScanConfig
+
+from klalm.ops.reference import KLAState, kla_scan_reference
+
+NAMES = ("v", "lambda_v", "k", "q", "a", "p", "lam0", "eta0")
+TINY = ScanConfig(block_m=4, chunk=4, num_warps=1, num_stages=2)
+
+
+def rel_err(x: torch.Tensor, ref: torch.Tensor) -> float:
+    """‖x − ref‖ / ‖ref‖ in float64."""
+    x, ref = x.detach().double(), ref.detach().double()
+    return ((x - ref).norm() / ref.norm().clamp_min(1e-30)).item()
+
+
+def make_inputs(batch, length, channels, state, device, seed=0) -> dict[str, torch.Tensor]:
+    """Inputs shaped like the KLA layer's: unit-norm keys, Λ from a softplus, OU-style a in (0.5, 1), p ≥ 0."""
+    g = torch.Generator().manual_seed(seed)
+    rand = lambda *shape: torch.randn(*shape, generator=g)
+    x = {
+        "v": rand(batch, length, channels),
+        "lambda_v": 1.0 / (F.softplus(rand(batch, length, channels)) + 1e-4),
+        "k": F.normalize(rand(batch, length, state), dim=-1),
+        "q": F.normalize(rand(batch, length, state), dim=-1),
+        "a": torch.exp(-F.softplus(rand(channels, state)) * 0.5),
+        "p": F.softplus(rand(channels, state)) * 0.05,
+        "lam0": 0.5 + torch.rand(batch, channels, state, generator=g),
+        "eta0": rand(batch, channels, state),
+    }
+    return {name: t.to(device) for name, t in x.items()}
+
+
+def run_both(x: dict, use_init: bool, prior: bool, config: ScanConfig, dtype=torch.float32):
+    """Forward and backward of the kernel (inputs in `dtype`) and of the float64 reference on the same values."""
+    names = NAMES if use_init else NAMES[:6]
+    ours = {n: x[n].to(dtype).requires_grad_() for n in names}
+    ref = {n: ours[n].detach().double().requires_grad_() for n in names}
+    weights = None
+    results = []
+    for fn, inp, kwargs in ((kla_scan_triton, ours, {"config": config}), (kla_scan_reference, ref, {})):
+        init = KLAState(inp["lam0"], inp["eta0"]) if use_init else None
+        y, y_var, state = fn(*(inp[n] for n in NAMES[:6]), init, prior, **kwargs)
+        outs = {"y": y, "y_var": y_var, "lam": state.lam, "eta": state.eta}
+        if weights is None:  # random cotangents, shared by both runs
+            g = torch.Generator().manual_seed(1)
+            weights = {n: torch.randn(o.shape, generator=g).to(o.device, torch.float64) for n, o in outs.items()}
+        loss = sum((o.double() * weights[n]).sum() for n, o in outs.items())
+        loss.backward()
+        results.append((outs, {n: t.grad for n, t in inp.items()}))
+    return results
+
+
+CASES = [
+    pytest.param(1, 3, False, False, id="L1-S3"),
+    pytest.param(7, 16, False, False, id="L7-S16"),
+    pytest.param(37, 3, True, True, id="L37-S3-init-prior"),
+    pytest.param(9, 16, True, False, id="L9-S16-init"),
+    pytest.param(6, 5, False, True, id="L6-S5-prior"),
+]
+
+
+@pytest.mark.parametrize("length,state,use_init,prior", CASES)
+def test_scan_matches_reference(device, length, state, use_init, prior):
+    x = make_inputs(2, length, 6, state, device)  # M=6 is not a multiple of block_m=4
+    (outs, grads), (ref_outs, ref_grads) = run_both(x, use_init, prior, TINY)
+    for name, ref in ref_outs.items():
+        assert rel_err(outs[name], ref) <= 1e-5, f"output {name}: rel err {rel_err(outs[name], ref):.2e}"
+    for name, ref in ref_grads.items():
+        assert grads[name] is not None, f"no gradient for {name}"
+        assert rel_err(grads[name], ref) <= 1e-4, f"d{name}: rel err {rel_err(grads[name], ref):.2e}"
+
+
+def test_bf16_inputs(device):
+    """bf16 in, float32 compute: outputs and grads come back in bf16, within bf16 rounding of the reference."""
+    x = make_inputs(1, 9, 4, 16, device, seed=3)
+    (outs, grads), (ref_outs, ref_grads) = run_both(x, True, False, TINY, dtype=torch.bfloat16)
+    assert outs["y"].dtype == torch.bfloat16 and grads["v"].dtype == torch.bfloat16
+    assert outs["lam"].dtype == torch.float32
+    for name, ref in ref_outs.items():
+        assert rel_err(outs[name], ref) <= 1e-2, name
+    for name, ref in ref_grads.items():
+        assert rel_err(grads[name], ref) <= 2e-2, name
+
+
+def test_no_grad_and_empty(device):
+    x = make_inputs(1, 5, 4, 3, device)
+    args = [x[n] for n in NAMES[:6]]
+    with torch.no_grad():
+        y, y_var, state = kla_scan_triton(*args, config=TINY)
+    ref_y, ref_var, _ = kla_scan_reference(*(t.double() for t in args))
+    assert rel_err(y, ref_y) <= 1e-5 and rel_err(y_var, ref_var) <= 1e-5
+    empty = [t[:, :0] if t.dim() == 3 else t for t in args]
+    y0, _, state0 = kla_scan_triton(*empty, KLAState(x["lam0"], x["eta0"]))
+    assert y0.shape == (1, 0, 4) and torch.equal(state0.lam, x["lam0"])
+
+
+def test_bad_inputs_raise(device, monkeypatch):
+    x = make_inputs(1, 4, 4, 3, device)
+    args = [x[n] for n in NAMES[:6]]
+    with pytest.raises(ValueError, match="lambda_v"):
+        kla_scan_triton(args[0], args[1][:, :2], *args[2:])
+    with pytest.raises(ValueError, match="float64"):
+        kla_scan_triton(*(t.double() for t in args))
+    with pytest.raises(ValueError, match="S=65"):
+        kla_scan_triton(*args[:2], torch.zeros(1, 4, 65), torch.zeros(1, 4, 65), torch.ones(4, 65), torch.ones(4, 65))
+    monkeypatch.setenv("KLALM_CHECK_VALUES", "1")
+    with pytest.raises(ValueError, match="a must be"):
+        kla_scan_triton(*args[:4], args[4] + 1.0, args[5])
+
+
+def test_reference_gradcheck():
+    """The oracle itself: float64 gradcheck of the sequential reference (tiny)."""
+    x = make_inputs(1, 3, 2, 2, "cpu")
+    inp = tuple(x[n].double().requires_grad_() for n in NAMES)
+
+    def flat(*t):
+        y, y_var, state = kla_scan_reference(*t[:6], KLAState(t[6], t[7]), True)
+        return y, y_var, state.lam, state.eta
+
+    assert torch.autograd.gradcheck(flat, inp)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("config", [ScanConfig(), ScanConfig(block_m=16, chunk=32, num_stages=4)], ids=str)
+def test_gpu_real_size(config):
+    """B=2, L=2048, M=1536, S=16 forward and every gradient against the float64 reference on the GPU."""
+    x = make_inputs(2, 2048, 1536, 16, "cuda", seed=5)
+    (outs, grads), (ref_outs, ref_grads) = run_both(x, True, False, config)
+    errors = {f"out {n}": rel_err(outs[n], r) for n, r in ref_outs.items()}
+    errors |= {f"d{n}": rel_err(grads[n], r) for n, r in ref_grads.items()}
+    print({n: f"{e:.1e}" for n, e in errors.items()})
+    assert all(e <= (1e-5 if n.startswith("out") else 1e-4) for n, e in errors.items()), errors
+
+
+@pytest.mark.gpu
+def test_gpu_prior_bf16():
+    x = make_inputs(2, 1000, 512, 16, "cuda", seed=6)
+    (outs, grads), (ref_outs, ref_grads) = run_both(x, False, True, ScanConfig(), dtype=torch.bfloat16)
+    assert all(rel_err(outs[n], r) <= 1e-2 for n, r in ref_outs.items())
+    assert all(rel_err(grads[n], r) <= 2e-2 for n, r in ref_grads.items())
