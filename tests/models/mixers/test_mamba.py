@@ -1,0 +1,101 @@
+"""MambaMixer: backends agree inside the layer, decode equals the full forward, sizes, marks and bad options."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from klalm.models.mixers.mamba import MambaMixer, MambaState
+
+D = 24
+
+
+def _mixer(**options) -> MambaMixer:
+    torch.manual_seed(0)
+    return MambaMixer(D, layer_idx=1, **options).double()
+
+
+def _x(batch=2, length=19, seed=1):
+    return torch.randn(batch, length, D, dtype=torch.float64, generator=torch.Generator().manual_seed(seed))
+
+
+def test_torch_backend_matches_reference_in_the_layer():
+    x = _x().requires_grad_()
+    mixer = _mixer(backend="reference")
+    y_ref, state_ref = mixer(x)
+    grads_ref = torch.autograd.grad(y_ref.square().sum(), [x, *mixer.parameters()])
+    mixer.backend = "torch"
+    y, state = mixer(x)
+    grads = torch.autograd.grad(y.square().sum(), [x, *mixer.parameters()])
+    torch.testing.assert_close(y, y_ref, rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(tuple(state), tuple(state_ref), rtol=1e-10, atol=1e-10)
+    for (name, _), g, g_ref in zip([("x", x), *mixer.named_parameters()], grads, grads_ref):
+        torch.testing.assert_close(g, g_ref, rtol=1e-9, atol=1e-9, msg=lambda m, n=name: f"grad {n}: {m}")
+
+
+def test_prefill_then_decode_equals_full_forward():
+    mixer, x = _mixer(), _x()
+    y, final = mixer(x)
+    y_pre, state = mixer(x[:, :8])
+    steps = [y_pre]
+    for t in range(8, x.shape[1]):
+        y_t, state = mixer(x[:, t : t + 1], state)
+        steps.append(y_t)
+    torch.testing.assert_close(torch.cat(steps, 1), y, rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(tuple(state), tuple(final), rtol=1e-10, atol=1e-10)
+
+
+def test_state_shapes_and_init_state():
+    mixer = _mixer(d_state=8, d_conv=3)
+    state = mixer.init_state(3, torch.device("cpu"), torch.float64)
+    assert isinstance(state, MambaState)
+    assert state.conv.shape == (3, 2 * D, 2) and state.ssm.shape == (3, 2 * D, 8)
+    assert not state.conv.any() and not state.ssm.any()
+    y, new = mixer(_x(batch=3, length=1), state)
+    assert y.shape == (3, 1, D) and new.ssm.shape == state.ssm.shape
+
+
+def test_parameter_count_and_init():
+    mixer = MambaMixer(D)
+    m, n, r, k = 2 * D, 16, math.ceil(D / 16), 4
+    assert sum(p.numel() for p in mixer.parameters()) == 3 * D * m + m * (2 * r + 3 * n + k + 3)
+    torch.testing.assert_close(-torch.exp(mixer.A_log[3]), -torch.arange(1.0, n + 1))  # S4D-real
+    dt = torch.nn.functional.softplus(mixer.dt_bias)
+    assert dt.min() >= 1e-4 and dt.max() <= 0.1 + 1e-6
+
+
+def test_no_weight_decay_marks():
+    marked = {name for name, p in MambaMixer(D).named_parameters() if getattr(p, "_no_weight_decay", False)}
+    assert marked == {"A_log", "D", "dt_bias"}
+
+
+def test_bfloat16_forward_backward():
+    mixer = MambaMixer(D).bfloat16()
+    x = torch.randn(2, 9, D, dtype=torch.bfloat16, requires_grad=True)
+    y, state = mixer(x)
+    y.float().square().sum().backward()
+    assert y.dtype == torch.bfloat16 and state.ssm.dtype == torch.float32
+    assert all(torch.isfinite(p.grad).all() for p in mixer.parameters())
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"d_stat": 16}, r"unknown MambaMixer option\(s\) \['d_stat'\]"),
+        ({"d_state": 0}, "d_state must be a positive integer"),
+        ({"expand": 1.5}, "expand must be a positive integer"),
+        ({"backend": "cuda"}, "backend='cuda' is unknown"),
+        ({"dt_min": 0.5, "dt_max": 0.1}, "dt_min"),
+        ({"dt_rank": 0}, "dt_rank"),
+    ],
+)
+def test_bad_options_raise_naming_the_key(options, message):
+    with pytest.raises(ValueError, match=message):
+        MambaMixer(D, **options)
+
+
+def test_bad_input_shape_raises():
+    with pytest.raises(ValueError, match=r"MambaMixer expects x \[B, L, 24\]"):
+        MambaMixer(D)(torch.randn(2, 5, D + 1))

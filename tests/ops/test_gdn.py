@@ -1,0 +1,126 @@
+"""The gated delta rule's chunked torch path against the recurrent reference and fla's naive recurrence."""
+
+from __future__ import annotations
+
+import importlib
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from klalm.ops.gdn import gated_delta_rule, gated_delta_rule_reference
+
+gdn_ops = importlib.import_module("klalm.ops.gdn")
+
+
+def make_inputs(length, batch=2, heads=2, dk=4, dv=6, dtype=torch.float64, seed=0, with_h0=True):
+    gen = torch.Generator().manual_seed(seed)
+    rand = lambda *shape: torch.randn(*shape, generator=gen, dtype=dtype)  # noqa: E731
+    inputs = {
+        "q": F.normalize(rand(batch, length, heads, dk), dim=-1),
+        "k": F.normalize(rand(batch, length, heads, dk), dim=-1),
+        "v": rand(batch, length, heads, dv),
+        "g": -torch.rand(batch, length, heads, generator=gen, dtype=dtype) * 1.5,
+        "beta": torch.rand(batch, length, heads, generator=gen, dtype=dtype),
+        "initial_state": rand(batch, heads, dk, dv) if with_h0 else None,
+    }
+    return {k: None if v is None else v.requires_grad_() for k, v in inputs.items()}
+
+
+def outputs_and_grads(fn, inputs, seed=1):
+    o, h = fn(*inputs.values())
+    gen = torch.Generator().manual_seed(seed)
+    wo, wh = (torch.randn(x.shape, generator=gen, dtype=x.dtype) for x in (o, h))
+    leaves = {k: v for k, v in inputs.items() if v is not None}
+    grads = torch.autograd.grad((o * wo).sum() + (h * wh).sum(), list(leaves.values()))
+    return o, h, dict(zip(leaves, grads))
+
+
+@pytest.mark.parametrize("length", [1, 2, 37, 130], ids=lambda n: f"L{n}")
+@pytest.mark.parametrize("chunk_size", [16, 64], ids=lambda c: f"C{c}")
+@pytest.mark.parametrize("with_h0", [True, False], ids=["h0", "fresh"])
+def test_torch_matches_reference(length, chunk_size, with_h0):
+    inputs = make_inputs(length, with_h0=with_h0)
+    ref = lambda *a: gated_delta_rule(*a, backend="reference")  # noqa: E731
+    fast = lambda *a: gated_delta_rule(*a, backend="torch", chunk_size=chunk_size)  # noqa: E731
+    o_ref, h_ref, g_ref = outputs_and_grads(ref, inputs)
+    o, h, g = outputs_and_grads(fast, inputs)
+    torch.testing.assert_close((o, h), (o_ref, h_ref), rtol=1e-10, atol=1e-10)
+    assert g.keys() == g_ref.keys()
+    for name in g_ref:
+        torch.testing.assert_close(g[name], g_ref[name], rtol=1e-9, atol=1e-9, msg=lambda m, n=name: f"grad {n}: {m}")
+
+
+def test_strong_decay_stays_finite():
+    inputs = make_inputs(100, seed=2)
+    inputs["g"] = (inputs["g"].detach() * 60).requires_grad_()  # per-step decay down to e^-90
+    o, h, g = outputs_and_grads(lambda *a: gated_delta_rule(*a, backend="torch"), inputs)
+    o_ref, h_ref, _ = outputs_and_grads(lambda *a: gated_delta_rule(*a, backend="reference"), inputs)
+    assert all(torch.isfinite(t).all() for t in (o, h, *g.values()))
+    torch.testing.assert_close((o, h), (o_ref, h_ref), rtol=1e-10, atol=1e-10)
+
+
+def test_reference_gradcheck():
+    inputs = make_inputs(4, batch=1, heads=1, dk=2, dv=3)
+    fn = lambda *a: gated_delta_rule_reference(*a, scale=0.7)  # noqa: E731
+    assert torch.autograd.gradcheck(fn, tuple(inputs.values()))
+
+
+def test_torch_float32_close_to_float64():
+    exact = make_inputs(70, seed=3)
+    o64, h64 = gated_delta_rule(*exact.values(), backend="reference")
+    o32, h32 = gated_delta_rule(*(x.detach().float() for x in exact.values()), backend="torch")
+    assert o32.dtype == torch.float32 and h32.dtype == torch.float32
+    torch.testing.assert_close((o32.double(), h32.double()), (o64.detach(), h64.detach()), rtol=1e-4, atol=1e-4)
+
+
+def test_matches_fla_naive_recurrence():
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # fla warns that Triton has no GPU here
+        naive = pytest.importorskip("fla.ops.gated_delta_rule.naive", reason="flash-linear-attention not importable")
+    inputs = {k: v.detach().float() for k, v in make_inputs(45, seed=4).items()}
+    q, k, v, g, beta, h0 = inputs.values()
+    o_fla, h_fla = naive.naive_recurrent_gated_delta_rule(
+        q, k, v, beta, g, scale=q.shape[-1] ** -0.5, initial_state=h0, output_final_state=True
+    )
+    o, h = gated_delta_rule(q, k, v, g, beta, h0, backend="torch", chunk_size=16)
+    torch.testing.assert_close((o, h), (o_fla, h_fla), rtol=1e-5, atol=1e-5)
+
+
+def test_auto_backend_choice(monkeypatch):
+    assert gdn_ops._resolve_backend("auto", torch.device("cpu")) == "torch"
+    cuda = torch.device("cuda", 0)
+    monkeypatch.setattr(gdn_ops, "fla_usable", lambda device: (False, "RuntimeError: refused"))
+    assert gdn_ops._resolve_backend("auto", cuda) == "torch"
+    monkeypatch.setattr(gdn_ops, "fla_usable", lambda device: (True, "works"))
+    assert gdn_ops._resolve_backend("auto", cuda) == "fla"
+
+
+def test_bad_backend_and_shapes_raise():
+    inputs = [x.detach() for x in make_inputs(3).values()]
+    with pytest.raises(ValueError, match="unknown gated_delta_rule backend 'cuda'.*fla"):
+        gated_delta_rule(*inputs, backend="cuda")
+    with pytest.raises(ValueError, match="'fla' needs CUDA"):
+        gated_delta_rule(*inputs, backend="fla")
+    bad = list(inputs)
+    bad[3] = bad[3][:, :, :1]
+    with pytest.raises(ValueError, match="g must be"):
+        gated_delta_rule(*bad)
+    bad = list(inputs)
+    bad[5] = bad[5].transpose(-1, -2)
+    with pytest.raises(ValueError, match="initial_state must be"):
+        gated_delta_rule(*bad)
+
+
+@pytest.mark.gpu
+def test_fla_matches_torch_on_cuda():
+    ok, reason = gdn_ops.fla_usable(torch.device("cuda", 0))
+    if not ok:
+        pytest.skip(f"fla chunk_gated_delta_rule unusable on this GPU: {reason}")
+    inputs = {k: v.detach().float().cuda().requires_grad_() for k, v in make_inputs(130, dk=16, dv=32).items()}
+    o_ref, h_ref, g_ref = outputs_and_grads(lambda *a: gated_delta_rule(*a, backend="torch"), inputs)
+    o, h, g = outputs_and_grads(lambda *a: gated_delta_rule(*a, backend="fla"), inputs)
+    torch.testing.assert_close((o, h), (o_ref, h_ref), rtol=2e-3, atol=2e-3)
+    for name in g_ref:
+        torch.testing.assert_close(g[name], g_ref[name], rtol=2e-3, atol=2e-3)
