@@ -124,3 +124,12 @@ def test_fla_matches_torch_on_cuda():
     torch.testing.assert_close((o, h), (o_ref, h_ref), rtol=2e-3, atol=2e-3)
     for name in g_ref:
         torch.testing.assert_close(g[name], g_ref[name], rtol=2e-3, atol=2e-3)
+
+
+def test_torch_path_ignores_autocast():
+    inputs = [x.detach().float() for x in make_inputs(40, seed=5).values()]
+    o, h = gated_delta_rule(*inputs, backend="torch")
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        o_ac, h_ac = gated_delta_rule(*inputs, backend="torch")
+    assert o_ac.dtype == torch.float32
+    torch.testing.assert_close((o_ac, h_ac), (o, h), rtol=0, atol=0)

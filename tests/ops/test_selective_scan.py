@@ -126,3 +126,12 @@ def test_triton_matches_reference_on_cuda():
     torch.testing.assert_close((y, h), (y_ref, h_ref), rtol=1e-4, atol=1e-4)
     for name in g_ref:
         torch.testing.assert_close(g[name], g_ref[name], rtol=1e-3, atol=1e-3)
+
+
+def test_torch_path_ignores_autocast():
+    inputs = [x.detach().float() for x in make_inputs(40, seed=5).values()]
+    y, h = selective_scan(*inputs, backend="torch")
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y_ac, h_ac = selective_scan(*inputs, backend="torch")
+    assert y_ac.dtype == torch.float32
+    torch.testing.assert_close((y_ac, h_ac), (y, h), rtol=0, atol=0)

@@ -166,7 +166,8 @@ def selective_scan_torch(
     h0 = u.new_zeros(u.shape[0], u.shape[2], A.shape[-1]) if initial_state is None else initial_state.to(dt)
     if u.shape[1] == 0:
         return u.to(out_dtype).clone(), h0
-    y, h = _SelectiveScanFn.apply(u, delta, A, Bm, Cm, h0, chunk_size)
+    with torch.autocast(u.device.type, enabled=False):  # the scan runs in float32 whatever the autocast
+        y, h = _SelectiveScanFn.apply(u, delta, A, Bm, Cm, h0, chunk_size)
     if D is not None:
         y = y + u * D.to(dt)
     return y.to(out_dtype), h
