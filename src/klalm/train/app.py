@@ -139,7 +139,8 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         tokenizer.save_pretrained(run_dir / TOKENIZER_DIR)
     ckpt_path = resolve_resume(cfg.resume, cfg.paths.resume_glob)
     try:
-        trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path)
+        # klalm checkpoints hold RNG states and the model config (python objects): load only files you trust.
+        trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path, weights_only=False)
     except SIGTERMException:
         log.warning("stopped by SIGTERM after step %d; resume with resume=auto", trainer.global_step)
         sys.exit(SIGTERM_EXIT_CODE)

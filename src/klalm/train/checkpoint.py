@@ -100,7 +100,7 @@ class RollingCheckpoint(Callback):
             self.dirpath.mkdir(parents=True, exist_ok=True)
             _remove(tmp)
         trainer.strategy.barrier("klalm_ckpt_prepare")
-        trainer.save_checkpoint(tmp)  # every rank takes part (sharded strategies); rank 0 writes
+        trainer.save_checkpoint(tmp, weights_only=False)  # every rank takes part (sharded strategies); rank 0 writes
         if trainer.is_global_zero:
             _fsync_tree(tmp)
             os.replace(tmp, final)

@@ -159,6 +159,7 @@ class LMModule(pl.LightningModule):
         loss_sum = torch.zeros((), device=self.device)
         for micro in range(self.budget.accumulate):
             batch, _, _ = next(dataloader_iter)
+            batch = self.trainer.strategy.batch_to_device(batch)  # the dataloader_iter flavour leaves this to us
             last = micro == self.budget.accumulate - 1
             no_sync = getattr(self.trainer.strategy, "block_backward_sync", contextlib.nullcontext)
             with contextlib.nullcontext() if last else no_sync():
