@@ -5,37 +5,47 @@ The filter (shared/DESIGN.md §1) per (b, m, s), for t = 1..L from (λ_0, η_0):
     φ_t = Λ_t·k_t²   r_t = v_t·Λ_t·k_t   d_t = a² + p·λ_{t-1}   g_t = a/d_t
     λ_t = λ_{t-1}/d_t + φ_t              η_t = g_t·η_{t-1} + r_t
 
-Forward, a two-level (chunked) scan. Time is cut into NC chunks of C ≈ √L steps, stored time-major as
-[C, B, NC, M, S] so that one step of every chunk is one contiguous slice; each pass below loops over
-the C steps of all chunks at once, or over the NC chunk boundaries, never over all L steps:
+Forward: a two-level (chunked) scan. Time is cut into NC chunks of C steps, stored time-major as
+[C, B, NC, ...], so one step of every chunk is one contiguous slice; every pass loops over the C steps
+of all chunks at once, or over the NC chunk boundaries, never over all L steps:
 
-1. λ path. λ_t is the Möbius map λ ↦ (A·λ + B)/(C·λ + D) of λ_{t-1}, with the matrix
-   [[1 + p·φ_t, a²·φ_t], [p, a²]] (the design's (A, B, C, D) times a², which avoids dividing by a).
-   Per chunk the 2×2 product is accumulated and renormalised by the sum of its four non-negative entries
-   (a matrix and its multiples are the same map), so nothing under- or overflows; the chunk products carry
-   λ across chunk boundaries; then the plain recursion refills every λ_t from its chunk's exact start.
-2. η path. A first-order affine scan with gain g_t: per chunk the running (gain product, local value) pair,
-   then the carry across chunks, then η_t = G_t·η_start + R_t. Products only multiply (no cumprod-then-
-   divide), so a vanishing gain underflows harmlessly to 0.
+1. λ entering each chunk. λ_t is the Möbius map λ ↦ (A·λ + B)/(C·λ + D) of λ_{t-1} with the matrix
+   [[1 + p·φ_t, a²·φ_t], [p, a²]] (the design's (A, B, C, D) times a², so nothing divides by a). Each
+   chunk's 2×2 product is accumulated and renormalised by the sum of its four non-negative entries (a
+   matrix and its multiples are the same map), so it neither under- nor overflows; the chunk products
+   then carry λ across the NC boundaries.
+2. η entering each chunk. η is a first-order affine recurrence with gain g_t: per chunk the running
+   (gain product, local value) pair from the exact λ starts, then the carry across chunks. Products only
+   multiply (no cumprod-then-divide), so a vanishing gain underflows harmlessly to 0.
+3. Every chunk reruns the plain recursion from its exact start state and reads out y and y_var.
+
+With one chunk (C = L) passes 1 and 2 vanish and the forward is the sequential recursion; the default
+chunk size (`default_chunk_size`) picks that on CPU when one step already has enough elements to keep
+the cores busy, and C = ceil(√L) otherwise (always on GPU).
 
 Backward (exact, derived by hand; tests compare it with autograd through the sequential reference).
-With e_t = ∂ℓ/∂η_t and f_t = ∂ℓ/∂λ_t from the readout at t alone, the total adjoints are two reverse
-affine scans (the second uses the first):
+With e_t = ∂ℓ/∂η_t and f_t = ∂ℓ/∂λ_t through the readout at t alone (plus the final-state gradients at
+t = L), the total adjoints obey two coupled reverse recursions:
 
     Hη_t = e_t + g_{t+1}·Hη_{t+1}
     Hλ_t = f_t − (a·p/d_{t+1}²)·η_t·Hη_{t+1} + (a²/d_{t+1}²)·Hλ_{t+1}
 
-seeded at t = L by the final-state gradients. Then, with u_t = (λ_{t-1}·Hλ_t + a·η_{t-1}·Hη_t)/d_t²:
+i.e. the adjoint entering state t-1 from step t is the lower-triangular affine map
+(Pη, Pλ)_{t-1} = [[g_t, 0], [−c_t, w_t]]·(Hη_t, Hλ_t) with w_t = a²/d_t², c_t = a·p·η_{t-1}/d_t².
+They run as the same two-level scan in reverse (chunk maps of (Pη, Pλ), carry, exact rerun). Then,
+with u_t = (λ_{t-1}·Hλ_t + a·η_{t-1}·Hη_t)/d_t²:
 ∂v_t = Λ_t·Σ_s Hη_t·k_t, ∂Λ_t = Σ_s (Hλ_t·k_t² + Hη_t·v_t·k_t), ∂k_t = Σ_m Λ_t·(2·k_t·Hλ_t + v_t·Hη_t),
 ∂q_t = Σ_m (∂y_t·μ_t + 2·q_t·∂y_var_t·σ²_t), ∂a = Σ_{b,t} (Hη_t·η_{t-1}/d_t − 2·a·u_t),
-∂p = −Σ_{b,t} λ_{t-1}·u_t, ∂η_0 = g_1·Hη_1, ∂λ_0 = (a²/d_1²)·Hλ_1 − (a·p/d_1²)·η_0·Hη_1, plus the
-direct readout terms of `decode_from_prior` (μ' = a·μ, σ'² = a²·σ² + p). Only the inputs and the
-initial state are saved for backward; the λ and η paths are recomputed there.
+∂p = −Σ_{b,t} λ_{t-1}·u_t, and (∂λ_0, ∂η_0) = (Pλ_0, Pη_0), plus the direct readout terms of
+`decode_from_prior` (μ' = a·μ, σ'² = a²·σ² + p). Memory: the forward saves the inputs and the chunk
+start states ([B, NC, M, S] each); the backward recomputes λ and η ([B, L, M, S] each, transient).
 """
 
 from __future__ import annotations
 
+import logging
 import math
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -44,10 +54,35 @@ from torch.autograd.function import once_differentiable
 
 from klalm.ops.reference import KLAState, compute_dtype, fresh_state
 
+log = logging.getLogger(__name__)
 
-def default_chunk_size(length: int) -> int:
-    """C = ceil(√L): balances the C in-chunk steps against the L/C chunk-boundary steps."""
-    return max(1, math.ceil(math.sqrt(length)))
+# On CPU a single chunk (the sequential recursion, work-optimal) wins once one time step has this many
+# (b, m, s) elements: per-op dispatch (~10 µs) is then small against the arithmetic of a step.
+CPU_SEQUENTIAL_MIN_ELEMENTS = 1 << 14
+_CHUNK_RULE_LOGGED: set[str] = set()
+
+
+def default_chunk_size(length: int, step_elements: int, device: torch.device) -> int:
+    """Steps per chunk C: L on CPU when B·M·S ≥ CPU_SEQUENTIAL_MIN_ELEMENTS, else ceil(√L) (logged once)."""
+    sequential = device.type == "cpu" and step_elements >= CPU_SEQUENTIAL_MIN_ELEMENTS
+    if device.type not in _CHUNK_RULE_LOGGED:
+        _CHUNK_RULE_LOGGED.add(device.type)
+        log.info(
+            "kla_scan torch backend on %s: one chunk when B*M*S >= %d (this call: %d), else ceil(sqrt(L)) steps",
+            device.type, CPU_SEQUENTIAL_MIN_ELEMENTS if device.type == "cpu" else 0, step_elements,
+        )  # fmt: skip
+    return length if sequential else max(1, math.ceil(math.sqrt(length)))
+
+
+class Chunked(NamedTuple):
+    """Inputs in time-major chunks: v, lam_v [C, B, NC, M]; k, q [C, B, NC, S]; a, p [M, S]."""
+
+    v: Tensor
+    lam_v: Tensor
+    k: Tensor
+    q: Tensor
+    a: Tensor
+    p: Tensor
 
 
 def _to_chunks(x: Tensor, chunk: int) -> Tensor:
@@ -64,42 +99,38 @@ def _from_chunks(x: Tensor, length: int) -> Tensor:
     return x.permute(1, 2, 0, 3).reshape(batch, n_chunks * chunk, width)[:, :length].contiguous()  # [B, L, X]
 
 
-def _shift_prev(x: Tensor, first: Tensor) -> Tensor:
-    """The previous step's value at every position: [C, B, NC, M, S] with `first` [B, M, S] before step 1."""
-    out = torch.empty_like(x)
-    out[1:] = x[:-1]
-    out[0, :, 1:] = x[-1, :, :-1]
-    out[0, :, 0] = first
-    return out
+def _phi(x: Chunked, c: int) -> Tensor:
+    """φ = Λ·k² at step c of every chunk, [B, NC, M, S]."""
+    return x.lam_v[c][..., None] * (x.k[c] * x.k[c])[..., None, :]
 
 
-def _shift_next(x: Tensor) -> Tensor:
-    """The next step's value at every position, 0 after the last: [C, B, NC, M, S]."""
-    out = torch.empty_like(x)
-    out[:-1] = x[1:]
-    out[-1, :, :-1] = x[0, :, 1:]
-    out[-1, :, -1] = 0
-    return out
+def _r(x: Chunked, c: int) -> Tensor:
+    """r = v·Λ·k at step c of every chunk, [B, NC, M, S]."""
+    return (x.v[c] * x.lam_v[c])[..., None] * x.k[c][..., None, :]
 
 
-def _phi(lambda_c: Tensor, k_c: Tensor) -> Tensor:
-    """φ = Λ·k² for one step of every chunk: Λ [B, NC, M], k [B, NC, S] -> [B, NC, M, S]."""
-    return lambda_c[..., None] * (k_c * k_c)[..., None, :]
+def _rowsum(h: Tensor, w: Tensor) -> Tensor:
+    """Σ_s h·w for h [B, NC, M, S], w [B, NC, S] -> [B, NC, M]."""
+    return torch.matmul(h, w[..., None])[..., 0]
 
 
-def _lambda_starts(lambda_v: Tensor, k: Tensor, a: Tensor, p: Tensor, lam0: Tensor) -> Tensor:
-    """λ entering every chunk, [B, NC, M, S], from chunked Λ [C, B, NC, M] and k [C, B, NC, S].
+def _colsum(w: Tensor, h: Tensor) -> Tensor:
+    """Σ_m w·h for w [B, NC, M], h [B, NC, M, S] -> [B, NC, S]."""
+    return torch.matmul(w[..., None, :], h)[..., 0, :]
 
-    Accumulates each chunk's Möbius matrix (all chunks at once, one step at a time), renormalised by the
-    sum of its entries, then carries λ across the chunk boundaries with those matrices.
-    """
-    chunk, batch, n_chunks, _ = lambda_v.shape
+
+def _lambda_starts(x: Chunked, lam0: Tensor) -> Tensor:
+    """λ entering every chunk, [B, NC, M, S]: per-chunk Möbius products, then the carry across chunks."""
+    chunk, batch, n_chunks = x.v.shape[:3]
+    if n_chunks == 1:
+        return lam0[:, None]
+    a, p = x.a, x.p
     a2 = a * a
     shape = (batch, n_chunks, *a.shape)
     ta, tb = lam0.new_ones(shape), lam0.new_zeros(shape)  # chunk product, starts as the identity
     tc, td = lam0.new_zeros(shape), lam0.new_ones(shape)
     for c in range(chunk):  # leaf [[1 + pφ, a²φ], [p, a²]] times the running product
-        phi = _phi(lambda_v[c], k[c])
+        phi = _phi(x, c)
         la, lb = 1 + p * phi, a2 * phi
         ta, tb, tc, td = la * ta + lb * tc, la * tb + lb * td, p * ta + a2 * tc, p * tb + a2 * td
         inv_norm = (ta + tb + tc + td).reciprocal_()
@@ -111,78 +142,168 @@ def _lambda_starts(lambda_v: Tensor, k: Tensor, a: Tensor, p: Tensor, lam0: Tens
     return torch.stack(starts, 1)
 
 
-def _refill(
-    v: Tensor, lambda_v: Tensor, k: Tensor, a: Tensor, p: Tensor, lam_starts: Tensor, eta_starts: Tensor | None
-) -> tuple[Tensor, Tensor | None]:
-    """Run the plain recursion inside every chunk from its exact start state (all chunks at once).
+def _eta_starts(x: Chunked, lam_starts: Tensor, eta0: Tensor) -> Tensor:
+    """η entering every chunk, [B, NC, M, S]: per-chunk affine maps (gain product, local value), then the carry."""
+    chunk, _, n_chunks = x.v.shape[:3]
+    if n_chunks == 1:
+        return eta0[:, None]
+    a2 = x.a * x.a
+    lam, g_run, r_run = lam_starts, torch.ones_like(lam_starts), torch.zeros_like(lam_starts)
+    for c in range(chunk):
+        d = torch.addcmul(a2, x.p, lam)
+        gain = x.a / d
+        g_run, r_run = gain * g_run, torch.addcmul(_r(x, c), gain, r_run)
+        lam = torch.addcdiv(_phi(x, c), lam, d)
+    starts = [eta0]
+    for n in range(n_chunks - 1):
+        starts.append(g_run[:, n] * starts[-1] + r_run[:, n])
+    return torch.stack(starts, 1)
 
-    Args: chunked v, Λ [C, B, NC, M], k [C, B, NC, S]; starts [B, NC, M, S] (η skipped when None).
-    Returns: λ and η (or None), each [C, B, NC, M, S].
-    """
+
+def _readout_sweep(x: Chunked, lam: Tensor, eta: Tensor, prior: bool, length: int):
+    """Rerun every chunk from its exact start; y, y_var [C, B, NC, M] and the state after step L."""
+    chunk = x.v.shape[0]
+    a, p = x.a, x.p
     a2 = a * a
-    lam = lam_starts.new_empty(v.shape[0], *lam_starts.shape)
-    eta = None if eta_starts is None else torch.empty_like(lam)
-    cur_lam, cur_eta = lam_starts, eta_starts
-    for c in range(v.shape[0]):
-        d = a2 + p * cur_lam
-        if eta is not None:
-            r = (v[c] * lambda_v[c])[..., None] * k[c][..., None, :]  # [B, NC, M, S]
-            cur_eta = (a / d) * cur_eta + r
-            eta[c] = cur_eta
-        cur_lam = cur_lam / d + _phi(lambda_v[c], k[c])
-        lam[c] = cur_lam
-    return lam, eta
+    y, y_var = x.v.new_empty(x.v.shape), x.v.new_empty(x.v.shape)
+    last_c, last_n = (length - 1) % chunk, (length - 1) // chunk
+    for c in range(chunk):
+        d = torch.addcmul(a2, p, lam)
+        eta = torch.addcmul(_r(x, c), a / d, eta)
+        lam = torch.addcdiv(_phi(x, c), lam, d)
+        var = lam.reciprocal()
+        mean = eta * var
+        if prior:
+            mean, var = a * mean, torch.addcmul(p, a2, var)
+        y[c], y_var[c] = _rowsum(mean, x.q[c]), _rowsum(var, x.q[c] * x.q[c])
+        if c == last_c:
+            final = KLAState(lam[:, last_n], eta[:, last_n])
+    return y, y_var, final
 
 
-def _affine_scan(gain: Tensor, inp: Tensor, init: Tensor, reverse: bool = False) -> tuple[Tensor, Tensor]:
-    """Chunked first-order affine scan over [C, B, NC, M, S] tensors; init [B, M, S].
+def _refill(x: Chunked, lam_starts: Tensor, eta_starts: Tensor) -> tuple[Tensor, Tensor]:
+    """λ_t and η_t at every step, [C, B, NC, M, S] each, rerun from the chunk start states."""
+    a2 = x.a * x.a
+    lam_all = lam_starts.new_empty(x.v.shape[0], *lam_starts.shape)
+    eta_all = torch.empty_like(lam_all)
+    lam, eta = lam_starts, eta_starts
+    for c in range(x.v.shape[0]):
+        d = torch.addcmul(a2, x.p, lam)
+        eta = torch.addcmul(_r(x, c), x.a / d, eta)
+        lam = torch.addcdiv(_phi(x, c), lam, d)
+        lam_all[c], eta_all[c] = lam, eta
+    return lam_all, eta_all
 
-    Forward: h_t = gain_t·h_{t-1} + inp_t with h_0 = init. Reverse: h_t = gain_t·h_{t+1} + inp_t with
-    h_{L+1} = init. Returns h [C, B, NC, M, S] and the state entering each chunk, [B, NC, M, S].
+
+class _Step(NamedTuple):
+    """Per-step backward terms, [B, NC, M, S] each (see the module docstring)."""
+
+    e: Tensor  # ∂ℓ/∂η_t through the readout (and final state) alone
+    f: Tensor  # ∂ℓ/∂λ_t through the readout (and final state) alone
+    gain: Tensor  # g_t = a/d_t
+    w: Tensor  # a²/d_t²
+    c: Tensor  # a·p·η_{t-1}/d_t²
+    inv_d: Tensor
+    lam_prev: Tensor
+    eta_prev: Tensor
+    mean: Tensor  # readout mean per state (a·μ with decode_from_prior)
+    var: Tensor  # readout variance per state
+
+
+class _Adjoint(NamedTuple):
+    """Everything the reverse sweeps read: chunked inputs, recomputed paths, upstream gradients."""
+
+    x: Chunked
+    lam: Tensor  # [C, B, NC, M, S]
+    eta: Tensor
+    lam_starts: Tensor  # [B, NC, M, S]
+    eta_starts: Tensor
+    gy: Tensor  # [C, B, NC, M]
+    gy_var: Tensor
+    g_lam: Tensor  # [B, M, S]: gradient of the final state
+    g_eta: Tensor
+    prior: bool
+    length: int
+
+
+def _step_terms(s: _Adjoint, c: int) -> _Step:
+    """The backward terms of step c of every chunk, with the final-state gradients seeded at step L."""
+    a, p = s.x.a, s.x.p
+    a2 = a * a
+    lam_prev, eta_prev = (s.lam[c - 1], s.eta[c - 1]) if c else (s.lam_starts, s.eta_starts)
+    inv = s.lam[c].reciprocal()
+    q = s.x.q[c][..., None, :]  # [B, NC, 1, S]
+    gy_q = s.gy[c][..., None] * q  # [B, NC, M, S]
+    gv_q2 = s.gy_var[c][..., None] * (q * q)
+    mean = s.eta[c] * inv
+    if s.prior:
+        mean, var, dvar = a * mean, torch.addcmul(p, a2, inv), a2 * inv
+        e = gy_q * inv * a
+    else:
+        var = dvar = inv
+        e = gy_q * inv
+    f = -(gy_q * mean + gv_q2 * dvar) * inv
+    chunk = s.lam.shape[0]
+    if c == (s.length - 1) % chunk:
+        n = (s.length - 1) // chunk
+        e[:, n] += s.g_eta
+        f[:, n] += s.g_lam
+    inv_d = torch.addcmul(a2, p, lam_prev).reciprocal_()
+    inv_d2 = inv_d * inv_d
+    return _Step(e, f, a * inv_d, a2 * inv_d2, (a * p) * inv_d2 * eta_prev, inv_d, lam_prev, eta_prev, mean, var)
+
+
+def _adjoint_carries(s: _Adjoint) -> tuple[Tensor, Tensor]:
+    """(Pη, Pλ) entering every chunk's last step from the later chunks, [B, NC, M, S] each.
+
+    Per chunk, the reverse steps compose into the lower-triangular affine map
+    (Pη, Pλ)_out = [[m11, 0], [m21, m22]]·(Pη, Pλ)_in + (b1, b2); the carry chains those maps backwards.
     """
-    chunk, n_chunks = gain.shape[0], gain.shape[2]
-    steps = range(chunk - 1, -1, -1) if reverse else range(chunk)
-    prod, acc = torch.empty_like(gain), torch.empty_like(inp)
-    g_run, r_run = torch.ones_like(gain[0]), torch.zeros_like(inp[0])  # [B, NC, M, S]
-    for c in steps:
-        g_run, r_run = gain[c] * g_run, gain[c] * r_run + inp[c]
-        prod[c], acc[c] = g_run, r_run
-    last = 0 if reverse else chunk - 1
-    carries = [init]
-    for n in range(n_chunks - 1, 0, -1) if reverse else range(n_chunks - 1):
-        carries.append(prod[last, :, n] * carries[-1] + acc[last, :, n])
-    if reverse:
-        carries.reverse()
-    carry = torch.stack(carries, 1)  # [B, NC, M, S]: the state entering each chunk
-    return prod.mul_(carry).add_(acc), carry
+    n_chunks = s.lam.shape[2]
+    zero = torch.zeros_like(s.lam_starts)
+    if n_chunks == 1:
+        return zero, zero
+    m11, m21, m22, b1, b2 = torch.ones_like(zero), zero, torch.ones_like(zero), zero, zero
+    for c in range(s.lam.shape[0] - 1, -1, -1):
+        t = _step_terms(s, c)
+        e1 = t.e + b1
+        m21, m11, m22 = t.w * m21 - t.c * m11, t.gain * m11, t.w * m22
+        b1, b2 = t.gain * e1, t.w * (t.f + b2) - t.c * e1
+    p_eta, p_lam = [zero[:, 0]], [zero[:, 0]]
+    for n in range(n_chunks - 1, 0, -1):
+        p_eta.append(m11[:, n] * p_eta[-1] + b1[:, n])
+        p_lam.append(m21[:, n] * p_eta[-2] + m22[:, n] * p_lam[-1] + b2[:, n])
+    return torch.stack(p_eta[::-1], 1), torch.stack(p_lam[::-1], 1)
 
 
-def _final(x: Tensor, length: int) -> Tensor:
-    """The value at time index length - 1 of a chunked [C, B, NC, M, S] tensor: [B, M, S]."""
-    return x[(length - 1) % x.shape[0], :, (length - 1) // x.shape[0]]
-
-
-def _forward_paths(v, lambda_v, k, a, p, lam0, eta0):
-    """λ, η [C, B, NC, M, S] from chunked inputs, and the λ and η entering each chunk, [B, NC, M, S]."""
-    lam_starts = _lambda_starts(lambda_v, k, a, p, lam0)
-    lam, _ = _refill(v, lambda_v, k, a, p, lam_starts, None)
-    d = a * a + p * _shift_prev(lam, lam0)
-    r = (v * lambda_v)[..., None] * k[..., None, :]  # [C, B, NC, M, S]
-    eta, eta_starts = _affine_scan(a / d, r, eta0)
-    return lam, eta, lam_starts, eta_starts
-
-
-def _readout(lam: Tensor, eta: Tensor, q: Tensor, a: Tensor, p: Tensor, prior: bool) -> tuple[Tensor, Tensor]:
-    """Readout mean and variance, [C, B, NC, M] each, from λ, η [C, B, NC, M, S] and q [C, B, NC, S]."""
-    var = lam.reciprocal()
-    mean = eta * var
-    if prior:
-        mean, var = a * mean, a * a * var + p
-    return torch.einsum("...ms,...s->...m", mean, q), torch.einsum("...ms,...s->...m", var, q * q)
+def _gradient_sweep(s: _Adjoint, p_eta: Tensor, p_lam: Tensor) -> tuple[Tensor, ...]:
+    """Exact reverse sweep from the chunk carries: gradients of v, Λ, k, q (chunked), a, p, λ_0, η_0."""
+    x, a = s.x, s.x.a
+    g_v, g_lam_v, g_k, g_q = (torch.empty_like(t) for t in (x.v, x.lam_v, x.k, x.q))
+    acc_a, acc_p = torch.zeros_like(p_eta), torch.zeros_like(p_eta)
+    for c in range(s.lam.shape[0] - 1, -1, -1):
+        t = _step_terms(s, c)
+        h_eta, h_lam = t.e + p_eta, t.f + p_lam
+        k, k2 = x.k[c], x.k[c] * x.k[c]
+        sk = _rowsum(h_eta, k)
+        g_v[c] = x.lam_v[c] * sk
+        g_lam_v[c] = torch.addcmul(_rowsum(h_lam, k2), x.v[c], sk)
+        g_k[c] = torch.addcmul(_colsum(x.lam_v[c] * x.v[c], h_eta), 2 * k, _colsum(x.lam_v[c], h_lam))
+        g_q[c] = torch.addcmul(_colsum(s.gy[c], t.mean), 2 * x.q[c], _colsum(s.gy_var[c], t.var))
+        u = (t.lam_prev * h_lam + a * t.eta_prev * h_eta) * (t.inv_d * t.inv_d)
+        acc_a += h_eta * t.eta_prev * t.inv_d - 2 * a * u
+        acc_p -= t.lam_prev * u
+        if s.prior:  # direct readout terms of μ' = a·μ and σ'² = a²·σ² + p
+            q = x.q[c][..., None, :]  # [B, NC, 1, S]
+            inv = s.lam[c].reciprocal()
+            acc_a += s.gy[c][..., None] * q * s.eta[c] * inv + 2 * a * s.gy_var[c][..., None] * q * q * inv
+            acc_p += s.gy_var[c][..., None] * q * q
+        p_eta, p_lam = t.gain * h_eta, t.w * h_lam - t.c * h_eta
+    return g_v, g_lam_v, g_k, g_q, acc_a.sum((0, 1)), acc_p.sum((0, 1)), p_lam[:, 0], p_eta[:, 0]
 
 
 class KLAScanFunction(torch.autograd.Function):
-    """Autograd wrapper: forward = chunked parallel scan, backward = the exact adjoint scans above.
+    """Autograd wrapper: forward = chunked parallel scan, backward = the exact adjoint sweeps above.
 
     All tensors arrive in one compute dtype (float32 or float64); shapes as in `kla_scan_torch`.
     """
@@ -190,71 +311,27 @@ class KLAScanFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, v, lambda_v, k, q, a, p, lam0, eta0, decode_from_prior: bool, chunk: int):
         length = v.shape[1]
-        vc, lc, kc, qc = (_to_chunks(x, chunk) for x in (v, lambda_v, k, q))
-        lam, eta, lam_starts, eta_starts = _forward_paths(vc, lc, kc, a, p, lam0, eta0)
-        y, y_var = _readout(lam, eta, qc, a, p, decode_from_prior)
-        ctx.save_for_backward(v, lambda_v, k, q, a, p, lam0, eta0, lam_starts, eta_starts)
+        x = Chunked(*(_to_chunks(t, chunk) for t in (v, lambda_v, k, q)), a, p)
+        lam_starts = _lambda_starts(x, lam0)
+        eta_starts = _eta_starts(x, lam_starts, eta0)
+        y, y_var, final = _readout_sweep(x, lam_starts, eta_starts, decode_from_prior, length)
+        ctx.save_for_backward(v, lambda_v, k, q, a, p, lam_starts, eta_starts)
         ctx.prior, ctx.chunk = decode_from_prior, chunk
-        return _from_chunks(y, length), _from_chunks(y_var, length), _final(lam, length), _final(eta, length)
+        return _from_chunks(y, length), _from_chunks(y_var, length), final.lam, final.eta
 
     @staticmethod
     @once_differentiable
     def backward(ctx, gy, gy_var, g_lam, g_eta):
-        v, lambda_v, k, q, a, p, lam0, eta0, lam_starts, eta_starts = ctx.saved_tensors
-        length, prior = v.shape[1], ctx.prior
-        vc, lc, kc, qc, gyc, gvc = (_to_chunks(x, ctx.chunk) for x in (v, lambda_v, k, q, gy, gy_var))
-        lam, eta = _refill(vc, lc, kc, a, p, lam_starts, eta_starts)
-        lam_prev = _shift_prev(lam, lam0)
-        d = a * a + p * lam_prev
-        h_eta, h_lam, eta_prev, u = _adjoints(
-            lam, lam_prev, d, eta, eta0, qc, gyc, gvc, a, p, g_lam, g_eta, prior, length
-        )
-        a2 = a * a
-        sk = torch.einsum("...ms,...s->...m", h_eta, kc)  # Σ_s Hη·k, [C, B, NC, M]
-        g_v = lc * sk
-        g_lambda = torch.einsum("...ms,...s->...m", h_lam, kc * kc) + vc * sk
-        g_k = 2 * kc * torch.einsum("...m,...ms->...s", lc, h_lam) + torch.einsum("...m,...ms->...s", lc * vc, h_eta)
-        inv = lam.reciprocal_()  # λ is not needed after this point
-        mean, var = eta * inv, inv
-        if prior:
-            mean, var = a * mean, a2 * var + p
-        g_q = torch.einsum("...m,...ms->...s", gyc, mean) + 2 * qc * torch.einsum("...m,...ms->...s", gvc, var)
-        g_a = (h_eta * eta_prev / d - 2 * a * u).sum((0, 1, 2))
-        g_p = -(lam_prev * u).sum((0, 1, 2))
-        if prior:  # direct readout terms of μ' = a·μ and σ'² = a²·σ² + p
-            g_a = g_a + torch.einsum("cbnm,cbnms,cbns->ms", gyc, eta * inv, qc)
-            g_a = g_a + 2 * a * torch.einsum("cbnm,cbnms,cbns->ms", gvc, inv, qc * qc)
-            g_p = g_p + torch.einsum("cbnm,cbns->ms", gvc, qc * qc)
-        d1 = d[0, :, 0]
-        g_eta0 = (a / d1) * h_eta[0, :, 0]
-        g_lam0 = (a2 / d1**2) * h_lam[0, :, 0] - (a * p / d1**2) * eta0 * h_eta[0, :, 0]
-        grads = [_from_chunks(x, length) for x in (g_v, g_lambda, g_k, g_q)]
+        v, lambda_v, k, q, a, p, lam_starts, eta_starts = ctx.saved_tensors
+        length = v.shape[1]
+        x = Chunked(*(_to_chunks(t, ctx.chunk) for t in (v, lambda_v, k, q)), a, p)
+        lam, eta = _refill(x, lam_starts, eta_starts)
+        gyc, gvc = _to_chunks(gy, ctx.chunk), _to_chunks(gy_var, ctx.chunk)
+        s = _Adjoint(x, lam, eta, lam_starts, eta_starts, gyc, gvc, g_lam, g_eta, ctx.prior, length)
+        p_eta, p_lam = _adjoint_carries(s)
+        g_v, g_lam_v, g_k, g_q, g_a, g_p, g_lam0, g_eta0 = _gradient_sweep(s, p_eta, p_lam)
+        grads = [_from_chunks(t, length) for t in (g_v, g_lam_v, g_k, g_q)]
         return (*grads, g_a, g_p, g_lam0, g_eta0, None, None)
-
-
-def _adjoints(lam, lam_prev, d, eta, eta0, qc, gyc, gvc, a, p, g_lam, g_eta, prior, length):
-    """Total adjoints by the two reverse scans (module docstring), all [C, B, NC, M, S].
-
-    Returns (Hη, Hλ, η_{t-1}, u_t = (λ_{t-1}·Hλ_t + a·η_{t-1}·Hη_t)/d_t²).
-    """
-    inv = 1.0 / lam
-    qs = qc[..., None, :]  # [C, B, NC, 1, S]
-    scale_mean, scale_var = (a, a * a) if prior else (1.0, 1.0)
-    e = gyc[..., None] * qs * inv * scale_mean  # ∂ℓ/∂η_t through the readout at t only
-    f = -(gyc[..., None] * qs * eta * scale_mean + gvc[..., None] * qs * qs * scale_var) * inv * inv
-    del inv
-    chunk = lam.shape[0]
-    e[(length - 1) % chunk, :, (length - 1) // chunk] += g_eta  # final-state gradients seed the last real step
-    f[(length - 1) % chunk, :, (length - 1) // chunk] += g_lam
-    zero = torch.zeros_like(eta0)
-    h_eta, _ = _affine_scan(_shift_next(a / d), e, zero, reverse=True)
-    del e
-    eta_prev = _shift_prev(eta, eta0)
-    dd = d * d
-    coupling = (a * p / dd) * eta_prev * h_eta  # ∂ℓ/∂λ_{t-1} through the gain of step t
-    h_lam, _ = _affine_scan(_shift_next(a * a / dd), f.sub_(_shift_next(coupling)), zero, reverse=True)
-    u = (lam_prev * h_lam + a * eta_prev * h_eta) / dd
-    return h_eta, h_lam, eta_prev, u
 
 
 def kla_scan_torch(
@@ -278,7 +355,7 @@ def kla_scan_torch(
         a: discrete decay [M, S] in (0, 1]; p: discrete process noise [M, S], ≥ 0.
         initial_state: `KLAState(lam [B, M, S] > 0, eta [B, M, S])`, or None for λ_0 = 1, η_0 = 0.
         decode_from_prior: read out a·μ_t and a²·σ²_t + p instead of μ_t, σ²_t.
-        chunk_size: steps per chunk C (default ceil(√L)); any positive value gives the same result.
+        chunk_size: steps per chunk C ≥ 1 (default `default_chunk_size`); every C gives the same result.
 
     Returns:
         (y [B, L, M], y_var [B, L, M]) in v's dtype, and the final `KLAState` in the compute dtype
@@ -286,13 +363,13 @@ def kla_scan_torch(
     """
     out_dtype, dt = v.dtype, compute_dtype(v.dtype)
     batch, length, channels = v.shape
+    if chunk_size is not None and chunk_size < 1:
+        raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
     if initial_state is None:
         initial_state = fresh_state(batch, channels, k.shape[-1], v.device, dt)
     if length == 0:
-        return v.new_empty(v.shape), v.new_empty(v.shape), KLAState(*(x.to(dt) for x in initial_state))
-    chunk = chunk_size or default_chunk_size(length)
-    if chunk < 1:
-        raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
-    args = (x.to(dt) for x in (v, lambda_v, k, q, a, p, initial_state.lam, initial_state.eta))
-    y, y_var, lam, eta = KLAScanFunction.apply(*args, decode_from_prior, chunk)
+        return v.new_empty(v.shape), v.new_empty(v.shape), KLAState(*(t.to(dt) for t in initial_state))
+    chunk = chunk_size or default_chunk_size(length, batch * channels * k.shape[-1], v.device)
+    args = (t.to(dt) for t in (v, lambda_v, k, q, a, p, initial_state[0], initial_state[1]))
+    y, y_var, lam, eta = KLAScanFunction.apply(*args, decode_from_prior, min(chunk, length))
     return y.to(out_dtype), y_var.to(out_dtype), KLAState(lam, eta)
