@@ -32,10 +32,12 @@ def read_texts(files: list[Path], limit: int | None = None) -> list[str | None]:
     for file in files:
         with gzip.open(file, "rt", encoding="utf-8") as f:
             for line in f:
+                if limit is not None and len(texts) == limit:
+                    return texts
                 if line.strip():
                     text = json.loads(line)["text"]
                     texts.append(text if text.strip() else None)
-    return texts[:limit]
+    return texts
 
 
 def oracle_windows(tokenizer, texts: list[str | None], consumer: int, num_consumers: int, width: int) -> list:

@@ -66,6 +66,14 @@ class ResumableLoader(StatefulDataLoader):
         )
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Restores a saved position; the state must come from a loader with the same ``num_workers``."""
+        if state_dict:
+            saved = len(state_dict["_snapshot"]["_worker_snapshots"]) if "_snapshot" in state_dict else 0
+            if saved != self.num_workers:
+                raise ValueError(
+                    f"loader state was saved with num_workers={saved}, this loader has "
+                    f"{self.num_workers}: resume with the same world size and num_workers"
+                )
         self._snapshots.clear()
         self._yielded = self._consumed = 0
         self._tracking = False

@@ -1,0 +1,155 @@
+"""Exact resume: after N batches, a loader restored from the saved state yields the identical next batches."""
+
+from __future__ import annotations
+
+import io
+
+import lightning as L
+import pytest
+import torch
+
+from klalm.data import PackedTextDataset, ResumableLoader, TextDataModule, build_source
+
+SEQ_LEN, BATCH, DOCS = 255, 4, 6  # ~14 batches per epoch (~7 per worker): 18 batches cross an epoch boundary
+
+
+def _source(enwiki):
+    return build_source({"kind": "files", "paths": str(enwiki / "enwiki-00009-*.jsonl.gz"), "max_documents": DOCS})
+
+
+def _loader(enwiki, gpt2, workers: int) -> ResumableLoader:
+    dataset = PackedTextDataset(
+        _source(enwiki),
+        gpt2,
+        seq_len=SEQ_LEN,
+        batch_size=BATCH,
+        shuffle=True,
+        seed=3,
+        block_docs=2,
+        on_bad_record="skip",
+    )
+    return ResumableLoader(dataset, batch_size=None, num_workers=workers)
+
+
+def _through_checkpoint(state: dict) -> dict:
+    """The state as Lightning would store it: torch.save, then torch.load(weights_only=True)."""
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    buffer.seek(0)
+    return torch.load(buffer, weights_only=True)
+
+
+def _take(iterator, n: int) -> list[torch.Tensor]:
+    return [next(iterator)["input_ids"] for _ in range(n)]
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_resume_after_n_batches_gives_identical_batches(enwiki, gpt2, workers):
+    loader = _loader(enwiki, gpt2, workers)
+    iterator = iter(loader)
+    before = _take(iterator, 9)
+    state = _through_checkpoint(loader.state_dict())
+    after = _take(iterator, 9)
+    resumed = _loader(enwiki, gpt2, workers)
+    resumed.load_state_dict(state)
+    again = _take(iter(resumed), 9)
+    assert all(torch.equal(a, b) for a, b in zip(after, again))
+    assert not any(torch.equal(before[-1], b) for b in again)  # nothing replayed
+    fresh = _take(iter(_loader(enwiki, gpt2, workers)), 18)
+    assert all(torch.equal(a, b) for a, b in zip(before + after, fresh))  # deterministic order
+
+
+def test_state_records_epoch_and_refuses_other_worker_count(enwiki, gpt2):
+    loader = _loader(enwiki, gpt2, 0)
+    iterator = iter(loader)
+    _take(iterator, 16)  # one consumer, ~14 batches per pass over the 6 documents
+    state = loader.state_dict()
+    assert state["dataset_state"]["epoch"] == 1
+    other = _loader(enwiki, gpt2, 2)
+    with pytest.raises(ValueError, match="num_workers=0"):
+        other.load_state_dict(state)
+
+
+def test_mark_consumed_makes_state_follow_consumption(enwiki, gpt2):
+    loader = _loader(enwiki, gpt2, 0)
+    iterator = iter(loader)
+    first = _take(iterator, 3)
+    loader.mark_consumed()
+    loader.mark_consumed()  # batch 3 was prefetched but not consumed
+    resumed = _loader(enwiki, gpt2, 0)
+    resumed.load_state_dict(_through_checkpoint(loader.state_dict()))
+    assert torch.equal(next(iter(resumed))["input_ids"], first[2])
+
+
+def _module_config(enwiki, gpt2_config, workers: int) -> dict:
+    return dict(
+        source={"kind": "files", "paths": str(enwiki / "enwiki-00009-*.jsonl.gz"), "max_documents": DOCS},
+        tokenizer=gpt2_config,
+        seq_len=63,
+        batch_size=2,
+        num_workers=workers,
+        val_source=None,
+        seed=5,
+        block_docs=2,
+        on_bad_record="skip",
+    )
+
+
+class _Recorder(L.LightningModule):
+    """A tiny model that records the batches its training steps see."""
+
+    def __init__(self):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.zeros(1))
+        self.seen: list[torch.Tensor] = []
+
+    def training_step(self, batch, batch_idx):
+        self.seen.append(batch["input_ids"].clone())
+        return (self.weight * batch["input_ids"].float().mean()).sum()
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.0)
+
+
+def _fit(tmp_path, config: dict, max_steps: int, ckpt_path=None) -> list[torch.Tensor]:
+    model = _Recorder()
+    checkpoint = L.pytorch.callbacks.ModelCheckpoint(
+        dirpath=tmp_path, every_n_train_steps=3, save_top_k=-1, filename="{step}"
+    )
+    trainer = L.Trainer(
+        max_steps=max_steps,
+        accelerator="cpu",
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[checkpoint],
+        limit_val_batches=0,
+    )
+    trainer.fit(model, datamodule=TextDataModule(**config), ckpt_path=ckpt_path)
+    return model.seen
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_lightning_resume_sees_exactly_the_same_batches(tmp_path, enwiki, gpt2_config, workers):
+    config = _module_config(enwiki, gpt2_config, workers)
+    full = _fit(tmp_path / "full", config, max_steps=6)
+    resumed = _fit(tmp_path / "resumed", config, max_steps=6, ckpt_path=tmp_path / "full" / "step=3.ckpt")
+    assert len(full) == 6 and len(resumed) == 3
+    assert all(torch.equal(a, b) for a, b in zip(full[3:], resumed))
+    saved = torch.load(tmp_path / "full" / "step=3.ckpt", weights_only=False)
+    assert saved["TextDataModule"]["train_loader"] == saved["loops"]["fit_loop"]["state_dict"]["combined_loader"][0]
+
+
+def test_datamodule_state_round_trips_before_the_loader_exists(enwiki, gpt2_config):
+    config = _module_config(enwiki, gpt2_config, 0)
+    module = TextDataModule(**config)
+    loader = module.train_dataloader()
+    iterator = iter(loader)
+    _take(iterator, 4)
+    state = _through_checkpoint(module.state_dict())
+    expected = _take(iterator, 2)
+    restored = TextDataModule(**config)
+    restored.load_state_dict(state)
+    assert all(torch.equal(a, b) for a, b in zip(expected, _take(iter(restored.train_dataloader()), 2)))
+    with pytest.raises(KeyError, match="train_loader"):
+        restored.load_state_dict({})
