@@ -1,19 +1,35 @@
 """`klalm-eval`: Hydra app for zero-shot lm-eval of checkpoints (configs/eval.yaml; any key overridable).
 
-klalm-eval checkpoint=runs/export tasks=[hellaswag,piqa] data_dir=../shared/data limit=100
-klalm-eval 'checkpoint=[runs/a/export,runs/b/last.ckpt]' batch_size=32 log_samples=true
+Examples:
+    klalm-eval checkpoint=runs/export tasks=[hellaswag,piqa] data_dir=../shared/data limit=100
+    klalm-eval 'checkpoint=[runs/a/export,runs/b/last.ckpt]' batch_size=32 log_samples=true
+
+The config is configs/eval.yaml (package `klalm.configs`), registered in Hydra's ConfigStore rather than reached
+through the `pkg://klalm.configs` search path: on that path every folder is a config group, and a group named like
+an eval key (configs/tasks/ holds the synthetic-benchmark budgets) would turn `tasks=[...]` into a group override.
 """
 
 from __future__ import annotations
 
 import logging
+from importlib.resources import files
 
 import hydra
+from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
+from klalm.eval.report import markdown_table
 from klalm.eval.runner import evaluate_checkpoints
 
 log = logging.getLogger(__name__)
+
+CONFIG_NAME = "eval"
+
+
+def register_config() -> None:
+    """Store configs/eval.yaml in Hydra's ConfigStore under `CONFIG_NAME` (idempotent)."""
+    text = files("klalm.configs").joinpath(f"{CONFIG_NAME}.yaml").read_text(encoding="utf-8")
+    ConfigStore.instance().store(name=CONFIG_NAME, node=OmegaConf.create(text))
 
 
 def _as_list(value: object) -> list[str]:
@@ -40,14 +56,16 @@ def run(cfg: DictConfig) -> dict:
     )
 
 
-@hydra.main(config_path="pkg://klalm.configs", config_name="eval", version_base="1.3")
-def main(cfg: DictConfig) -> None:
-    """Console entry point; prints the Markdown comparison table at the end."""
+@hydra.main(config_path=None, config_name=CONFIG_NAME, version_base="1.3")
+def _hydra_main(cfg: DictConfig) -> None:
     log.info("config:\n%s", OmegaConf.to_yaml(cfg))
-    report = run(cfg)
-    from klalm.eval.report import markdown_table
+    print(markdown_table(run(cfg)))
 
-    print(markdown_table(report))
+
+def main() -> None:
+    """Console entry point (`klalm-eval`); prints the Markdown comparison table at the end."""
+    register_config()
+    _hydra_main()
 
 
 if __name__ == "__main__":

@@ -30,8 +30,10 @@ def _batch_nll(model: torch.nn.Module, batch: dict[str, torch.Tensor], device: t
     if input_ids.shape != labels.shape:
         raise ValueError(f"input_ids {tuple(input_ids.shape)} and labels {tuple(labels.shape)} differ in shape")
     logits = model(input_ids=input_ids).logits  # [B, T, V]
+    if logits.dtype in (torch.float16, torch.bfloat16):
+        logits = logits.float()  # the log-softmax over V in half precision would lose ~3 significant digits
     nll = F.cross_entropy(
-        logits.flatten(0, 1).float(),  # [B*T, V]
+        logits.flatten(0, 1),  # [B*T, V]
         labels.flatten(),  # [B*T]
         ignore_index=IGNORE_INDEX,
         reduction="sum",

@@ -1,0 +1,77 @@
+"""The `klalm-eval` Hydra app and the `klalm-lm-eval` console script."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize
+
+from klalm.eval import app
+from klalm.eval.tasks import TASKS_DIR
+
+ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
+
+
+def _script(name: str) -> str:
+    """A console script of this environment (next to the running interpreter)."""
+    return str(Path(sys.executable).parent / name)
+
+
+def test_compose_and_run(tiny_checkpoints, shared_data, tmp_path):
+    overrides = [
+        f"checkpoint={tiny_checkpoints[0]}",
+        "tasks=[piqa]",
+        f"data_dir={shared_data}",
+        "limit=3",
+        "batch_size=2",
+        "device=cpu",
+        f"output_dir={tmp_path}",
+    ]
+    with initialize(config_path=None, version_base="1.3"):
+        app.register_config()
+        cfg = compose(config_name="eval", overrides=overrides)
+    report = app.run(cfg)
+    assert report["results"]["export"]["piqa"]["n_evaluated"] == 3
+    assert json.loads((tmp_path / "results.json").read_text())["settings"]["batch_size"] == 2
+
+
+def test_defaults_and_unknown_key():
+    with initialize(config_path=None, version_base="1.3"):
+        app.register_config()
+        cfg = compose(config_name="eval")
+        assert list(cfg.tasks) == ["hellaswag", "piqa"] and cfg.data_dir is None and cfg.limit is None
+        with pytest.raises(Exception, match="no_such_key"):
+            compose(config_name="eval", overrides=["no_such_key=1"])
+
+
+@pytest.mark.slow  # a fresh interpreter importing torch, transformers and lm-eval: ~10-25 s on 2 cores
+def test_console_script_reports_missing_checkpoint(tmp_path):
+    missing = tmp_path / "missing"
+    proc = subprocess.run(
+        [_script("klalm-eval"), f"checkpoint={missing}", f"output_dir={tmp_path}", f"hydra.run.dir={tmp_path}"],
+        capture_output=True,
+        text=True,
+        env=ENV,
+        timeout=300,
+    )
+    assert proc.returncode != 0
+    assert f"checkpoint {str(missing)!r} does not exist" in proc.stderr
+
+
+@pytest.mark.slow
+def test_lm_eval_cli_loads_klalm_export(tiny_checkpoints, shared_data, tmp_path):
+    """lm-eval's own CLI (through klalm-lm-eval) evaluates a klalm export on the local PIQA task."""
+    cmd = [
+        _script("klalm-lm-eval"), "run", "--model", "hf", "--model_args", f"pretrained={tiny_checkpoints[0]}",
+        "--tasks", "piqa_local", "--include_path", str(TASKS_DIR),
+        "--metadata", json.dumps({"data_dir": str(shared_data)}),
+        "--limit", "3", "--device", "cpu", "--batch_size", "3", "--output_path", str(tmp_path),
+    ]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=ENV, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "piqa_local" in proc.stdout and "acc_norm" in proc.stdout

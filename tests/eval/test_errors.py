@@ -1,0 +1,96 @@
+"""Bad input fails before any model work, naming what is wrong; training checkpoints go to klalm.train."""
+
+from __future__ import annotations
+
+import sys
+import types
+
+import pytest
+import torch
+
+import klalm.eval.runner as runner
+from klalm.eval import evaluate_checkpoints
+from klalm.eval.checkpoint import checkpoint_kind, load_checkpoint
+
+
+@pytest.fixture
+def no_model_work(monkeypatch):
+    """Fail the test if a checkpoint gets loaded."""
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a model was loaded before the input checks finished")
+
+    monkeypatch.setattr(runner, "load_checkpoint", refuse)
+
+
+def test_missing_checkpoint(tmp_path, shared_data, no_model_work):
+    with pytest.raises(FileNotFoundError, match="nope.*does not exist"):
+        evaluate_checkpoints([tmp_path / "nope"], ["piqa"], output_dir=tmp_path, data_dir=shared_data)
+
+
+def test_folder_that_is_no_checkpoint(tmp_path, shared_data, no_model_work):
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(FileNotFoundError, match="neither config.json .* nor a .ckpt"):
+        evaluate_checkpoints([tmp_path / "empty"], ["piqa"], output_dir=tmp_path, data_dir=shared_data)
+
+
+def test_unknown_task_before_model_work(tiny_checkpoints, tmp_path, shared_data, no_model_work):
+    with pytest.raises(KeyError, match="'hellaswag', 'piqa'"):
+        evaluate_checkpoints([tiny_checkpoints[0]], ["piqa", "winogrande"], output_dir=tmp_path, data_dir=shared_data)
+
+
+def test_data_dir_without_files(tiny_checkpoints, tmp_path, no_model_work):
+    with pytest.raises(FileNotFoundError, match="hellaswag_val.jsonl"):
+        evaluate_checkpoints([tiny_checkpoints[0]], ["hellaswag"], output_dir=tmp_path, data_dir=tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "error", "match"),
+    [
+        ({"limit": 0}, ValueError, "limit"),
+        ({"batch_size": 0}, ValueError, "batch_size"),
+        ({"dtype": "float8"}, KeyError, "bfloat16"),
+    ],
+)
+def test_bad_settings(tiny_checkpoints, tmp_path, shared_data, no_model_work, overrides, error, match):
+    with pytest.raises(error, match=match):
+        evaluate_checkpoints([tiny_checkpoints[0]], ["piqa"], output_dir=tmp_path, data_dir=shared_data, **overrides)
+
+
+def test_training_checkpoint_kinds(tmp_path):
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "checkpoints" / "step-00000010.ckpt").write_bytes(b"")
+    assert checkpoint_kind(run) == "training"
+    assert checkpoint_kind(run / "checkpoints" / "step-00000010.ckpt") == "training"
+    (tmp_path / "weights.bin").write_bytes(b"")
+    with pytest.raises(FileNotFoundError, match="not a Lightning .ckpt"):
+        checkpoint_kind(tmp_path / "weights.bin")
+
+
+def test_training_checkpoint_uses_train_loader(tmp_path, monkeypatch, gpt2_tokenizer):
+    from klalm.models import build_model
+
+    calls = []
+
+    def fake_load_model(path):
+        calls.append(path)
+        return build_model("gpt", preset="tiny", vocab_size=len(gpt2_tokenizer)), gpt2_tokenizer
+
+    fake = types.ModuleType("klalm.train.checkpoint")
+    fake.load_model = fake_load_model
+    monkeypatch.setitem(sys.modules, "klalm.train.checkpoint", fake)
+    ckpt = tmp_path / "last.ckpt"
+    ckpt.write_bytes(b"")
+    loaded = load_checkpoint(ckpt, device="cpu", dtype="float64")
+    assert calls == [ckpt]
+    assert loaded.provenance["kind"] == "training" and loaded.provenance["arch"] == "gpt"
+    assert next(loaded.model.parameters()).dtype == torch.float64 and not loaded.model.training
+
+
+def test_training_checkpoint_without_train_package(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "klalm.train.checkpoint", None)  # import now raises ModuleNotFoundError
+    ckpt = tmp_path / "last.ckpt"
+    ckpt.write_bytes(b"")
+    with pytest.raises(ImportError, match="klalm.train.checkpoint"):
+        load_checkpoint(ckpt, device="cpu")

@@ -1,0 +1,112 @@
+"""klalm-eval end to end on a tiny klalm checkpoint: the reported accuracies equal an independent scoring."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from lm_eval.tasks.hellaswag.utils import preprocess as upstream_preprocess
+from transformers import AutoModelForCausalLM
+
+from klalm.eval import evaluate_checkpoints
+
+LIMIT = 10
+
+
+def _hellaswag_examples(shared_data: Path, n: int) -> list[tuple[str, list[str], int]]:
+    """(context, choices, gold) of the first n rows, built from the raw file with upstream's clean-up."""
+    examples = []
+    with gzip.open(shared_data / "hellaswag" / "hellaswag_val.jsonl.gz", "rt", encoding="utf-8") as handle:
+        for _, line in zip(range(n), handle):
+            row = json.loads(line)
+            ctx = upstream_preprocess(row["activity_label"] + ": " + row["ctx_a"] + " " + row["ctx_b"].capitalize())
+            examples.append((ctx, [upstream_preprocess(e) for e in row["endings"]], int(row["label"])))
+    return examples
+
+
+def _piqa_examples(shared_data: Path, n: int) -> list[tuple[str, list[str], int]]:
+    lines = (shared_data / "piqa" / "valid.jsonl").read_text(encoding="utf-8").splitlines()[:n]
+    labels = (shared_data / "piqa" / "valid-labels.lst").read_text().split()[:n]
+    rows = [json.loads(line) for line in lines]
+    return [(f"Question: {r['goal']}\nAnswer:", [r["sol1"], r["sol2"]], int(y)) for r, y in zip(rows, labels)]
+
+
+@torch.no_grad()
+def _continuation_loglik(model, tokenizer, context: str, continuation: str) -> float:
+    """log p(continuation | context) summed over its tokens; trailing context spaces move to the continuation."""
+    stripped = context.rstrip()
+    continuation = context[len(stripped) :] + continuation
+    ctx_ids = tokenizer(stripped).input_ids
+    all_ids = tokenizer(stripped + continuation).input_ids
+    logprobs = torch.log_softmax(model(input_ids=torch.tensor([all_ids])).logits[0].double(), dim=-1)  # [T, V]
+    return sum(logprobs[t - 1, all_ids[t]].item() for t in range(len(ctx_ids), len(all_ids)))
+
+
+def _independent_scores(model, tokenizer, examples):
+    """Per-example log-likelihoods of " " + choice, acc (argmax) and acc_norm (argmax of ll / len(choice))."""
+    lls, acc, acc_norm = [], [], []
+    for context, choices, gold in examples:
+        ll = np.array([_continuation_loglik(model, tokenizer, context, " " + c) for c in choices])
+        lls.append(ll)
+        acc.append(float(np.argmax(ll) == gold))
+        acc_norm.append(float(np.argmax(ll / np.array([len(c) for c in choices])) == gold))
+    return lls, float(np.mean(acc)), float(np.mean(acc_norm))
+
+
+def _logged_lls(path: Path) -> list[np.ndarray]:
+    records = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
+    return [np.array([resp[0] for resp in r["filtered_resps"]]) for r in sorted(records, key=lambda r: r["doc_id"])]
+
+
+def test_accuracies_equal_independent_scoring(tiny_checkpoints, gpt2_tokenizer, shared_data, tmp_path):
+    trained = tiny_checkpoints[0]
+    report = evaluate_checkpoints(
+        [trained],
+        ["hellaswag", "piqa"],
+        output_dir=tmp_path,
+        data_dir=shared_data,
+        limit=LIMIT,
+        batch_size=5,
+        max_length=512,
+        device="cpu",
+        dtype="float64",
+        log_samples=True,
+    )
+    assert json.loads((tmp_path / "results.json").read_text()) == report
+    model = AutoModelForCausalLM.from_pretrained(trained).double().eval()
+    examples = {"hellaswag": _hellaswag_examples(shared_data, LIMIT), "piqa": _piqa_examples(shared_data, LIMIT)}
+    for task, task_examples in examples.items():
+        lls, acc, acc_norm = _independent_scores(model, gpt2_tokenizer, task_examples)
+        scores = report["results"]["export"][task]
+        assert scores["n_evaluated"] == LIMIT
+        assert scores["acc"] == pytest.approx(acc, abs=1e-12)
+        assert scores["acc_norm"] == pytest.approx(acc_norm, abs=1e-12)
+        for metric, value in (("acc", acc), ("acc_norm", acc_norm)):  # lm-eval: sample std / sqrt(n)
+            assert scores[f"{metric}_stderr"] == pytest.approx(np.sqrt(value * (1 - value) / (LIMIT - 1)))
+        logged = _logged_lls(tmp_path / f"samples_export_{task}.jsonl")
+        assert len(logged) == LIMIT
+        for i, (ours, theirs) in enumerate(zip(lls, logged)):
+            np.testing.assert_allclose(theirs, ours, rtol=0, atol=1e-8, err_msg=f"{task} doc {i}")
+
+
+def test_two_checkpoints_one_table_with_provenance(tiny_checkpoints, shared_data, tmp_path):
+    report = evaluate_checkpoints(
+        list(tiny_checkpoints), ["piqa"], output_dir=tmp_path, data_dir=shared_data, limit=4, device="cpu"
+    )
+    assert list(report["results"]) == ["trained/export", "untrained/export"]
+    for label, path in zip(report["results"], tiny_checkpoints):
+        model = report["models"][label]
+        assert model["arch"] == "gpt" and model["kind"] == "hf_export" and model["checkpoint"] == str(path)
+        reference = AutoModelForCausalLM.from_pretrained(path)
+        assert model["n_params"] == sum(p.numel() for p in reference.parameters())
+    assert report["tasks"]["piqa"]["lm_eval_name"] == "piqa_local"
+    data_files = [Path(f["path"]).name for f in report["tasks"]["piqa"]["data_files"]]
+    assert data_files == ["valid.jsonl", "valid-labels.lst"]
+    assert report["settings"]["limit"] == 4 and report["versions"]["lm_eval"].startswith("0.4")
+    table = (tmp_path / "results.md").read_text()
+    assert "| trained/export | gpt |" in table and "| untrained/export | gpt |" in table
+    assert "piqa acc_norm" in table
