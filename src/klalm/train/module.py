@@ -16,6 +16,7 @@ import contextlib
 import logging
 import math
 import random
+import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -29,6 +30,10 @@ from klalm.train.budget import TokenBudget
 from klalm.train.optim import classify_parameters, param_groups
 
 log = logging.getLogger(__name__)
+
+# LMModule pulls its micro-batches itself (`training_step(dataloader_iter)`) on purpose; Lightning warns about that
+# flavour on every fit ("experimental", "will not work well with gradient accumulation", which it does not manage).
+warnings.filterwarnings("ignore", message=r".*`dataloader_iter`.*")
 
 IGNORE_INDEX = -100
 

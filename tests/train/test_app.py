@@ -1,0 +1,116 @@
+"""The training app in-process on tiny synthetic runs: outputs, checkpoints, export, fail-fast config errors."""
+
+import csv
+import json
+import math
+
+import pytest
+import torch
+from hydra.errors import ConfigCompositionException
+from transformers import AutoModelForCausalLM
+
+from klalm.train import module as module_lib
+from klalm.train.app import run
+from klalm.train.checkpoint import find_latest, list_checkpoints, load_model
+from klalm.train.module import NonFiniteLossError
+
+from .conftest import TINY, compose_train
+
+WITH_CKPT = ["callbacks=default", "callbacks.sampler=null", "callbacks.progress=null"]
+
+
+def _rows(run_dir):
+    with open(run_dir / "csv" / "metrics.csv", newline="") as handle:
+        return list(csv.DictReader(handle))
+
+
+def test_tiny_run_writes_metrics_checkpoints_export(tmp_path):
+    run_dir = tmp_path / "run"
+    cfg = compose_train([*TINY, *WITH_CKPT, "callbacks.checkpoint.every_n_steps=2", "train.final_eval=true",
+                         "train.export_hf=true", "train.plot=true"], run_dir)  # fmt: skip
+    summary = run(cfg)
+    assert summary["steps"] == 4 and summary["tokens_seen"] == 256  # 256 tokens / 64 per step
+    rows = [r for r in _rows(run_dir) if r["train/loss"]]
+    assert [int(r["step"]) for r in rows] == [1, 2, 3, 4]
+    assert [int(r["train/tokens_seen"]) for r in rows] == [64, 128, 192, 256]
+    assert all(math.isfinite(float(r["train/loss"])) and float(r["perf/tokens_per_s"]) > 0 for r in rows)
+    assert "perf/mfu" not in rows[0]  # CPU: MFU omitted
+    assert math.log(128) - 1 < summary["val_loss"] < math.log(128) + 1  # random tokens: about ln V
+    assert summary["val_ppl"] == pytest.approx(math.exp(summary["val_loss"]), rel=1e-5)
+    assert [p.name for p in list_checkpoints(run_dir)] == ["step-00000002.ckpt", "step-00000004.ckpt"]
+    assert (run_dir / "loss.png").stat().st_size > 0
+    assert json.loads((run_dir / "summary.json").read_text())["steps"] == 4
+
+    # the export, the run dir and the .ckpt all load to the same weights, and `import klalm` suffices for Auto*
+    exported = AutoModelForCausalLM.from_pretrained(run_dir / "hf")
+    from_ckpt, tokenizer = load_model(find_latest([run_dir]))
+    from_dir, _ = load_model(run_dir)
+    assert tokenizer is None  # synthetic data has no tokenizer
+    ids = torch.randint(0, 128, (2, 16))
+    ref = exported(ids).logits
+    torch.testing.assert_close(from_ckpt(ids).logits, ref, rtol=0, atol=0)
+    torch.testing.assert_close(from_dir(ids).logits, ref, rtol=0, atol=0)
+
+
+def test_resume_auto_continues_from_latest(tmp_path):
+    first = compose_train([*TINY, *WITH_CKPT, "run_name=r", "callbacks.checkpoint.every_n_steps=1"],
+                          tmp_path / "r" / "a")  # fmt: skip
+    run(first)
+    longer = ["train.max_tokens=384", "resume=auto", "run_name=r", "callbacks.checkpoint.every_n_steps=1"]
+    summary = run(compose_train([*TINY, *WITH_CKPT, *longer], tmp_path / "r" / "b"))
+    assert summary["steps"] == 6 and summary["tokens_seen"] == 384
+    steps = [int(r["step"]) for r in _rows(tmp_path / "r" / "b") if r["train/loss"]]
+    assert steps == [5, 6]  # continued, not restarted
+
+
+@pytest.mark.parametrize(
+    ("override", "error", "key"),
+    [
+        ("train.max_tokenz=100", ConfigCompositionException, "max_tokenz"),
+        ("optim.betaz=[0.9,0.9]", ConfigCompositionException, "betaz"),
+        ("optim.lr=-1", ValueError, "optim.lr"),
+        ("train.global_batch_tokens=100", ValueError, "train.global_batch_tokens"),
+        ("train.max_tokens=10", ValueError, "train.max_tokens"),
+        ("trainer.precision=16-mixed", ValueError, "trainer.precision"),
+        ("train.max_bad_steps=0", ValueError, "train.max_bad_steps"),
+        ("resume=/no/such/file.ckpt", FileNotFoundError, "resume"),
+        ("scheduler.shape=cubic", ConfigCompositionException, "shape"),
+    ],
+)
+def test_bad_config_fails_fast_naming_the_key(tmp_path, override, error, key):
+    with pytest.raises(error, match=key):
+        run(compose_train([*TINY, override], tmp_path / "run"))
+    assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+def test_wsd_bad_shape_fails_naming_the_key(tmp_path):
+    with pytest.raises(KeyError, match="scheduler.shape"):
+        run(compose_train([*TINY, "scheduler=wsd", "scheduler.shape=cubic"], tmp_path / "run"))
+
+
+def _nan_loss_at(monkeypatch, bad_calls):
+    """Makes the loss of the given (0-based) micro-batch calls NaN."""
+    calls = {"n": 0}
+    real = module_lib.lm_loss
+
+    def patched(logits, labels):
+        loss, count = real(logits, labels)
+        index = calls["n"]
+        calls["n"] += 1
+        return (loss * float("nan") if index in bad_calls else loss), count
+
+    monkeypatch.setattr(module_lib, "lm_loss", patched)
+
+
+def test_non_finite_steps_are_skipped_and_counted(tmp_path, monkeypatch):
+    _nan_loss_at(monkeypatch, {2, 5})  # step 2 (micro 2-3) and step 3 (micro 4-5) each get one NaN micro-batch
+    summary = run(compose_train([*TINY, "train.max_bad_steps=3"], tmp_path / "run"))
+    assert summary["skipped_steps"] == 2
+    assert summary["steps"] == 4  # optimiser steps: the skipped ones do not count
+    assert summary["tokens_seen"] == 6 * 64  # but their tokens were consumed
+
+
+def test_too_many_non_finite_steps_stop_the_run(tmp_path, monkeypatch):
+    _nan_loss_at(monkeypatch, set(range(100)))
+    with pytest.raises(NonFiniteLossError, match="3 consecutive"):
+        run(compose_train([*TINY, "train.max_bad_steps=3"], tmp_path / "run"))
