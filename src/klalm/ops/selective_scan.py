@@ -6,12 +6,14 @@ Shapes: u, delta [B, L, M]; A [M, N] (negative); Bm, Cm [B, L, N]; D [M]; state 
 
 Backends (`SELECTIVE_SCAN_BACKENDS`, one signature):
 - "reference": the sequential loop below; the oracle.
-- "torch": parallel in time. Time is cut into chunks of `SCAN_CHUNK` tokens; inside a chunk the affine
-  recurrence runs as a Hillis–Steele doubling scan (log2 of the chunk length steps over [B, C, M, N] tensors,
-  products of decays ≤ 1 only, so nothing overflows), and only the [B, M, N] state is carried from chunk to
-  chunk. A custom autograd.Function saves the inputs and the chunk-boundary states and recomputes each
-  chunk's states in the backward, where the adjoint gh_t = C_t gy_t + exp(Δ_{t+1}A) gh_{t+1} is the same
-  scan run backwards; the gradients are exact (no approximation, only float rounding).
+- "torch": parallel in time. Time is cut into chunks of `SCAN_CHUNK` tokens, and each chunk into n ≈ sqrt(C)
+  blocks of c ≈ sqrt(C) steps that are scanned side by side (a two-level blocked scan: c + n + c sequential
+  steps per chunk instead of C, on tensors stored step-major so every step touches one contiguous slab). Only
+  products of decays ≤ 1 appear, so nothing overflows, and only the [B, M, N] state crosses chunk borders, so
+  memory is O(B·C·M·N) however long the sequence. A custom autograd.Function saves the inputs and the
+  chunk-entry states and recomputes each chunk's states in the backward, where the adjoint
+  gh_t = C_t gy_t + exp(Δ_{t+1}A) gh_{t+1} is the same scan run backwards; the gradients are exact (no
+  approximation, only float rounding).
 - "triton": `klalm.kernels.selective_scan.selective_scan_triton` (CUDA), imported at first use.
 "auto" picks triton on CUDA tensors (torch, with a one-time warning, when the kernel module cannot be
 imported) and torch otherwise; the choice is logged once.
@@ -23,6 +25,7 @@ import functools
 import logging
 import math
 from collections.abc import Callable
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
@@ -67,87 +70,110 @@ def selective_scan_reference(
     return y.to(out_dtype), h
 
 
-def _affine_scan(a: Tensor, b: Tensor, x0: Tensor, reverse: bool = False) -> Tensor:
-    """Inclusive scan of x_t = a_t·x_{t−1} + b_t along dim 1 from x_{−1} = x0 (reverse: x_t = a_t·x_{t+1} + b_t
-    from x_T = x0). a, b [B, T, M, N], x0 [B, M, N] -> x [B, T, M, N].
+class _Blocks(NamedTuple):
+    """How time is laid out for the "torch" backend: L (zero-padded to Lp = chunks·n·c) splits into `chunks` chunks
+    of n blocks of c steps; inside a chunk, the tensors are stored step-major, [c, B, n, *F], so each step of the
+    blocked scan reads and writes one contiguous [B, n, *F] slab."""
 
-    Blocked two-level scan: T is cut into n blocks of c ≈ sqrt(T) steps; the blocks are scanned together (c steps
-    over [B, n, M, N]), then the block-boundary states are carried across blocks (n steps over [B, M, N]) and added
-    back through the within-block decay products. Only products of decays (≤ 1) appear, so nothing overflows.
+    chunks: int
+    n: int
+    c: int
+
+    @classmethod
+    def plan(cls, length: int, chunk_size: int) -> _Blocks:
+        span = min(chunk_size, length)
+        c = math.isqrt(span - 1) + 1  # c ≈ sqrt(span): c steps within a block, n blocks, both ~sqrt(span)
+        n = -(-span // c)
+        return cls(-(-length // (n * c)), n, c)
+
+    def split(self, x: Tensor) -> Tensor:
+        """[B, L, F] -> [chunks, c, B, n, F], zero-padded at the end (Δ = 0 is an identity step: decay 1, drive 0)."""
+        pad = self.chunks * self.n * self.c - x.shape[1]
+        if pad:
+            x = torch.cat([x, x.new_zeros(x.shape[0], pad, x.shape[2])], 1)
+        x = x.reshape(x.shape[0], self.chunks, self.n, self.c, x.shape[2])  # [B, chunks, n, c, F]
+        return x.permute(1, 3, 0, 2, 4).contiguous()  # [chunks, c, B, n, F]
+
+    def merge(self, x: Tensor, length: int) -> Tensor:
+        """[chunks, c, B, n, F] -> [B, L, F] (the inverse of `split`, padding dropped)."""
+        x = x.permute(2, 0, 3, 1, 4)  # [B, chunks, n, c, F]
+        return x.reshape(x.shape[0], -1, x.shape[-1])[:, :length]
+
+
+def _affine_scan(a: Tensor, b: Tensor, x0: Tensor, reverse: bool = False) -> tuple[Tensor, Tensor]:
+    """Scan x_j = a_j·x_{j−1} + b_j over one chunk from x_{−1} = x0 (reverse: x_j = a_j·x_{j+1} + b_j from x0 after
+    the chunk's end). a, b [c, B, n, M, N] (step-major, `_Blocks`); x0 [B, M, N].
+
+    Two-level: the n blocks are scanned side by side from zero (c steps over [B, n, M, N]), the block-entry states
+    are carried across blocks with each block's decay product (n steps over [B, M, N]), and a second pass re-runs
+    the blocks from their entry states. Only products of decays (≤ 1) appear, so nothing overflows.
+    Returns (x [c, B, n, M, N], the state after the chunk's last step in scan order [B, M, N]).
     """
-    length = a.shape[1]
-    c = math.isqrt(length - 1) + 1 if length > 1 else 1
-    pad = -length % c  # padding steps (a = 1, b = 0) go at the end; they never feed a real step's value
-    if pad:
-        a = torch.cat([a, a.new_ones(a.shape[0], pad, *a.shape[2:])], 1)
-        b = torch.cat([b, b.new_zeros(b.shape[0], pad, *b.shape[2:])], 1)
-    a, b = a.unflatten(1, (-1, c)), b.unflatten(1, (-1, c))  # [B, n, c, M, N]
-    steps = range(c - 1, -1, -1) if reverse else range(c)
-    out, prod = torch.empty_like(b), torch.empty_like(a)  # local states; decay from the block's entry to j
-    x, p = torch.zeros_like(b[:, :, 0]), torch.ones_like(a[:, :, 0])  # [B, n, M, N]
+    steps = range(a.shape[0] - 1, -1, -1) if reverse else range(a.shape[0])
+    x, prod = torch.zeros_like(b[0]), torch.ones_like(a[0])  # [B, n, M, N]
     for j in steps:
-        x = out[:, :, j] = torch.addcmul(b[:, :, j], a[:, :, j], x)
-        p = prod[:, :, j] = p * a[:, :, j]
-    entry, s = torch.empty_like(x), x0  # state entering each block, [B, n, M, N]; running state [B, M, N]
-    last = steps[-1]
-    for i in reversed(range(a.shape[1])) if reverse else range(a.shape[1]):
+        x = torch.addcmul(b[j], a[j], x)
+        prod = prod * a[j]
+    entry, s = torch.empty_like(x), x0  # the state entering each block, [B, n, M, N]; running state [B, M, N]
+    for i in reversed(range(a.shape[2])) if reverse else range(a.shape[2]):
         entry[:, i] = s
-        s = torch.addcmul(out[:, i, last], prod[:, i, last], s)
-    out += prod * entry[:, :, None]
-    return out.flatten(1, 2)[:, :length]  # [B, T, M, N]
+        s = torch.addcmul(x[:, i], prod[:, i], s)
+    out, x = torch.empty_like(b), entry
+    for j in steps:
+        x = torch.addcmul(b[j], a[j], x, out=out[j])
+    return out, s
 
 
-def _chunk_terms(u: Tensor, delta: Tensor, A: Tensor, Bm: Tensor, h0: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """Decays exp(Δ_t A), drives (Δ_t u_t) ⊗ B_t and states h_t of one chunk, each [B, T, M, N].
-
-    u, delta [B, T, M]; A [M, N]; Bm [B, T, N]; h0 [B, M, N] (the state before the chunk).
+def _chunk_terms(u: Tensor, delta: Tensor, A: Tensor, Bm: Tensor, h0: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Decays exp(Δ_t A), drives (Δ_t u_t) ⊗ B_t and states h_t of one chunk, each [c, B, n, M, N], and the state
+    after the chunk [B, M, N]. u, delta [c, B, n, M]; A [M, N]; Bm [c, B, n, N]; h0 [B, M, N] (state before it).
     """
     decay = torch.exp(delta[..., None] * A)
-    drive = (delta * u)[..., None] * Bm[:, :, None, :]
-    return decay, drive, _affine_scan(decay, drive, h0)
+    drive = (delta * u)[..., None] * Bm[..., None, :]
+    return decay, drive, *_affine_scan(decay, drive, h0)
 
 
 class _SelectiveScanFn(torch.autograd.Function):
     """Chunked parallel selective scan without D (the skip is added outside); see the module docstring."""
 
     @staticmethod
-    def forward(ctx, u, delta, A, Bm, Cm, h0, chunk):
-        ys, starts, h = [], [], h0
-        for t0 in range(0, u.shape[1], chunk):
-            sl = slice(t0, t0 + chunk)
+    def forward(ctx, u, delta, A, Bm, Cm, h0, chunk_size):
+        blocks = _Blocks.plan(u.shape[1], chunk_size)
+        u_b, d_b, b_b, c_b = (blocks.split(x) for x in (u, delta, Bm, Cm))  # [chunks, c, B, n, M | N]
+        ys, starts, h = torch.empty_like(u_b), [], h0
+        for k in range(blocks.chunks):
             starts.append(h)
-            hs = _chunk_terms(u[:, sl], delta[:, sl], A, Bm[:, sl], h)[2]  # [B, T, M, N]
-            ys.append(torch.einsum("btmn,btn->btm", hs, Cm[:, sl]))
-            h = hs[:, -1]
-        ctx.save_for_backward(u, delta, A, Bm, Cm, *starts)
-        ctx.chunk = chunk
-        return torch.cat(ys, 1), h
+            _, _, hs, h = _chunk_terms(u_b[k], d_b[k], A, b_b[k], h)  # [c, B, n, M, N]
+            ys[k] = torch.einsum("jbimn,jbin->jbim", hs, c_b[k])
+        ctx.save_for_backward(u_b, d_b, A, b_b, c_b, torch.stack(starts), delta)
+        ctx.blocks, ctx.length = blocks, u.shape[1]
+        return blocks.merge(ys, u.shape[1]), h
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, gy, gh_last):
-        u, delta, A, Bm, Cm, *starts = ctx.saved_tensors
-        chunk = ctx.chunk
-        g_u, g_delta, g_b, g_c = (torch.empty_like(x) for x in (u, delta, Bm, Cm))
-        g_a = torch.zeros_like(A)
-        carry = gh_last  # dLoss/dh after the chunk being processed (the final state's gradient first)
-        for i in reversed(range(len(starts))):
-            sl = slice(i * chunk, (i + 1) * chunk)
-            u_c, d_c, b_c, gy_c = u[:, sl], delta[:, sl], Bm[:, sl], gy[:, sl]
-            decay, drive, hs = _chunk_terms(u_c, d_c, A, b_c, starts[i])
-            # adjoint: gh_t = C_t gy_t + exp(Δ_{t+1}A) gh_{t+1}, entering the chunk's last step with the carry
-            next_decay = torch.cat([decay[:, 1:], torch.ones_like(decay[:, :1])], 1)
-            direct = gy_c[..., None] * Cm[:, sl, None, :]  # [B, T, M, N]
-            gh = _affine_scan(next_decay, direct, carry, reverse=True)  # [B, T, M, N]
-            carry = decay[:, 0] * gh[:, 0]
-            g_c[:, sl] = torch.einsum("btmn,btm->btn", hs, gy_c)
-            g_log_decay = gh * (hs - drive)  # d/d(Δ_t A): gh_t · exp(Δ_t A) h_{t−1}
-            g_a += torch.einsum("btmn,btm->mn", g_log_decay, d_c)
-            g_drive = torch.einsum("btmn,btn->btm", gh, b_c)  # d/d(Δ_t u_t)
-            g_b[:, sl] = torch.einsum("btmn,btm->btn", gh, d_c * u_c)
-            g_u[:, sl] = g_drive * d_c
-            g_delta[:, sl] = g_drive * u_c + torch.einsum("btmn,mn->btm", g_log_decay, A)
-        return g_u, g_delta, g_a, g_b, g_c, carry, None
+        u_b, d_b, A, b_b, c_b, starts, delta = ctx.saved_tensors
+        blocks, length = ctx.blocks, ctx.length
+        # adjoint: gh_t = C_t gy_t + exp(Δ_{t+1}A) gh_{t+1}, with Δ_L = 0 so the final state's gradient enters as is
+        d_next = blocks.split(torch.nn.functional.pad(delta[:, 1:], (0, 0, 0, 1)))  # [chunks, c, B, n, M]: Δ_{t+1}
+        gy_b = blocks.split(gy)
+        g_u, g_d, g_b, g_c = (torch.empty_like(x) for x in (u_b, d_b, b_b, c_b))
+        g_a, carry = torch.zeros_like(A), gh_last  # carry: dLoss/dh at the step after the current chunk
+        for k in reversed(range(blocks.chunks)):
+            u_k, d_k, b_k, gy_k = u_b[k], d_b[k], b_b[k], gy_b[k]
+            _, drive, hs, _ = _chunk_terms(u_k, d_k, A, b_k, starts[k])
+            direct = gy_k[..., None] * c_b[k][..., None, :]  # [c, B, n, M, N]
+            gh, carry = _affine_scan(torch.exp(d_next[k][..., None] * A), direct, carry, reverse=True)
+            g_c[k] = torch.einsum("jbimn,jbim->jbin", hs, gy_k)
+            g_log_decay = gh * (hs - drive)  # d/d(Δ_t A) = gh_t · exp(Δ_t A) h_{t−1}
+            g_a += torch.einsum("jbimn,jbim->mn", g_log_decay, d_k)
+            g_drive = torch.einsum("jbimn,jbin->jbim", gh, b_k)  # d/d(Δ_t u_t)
+            g_b[k] = torch.einsum("jbimn,jbim->jbin", gh, d_k * u_k)
+            torch.mul(g_drive, d_k, out=g_u[k])
+            torch.addcmul(torch.einsum("jbimn,mn->jbim", g_log_decay, A), g_drive, u_k, out=g_d[k])
+        g_h0 = carry * torch.exp(d_b[0, 0, :, 0, :, None] * A)  # dLoss/dh_{−1} = exp(Δ_0 A) gh_0
+        g_u, g_d, g_b, g_c = (blocks.merge(x, length) for x in (g_u, g_d, g_b, g_c))
+        return g_u, g_d, g_a, g_b, g_c, g_h0, None
 
 
 def selective_scan_torch(
