@@ -259,3 +259,13 @@ def test_gpu_backends_match_reference(backend):
     out, grad = run_with_grads(fn, x)
     assert_all_close(ref_out, {n: t.cpu() for n, t in out.items()}, rtol=1e-4)
     assert_all_close(ref_grad, {n: t.cpu() for n, t in grad.items()}, rtol=1e-3)
+
+
+def test_default_chunk_size_rule():
+    from klalm.ops.parallel import CPU_SEQUENTIAL_MIN_ELEMENTS, default_chunk_size
+
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert default_chunk_size(1024, CPU_SEQUENTIAL_MIN_ELEMENTS, cpu) == 1024  # busy CPU step: one chunk
+    assert default_chunk_size(1024, CPU_SEQUENTIAL_MIN_ELEMENTS - 1, cpu) == 32  # ceil(√L)
+    assert default_chunk_size(1000, 1 << 30, cuda) == 32
+    assert default_chunk_size(1, 1, cpu) == 1

@@ -1,0 +1,122 @@
+"""Benchmark the KLA scan backends on the CPU (or one GPU) and print a Markdown table.
+
+    OMP_NUM_THREADS=2 .venv/bin/python scripts/bench_scan_cpu.py --batch 4 --length 1024 --channels 256 --state 16
+
+Each backend runs in its own subprocess so that its peak memory is its own: on CPU the column is the
+growth of the peak resident set size (ru_maxrss) over the inputs, on CUDA `torch.cuda.max_memory_allocated`
+minus the inputs. Times are the minimum over `--repeats` runs after one warm-up (the minimum is the least
+disturbed by other processes on a shared machine). "fwd" runs under `torch.no_grad()`; "fwd+bwd" runs the
+forward with gradients for every input and the backward of sum(y) + sum(y_var).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import subprocess
+import sys
+import time
+
+import torch
+
+from klalm.ops import BACKENDS, kla_scan
+from klalm.ops.parallel import kla_scan_torch
+
+MB = 1024**2
+
+
+def make_inputs(args: argparse.Namespace) -> list[torch.Tensor]:
+    """Seeded inputs in the ranges the KLA layer produces: Λ in [0.1, 1.1], unit-norm k, a near 1, small p."""
+    g = torch.Generator().manual_seed(0)
+    b, length, m, s = args.batch, args.length, args.channels, args.state
+    v = torch.randn(b, length, m, generator=g)
+    lambda_v = torch.rand(b, length, m, generator=g) + 0.1
+    k = torch.nn.functional.normalize(torch.randn(b, length, s, generator=g), dim=-1)
+    q = torch.nn.functional.normalize(torch.randn(b, length, s, generator=g), dim=-1)
+    a = torch.rand(m, s, generator=g) * 0.1 + 0.9
+    p = torch.rand(m, s, generator=g) * 0.01
+    return [t.to(args.device) for t in (v, lambda_v, k, q, a, p)]
+
+
+def _sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def _time_ms(fn, repeats: int, device: str) -> float:
+    fn()  # warm-up
+    best = float("inf")
+    for _ in range(repeats):
+        _sync(device)
+        start = time.perf_counter()
+        fn()
+        _sync(device)
+        best = min(best, time.perf_counter() - start)
+    return best * 1e3
+
+
+def _peak_mb(device: str) -> float:
+    if device.startswith("cuda"):
+        return torch.cuda.max_memory_allocated() / MB
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
+
+
+def worker(args: argparse.Namespace) -> dict:
+    """Time one backend and measure its peak memory above the inputs; returns one table row."""
+    inputs = make_inputs(args)
+    if args.backend == "torch" and args.chunk:
+        scan = lambda *x: kla_scan_torch(*x, chunk_size=args.chunk)  # noqa: E731
+    else:
+        scan = lambda *x: kla_scan(*x, backend=args.backend)  # noqa: E731
+
+    def forward():
+        with torch.no_grad():
+            scan(*inputs)
+
+    def forward_backward():
+        leaves = [t.detach().requires_grad_() for t in inputs]
+        y, y_var, _ = scan(*leaves)
+        (y.sum() + y_var.sum()).backward()
+
+    base = _peak_mb(args.device)
+    fwd_ms = _time_ms(forward, args.repeats, args.device)
+    fwd_bwd_ms = _time_ms(forward_backward, args.repeats, args.device)
+    return {"backend": args.backend, "chunk": args.chunk, "fwd_ms": fwd_ms, "fwd_bwd_ms": fwd_bwd_ms,
+            "peak_mb": _peak_mb(args.device) - base}  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--batch", type=int, default=4)
+    parser.add_argument("--length", type=int, default=1024)
+    parser.add_argument("--channels", type=int, default=256)
+    parser.add_argument("--state", type=int, default=16)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--backends", default="reference,torch", help=f"comma-separated, from {sorted(BACKENDS)}")
+    parser.add_argument("--chunks", default="", help="extra torch rows with these chunk sizes, e.g. 32,64")
+    parser.add_argument("--backend", help=argparse.SUPPRESS)  # worker mode
+    parser.add_argument("--chunk", type=int, default=0, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.backend:
+        print(json.dumps(worker(args)))
+        return
+    runs = [(name, 0) for name in args.backends.split(",")]
+    runs += [("torch", int(c)) for c in args.chunks.split(",") if c]
+    shape = f"--batch {args.batch} --length {args.length} --channels {args.channels} --state {args.state}"
+    print(f"B={args.batch} L={args.length} M={args.channels} S={args.state}, {args.device}, "
+          f"float32, torch {torch.__version__}, {torch.get_num_threads()} threads\n")  # fmt: skip
+    print("| backend | fwd ms | fwd+bwd ms | peak MB above inputs |\n| --- | ---: | ---: | ---: |")
+    for name, chunk in runs:
+        cmd = [sys.executable, __file__, *shape.split(), "--device", args.device, "--repeats", str(args.repeats)]
+        cmd += ["--backend", name, "--chunk", str(chunk)]
+        row = json.loads(
+            subprocess.run(cmd, check=True, capture_output=True, text=True).stdout.strip().splitlines()[-1]
+        )
+        label = name + (f" (chunk {chunk})" if chunk else "")
+        print(f"| {label} | {row['fwd_ms']:.1f} | {row['fwd_bwd_ms']:.1f} | {row['peak_mb']:.0f} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
