@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import importlib
 import warnings
 
@@ -89,11 +90,13 @@ def test_matches_fla_naive_recurrence():
 
 
 def test_auto_backend_choice(monkeypatch):
+    monkeypatch.setattr(gdn_ops, "_auto_backend", functools.cache(gdn_ops._auto_backend.__wrapped__))  # fresh
     assert gdn_ops._resolve_backend("auto", torch.device("cpu")) == "torch"
     cuda = torch.device("cuda", 0)
     monkeypatch.setattr(gdn_ops, "fla_usable", lambda device: (False, "RuntimeError: refused"))
     assert gdn_ops._resolve_backend("auto", cuda) == "torch"
     monkeypatch.setattr(gdn_ops, "fla_usable", lambda device: (True, "works"))
+    gdn_ops._auto_backend.cache_clear()
     assert gdn_ops._resolve_backend("auto", cuda) == "fla"
 
 
@@ -133,3 +136,14 @@ def test_torch_path_ignores_autocast():
         o_ac, h_ac = gated_delta_rule(*inputs, backend="torch")
     assert o_ac.dtype == torch.float32
     torch.testing.assert_close((o_ac, h_ac), (o, h), rtol=0, atol=0)
+
+
+def test_auto_fallback_warns_once_with_the_reason(monkeypatch, caplog):
+    monkeypatch.setattr(gdn_ops, "_auto_backend", functools.cache(gdn_ops._auto_backend.__wrapped__))
+    monkeypatch.setattr(gdn_ops, "fla_usable", lambda device: (False, "RuntimeError: Triton 3.6 on Hopper"))
+    with caplog.at_level("WARNING", logger="klalm.ops.gdn"):
+        for _ in range(3):
+            gdn_ops._resolve_backend("auto", torch.device("cuda", 0))
+    assert [r.getMessage() for r in caplog.records] == [
+        "gated_delta_rule 'auto' on cuda:0: 'torch' (RuntimeError: Triton 3.6 on Hopper)"
+    ]

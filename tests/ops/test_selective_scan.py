@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import importlib
 
 import pytest
@@ -91,6 +92,7 @@ def test_long_sequence_stays_finite():
 
 
 def test_auto_backend_choice(monkeypatch):
+    monkeypatch.setattr(ss, "_auto_backend", functools.cache(ss._auto_backend.__wrapped__))  # a fresh cache
     assert ss._resolve_backend("auto", torch.device("cpu")) == "torch"
 
     def missing():
@@ -99,6 +101,7 @@ def test_auto_backend_choice(monkeypatch):
     monkeypatch.setattr(ss, "_load_triton", missing)
     assert ss._resolve_backend("auto", torch.device("cuda", 0)) == "torch"
     monkeypatch.setattr(ss, "_load_triton", lambda: selective_scan_reference)
+    ss._auto_backend.cache_clear()
     assert ss._resolve_backend("auto", torch.device("cuda", 0)) == "triton"
 
 
@@ -135,3 +138,17 @@ def test_torch_path_ignores_autocast():
         y_ac, h_ac = selective_scan(*inputs, backend="torch")
     assert y_ac.dtype == torch.float32
     torch.testing.assert_close((y_ac, h_ac), (y, h), rtol=0, atol=0)
+
+
+def test_auto_fallback_warns_once_with_the_reason(monkeypatch, caplog):
+    def missing():
+        raise ImportError("no module named klalm.kernels.selective_scan")
+
+    monkeypatch.setattr(ss, "_auto_backend", functools.cache(ss._auto_backend.__wrapped__))
+    monkeypatch.setattr(ss, "_load_triton", missing)
+    with caplog.at_level("WARNING", logger="klalm.ops.selective_scan"):
+        for _ in range(3):
+            ss._resolve_backend("auto", torch.device("cuda", 0))
+    assert [r.getMessage() for r in caplog.records] == [
+        "selective_scan backend 'auto' on cuda:0: using 'torch' (no module named klalm.kernels.selective_scan)"
+    ]

@@ -41,11 +41,6 @@ FLA_CHUNK_SIZES = (16, 32, 64)  # the chunk sizes fla's chunk_gated_delta_rule a
 PROBE_RTOL = 1e-2  # fla's float32 path uses tf32 matmuls; the probe only guards against broken kernels
 
 
-@functools.cache
-def _log_once(level: int, message: str) -> None:
-    logger.log(level, message)
-
-
 def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
@@ -181,7 +176,6 @@ GDN_BACKENDS: dict[str, Callable] = {
 }
 
 
-@functools.cache
 def fla_usable(device: torch.device) -> tuple[bool, str]:
     """Probe once per CUDA device whether fla's chunked kernel runs forward+backward and matches "torch".
 
@@ -213,16 +207,24 @@ def fla_usable(device: torch.device) -> tuple[bool, str]:
 
 
 def _resolve_backend(backend: str, device: torch.device) -> str:
-    if backend != "auto":
-        if backend not in GDN_BACKENDS:
-            raise ValueError(f"unknown gated_delta_rule backend {backend!r}; valid: {sorted(GDN_BACKENDS) + ['auto']}")
-        return backend
+    if backend == "auto":
+        return _auto_backend(device)
+    if backend not in GDN_BACKENDS:
+        raise ValueError(f"unknown gated_delta_rule backend {backend!r}; valid: {sorted(GDN_BACKENDS) + ['auto']}")
+    return backend
+
+
+@functools.cache
+def _auto_backend(device: torch.device) -> str:
+    """What "auto" runs on `device`, decided (and logged) once per device."""
     if device.type != "cuda":
-        _log_once(logging.INFO, f"gated_delta_rule backend 'auto' on {device.type}: using the 'torch' chunked path")
+        logger.info("gated_delta_rule backend 'auto' on %s: using the 'torch' chunked path", device.type)
         return "torch"
     usable, reason = fla_usable(device)
     name = "fla" if usable else "torch"
-    _log_once(logging.INFO if usable else logging.WARNING, f"gated_delta_rule 'auto' on {device}: '{name}' ({reason})")
+    logger.log(
+        logging.INFO if usable else logging.WARNING, "gated_delta_rule 'auto' on %s: '%s' (%s)", device, name, reason
+    )
     return name
 
 

@@ -35,11 +35,6 @@ logger = logging.getLogger(__name__)
 SCAN_CHUNK = 64  # tokens per chunk of the "torch" backend: memory is O(B·SCAN_CHUNK·M·N) per chunk
 
 
-@functools.cache
-def _log_once(level: int, message: str) -> None:
-    logger.log(level, message)
-
-
 def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
@@ -233,20 +228,27 @@ SELECTIVE_SCAN_BACKENDS: dict[str, Callable] = {
 
 
 def _resolve_backend(backend: str, device: torch.device) -> str:
-    if backend != "auto":
-        if backend not in SELECTIVE_SCAN_BACKENDS:
-            valid = sorted(SELECTIVE_SCAN_BACKENDS) + ["auto"]
-            raise ValueError(f"unknown selective_scan backend {backend!r}; valid: {valid}")
-        return backend
+    if backend == "auto":
+        return _auto_backend(device)
+    if backend not in SELECTIVE_SCAN_BACKENDS:
+        raise ValueError(
+            f"unknown selective_scan backend {backend!r}; valid: {sorted(SELECTIVE_SCAN_BACKENDS) + ['auto']}"
+        )
+    return backend
+
+
+@functools.cache
+def _auto_backend(device: torch.device) -> str:
+    """What "auto" runs on `device`, decided (and logged) once per device."""
     if device.type != "cuda":
-        _log_once(logging.INFO, f"selective_scan backend 'auto' on {device.type}: using 'torch'")
+        logger.info("selective_scan backend 'auto' on %s: using 'torch'", device.type)
         return "torch"
     try:
         _load_triton()
     except ImportError as err:
-        _log_once(logging.WARNING, f"selective_scan backend 'auto' on {device}: using 'torch' ({err})")
+        logger.warning("selective_scan backend 'auto' on %s: using 'torch' (%s)", device, err)
         return "torch"
-    _log_once(logging.INFO, f"selective_scan backend 'auto' on {device}: using 'triton'")
+    logger.info("selective_scan backend 'auto' on %s: using 'triton'", device)
     return "triton"
 
 
