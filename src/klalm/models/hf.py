@@ -12,6 +12,7 @@ transformers renamed `past_key_values` to `cache` during the 5.x series; both na
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -45,6 +46,13 @@ class KLALMCache:
 
     def __len__(self) -> int:
         return len(self.states)
+
+    def reorder_cache(self, beam_idx: Tensor) -> None:
+        """Select batch rows (beam search): every state tensor is indexed by beam_idx [B'] along dim 0.
+
+        Relies on the mixer contract's batch-first states (tensors inside tuples / NamedTuples, any nesting).
+        """
+        self.states = [_map_tensors(state, lambda t: t.index_select(0, beam_idx.to(t.device))) for state in self.states]
 
 
 @dataclasses.dataclass
@@ -191,6 +199,18 @@ def next_token_loss(logits: Tensor, labels: Tensor) -> Tensor:
     dtype = torch.promote_types(logits.dtype, torch.float32)  # bf16 logits -> float32 loss; float64 stays
     shifted = logits[:, :-1].reshape(-1, logits.shape[-1]).to(dtype)  # [B·(L-1), V]
     return F.cross_entropy(shifted, labels[:, 1:].reshape(-1), ignore_index=-100)
+
+
+def _map_tensors(obj: Any, fn: Callable[[Tensor], Tensor]) -> Any:
+    """Apply fn to every tensor in a nest of tuples / NamedTuples / lists; other leaves are returned unchanged."""
+    if isinstance(obj, Tensor):
+        return fn(obj)
+    if isinstance(obj, tuple):
+        items = [_map_tensors(item, fn) for item in obj]
+        return type(obj)(*items) if hasattr(obj, "_fields") else tuple(items)
+    if isinstance(obj, list):
+        return [_map_tensors(item, fn) for item in obj]
+    return obj
 
 
 def _one_cache(cache: KLALMCache | None, past_key_values: KLALMCache | None) -> KLALMCache | None:

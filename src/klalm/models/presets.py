@@ -5,7 +5,7 @@ How the sizes were chosen (docs/models.md has the table with the exact counts):
   50257 padded to 50304; a 45m/180m preset must land within ±5 % of 45,000,000 / 180,000,000.
 - Width and depth are the same for every architecture of a size: 45m is D = 512, N = 6 (the embedding alone
   is 25.8M of it); 180m is D = 1024, N = 10. Attention uses 64-wide heads (8 and 16 heads).
-- The mixers differ in size (attention 4·D², KLA mamba-block ≈ 6.8·D², Mamba ≈ 6.4·D², GDN ≈ 6.3·D²), so the
+- The mixers differ in size (attention 4·D², KLA mamba-block ≈ 6.7-6.8·D², Mamba ≈ 6.4·D², GDN ≈ 6.0·D²), so the
   SwiGLU hidden width d_ff (a multiple of 64) absorbs the difference: it is the multiple of 64 that brings
   the arch closest to its budget. gpt's d_ff stays close to the usual 8/3·D.
 - gpt_kla replaces the last attention layer of gpt by a KLA layer and keeps gpt's d_ff (it is within budget).

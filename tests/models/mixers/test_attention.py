@@ -41,6 +41,12 @@ def test_query_block_continuing_a_cache():
     torch.testing.assert_close(attend_sdpa(q, k, v), expected)
 
 
+def test_single_decode_query_sees_every_key():
+    q = torch.randn(1, 2, 1, 8, dtype=torch.float64)
+    k, v = torch.randn(1, 2, 6, 8, dtype=torch.float64), torch.randn(1, 2, 6, 8, dtype=torch.float64)
+    torch.testing.assert_close(attend_sdpa(q, k, v), attend_math(q, k, v))
+
+
 def test_rotary_scores_depend_only_on_relative_position():
     q, k = torch.randn(1, 1, 1, 16, dtype=torch.float64), torch.randn(1, 1, 1, 16, dtype=torch.float64)
     score = lambda i, j: (rotary(q, i, 10_000.0) * rotary(k, j, 10_000.0)).sum()

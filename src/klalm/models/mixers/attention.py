@@ -65,6 +65,8 @@ def attend_sdpa(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
     n_query, n_key = q.shape[-2], k.shape[-2]
     if n_query == n_key:
         return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    if n_query == 1:  # one decode token sees every cached key: no mask, so the flash kernel stays eligible
+        return F.scaled_dot_product_attention(q, k, v)
     # SDPA's is_causal aligns the mask top-left; a query block continuing a cache needs it bottom-right.
     return F.scaled_dot_product_attention(q, k, v, attn_mask=_causal_mask(n_query, n_key, q.device))
 
