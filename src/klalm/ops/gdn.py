@@ -114,6 +114,7 @@ def _chunked_gated_delta_rule(
 ) -> tuple[Tensor, Tensor]:
     out_dtype, dt = v.dtype, _compute_dtype(v.dtype)
     batch, length, heads, dk = k.shape
+    chunk_size = max(1, min(chunk_size, length))  # a short call (one-token decode) needs no padding to a full chunk
     q, k, v = (_to_chunks(x.to(dt), chunk_size) for x in (q, k, v))  # [B, H, N, C, K|V]
     g, beta = (_to_chunks(x.to(dt), chunk_size) for x in (g, beta))  # [B, H, N, C]
     gam = g.cumsum(-1)  # [B, H, N, C]
@@ -177,11 +178,11 @@ GDN_BACKENDS: dict[str, Callable] = {
 
 
 def fla_usable(device: torch.device) -> tuple[bool, str]:
-    """Probe once per CUDA device whether fla's chunked kernel runs forward+backward and matches "torch".
+    """Probe whether fla's chunked kernel runs forward+backward on `device` and matches "torch".
 
     fla refuses the gated chunked backward on Hopper with Triton in [3.4, 3.7.1) (its issue #640), and other
-    Triton/GPU pairs may fail to compile; one tiny call at first use finds out without a sync in the hot path.
-    Returns (usable, reason).
+    Triton/GPU pairs may fail to compile; one tiny call, made once per device by "auto" at first use, finds out
+    without a sync in the hot path. Returns (usable, reason).
     """
     gen = torch.Generator(device="cpu").manual_seed(0)
     shapes = {"q": (1, 80, 2, 16), "k": (1, 80, 2, 16), "v": (1, 80, 2, 32)}

@@ -99,3 +99,15 @@ def test_bad_options_raise_naming_the_key(options, message):
 def test_bad_input_shape_raises():
     with pytest.raises(ValueError, match=r"MambaMixer expects x \[B, L, 24\]"):
         MambaMixer(D)(torch.randn(2, 5, D + 1))
+
+
+@pytest.mark.gpu
+def test_cuda_auto_backend_matches_torch_backend():
+    mixer = MambaMixer(64).cuda()
+    x = torch.randn(2, 300, 64, device="cuda", requires_grad=True)
+    y_auto, _ = mixer(x)
+    (g_auto,) = torch.autograd.grad(y_auto.square().sum(), x)
+    mixer.backend = "torch"
+    y, _ = mixer(x)
+    (g,) = torch.autograd.grad(y.square().sum(), x)
+    torch.testing.assert_close((y_auto, g_auto), (y, g), rtol=1e-3, atol=1e-3)
