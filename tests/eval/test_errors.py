@@ -63,6 +63,10 @@ def test_training_checkpoint_kinds(tmp_path):
     (run / "checkpoints" / "step-00000010.ckpt").write_bytes(b"")
     assert checkpoint_kind(run) == "training"
     assert checkpoint_kind(run / "checkpoints" / "step-00000010.ckpt") == "training"
+    (tmp_path / "run2" / "hf").mkdir(parents=True)
+    (tmp_path / "run2" / "hf" / "config.json").write_text("{}")
+    assert checkpoint_kind(tmp_path / "run2") == "training"
+    assert checkpoint_kind(tmp_path / "run2" / "hf") == "hf_export"
     (tmp_path / "weights.bin").write_bytes(b"")
     with pytest.raises(FileNotFoundError, match="not a Lightning .ckpt"):
         checkpoint_kind(tmp_path / "weights.bin")
@@ -86,6 +90,16 @@ def test_training_checkpoint_uses_train_loader(tmp_path, monkeypatch, gpt2_token
     assert calls == [ckpt]
     assert loaded.provenance["kind"] == "training" and loaded.provenance["arch"] == "gpt"
     assert next(loaded.model.parameters()).dtype == torch.float64 and not loaded.model.training
+
+
+def test_training_checkpoint_without_tokenizer(tmp_path, monkeypatch):
+    fake = types.ModuleType("klalm.train.checkpoint")
+    fake.load_model = lambda path: (torch.nn.Linear(1, 1), None)  # a synthetic-data run has no tokenizer
+    monkeypatch.setitem(sys.modules, "klalm.train.checkpoint", fake)
+    ckpt = tmp_path / "last.ckpt"
+    ckpt.write_bytes(b"")
+    with pytest.raises(FileNotFoundError, match="no tokenizer; pass tokenizer=FOLDER"):
+        load_checkpoint(ckpt, device="cpu")
 
 
 def test_training_checkpoint_without_train_package(tmp_path, monkeypatch):

@@ -3,7 +3,8 @@
 Two kinds, told apart by what is on disk (`checkpoint_kind`):
 - "hf_export": a folder with `config.json` (from `save_pretrained`); loaded with `AutoModelForCausalLM` and
   `AutoTokenizer` after `import klalm` (which registers the klalm model classes with the Auto classes).
-- "training": a Lightning `.ckpt` file, or a run folder holding one; loaded with the training package's
+- "training": a Lightning `.ckpt` file, or a run folder (holding checkpoints or an export subfolder such as `hf/`);
+  loaded with the training package's
   `klalm.train.checkpoint.load_model(path) -> (model, tokenizer)`.
 """
 
@@ -45,12 +46,13 @@ class LoadedModel:
     provenance: dict[str, Any] = field(default_factory=dict)
 
 
-def _has_ckpt(folder: Path) -> bool:
-    return any(folder.rglob("*.ckpt"))
+def _is_run_dir(folder: Path) -> bool:
+    """A training run folder: holds a `.ckpt` somewhere below, or an HF export in a subfolder (e.g. `hf/`)."""
+    return any(folder.rglob("*.ckpt")) or any(folder.glob("*/config.json"))
 
 
 def checkpoint_kind(path: str | Path) -> str:
-    """ "hf_export" or "training" for a checkpoint path (see the module docstring).
+    """Kind of a checkpoint path: "hf_export" or "training" (see the module docstring).
 
     Raises:
         FileNotFoundError: the path does not exist, or holds neither `config.json` nor a `.ckpt` file.
@@ -64,10 +66,11 @@ def checkpoint_kind(path: str | Path) -> str:
         raise FileNotFoundError(f"checkpoint {str(path)!r} is a file but not a Lightning .ckpt file")
     if (path / "config.json").is_file():
         return "hf_export"
-    if _has_ckpt(path):
+    if _is_run_dir(path):
         return "training"
     raise FileNotFoundError(
-        f"checkpoint folder {str(path)!r} holds neither config.json (an HF export) nor a .ckpt file (a training run)"
+        f"checkpoint folder {str(path)!r} holds neither config.json (an HF export) nor a .ckpt file or export "
+        "subfolder (a training run)"
     )
 
 
@@ -98,6 +101,8 @@ def _load_training(path: Path, tokenizer: str | Path | None) -> tuple[Any, Any]:
         from transformers import AutoTokenizer
 
         tok = AutoTokenizer.from_pretrained(Path(tokenizer).expanduser())
+    if tok is None:
+        raise FileNotFoundError(f"training checkpoint {str(path)!r} has no tokenizer; pass tokenizer=FOLDER")
     return model, tok
 
 
