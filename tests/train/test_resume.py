@@ -1,0 +1,92 @@
+"""A run killed mid-way (SIGTERM or SIGKILL) and resumed with resume=auto reproduces the uninterrupted run exactly:
+the same loss at every step and bit-identical final weights (deterministic mode, CPU)."""
+
+import csv
+import signal
+import subprocess
+import time
+
+import pytest
+import torch
+
+from klalm.train.checkpoint import checkpoint_step, find_latest, list_checkpoints
+
+from .conftest import RUN_ENV, TINY, run_train, train_cmd
+
+STEPS = 40
+OVERRIDES = [
+    *TINY,
+    f"train.max_tokens={STEPS * 64}",
+    "callbacks=default",
+    "callbacks.sampler=null",
+    "callbacks.progress=null",
+    "callbacks.checkpoint.every_n_steps=4",
+    "callbacks.checkpoint.keep_last=20",
+    "logger.csv.flush_logs_every_n_steps=1",
+]
+
+
+def _losses(run_dir) -> dict[int, str]:
+    with open(run_dir / "csv" / "metrics.csv", newline="") as handle:
+        return {int(r["step"]): r["train/loss"] for r in csv.DictReader(handle) if r["train/loss"]}
+
+
+def _weights(ckpt) -> dict[str, torch.Tensor]:
+    return torch.load(ckpt, map_location="cpu", weights_only=False)["state_dict"]
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("ref") / "u" / "a"
+    run_train([*OVERRIDES, "run_name=u", f"paths.log_dir={run_dir.parent.parent}"], run_dir)
+    return run_dir
+
+
+def _interrupt(log_dir, sig: signal.Signals, after_step: int):
+    """Starts a run and sends `sig` once its checkpoint of `after_step` exists; returns (run dir, exit code)."""
+    run_dir = log_dir / "k" / "a"
+    cmd = train_cmd([*OVERRIDES, "run_name=k", f"paths.log_dir={log_dir}"], run_dir)
+    proc = subprocess.Popen(cmd, env=RUN_ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    target = run_dir / "checkpoints" / f"step-{after_step:08d}.ckpt"
+    deadline = time.time() + 240
+    while not target.exists():
+        if proc.poll() is not None:
+            pytest.fail(f"the run ended before step {after_step}:\n{proc.stderr.read()[-4000:]}")
+        if time.time() > deadline:
+            proc.kill()
+            pytest.fail(f"no checkpoint {target} after 240 s")
+        time.sleep(0.02)
+    proc.send_signal(sig)
+    stderr = proc.communicate(timeout=120)[1]
+    return run_dir, proc.returncode, stderr
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["sigterm", "sigkill"])
+def test_killed_and_resumed_run_matches_uninterrupted(tmp_path, uninterrupted, sig):
+    killed_dir, code, stderr = _interrupt(tmp_path, sig, after_step=8)
+    stopped_at = checkpoint_step(find_latest([killed_dir]))
+    if sig == signal.SIGTERM:
+        assert code == 143, stderr[-3000:]
+        assert "SIGTERM" in stderr
+        assert stopped_at >= 8  # the handler wrote a checkpoint at the step where it stopped
+    else:
+        assert code == -signal.SIGKILL
+    assert stopped_at < STEPS, "the run finished before the signal arrived; nothing was tested"
+    # every checkpoint left behind is complete (the atomic write never leaves a truncated final file)
+    for ckpt in list_checkpoints(killed_dir):
+        _weights(ckpt)
+
+    resumed_dir = tmp_path / "k" / "b"
+    run_train([*OVERRIDES, "run_name=k", "resume=auto", f"paths.log_dir={tmp_path}"], resumed_dir)
+
+    reference = _losses(uninterrupted)
+    assert sorted(reference) == list(range(1, STEPS + 1))
+    before, after = _losses(killed_dir), _losses(resumed_dir)
+    assert min(after) == stopped_at + 1  # continued right after the checkpoint
+    for step, loss in [*before.items(), *after.items()]:
+        assert loss == reference[step], f"step {step}: {loss} != {reference[step]}"
+    final, ref_final = _weights(find_latest([resumed_dir])), _weights(find_latest([uninterrupted]))
+    assert final.keys() == ref_final.keys()
+    for name in final:
+        torch.testing.assert_close(final[name], ref_final[name], rtol=0, atol=0, msg=name)
