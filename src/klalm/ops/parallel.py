@@ -57,21 +57,21 @@ from klalm.ops.reference import KLAState, compute_dtype, fresh_state
 log = logging.getLogger(__name__)
 
 # On CPU a single chunk (the sequential recursion, work-optimal) wins once one time step has this many
-# (b, m, s) elements: per-op dispatch (~10 µs) is then small against the arithmetic of a step.
+# (b, m, s) elements: the few-µs dispatch of each op is then small against the arithmetic of a step.
 CPU_SEQUENTIAL_MIN_ELEMENTS = 1 << 14
 _CHUNK_RULE_LOGGED: set[str] = set()
 
 
 def default_chunk_size(length: int, step_elements: int, device: torch.device) -> int:
-    """Steps per chunk C: L on CPU when B·M·S ≥ CPU_SEQUENTIAL_MIN_ELEMENTS, else ceil(√L) (logged once)."""
-    sequential = device.type == "cpu" and step_elements >= CPU_SEQUENTIAL_MIN_ELEMENTS
+    """Steps per chunk C: L on CPU when B·M·S ≥ CPU_SEQUENTIAL_MIN_ELEMENTS, else ceil(√L) (rule logged once)."""
+    on_cpu = device.type == "cpu"
     if device.type not in _CHUNK_RULE_LOGGED:
         _CHUNK_RULE_LOGGED.add(device.type)
-        log.info(
-            "kla_scan torch backend on %s: one chunk when B*M*S >= %d (this call: %d), else ceil(sqrt(L)) steps",
-            device.type, CPU_SEQUENTIAL_MIN_ELEMENTS if device.type == "cpu" else 0, step_elements,
-        )  # fmt: skip
-    return length if sequential else max(1, math.ceil(math.sqrt(length)))
+        rule = f"one chunk when B*M*S >= {CPU_SEQUENTIAL_MIN_ELEMENTS}, else " if on_cpu else ""
+        log.info("kla_scan torch backend on %s: %sceil(sqrt(L)) steps per chunk", device.type, rule)
+    if on_cpu and step_elements >= CPU_SEQUENTIAL_MIN_ELEMENTS:
+        return length
+    return max(1, math.ceil(math.sqrt(length)))
 
 
 class Chunked(NamedTuple):

@@ -151,7 +151,7 @@ def test_parameter_count_formula(block, d, expand, s, k, zero):
 @pytest.mark.parametrize(
     "kwargs,match",
     [
-        (dict(block="transformer"), "unknown KLA block 'transformer'; valid: \\['plain', 'mamba'\\]"),
+        (dict(block="transformer"), "unknown KLA block 'transformer'; valid: \\['mamba', 'plain'\\]"),
         (dict(discretization="euler"), "unknown discretization 'euler'"),
         (dict(d_state=0), "d_state must be >= 1"),
         (dict(dt_min=0.2, dt_max=0.1), "dt_min"),

@@ -55,7 +55,23 @@ DISCRETIZATIONS: dict[str, Callable[[Tensor, Tensor, Tensor], Tensor]] = {
     "ou": _discretize_ou,
     "zoh": _discretize_zoh,
 }
-BLOCKS = ("plain", "mamba")
+
+
+def _plain_sensors(m: int, rank: int) -> tuple[nn.Module, nn.Module]:
+    """The "plain" block: v = Linear(M→M)(z), log σ² = Linear(M→M)(z)."""
+    return nn.Linear(m, m), nn.Linear(m, m)
+
+
+def _mamba_sensors(m: int, rank: int) -> tuple[nn.Module, nn.Module]:
+    """The "mamba" block: v = z, log σ² = Linear(r→M)(Linear(M→r, no bias)(z)) with r = ceil(D/8)."""
+    return nn.Identity(), nn.Sequential(nn.Linear(m, rank, bias=False), nn.Linear(rank, m))
+
+
+# block name -> builder of the (v, log σ²) sensor maps, called with (M, r)
+BLOCKS: dict[str, Callable[[int, int], tuple[nn.Module, nn.Module]]] = {
+    "plain": _plain_sensors,
+    "mamba": _mamba_sensors,
+}
 
 
 class KLAMixer(Mixer):
@@ -120,11 +136,7 @@ class KLAMixer(Mixer):
 
         self.in_proj = nn.Linear(d_model, 2 * m, bias=False)
         self.conv1d = nn.Conv1d(m, m, conv_kernel, groups=m, padding=0)
-        if block == "plain":
-            self.v_proj = nn.Linear(m, m)
-            self.logvar_proj = nn.Sequential(nn.Linear(m, m))
-        else:
-            self.logvar_proj = nn.Sequential(nn.Linear(m, self.rank, bias=False), nn.Linear(self.rank, m))
+        self.v_proj, self.logvar_proj = BLOCKS[block](m, self.rank)
         self.k_proj = nn.Linear(m, d_state, bias=False)
         self.q_proj = nn.Linear(m, d_state, bias=False)
         self._init_dynamics(m, d_state, dt_min, dt_max, noise_init)
@@ -170,7 +182,7 @@ class KLAMixer(Mixer):
 
     def _sensors(self, z: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """v, Λ [B, L, M] and L2-normalised k, q [B, L, S] from the convolved inputs z [B, L, M]."""
-        v = self.v_proj(z) if self.block == "plain" else z
+        v = self.v_proj(z)
         lambda_v = 1.0 / (F.softplus(self.logvar_proj(z).float()) + PRECISION_FLOOR)
         k = F.normalize(self.k_proj(z), dim=-1)
         q = F.normalize(self.q_proj(z), dim=-1)
@@ -227,7 +239,7 @@ def _validate_options(
 ) -> None:
     """Raise ValueError naming the first bad constructor option."""
     if block not in BLOCKS:
-        raise ValueError(f"unknown KLA block {block!r}; valid: {list(BLOCKS)}")
+        raise ValueError(f"unknown KLA block {block!r}; valid: {sorted(BLOCKS)}")
     if discretization not in DISCRETIZATIONS:
         raise ValueError(f"unknown discretization {discretization!r}; valid: {sorted(DISCRETIZATIONS)}")
     for name, value in (("d_model", d_model), ("d_state", d_state), ("expand", expand), ("conv_kernel", conv_kernel)):
