@@ -157,3 +157,14 @@ def test_mc_readout_with_zero_variance_is_the_softmax():
 def test_uncertainty_needs_a_kla_layer():
     with pytest.raises(ValueError, match="need a KLA layer"):
         _tiny("gpt")(_ids(), return_variance=True)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_bfloat16_weights_track_float32(arch):
+    model = _tiny(arch).eval()
+    ids = _ids()
+    with torch.no_grad():
+        ref = model(ids).logits
+        low = model.to(torch.bfloat16)(ids).logits
+    assert low.dtype == torch.bfloat16
+    torch.testing.assert_close(low.float(), ref, rtol=0, atol=0.05 * ref.abs().max().item())

@@ -56,5 +56,7 @@ def test_generate_on_gpu(arch):
     model, prompt = _tiny(arch), _ids(batch=1, length=8)
     generated = model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=8, do_sample=False)
     with torch.no_grad():
-        logits = model(generated).logits
-    assert torch.equal(logits[:, 7:-1].argmax(-1), generated[:, 8:])
+        logits = model(generated).logits[:, 7:-1]  # [1, 8, V]: the predictions of the generated tokens
+    # each generated token is an argmax of the full forward, up to the decode path's float32 rounding
+    chosen = logits.gather(-1, generated[:, 8:, None])[..., 0]
+    assert (logits.max(-1).values - chosen).max() < 1e-3

@@ -60,7 +60,7 @@ class KLALMOutput(CausalLMOutputWithPast):
     """CausalLMOutputWithPast plus the uncertainty readouts.
 
     variance: output variance of the last KLA mixer, [B, L, D] (with `return_variance=True` or `mc_samples > 0`).
-    mc_probs: Monte-Carlo marginal next-token distribution, [B, L, V], float32 (with `mc_samples > 0`).
+    mc_probs: Monte-Carlo marginal next-token distribution, [B, L, V], float32 or wider (with `mc_samples > 0`).
     """
 
     variance: Tensor | None = None
