@@ -47,3 +47,9 @@ def oracle_windows(tokenizer, texts: list[str | None], consumer: int, num_consum
         if index % num_consumers == consumer and text is not None:
             stream += tokenizer.encode(text, add_special_tokens=False) + [tokenizer.eos_token_id]
     return [tuple(stream[k : k + width]) for k in range(0, len(stream) - width + 1, width)]
+
+
+@pytest.fixture(scope="session")
+def klalm_cache(tmp_path_factory) -> Path:
+    """One cache folder per test session: the python_docs corpus is extracted once (~10 s on a busy 2-core box)."""
+    return tmp_path_factory.mktemp("klalm_cache")

@@ -149,6 +149,56 @@ def prepare_shards(
     return {**index, "seconds": seconds, "tokens_per_s": index["total_tokens"] / max(seconds, 1e-9)}
 
 
+SPLIT_KEYS = {"train": "source", "val": "val_source"}  # split name -> key of the data config holding its source
+
+
+def prepare_dataset(
+    data_config: dict[str, Any],
+    out_dir: str | Path,
+    *,
+    splits: tuple[str, ...] = ("train", "val"),
+    shard_tokens: int = 100_000_000,
+    max_documents: int | None = None,
+    progress: bool = True,
+) -> dict[str, dict[str, Any]]:
+    """Shards every split of a data config (``configs/data/*.yaml``) into ``out_dir/<split>``, and saves the
+    tokenizer into ``out_dir/tokenizer`` so ``configs/data/shards.yaml`` (KLALM_SHARDS=out_dir) runs from it alone.
+
+    Args:
+        data_config: a resolved data config (keys source, val_source, tokenizer, on_bad_record).
+        out_dir: output folder.
+        splits: which of "train" (``source``) and "val" (``val_source``) to prepare.
+        shard_tokens: tokens per shard file.
+        max_documents: cap on records per split (for quick runs).
+        progress: show progress bars.
+
+    Returns:
+        split -> index (with seconds and tokens_per_s).
+    """
+    from klalm.data.tokenizer import load_tokenizer
+
+    out_dir = Path(out_dir)
+    results = {}
+    for split in splits:
+        if split not in SPLIT_KEYS:
+            raise KeyError(f"unknown split {split!r}; valid: {sorted(SPLIT_KEYS)}")
+        source = data_config.get(SPLIT_KEYS[split])
+        if source is None:
+            raise KeyError(f"data config has no {SPLIT_KEYS[split]!r} for split {split!r}")
+        if max_documents is not None:
+            source = {**source, "max_documents": max_documents}
+        results[split] = prepare_shards(
+            source,
+            data_config["tokenizer"],
+            out_dir / split,
+            shard_tokens=shard_tokens,
+            on_bad_record=data_config.get("on_bad_record", "raise"),
+            progress=progress,
+        )
+    load_tokenizer(data_config["tokenizer"]).save_pretrained(str(out_dir / "tokenizer"))
+    return results
+
+
 class TokenShards:
     """Read-only memory-mapped view of a shard folder as one token stream."""
 

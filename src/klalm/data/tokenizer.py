@@ -32,7 +32,7 @@ def load_hf_tokenizer(name_or_path: str) -> PreTrainedTokenizerBase:
     folder = Path(name_or_path).expanduser()
     if folder.is_dir():
         return AutoTokenizer.from_pretrained(str(folder))
-    if name_or_path.startswith((".", "/", "~")):
+    if name_or_path.startswith((".", "/", "~")) or name_or_path.count("/") > 1:  # hub ids are "name" or "org/name"
         raise FileNotFoundError(f"tokenizer folder {folder} does not exist")
     return AutoTokenizer.from_pretrained(name_or_path)
 

@@ -1,0 +1,102 @@
+"""The offline corpus (Python docs) and the tokenizer paths: trained BPE, HF folder, HF `datasets` streaming."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from klalm.data import PackedTextDataset, ResumableLoader, build_source, load_tokenizer, train_bpe_tokenizer
+from klalm.data.python_docs import python_docs_corpus
+from klalm.data.tokenizer import decode_tokens, encode_texts
+
+from .conftest import oracle_windows, read_texts
+
+
+@pytest.fixture
+def cache_dir(klalm_cache):
+    return klalm_cache
+
+
+def test_python_docs_corpus_is_deterministic_with_a_disjoint_val_split(cache_dir):
+    train = python_docs_corpus(cache_dir, "train")
+    val = python_docs_corpus(cache_dir, "val")
+    assert len(train) > 400 and len(val) > 10
+    assert {d["id"] for d in train}.isdisjoint(d["id"] for d in val)
+    assert train[0]["id"].startswith("topic:") and any(d["id"] == "module:json" for d in train + val)
+    assert sum(len(d["text"]) for d in train + val) > 1_500_000  # characters
+    assert python_docs_corpus(cache_dir, "train") == train  # read back from the cache
+    with pytest.raises(ValueError, match="split"):
+        python_docs_corpus(cache_dir, "test")
+
+
+def test_trained_bpe_round_trips_and_is_cached(cache_dir, tmp_path):
+    texts = [d["text"] for d in python_docs_corpus(cache_dir, "train")[:60]]
+    tokenizer = train_bpe_tokenizer(texts, 512, tmp_path / "bpe")
+    assert len(tokenizer) == 512 and tokenizer.eos_token == "<|endoftext|>"
+    sample = "def f(x):\n    return x ** 2  # ünïcode ✓\n"
+    ids = encode_texts(tokenizer, [sample])[0]
+    assert decode_tokens(tokenizer, ids) == sample and max(ids) < 512
+    config = {
+        "kind": "trained_bpe",
+        "vocab_size": 300,
+        "cache_dir": str(cache_dir),
+        "source": {"kind": "python_docs", "split": "train", "cache_dir": str(cache_dir), "max_documents": 20},
+    }
+    first = load_tokenizer(config)
+    second = load_tokenizer(config)  # from the cache folder
+    assert len(first) == 300 and first.get_vocab() == second.get_vocab()
+    assert len(list(cache_dir.glob("bpe-300-*"))) == 1
+
+
+def test_python_docs_batches_use_the_whole_vocab_range(cache_dir):
+    tokenizer = load_tokenizer(
+        {
+            "kind": "trained_bpe",
+            "vocab_size": 300,
+            "cache_dir": str(cache_dir),
+            "source": {"kind": "python_docs", "cache_dir": str(cache_dir), "max_documents": 20},
+        }
+    )
+    source = build_source({"kind": "python_docs", "split": "val", "cache_dir": str(cache_dir)})
+    batch = next(iter(PackedTextDataset(source, tokenizer, seq_len=64, batch_size=2)))
+    assert batch["input_ids"].shape == (2, 64) and batch["input_ids"].max() < len(tokenizer)
+
+
+def test_tokenizer_config_errors(tmp_path):
+    with pytest.raises(KeyError, match="valid kinds"):
+        load_tokenizer({"kind": "sentencepiece"})
+    with pytest.raises(KeyError, match="kind"):
+        load_tokenizer({"name_or_path": "gpt2"})
+    with pytest.raises(FileNotFoundError, match="does-not-exist"):
+        load_tokenizer({"kind": "hf", "name_or_path": str(tmp_path / "does-not-exist")})
+
+
+def test_gpt2_from_the_local_folder(gpt2):
+    assert len(gpt2) == 50257 and gpt2.eos_token_id == 50256
+    assert encode_texts(gpt2, ["Hello world"]) == [[15496, 995]]
+
+
+def test_hf_streaming_source_partitions_and_resumes(enwiki, gpt2, monkeypatch):
+    """The `hf` source through `datasets` streaming, with the local `json` builder (no network)."""
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    file = enwiki / "enwiki-00009-of-00010.jsonl.gz"
+    config = {"kind": "hf", "path": "json", "data_files": str(file), "split": "train", "max_documents": 8}
+    source = build_source(config)
+    texts = read_texts([file], 8)
+    shares = [[r.text for r in source.stream(c, 2) if r.problem is None] for c in range(2)]
+    assert sorted(shares[0] + shares[1], key=texts.index) == [t for t in texts if t is not None]
+    stream = source.stream(1, 2)
+    iterator = iter(stream)
+    next(iterator)
+    state = json.loads(json.dumps(stream.state_dict()))
+    assert [r.text for r in source.stream(1, 2, state)] == [r.text for r in iterator]
+    dataset = PackedTextDataset(source, gpt2, seq_len=63, batch_size=1, loop=False, on_bad_record="skip")
+    windows = [
+        tuple(torch.cat([b["input_ids"][0], b["labels"][0, -1:]]).tolist())
+        for b in ResumableLoader(dataset, batch_size=None, num_workers=2)
+    ]
+    # datasets assigns examples to the 2 consumers by its own rule; compare as multisets against the oracle
+    oracle = [w for share in shares for w in oracle_windows(gpt2, [t for t in texts if t in share], 0, 1, 64)]
+    assert sorted(windows) == sorted(oracle)

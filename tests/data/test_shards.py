@@ -1,0 +1,89 @@
+"""Pre-tokenised shards: they decode back to the source text; the shard loader partitions and resumes exactly."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from klalm.data import ResumableLoader, ShardDataset, ShardSource, TokenShards, prepare_shards
+from klalm.data.tokenizer import decode_tokens
+
+from .conftest import read_texts
+
+DOCS = 12
+
+
+@pytest.fixture(scope="module")
+def shard_dir(tmp_path_factory, enwiki, gpt2_config):
+    out = tmp_path_factory.mktemp("shards")
+    source = {"kind": "files", "paths": str(enwiki / "enwiki-00009-*.jsonl.gz"), "max_documents": DOCS}
+    # tiny shard files so that documents and windows straddle file boundaries
+    prepare_shards(source, gpt2_config, out, shard_tokens=20_000, on_bad_record="skip", progress=False)
+    return out
+
+
+def test_prepared_shards_decode_back_to_the_source_text(shard_dir, enwiki, gpt2):
+    index = json.loads((shard_dir / "index.json").read_text())
+    assert index["dtype"] == "uint16" and index["skipped"] == {"empty_document": 1} and len(index["shards"]) > 2
+    shards = TokenShards(shard_dir)
+    tokens = shards.read(0, len(shards))
+    assert tokens[-1] == gpt2.eos_token_id and len(shards) == index["total_tokens"]
+    documents = np.split(tokens, np.flatnonzero(tokens == gpt2.eos_token_id) + 1)[:-1]
+    decoded = [decode_tokens(gpt2, d[:-1].tolist()) for d in documents]
+    expected = [t for t in read_texts([enwiki / "enwiki-00009-of-00010.jsonl.gz"], DOCS) if t is not None]
+    assert decoded == expected and index["documents"] == len(expected)
+
+
+def test_shard_reader_errors(tmp_path, shard_dir):
+    with pytest.raises(FileNotFoundError, match="index.json"):
+        TokenShards(tmp_path)
+    shards = TokenShards(shard_dir)
+    with pytest.raises(IndexError):
+        shards.read(len(shards) - 2, 5)
+
+
+def _windows(dataset_kwargs, rank, world, workers):
+    dataset = ShardDataset(**dataset_kwargs, rank=rank, world_size=world)
+    out = []
+    for batch in ResumableLoader(dataset, batch_size=None, num_workers=workers):
+        out += [tuple(torch.cat([x, y[-1:]]).tolist()) for x, y in zip(batch["input_ids"], batch["labels"])]
+    return out
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_shard_windows_partition_the_stream(shard_dir, shuffle):
+    source, seq_len = ShardSource(str(shard_dir)), 127
+    kwargs = dict(source=source, seq_len=seq_len, batch_size=1, shuffle=shuffle, loop=False)
+    got = sorted(w for rank in range(2) for w in _windows(kwargs, rank, 2, 2))
+    tokens = source.shards.read(0, len(source.shards))
+    width = seq_len + 1
+    expected = sorted(tuple(tokens[k : k + width].tolist()) for k in range(0, len(tokens) - width + 1, width))
+    assert got == expected
+
+
+def _dataset_states(state: dict) -> list[dict]:
+    if "_snapshot" not in state:
+        return [state["dataset_state"]]
+    return [w["dataset_state"] for w in state["_snapshot"]["_worker_snapshots"].values()]
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_shard_loader_resumes_exactly(shard_dir, workers):
+    def loader():
+        dataset = ShardDataset(ShardSource(str(shard_dir)), seq_len=255, batch_size=4, shuffle=True, seed=1)
+        return ResumableLoader(dataset, batch_size=None, num_workers=workers)
+
+    first = loader()
+    iterator = iter(first)
+    [next(iterator) for _ in range(70)]  # ~58 batches of 1024 tokens per epoch: crosses into the second epoch
+    state = first.state_dict()
+    epochs = [s["epoch"] for s in _dataset_states(state)]
+    assert max(epochs) == 1
+    expected = [next(iterator)["input_ids"] for _ in range(5)]
+    resumed = loader()
+    resumed.load_state_dict(state)
+    again = iter(resumed)
+    assert all(torch.equal(a, next(again)["input_ids"]) for a in expected)
