@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from klalm.models.mixers.base import Mixer, no_weight_decay
-from klalm.models.mixers.mamba import CausalConv1d, inverse_softplus_dt
+from klalm.models.mixers.mamba import CausalConv1d, inverse_softplus_dt, reject_unknown_options
 from klalm.ops.gdn import GDN_BACKENDS, gated_delta_rule
 
 QK_NORM_EPS = 1e-6  # floor on ‖q‖, ‖k‖ in the L2 normalisation
@@ -81,8 +81,7 @@ class GatedDeltaNetMixer(Mixer):
         **unknown,
     ):
         super().__init__()
-        if unknown:
-            raise ValueError(f"unknown GatedDeltaNetMixer option(s) {sorted(unknown)}; valid: {sorted(_GDN_OPTIONS)}")
+        reject_unknown_options(type(self), unknown)
         head_dim = _default_head_dim(d_model, num_heads) if head_dim is None else head_dim
         for key, value in (
             ("d_model", d_model),
@@ -149,18 +148,3 @@ def _default_head_dim(d_model: int, num_heads: int) -> int:
             f"set head_dim explicitly"
         )
     return int(key_dim) // num_heads
-
-
-_GDN_OPTIONS = (
-    "num_heads",
-    "head_dim",
-    "expand_v",
-    "d_conv",
-    "norm_eps",
-    "A_init_range",
-    "dt_min",
-    "dt_max",
-    "dt_init_floor",
-    "backend",
-    "chunk_size",
-)

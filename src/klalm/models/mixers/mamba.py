@@ -19,6 +19,7 @@ A_log, D and dt_bias carry the no-weight-decay mark. Decode state: `MambaState(c
 
 from __future__ import annotations
 
+import inspect
 import math
 from typing import NamedTuple
 
@@ -72,6 +73,14 @@ class CausalConv1d(nn.Module):
         return y.transpose(1, 2), padded[:, :, padded.shape[-1] - (self.kernel_size - 1) :]
 
 
+def reject_unknown_options(cls: type, unknown: dict) -> None:
+    """Raise a ValueError naming the unknown options and listing `cls`'s keyword-only constructor options."""
+    if unknown:
+        params = inspect.signature(cls.__init__).parameters.values()
+        valid = sorted(p.name for p in params if p.kind is p.KEYWORD_ONLY)
+        raise ValueError(f"unknown {cls.__name__} option(s) {sorted(unknown)}; valid: {valid}")
+
+
 def inverse_softplus_dt(size: int, dt_min: float, dt_max: float, dt_floor: float) -> Tensor:
     """A bias b with softplus(b) log-uniform in [dt_min, dt_max] (floored at dt_floor), as Mamba initialises Δ."""
     if not 0 < dt_min <= dt_max:
@@ -110,8 +119,7 @@ class MambaMixer(Mixer):
         **unknown,
     ):
         super().__init__()
-        if unknown:
-            raise ValueError(f"unknown MambaMixer option(s) {sorted(unknown)}; valid: {sorted(_MAMBA_OPTIONS)}")
+        reject_unknown_options(type(self), unknown)
         for key, value in (("d_model", d_model), ("d_state", d_state), ("expand", expand), ("d_conv", d_conv)):
             if int(value) != value or value < 1:
                 raise ValueError(f"MambaMixer option {key} must be a positive integer, got {value!r}")
@@ -155,6 +163,3 @@ class MambaMixer(Mixer):
         y, h = selective_scan(xs, delta, a, b_in, c_out, self.D, h0, backend=self.backend)
         y = y * F.silu(z)
         return self.out_proj(y), MambaState(window, h)
-
-
-_MAMBA_OPTIONS = ("d_state", "expand", "d_conv", "dt_rank", "dt_min", "dt_max", "dt_init_floor", "backend")
