@@ -10,6 +10,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from klalm.tasks.a5 import A5Task
 from klalm.tasks.base import IGNORE_INDEX, SyntheticTask, TaskDataset, TaskStream, materialize
 from klalm.tasks.mad import (
@@ -39,6 +41,10 @@ def make_task(name: str, **settings) -> SyntheticTask:
     """Build a task by registry name; `settings` override its fields (e.g. length, num_pairs)."""
     if name not in TASKS:
         raise KeyError(f"unknown synthetic task {name!r}; valid: {sorted(TASKS)}")
+    fields = sorted(f.name for f in dataclasses.fields(TASKS[name]))
+    unknown = sorted(set(settings) - set(fields))
+    if unknown:
+        raise KeyError(f"task {name!r} has no settings {unknown}; valid: {fields}")
     return TASKS[name](**settings)
 
 
