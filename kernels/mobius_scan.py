@@ -14,7 +14,7 @@ import os
 
 import torch
 from klalm.kernels.mobius_scan_bwd import mobius_scan_bwd
-from klalm.kernels.mobius_scan_fwd import ScanConfig, mobius_scan_fwd
+from klalm.kernels.mobius_scan_fwd import ScanConfig, interpreting, mobius_scan_fwd
 from torch import Tensor
 
 from klalm.ops.reference import KLAState
@@ -24,10 +24,6 @@ KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 CHECK_VALUES_ENV = "KLALM_CHECK_VALUES"  # "1": also check values (costs a device sync), see `check_values`
 
 
-def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
-
-
 def check_kernel_device(tensors: dict[str, Tensor]) -> None:
     """Raise ValueError unless all tensors share one device the Triton kernels can run on."""
     devices = {name: t.device for name, t in tensors.items()}
@@ -35,7 +31,7 @@ def check_kernel_device(tensors: dict[str, Tensor]) -> None:
     for name, device in devices.items():
         if device != first:
             raise ValueError(f"{name} is on {device} but the other inputs are on {first}")
-    if first.type != "cuda" and not _interpreting():
+    if first.type != "cuda" and not interpreting():
         raise ValueError(f"the Triton kernels need CUDA tensors (got {first}); set TRITON_INTERPRET=1 to run on CPU")
     for name, t in tensors.items():
         if t.dtype not in KERNEL_DTYPES:

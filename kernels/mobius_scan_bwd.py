@@ -24,7 +24,14 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from klalm.kernels.mobius_scan_fwd import ScanConfig, _filter_step, _load_step, from_kernel_layout, to_kernel_layout
+from klalm.kernels.mobius_scan_fwd import (
+    ScanConfig,
+    _filter_step,
+    _load_step,
+    from_kernel_layout,
+    interpreting,
+    to_kernel_layout,
+)
 from torch import Tensor
 
 
@@ -52,7 +59,7 @@ def _kla_bwd_kernel(
     dv_ptr, dlv_ptr, dk_ptr, dq_ptr, da_ptr, dp_ptr, dlam0_ptr, deta0_ptr, scr_P_ptr, scr_mu_ptr,
     L, M, S, n_chunks,
     BM: tl.constexpr, S_PAD: tl.constexpr, CHUNK: tl.constexpr, NUM_STAGES: tl.constexpr,
-    HAS_INIT: tl.constexpr, PRIOR: tl.constexpr, HAS_GSTATE: tl.constexpr,
+    HAS_INIT: tl.constexpr, PRIOR: tl.constexpr, HAS_GSTATE: tl.constexpr, FAST_RCP: tl.constexpr,
 ):  # fmt: skip
     i_b, i_mb = tl.program_id(0).to(tl.int64), tl.program_id(1)
     n_mb = tl.num_programs(1)
@@ -64,7 +71,7 @@ def _kla_bwd_kernel(
     o_bsm = i_b * M * S + o_sm  # [S_PAD, BM] into [B, M, S]
     b_a = tl.load(a_ptr + o_sm, mask=m_sm, other=1.0).to(tl.float32)
     b_p = tl.load(p_ptr + o_sm, mask=m_sm, other=0.0).to(tl.float32)
-    b_a2 = b_a * b_a
+    b_a2, b_2a = b_a * b_a, 2.0 * b_a
     b_gP = tl.zeros([S_PAD, BM], tl.float32)
     b_gmu = tl.zeros([S_PAD, BM], tl.float32)
     if HAS_GSTATE:
@@ -78,7 +85,8 @@ def _kla_bwd_kernel(
     b_gp = tl.zeros([S_PAD, BM], tl.float32)
     o_ckpt = (i_b * n_chunks * S + o_s[:, None]) * M + o_m[None, :]  # [S_PAD, BM] into [B, NC, S, M]
     o_scr = ((i_b * n_mb + i_mb) * CHUNK * S_PAD + o_s[:, None]) * BM + tl.arange(0, BM)[None, :]  # [S_PAD, BM]
-    o_part = (i_b * n_mb + i_mb) * L * S + o_s  # [S_PAD] into [B, NMB, L, S]
+    o_part = (i_b * n_mb + i_mb) * L * S + o_s  # [S_PAD] into [B, NMB, L, S] at t = 0
+    o_bm, o_bs = i_b * L * M + o_m, i_b * L * S + o_s  # [BM], [S_PAD] at t = 0
     for i_c in range(n_chunks):
         t0 = (n_chunks - 1 - i_c) * CHUNK
         t1 = t0 + CHUNK
@@ -89,32 +97,32 @@ def _kla_bwd_kernel(
         for t in tl.range(t0, t1, num_stages=NUM_STAGES):  # recompute the chunk's states
             tl.store(scr_P_ptr + o_scr + (t - t0) * S_PAD * BM, b_P)
             tl.store(scr_mu_ptr + o_scr + (t - t0) * S_PAD * BM, b_mu)
-            b_v, b_lv, b_k, _ = _load_step(
-                v_ptr, lam_v_ptr, k_ptr, q_ptr, (i_b * L + t) * M + o_m, (i_b * L + t) * S + o_s, m_m, m_s
-            )
+            o_tm, o_ts = o_bm + t * M, o_bs + t * S
+            b_v, b_lv, b_k, _ = _load_step(v_ptr + o_tm, lam_v_ptr + o_tm, k_ptr + o_ts, k_ptr + o_ts, m_m, m_s)
             b_phi = b_lv[None, :] * (b_k * b_k)[:, None]
-            b_P, b_mu, _, _ = _filter_step(b_P, b_mu, b_a, b_a2, b_p, b_phi, (b_v * b_lv)[None, :] * b_k[:, None])
+            b_r = (b_v * b_lv)[None, :] * b_k[:, None]
+            b_P, b_mu, _, _, _ = _filter_step(b_P, b_mu, b_a, b_a2, b_p, b_phi, b_r, FAST_RCP)
         tl.debug_barrier()
         for j in tl.range(0, t1 - t0, num_stages=NUM_STAGES):  # reverse adjoint over the chunk
             t = t1 - 1 - j
             b_Pm = tl.load(scr_P_ptr + o_scr + (t - t0) * S_PAD * BM)
             b_mum = tl.load(scr_mu_ptr + o_scr + (t - t0) * S_PAD * BM)
-            o_tm, o_ts = (i_b * L + t) * M + o_m, (i_b * L + t) * S + o_s
-            b_v, b_lv, b_k, b_q = _load_step(v_ptr, lam_v_ptr, k_ptr, q_ptr, o_tm, o_ts, m_m, m_s)
+            o_tm, o_ts = o_bm + t * M, o_bs + t * S
+            b_v, b_lv, b_k, b_q = _load_step(v_ptr + o_tm, lam_v_ptr + o_tm, k_ptr + o_ts, q_ptr + o_ts, m_m, m_s)
             b_gy = tl.load(gy_ptr + o_tm, mask=m_m, other=0.0).to(tl.float32)
             b_gyv = tl.load(gyv_ptr + o_tm, mask=m_m, other=0.0).to(tl.float32)
             b_phi = b_lv[None, :] * (b_k * b_k)[:, None]  # [S_PAD, BM]
             b_r = (b_v * b_lv)[None, :] * b_k[:, None]  # [S_PAD, BM]
-            b_P, b_mu, b_Pp, b_i = _filter_step(b_Pm, b_mum, b_a, b_a2, b_p, b_phi, b_r)
+            b_P, b_mu, b_Pp, b_i, b_w = _filter_step(b_Pm, b_mum, b_a, b_a2, b_p, b_phi, b_r, FAST_RCP)
             b_gP, b_gmu, b_ga, b_gp, b_dq = _readout_adjoint(
                 b_gP, b_gmu, b_ga, b_gp, b_mu, b_P, b_a, b_a2, b_p, b_q, b_gy, b_gyv, PRIOR
             )
             b_gw = b_gmu * b_i
-            b_gN = -(b_gmu * (b_a * b_mum + b_r * b_Pp) + b_gP * b_Pp) * b_i * b_i
+            b_gN = -(b_gmu * b_w + b_gP * b_Pp) * (b_i * b_i)
             b_gPp = b_gP * b_i + b_gw * b_r + b_gN * b_phi
             b_gphi = b_gN * b_Pp
             b_gr = b_gw * b_Pp
-            b_ga += b_gw * b_mum + 2.0 * b_a * b_Pm * b_gPp
+            b_ga += b_gw * b_mum + b_2a * b_Pm * b_gPp
             b_gp += b_gPp
             b_gmu = b_a * b_gw
             b_gP = b_a2 * b_gPp
@@ -180,7 +188,8 @@ def mobius_scan_bwd(
         dv, dlv, dk_part, dq_part, da_part, dp_part, dlam0, deta0, scr_P, scr_mu,
         length, channels, state_size, ckpt_P.shape[1],
         BM=config.block_m, S_PAD=s_pad, CHUNK=config.chunk, NUM_STAGES=config.num_stages,
-        HAS_INIT=lam0 is not None, PRIOR=decode_from_prior, HAS_GSTATE=has_gstate, num_warps=config.num_warps,
+        HAS_INIT=lam0 is not None, PRIOR=decode_from_prior, HAS_GSTATE=has_gstate,
+        FAST_RCP=not interpreting(), num_warps=config.num_warps,
     )  # fmt: skip
     dk, dq = dk_part.sum(1).to(k.dtype), dq_part.sum(1).to(q.dtype)
     da, dp = from_kernel_layout(da_part.sum(0)).to(a.dtype), from_kernel_layout(dp_part.sum(0)).to(p.dtype)

@@ -18,12 +18,18 @@ recompute the states of one chunk at a time (see mobius_scan_bwd.py).
 
 from __future__ import annotations
 
+import os
 from typing import NamedTuple
 
 import torch
 import triton
 import triton.language as tl
 from torch import Tensor
+
+
+def interpreting() -> bool:
+    """True under Triton's CPU interpreter (TRITON_INTERPRET=1), where inline PTX is unavailable."""
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
 class ScanConfig(NamedTuple):
@@ -50,20 +56,32 @@ def from_kernel_layout(x: Tensor | None) -> Tensor | None:
 
 
 @triton.jit
-def _filter_step(b_P, b_mu, b_a, b_a2, b_p, b_phi, b_r):
-    """One predict+update step in covariance form; returns (P_t, μ_t, P'_t, i_t), each [S_PAD, BM]."""
-    b_Pp = b_a2 * b_P + b_p
-    b_i = 1.0 / (1.0 + b_phi * b_Pp)
-    return b_Pp * b_i, b_i * (b_a * b_mu + b_r * b_Pp), b_Pp, b_i
+def _rcp(x, FAST_RCP: tl.constexpr):
+    """1/x; with FAST_RCP one MUFU.RCP (rcp.approx.ftz, ≤ 1 ulp; x here is ≥ 1 or a state), else IEEE-style division."""
+    if FAST_RCP:
+        return tl.inline_asm_elementwise(
+            "rcp.approx.ftz.f32 $0, $1;", "=f,f", [x], dtype=tl.float32, is_pure=True, pack=1
+        )
+    else:
+        return 1.0 / x
 
 
 @triton.jit
-def _load_step(v_ptr, lam_v_ptr, k_ptr, q_ptr, o_tm, o_ts, m_m, m_s):
-    """Load one step's v, Λ [BM] and k, q [S_PAD] as float32 (padding reads 0)."""
-    b_v = tl.load(v_ptr + o_tm, mask=m_m, other=0.0).to(tl.float32)
-    b_lv = tl.load(lam_v_ptr + o_tm, mask=m_m, other=0.0).to(tl.float32)
-    b_k = tl.load(k_ptr + o_ts, mask=m_s, other=0.0).to(tl.float32)
-    b_q = tl.load(q_ptr + o_ts, mask=m_s, other=0.0).to(tl.float32)
+def _filter_step(b_P, b_mu, b_a, b_a2, b_p, b_phi, b_r, FAST_RCP: tl.constexpr):
+    """One predict+update step in covariance form; returns (P_t, μ_t, P'_t, i_t, w_t), each [S_PAD, BM]."""
+    b_Pp = b_a2 * b_P + b_p
+    b_i = _rcp(1.0 + b_phi * b_Pp, FAST_RCP)
+    b_w = b_a * b_mu + b_r * b_Pp
+    return b_Pp * b_i, b_i * b_w, b_Pp, b_i, b_w
+
+
+@triton.jit
+def _load_step(p_v, p_lv, p_k, p_q, m_m, m_s):
+    """Load one step's v, Λ [BM] and k, q [S_PAD] as float32 from pointer blocks (padding reads 0)."""
+    b_v = tl.load(p_v, mask=m_m, other=0.0).to(tl.float32)
+    b_lv = tl.load(p_lv, mask=m_m, other=0.0).to(tl.float32)
+    b_k = tl.load(p_k, mask=m_s, other=0.0).to(tl.float32)
+    b_q = tl.load(p_q, mask=m_s, other=0.0).to(tl.float32)
     return b_v, b_lv, b_k, b_q
 
 
@@ -73,7 +91,7 @@ def _kla_fwd_kernel(
     y_ptr, y_var_ptr, lam_out_ptr, eta_out_ptr, ckpt_P_ptr, ckpt_mu_ptr,
     L, M, S, n_chunks,
     BM: tl.constexpr, S_PAD: tl.constexpr, CHUNK: tl.constexpr, NUM_STAGES: tl.constexpr,
-    HAS_INIT: tl.constexpr, PRIOR: tl.constexpr, SAVE_CKPT: tl.constexpr,
+    HAS_INIT: tl.constexpr, PRIOR: tl.constexpr, SAVE_CKPT: tl.constexpr, FAST_RCP: tl.constexpr,
 ):  # fmt: skip
     i_b = tl.program_id(0).to(tl.int64)
     o_m = tl.program_id(1) * BM + tl.arange(0, BM)  # [BM]
@@ -93,25 +111,29 @@ def _kla_fwd_kernel(
         b_P = tl.full([S_PAD, BM], 1.0, tl.float32)
         b_mu = tl.zeros([S_PAD, BM], tl.float32)
     o_ckpt = (i_b * n_chunks * S + o_s[:, None]) * M + o_m[None, :]  # [S_PAD, BM] into [B, NC, S, M]
-    for t in tl.range(0, L, num_stages=NUM_STAGES):
-        if SAVE_CKPT:  # noqa: SIM102 (compile-time branch; the inner test runs on the GPU)
-            if (t % CHUNK) == 0:
-                o_c = o_ckpt + (t // CHUNK) * S * M
-                tl.store(ckpt_P_ptr + o_c, b_P, mask=m_sm)
-                tl.store(ckpt_mu_ptr + o_c, b_mu, mask=m_sm)
-        o_tm = (i_b * L + t) * M + o_m
-        b_v, b_lv, b_k, b_q = _load_step(v_ptr, lam_v_ptr, k_ptr, q_ptr, o_tm, (i_b * L + t) * S + o_s, m_m, m_s)
-        b_phi = b_lv[None, :] * (b_k * b_k)[:, None]  # [S_PAD, BM]
-        b_r = (b_v * b_lv)[None, :] * b_k[:, None]  # [S_PAD, BM]
-        b_P, b_mu, _, _ = _filter_step(b_P, b_mu, b_a, b_a2, b_p, b_phi, b_r)
-        if PRIOR:
-            b_mean, b_var = b_a * b_mu, b_a2 * b_P + b_p
-        else:
-            b_mean, b_var = b_mu, b_P
-        b_y = tl.sum(b_q[:, None] * b_mean, axis=0)  # [BM]
-        b_yv = tl.sum((b_q * b_q)[:, None] * b_var, axis=0)  # [BM]
-        tl.store(y_ptr + o_tm, b_y.to(y_ptr.dtype.element_ty), mask=m_m)
-        tl.store(y_var_ptr + o_tm, b_yv.to(y_var_ptr.dtype.element_ty), mask=m_m)
+    o_bm, o_bs = i_b * L * M + o_m, i_b * L * S + o_s  # [BM], [S_PAD] at t = 0
+    for i_c in range(n_chunks):
+        if SAVE_CKPT:
+            o_c = o_ckpt + i_c * S * M
+            tl.store(ckpt_P_ptr + o_c, b_P, mask=m_sm)
+            tl.store(ckpt_mu_ptr + o_c, b_mu, mask=m_sm)
+        t1 = (i_c + 1) * CHUNK
+        if t1 > L:
+            t1 = L
+        for t in tl.range(i_c * CHUNK, t1, num_stages=NUM_STAGES):
+            o_tm, o_ts = o_bm + t * M, o_bs + t * S
+            b_v, b_lv, b_k, b_q = _load_step(v_ptr + o_tm, lam_v_ptr + o_tm, k_ptr + o_ts, q_ptr + o_ts, m_m, m_s)
+            b_phi = b_lv[None, :] * (b_k * b_k)[:, None]  # [S_PAD, BM]
+            b_r = (b_v * b_lv)[None, :] * b_k[:, None]  # [S_PAD, BM]
+            b_P, b_mu, _, _, _ = _filter_step(b_P, b_mu, b_a, b_a2, b_p, b_phi, b_r, FAST_RCP)
+            if PRIOR:
+                b_mean, b_var = b_a * b_mu, b_a2 * b_P + b_p
+            else:
+                b_mean, b_var = b_mu, b_P
+            b_y = tl.sum(b_q[:, None] * b_mean, axis=0)  # [BM]
+            b_yv = tl.sum((b_q * b_q)[:, None] * b_var, axis=0)  # [BM]
+            tl.store(y_ptr + o_tm, b_y.to(y_ptr.dtype.element_ty), mask=m_m)
+            tl.store(y_var_ptr + o_tm, b_yv.to(y_var_ptr.dtype.element_ty), mask=m_m)
     b_lam = 1.0 / b_P
     tl.store(lam_out_ptr + i_b * M * S + o_sm, b_lam, mask=m_sm)
     tl.store(eta_out_ptr + i_b * M * S + o_sm, b_mu * b_lam, mask=m_sm)
@@ -154,6 +176,7 @@ def mobius_scan_fwd(
         length, channels, state_size, n_chunks,
         BM=config.block_m, S_PAD=triton.next_power_of_2(state_size), CHUNK=config.chunk,
         NUM_STAGES=config.num_stages, HAS_INIT=lam0 is not None, PRIOR=decode_from_prior, SAVE_CKPT=save_ckpt,
+        FAST_RCP=not interpreting(),
         num_warps=config.num_warps,
     )  # fmt: skip
     return y, y_var, from_kernel_layout(lam), from_kernel_layout(eta), ckpt_P, ckpt_mu
