@@ -143,3 +143,20 @@ def test_beam_search_runs():
     model, prompt = _tiny("gpt_kla"), _ids(batch=2, length=4)
     out = model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=3, num_beams=3, do_sample=False)
     assert out.shape == (2, 7) and torch.equal(out[:, :4], prompt)
+
+
+def test_logits_to_keep():
+    model, ids = _tiny("kla"), _ids()
+    full = model(ids).logits
+    torch.testing.assert_close(model(ids, logits_to_keep=2).logits, full[:, -2:])
+    with pytest.raises(ValueError, match="logits_to_keep"):
+        model(ids, labels=ids, logits_to_keep=1)
+
+
+def test_generate_computes_only_the_last_logits():
+    model, prompt = _tiny("gpt"), _ids(batch=1, length=6)
+    shapes = []
+    handle = model.model.lm_head.register_forward_hook(lambda mod, args, out: shapes.append(tuple(out.shape[:2])))
+    model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=3, do_sample=False)
+    handle.remove()
+    assert shapes == [(1, 1)] * 3

@@ -122,6 +122,7 @@ class KLALMForCausalLM(KLALMPreTrainedModel, GenerationMixin):
         use_cache: bool | None = None,
         return_variance: bool = False,
         mc_samples: int = 0,
+        logits_to_keep: int = 0,
         return_dict: bool | None = None,
     ) -> KLALMOutput | tuple:
         """Logits (and loss, cache, uncertainty readouts) for input_ids.
@@ -136,6 +137,8 @@ class KLALMForCausalLM(KLALMPreTrainedModel, GenerationMixin):
             return_variance: also return the last KLA layer's output variance (`variance`, [B, L, D]).
             mc_samples: n > 0 also returns the Monte-Carlo marginal `mc_probs` [B, L, V]
                 (see KLALM.forward_uncertain for exactly what is sampled).
+            logits_to_keep: n > 0 computes the logits of the last n positions only (generate() passes 1);
+                0 computes all. Not combinable with labels.
             return_dict: False returns a tuple (loss?, logits, ...), as transformers models do.
 
         Returns:
@@ -155,7 +158,11 @@ class KLALMForCausalLM(KLALMPreTrainedModel, GenerationMixin):
             hidden, variance, mc_probs = self.model.forward_uncertain(input_ids, mc_samples)
         else:
             hidden, new_cache = self._run(input_ids, cache, use_cache)
-        logits = self.model.lm_head(hidden)  # [B, L, V]
+        if logits_to_keep:
+            if labels is not None:
+                raise ValueError("logits_to_keep > 0 drops positions the loss needs; pass labels without it")
+            hidden = hidden[:, -logits_to_keep:]  # [B, n, D]
+        logits = self.model.lm_head(hidden)  # [B, L, V] (or [B, n, V])
         loss = None if labels is None else next_token_loss(logits, labels)
         out = KLALMOutput(loss=loss, logits=logits, variance=variance, mc_probs=mc_probs, **{CACHE_FIELD: new_cache})
         return out if return_dict is not False else out.to_tuple()
@@ -178,13 +185,23 @@ class KLALMForCausalLM(KLALMPreTrainedModel, GenerationMixin):
         cache: KLALMCache | None = None,
         attention_mask: Tensor | None = None,
         use_cache: bool = True,
+        logits_to_keep: int = 0,
         **kwargs: Any,
     ) -> dict[str, Any]:
-        """generate() hands the whole sequence so far; feed only the tokens the cache has not seen."""
+        """generate() hands the whole sequence so far; feed only the tokens the cache has not seen.
+
+        Other generate() bookkeeping in kwargs (positions, first-iteration flags) is not used by this model.
+        """
         cache = _one_cache(cache, past_key_values)
         if cache is not None:
             input_ids = input_ids[:, cache.seen_tokens :]  # [B, new]
-        return {"input_ids": input_ids, "cache": cache, "use_cache": use_cache, "attention_mask": attention_mask}
+        return {
+            "input_ids": input_ids,
+            "cache": cache,
+            "use_cache": use_cache,
+            "attention_mask": attention_mask,
+            "logits_to_keep": logits_to_keep,
+        }
 
 
 def next_token_loss(logits: Tensor, labels: Tensor) -> Tensor:
