@@ -139,3 +139,14 @@ def test_end_to_end_tiny_run_writes_tables_and_plots(tmp_path):
     assert "| gpt | 1 (" in markdown and "L=16 K=2" in markdown and "selective_copy" in markdown
     for png in ("a5_min_blocks.png", "mqar_accuracy.png", "mad_accuracy.png"):
         assert (tmp_path / png).stat().st_size > 1000
+
+
+def test_failed_and_skipped_runs_are_recorded_not_fatal(tmp_path, capsys):
+    steps = TrainSettings(steps=1, batch_size=2, eval_batch_size=8)
+    mqar = MQARPlan(d_model=16, vocab=64, cells=[[16, 2]], lrs=[1e-3], num_train=8, num_test=8, train=steps)
+    broken = RunPlan(archs=["gpt"], families=["mqar"], device="cpu", model_overrides={"gpt": {"bogus": 1}}, mqar=mqar)
+    results = run(broken, tmp_path / "broken")
+    assert "bogus" in results["runs"][0]["error"]
+    assert "Failed or skipped" in (tmp_path / "broken" / "results.md").read_text()
+    late = RunPlan(archs=["gpt"], families=["mqar"], device="cpu", time_budget_s=1e-9, mqar=mqar)
+    assert run(late, tmp_path / "late")["runs"][0]["skipped"] == "time budget exhausted"

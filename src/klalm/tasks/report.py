@@ -131,10 +131,23 @@ def mad_section(runs: Runs, out_dir: Path) -> str:
     return "### MAD-Lab: accuracy % (best lr x wd)\n\n" + _table(header, rows)
 
 
+def problems_section(runs: Runs) -> str:
+    """Failed and skipped runs, one line each."""
+    lines = [
+        f"- {r['family']} {r['arch']} "
+        + " ".join(f"{k}={r[k]}" for k in ("length", "pairs", "task", "n_layers") if k in r)
+        + f": {r.get('error') or r.get('skipped')}"
+        for r in runs
+    ]
+    return "### Failed or skipped runs\n\n" + "\n".join(lines)
+
+
 def write_report(results: dict, out_dir: Path) -> str:
     """Write results.md and the PNGs into out_dir; returns the Markdown."""
-    runs = results["runs"]
-    parts = [f"## Synthetic benchmarks ({results['device_name']}, {len(runs)} runs)"]
+    problems = [r for r in results["runs"] if "error" in r or "skipped" in r]
+    runs = [r for r in results["runs"] if r not in problems]
+    wall = f", {results['wall_s']:.0f} s" if "wall_s" in results else ""
+    parts = [f"## Synthetic benchmarks ({results['device_name']}, {len(runs)} runs{wall})"]
     families = {
         "a5": lambda rs: a5_section(rs, results["plan"]["a5"], out_dir),
         "mqar": lambda rs: mqar_section(rs, out_dir),
@@ -144,6 +157,8 @@ def write_report(results: dict, out_dir: Path) -> str:
         mine = [r for r in runs if r["family"] == family]
         if mine:
             parts.append(section(mine))
+    if problems:
+        parts.append(problems_section(problems))
     steps = sorted(r["steps"] for r in runs)
     if steps:
         parts.append(f"Training steps per run: min {steps[0]}, median {steps[len(steps) // 2]}, max {steps[-1]}.")

@@ -19,7 +19,9 @@ import argparse
 import dataclasses
 import json
 import math
+import sys
 import time
+import traceback
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -36,6 +38,7 @@ from klalm.tasks.train import FreshBatches, SplitBatches, TrainSettings, evaluat
 DATA_SEED = 0  # every arch trains and tests on the same fixed splits
 A5_AUX_LENGTH = 2  # SLiCE: a batch of length-2 sequences joins every A5 step
 MIN_RUN_TRAIN_S = 1.0  # a run always gets at least this much training time, seconds
+BUDGET_GRACE_FRAC = 0.1  # runs start until the deadline plus this fraction of the budget; later ones are skipped
 
 
 @dataclasses.dataclass
@@ -127,7 +130,12 @@ class Budget:
 
     def __init__(self, total_s: float | None, planned_runs: int):
         self.deadline = None if total_s is None else time.perf_counter() + total_s
+        self.grace_s = 0.0 if total_s is None else BUDGET_GRACE_FRAC * total_s
         self.remaining_runs, self.overheads = planned_runs, []
+
+    def expired(self) -> bool:
+        """True once the deadline plus a grace period has passed: later runs are skipped, not squeezed."""
+        return self.deadline is not None and time.perf_counter() > self.deadline + self.grace_s
 
     def limit(self) -> float | None:
         """Training seconds for the next run."""
@@ -185,10 +193,48 @@ class Session:
         return self._splits[key]
 
     def run(self, spec: RunSpec) -> dict:
-        """Build, train and evaluate one model; record and return the result."""
+        """Build, train and evaluate one model; record the result (or the error, or the skip) and return it.
+
+        A run that raises is recorded with its error and the grid goes on (one broken arch must not lose the
+        other archs' results); `main` exits non-zero if any run failed.
+        """
+        settings = spec.settings
+        record = {
+            "family": spec.family,
+            "arch": spec.arch,
+            "seed": spec.seed,
+            "n_layers": spec.n_layers,
+            "d_model": spec.d_model,
+            "lr": settings.lr,
+            "weight_decay": settings.weight_decay,
+            **spec.tags,
+        }
+        shown = " ".join(f"{k}={v}" for k, v in record.items() if k not in ("family", "arch"))
+        start = time.perf_counter()
+        if self.budget.expired():
+            record["skipped"] = "time budget exhausted"
+            self.budget.skip(1)
+        else:
+            try:
+                record.update(self._train_and_evaluate(spec))
+            except Exception as err:  # recorded and printed here, a non-zero exit in main
+                traceback.print_exc()
+                record["error"] = f"{type(err).__name__}: {err}"
+            self.budget.finished(time.perf_counter() - start, record.get("train_time_s", 0.0))
+        self.records.append(record)
+        (self.out_dir / "results.json").write_text(json.dumps(self.results(), indent=1))
+        outcome = record.get("error") or record.get("skipped")
+        if outcome is None:
+            outcome = (
+                f"steps={record['steps']} train={record['train_time_s']:.1f}s loss={record['final_loss']:.3f} "
+                f"acc={record['token_acc']:.3f} seq_acc={record['seq_acc']:.3f}"
+            )
+        print(f"[{spec.family} {spec.arch} {shown}] {outcome}", flush=True)
+        return record
+
+    def _train_and_evaluate(self, spec: RunSpec) -> dict[str, Any]:
         from klalm.models import build_model  # lazy: the model zoo is heavy to import
 
-        start = time.perf_counter()
         torch.manual_seed(spec.seed)
         overrides = self.plan.model_overrides.get(spec.arch, {})
         vocab, d_model = spec.task.vocab_size, spec.d_model
@@ -204,31 +250,7 @@ class Session:
             aux = FreshBatches(spec.aux_task, settings.aux_batch_size, spec.seed + 10_000, self.device)
         stats = train(module, next_batch, settings, self.device, aux_batch=aux)
         metrics = evaluate(module, *spec.test, settings.eval_batch_size, self.device)
-        record = {
-            "family": spec.family,
-            "arch": spec.arch,
-            "seed": spec.seed,
-            "n_layers": spec.n_layers,
-            "d_model": d_model,
-            "lr": settings.lr,
-            "weight_decay": settings.weight_decay,
-            **spec.tags,
-            **metrics,
-            **stats,
-            "params": sum(p.numel() for p in module.parameters()),
-        }
-        self.budget.finished(time.perf_counter() - start, stats["train_time_s"])
-        self.records.append(record)
-        (self.out_dir / "results.json").write_text(json.dumps(self.results(), indent=1))
-        shown = " ".join(f"{k}={v}" for k, v in spec.tags.items())
-        print(
-            f"[{spec.family} {spec.arch} {shown} blocks={spec.n_layers} lr={settings.lr:g} "
-            f"wd={settings.weight_decay:g} seed={spec.seed}] steps={stats['steps']} "
-            f"train={stats['train_time_s']:.1f}s loss={stats['final_loss']:.3f} acc={metrics['token_acc']:.3f} "
-            f"seq_acc={metrics['seq_acc']:.3f}",
-            flush=True,
-        )
-        return record
+        return {**metrics, **stats, "params": sum(p.numel() for p in module.parameters())}
 
     def results(self) -> dict:
         return {
@@ -269,7 +291,7 @@ def a5_min_depth(session: Session, arch: str, task: A5Task) -> int | None:
             tags = {"length": task.length}
             spec = RunSpec("a5", arch, task, depth, plan.d_model, plan.train, seed, test, None, aux_task, tags)
             tried += 1
-            if session.run(spec)[metric] >= plan.threshold:
+            if session.run(spec).get(metric, -1.0) >= plan.threshold:
                 session.budget.skip(cell_runs - tried)
                 return depth
     return None
@@ -408,4 +430,7 @@ def run(plan: RunPlan, out_dir: Path) -> dict:
 def main(argv: list[str] | None = None) -> None:
     """Entry point of scripts/run_synthetic.py."""
     args = parse_args(argv)
-    run(apply_args(load_plan(args.budget), args), args.out)
+    results = run(apply_args(load_plan(args.budget), args), args.out)
+    failed = [r for r in results["runs"] if "error" in r]
+    if failed:
+        sys.exit(f"[synthetic] {len(failed)} run(s) failed; see the errors above and in results.json")
