@@ -10,6 +10,9 @@ opaque state object (a KV cache for attention; conv window + filter state for th
 Decoding a sequence token by token from `init_state` must reproduce the full forward pass. For the
 recurrent mixers a one-token call costs O(1) in the sequence length.
 
+States are batch-first: a tuple or NamedTuple of tensors whose dim 0 is the batch (beam search and
+batched decoding index and reorder them along dim 0).
+
 Mixers are built as `MixerCls(d_model, layer_idx=i, **options)`, where `options` is the config's dict
 for that mixer name. Parameters that must stay out of weight decay carry `param._no_weight_decay = True`
 (set where they are defined); the optimiser groups read that mark.
