@@ -1,4 +1,4 @@
-"""Benchmark the KLA scan backends and the selective scan; prints Markdown tables for kernels/NOTES.md.
+"""Benchmark the KLA scan and selective-scan backends; prints Markdown tables for kernels/NOTES.md.
 
     python kernels/bench_scan.py            # B=8, L=2048, M=1536, S=16, then L from 512 to 16384
     python kernels/bench_scan.py --quick    # one small size, a sanity run
@@ -22,6 +22,7 @@ import torch.nn.functional as F
 PEAK_HBM_GB_S = 4800.0  # H200 SXM datasheet HBM3e bandwidth, GB/s
 PEAK_FP32_TFLOPS = 67.0  # H200 SXM datasheet non-tensor fp32, TFLOP/s
 FLOP_PER_ELEM = {"fwd": 27, "fwd+bwd": 81}  # DESIGN §8: ~25 ops + 2 reciprocals forward; backward ≈ 2× forward
+SS_FLOP_PER_ELEM = {"fwd": 7, "fwd+bwd": 21}  # exp (mul + ex2), 2 fma, 1 mul, readout fma; backward ≈ 2× forward
 MAIN = dict(batch=8, length=2048, channels=1536, state=16)
 SWEEP_LENGTHS = (512, 1024, 2048, 4096, 8192, 16384)
 
@@ -95,11 +96,11 @@ def available_backends() -> list[str]:
     return backends
 
 
-def bench_kla_row(backend: str, shape: dict, config=None) -> list[str]:
-    inputs = kla_inputs(**shape)
-    cells = [backend, f"{shape['batch']}x{shape['length']}x{shape['channels']}x{shape['state']}"]
-    for mode, fn in scan_runners(backend, inputs, config).items():
-        floor, bytes_, flops = kla_floor_ms(mode, **shape)
+def bench_cells(runners: dict[str, Callable[[], object]], floors: dict[str, tuple[float, float, float]]) -> list[str]:
+    """Timing cells (ms, peak GB, GB/s, GFLOP/s, × floor) for the fwd and fwd+bwd runners."""
+    cells = []
+    for mode, fn in runners.items():
+        floor, bytes_, flops = floors[mode]
         try:
             ms, peak = timed(fn)
         except torch.cuda.OutOfMemoryError:
@@ -110,10 +111,59 @@ def bench_kla_row(backend: str, shape: dict, config=None) -> list[str]:
             f"{ms:.3f}",
             f"{peak:.2f}",
             f"{bytes_ / ms / 1e6:.0f}",
-            f"{flops / ms / 1e9:.0f}",
+            f"{flops / ms / 1e6:.0f}",
             f"{ms / floor:.1f}",
         ]
     return cells
+
+
+def bench_kla_row(backend: str, shape: dict, config=None) -> list[str]:
+    runners = scan_runners(backend, kla_inputs(**shape), config)
+    floors = {mode: kla_floor_ms(mode, **shape) for mode in runners}
+    label = f"{shape['batch']}x{shape['length']}x{shape['channels']}x{shape['state']}"
+    return [f"kla {backend}", label] + bench_cells(runners, floors)
+
+
+def ss_floor_ms(mode: str, batch: int, length: int, channels: int, state: int) -> tuple[float, float, float]:
+    """Selective scan: fwd moves u, Δ in and y out (fp32); the backward adds gy, du, dΔ and re-reads u, Δ."""
+    elems = batch * length * channels
+    bytes_ = 4 * elems * (3 if mode == "fwd" else 8)
+    flops = SS_FLOP_PER_ELEM[mode] * elems * state
+    return max(bytes_ / (PEAK_HBM_GB_S * 1e9), flops / (PEAK_FP32_TFLOPS * 1e12)) * 1e3, bytes_, flops
+
+
+def bench_ss_row(backend: str, shape: dict, config=None) -> list[str]:
+    """Selective scan (Mamba-1 shapes: u, Δ [B, L, M], A [M, N], B, C [B, L, N], D [M])."""
+    from klalm.ops.selective_scan import selective_scan
+
+    batch, length, channels, n = shape["batch"], shape["length"], shape["channels"], shape["state"]
+    dev = "cuda"
+    inputs = [torch.randn(batch, length, channels, device=dev),
+              F.softplus(torch.randn(batch, length, channels, device=dev) - 1.0),
+              -torch.exp(0.5 * torch.randn(channels, n, device=dev)),
+              torch.randn(batch, length, n, device=dev), torch.randn(batch, length, n, device=dev),
+              torch.randn(channels, device=dev)]  # fmt: skip
+    if backend == "triton":
+        from klalm.kernels.selective_scan import selective_scan_triton
+
+        scan = lambda *x: selective_scan_triton(*x, config=config)
+    else:
+        scan = lambda *x: selective_scan(*x, backend=backend)
+    leaves = [x.detach().clone().requires_grad_() for x in inputs]
+
+    def fwd():
+        with torch.no_grad():
+            return scan(*inputs)
+
+    def fwd_bwd():
+        y, h = scan(*leaves)
+        (y.sum() + h.sum()).backward()
+        for x in leaves:
+            x.grad = None
+
+    runners = {"fwd": fwd, "fwd+bwd": fwd_bwd}
+    floors = {mode: ss_floor_ms(mode, **shape) for mode in runners}
+    return [f"selective {backend}", f"{batch}x{length}x{channels}x{n}"] + bench_cells(runners, floors)
 
 
 def bench_sdpa_row(batch: int, length: int, heads: int = 12, head_dim: int = 64) -> list[str]:
@@ -143,28 +193,37 @@ def print_table(header: list[str], rows: list[list[str]]) -> None:
         print("| " + " | ".join(row) + " |", flush=True)
 
 
-def run_kla(quick: bool) -> None:
+def run_all(quick: bool) -> None:
     shapes = [dict(batch=2, length=512, channels=256, state=16)] if quick else [MAIN]
     if not quick:
         shapes += [dict(MAIN, length=n) for n in SWEEP_LENGTHS if n != MAIN["length"]]
     rows = []
     for shape in shapes:
         floor = kla_floor_ms("fwd", **shape)[0], kla_floor_ms("fwd+bwd", **shape)[0]
-        print(f"floor {shape}: fwd {floor[0]:.3f} ms, fwd+bwd {floor[1]:.3f} ms", flush=True)
+        print(f"kla floor {shape}: fwd {floor[0]:.3f} ms, fwd+bwd {floor[1]:.3f} ms", flush=True)
         for backend in available_backends():
             rows.append(bench_kla_row(backend, shape))
         rows.append(bench_sdpa_row(shape["batch"], shape["length"]))
     print_table(HEADER, rows)
+    ss_rows = []
+    for shape in shapes[:1] if quick else [MAIN, dict(MAIN, length=8192)]:
+        floor = ss_floor_ms("fwd", **shape)[0], ss_floor_ms("fwd+bwd", **shape)[0]
+        print(f"selective-scan floor {shape}: fwd {floor[0]:.3f} ms, fwd+bwd {floor[1]:.3f} ms", flush=True)
+        ss_rows += [bench_ss_row(backend, shape) for backend in ("triton", "torch")]
+    print_table(HEADER, ss_rows)
+
+
+TUNE_KLA = [(bm, chunk, 1, ns) for bm in (8, 16, 32) for chunk in (32, 64) for ns in (3, 4, 6)]
+TUNE_SS = [(bm, 64, 1, 4) for bm in (8, 16, 32)]
 
 
 def run_tune() -> None:
-    """Time the Triton kernels over launch configs at the main size."""
+    """Time the Triton kernels over launch configs (block_m, chunk, warps, stages) at the main size."""
     from klalm.kernels.mobius_scan_fwd import ScanConfig
 
-    configs = [ScanConfig(bm, chunk, nw, ns) for bm, nw in ((8, 1), (16, 1), (32, 1), (64, 2), (32, 2))
-               for chunk in (16, 64) for ns in (2, 4)]  # fmt: skip
-    rows = [[str(tuple(c))] + bench_kla_row("triton", MAIN, c)[2:] for c in configs]
-    print_table(["(block_m, chunk, warps, stages)"] + HEADER[2:], rows)
+    rows = [[f"kla {c}"] + bench_kla_row("triton", MAIN, ScanConfig(*c))[2:] for c in TUNE_KLA]
+    rows += [[f"selective {c}"] + bench_ss_row("triton", MAIN, ScanConfig(*c))[2:] for c in TUNE_SS]
+    print_table(["config (block_m, chunk, warps, stages)"] + HEADER[2:], rows)
 
 
 def main() -> None:
@@ -179,7 +238,7 @@ def main() -> None:
     if args.tune:
         run_tune()
     else:
-        run_kla(args.quick)
+        run_all(args.quick)
 
 
 if __name__ == "__main__":

@@ -10,18 +10,16 @@ On CPU tensors the kernels run only under Triton's interpreter (`TRITON_INTERPRE
 
 from __future__ import annotations
 
-import os
-
 import torch
 from klalm.kernels.mobius_scan_bwd import mobius_scan_bwd
 from klalm.kernels.mobius_scan_fwd import ScanConfig, interpreting, mobius_scan_fwd
 from torch import Tensor
 
+from klalm.ops.checks import check_inputs
 from klalm.ops.reference import KLAState
 
 MAX_STATE_SIZE = 64
 KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-CHECK_VALUES_ENV = "KLALM_CHECK_VALUES"  # "1": also check values (costs a device sync), see `check_values`
 
 
 def check_kernel_device(tensors: dict[str, Tensor]) -> None:
@@ -36,36 +34,6 @@ def check_kernel_device(tensors: dict[str, Tensor]) -> None:
     for name, t in tensors.items():
         if t.dtype not in KERNEL_DTYPES:
             raise ValueError(f"{name} has dtype {t.dtype}; the Triton kernels take {KERNEL_DTYPES}")
-
-
-def check_shapes(v, lambda_v, k, q, a, p, initial_state: KLAState | None) -> None:
-    """Raise ValueError naming the first tensor whose shape does not fit v [B, L, M] and k [B, L, S]."""
-    if v.dim() != 3 or k.dim() != 3:
-        raise ValueError(f"v and k must be 3-d [B, L, M] / [B, L, S]; got v {tuple(v.shape)}, k {tuple(k.shape)}")
-    (batch, length, channels), state_size = v.shape, k.shape[-1]
-    expected = {
-        "lambda_v": (lambda_v, (batch, length, channels)), "k": (k, (batch, length, state_size)),
-        "q": (q, (batch, length, state_size)), "a": (a, (channels, state_size)), "p": (p, (channels, state_size)),
-    }  # fmt: skip
-    if initial_state is not None:
-        expected["initial_state.lam"] = (initial_state.lam, (batch, channels, state_size))
-        expected["initial_state.eta"] = (initial_state.eta, (batch, channels, state_size))
-    for name, (tensor, shape) in expected.items():
-        if tuple(tensor.shape) != shape:
-            raise ValueError(f"{name} has shape {tuple(tensor.shape)}, expected {shape}")
-    if not 1 <= state_size <= MAX_STATE_SIZE:
-        raise ValueError(f"state size S={state_size} must be in [1, {MAX_STATE_SIZE}]")
-
-
-def check_values(lambda_v: Tensor, a: Tensor, p: Tensor, initial_state: KLAState | None) -> None:
-    """Raise ValueError on Λ ≤ 0, a outside (0, 1], p < 0 or λ0 ≤ 0 (one device sync per check)."""
-    checks = [("lambda_v", lambda_v, lambda x: x > 0, "> 0"), ("a", a, lambda x: (x > 0) & (x <= 1), "in (0, 1]"),
-              ("p", p, lambda x: x >= 0, ">= 0")]  # fmt: skip
-    if initial_state is not None:
-        checks.append(("initial_state.lam", initial_state.lam, lambda x: x > 0, "> 0"))
-    for name, tensor, ok, rule in checks:
-        if not bool((ok(tensor) & torch.isfinite(tensor)).all()):
-            raise ValueError(f"{name} must be finite and {rule}")
 
 
 class _MobiusScan(torch.autograd.Function):
@@ -113,15 +81,16 @@ def kla_scan_triton(
         config: launch parameters (`ScanConfig()` by default).
     Returns:
         y, y_var [B, L, M] in v's dtype and the final KLAState (float32 [B, M, S] each), as the reference.
-    Value checks (Λ > 0 etc.) run only when the environment variable KLALM_CHECK_VALUES is "1".
+    Shapes and dtypes are always checked; values (Λ > 0 etc.) on CPU tensors or when $KLALM_CHECK_INPUTS=1
+    (`klalm.ops.checks`), since on a GPU they cost a device synchronisation.
     """
-    check_shapes(v, lambda_v, k, q, a, p, initial_state)
+    check_inputs(v, lambda_v, k, q, a, p, initial_state)
     tensors = {"v": v, "lambda_v": lambda_v, "k": k, "q": q, "a": a, "p": p}
     if initial_state is not None:
         tensors |= {"initial_state.lam": initial_state.lam, "initial_state.eta": initial_state.eta}
     check_kernel_device(tensors)
-    if os.environ.get(CHECK_VALUES_ENV, "0") == "1":
-        check_values(lambda_v, a, p, initial_state)
+    if not 1 <= k.shape[-1] <= MAX_STATE_SIZE:
+        raise ValueError(f"state size S={k.shape[-1]} must be in [1, {MAX_STATE_SIZE}] for the Triton kernels")
     lam0, eta0 = (None, None) if initial_state is None else (initial_state.lam, initial_state.eta)
     if v.shape[1] == 0:
         return _empty_scan(v, k.shape[-1], lam0, eta0)

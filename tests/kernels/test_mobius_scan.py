@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from klalm.kernels.mobius_scan import kla_scan_triton
 from klalm.kernels.mobius_scan_fwd import ScanConfig
 
+from klalm.ops.checks import CHECK_ENV_VAR
 from klalm.ops.reference import KLAState, kla_scan_reference
 
 NAMES = ("v", "lambda_v", "k", "q", "a", "p", "lam0", "eta0")
@@ -114,8 +115,8 @@ def test_bad_inputs_raise(device, monkeypatch):
         kla_scan_triton(*(t.double() for t in args))
     with pytest.raises(ValueError, match="S=65"):
         kla_scan_triton(*args[:2], torch.zeros(1, 4, 65), torch.zeros(1, 4, 65), torch.ones(4, 65), torch.ones(4, 65))
-    monkeypatch.setenv("KLALM_CHECK_VALUES", "1")
-    with pytest.raises(ValueError, match="a must be"):
+    monkeypatch.setenv(CHECK_ENV_VAR, "1")
+    with pytest.raises(ValueError, match="decay a"):
         kla_scan_triton(*args[:4], args[4] + 1.0, args[5])
 
 
