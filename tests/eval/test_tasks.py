@@ -113,3 +113,12 @@ def test_unknown_task_lists_valid_ones(shared_data):
         get_local_task("arc_easy")
     with pytest.raises(ValueError, match="empty"):
         resolve_tasks([], shared_data)
+    with pytest.raises(ValueError, match="twice"):
+        resolve_tasks(["piqa", "piqa_local"], shared_data)
+
+
+@pytest.mark.slow  # indexes lm-eval's ~14,700 task YAMLs: ~7 s alone, far more on a busy 2-core machine
+def test_upstream_names_without_data_dir():
+    """No data_dir: names resolve against lm-eval's own index (no download happens before evaluation)."""
+    with pytest.raises(KeyError, match=r"no task 'hellaswagg' \(closest: \['hellaswag'"):
+        resolve_tasks(["hellaswag", "piqa", "hellaswagg"])  # the first two pass, the typo fails

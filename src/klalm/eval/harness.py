@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from klalm.eval.tasks import TASKS, TASKS_DIR, get_local_task, resolve_files
 
 log = logging.getLogger(__name__)
@@ -96,6 +98,8 @@ def resolve_tasks(names: list[str], data_dir: str | Path | None = None) -> tuple
         raise ValueError(f"tasks lists a name twice: {names}")
     if data_dir is not None:
         specs = [_local_spec(name, data_dir) for name in names]
+        if len({spec.name for spec in specs}) != len(specs):
+            raise ValueError(f"tasks names one task twice (a local name is an alias of its upstream one): {names}")
         meta = {"data_dir": str(Path(data_dir).expanduser().resolve())}
         return specs, TaskManager(include_path=str(TASKS_DIR), include_defaults=False, metadata=meta)
     manager = TaskManager()
@@ -103,12 +107,25 @@ def resolve_tasks(names: list[str], data_dir: str | Path | None = None) -> tuple
 
 
 def make_lm(model: Any, tokenizer: Any, *, max_length: int, batch_size: int) -> Any:
-    """Wrap an in-memory causal LM in lm-eval's `HFLM` (causal backend, explicit max length and batch size)."""
+    """Wrap an in-memory causal LM in lm-eval's `HFLM` (causal backend, explicit max length and batch size).
+
+    The log-softmax over the vocabulary runs in float32 for float32/bfloat16/float16 weights (float64 for
+    float64 weights): in half precision it would round the choices' log-likelihoods to ~3 significant digits.
+    """
     from lm_eval.models.huggingface import HFLM
 
     if max_length < 1 or batch_size < 1:
         raise ValueError(f"max_length ({max_length}) and batch_size ({batch_size}) must be positive")
-    return HFLM(pretrained=model, tokenizer=tokenizer, backend="causal", max_length=max_length, batch_size=batch_size)
+    weight_dtype = next(model.parameters()).dtype
+    softmax_dtype = torch.float64 if weight_dtype == torch.float64 else torch.float32
+    return HFLM(
+        pretrained=model,
+        tokenizer=tokenizer,
+        backend="causal",
+        max_length=max_length,
+        batch_size=batch_size,
+        softmax_dtype=softmax_dtype,
+    )
 
 
 def task_metrics(raw: dict[str, Any], spec: TaskSpec) -> dict[str, Any]:
