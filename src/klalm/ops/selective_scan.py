@@ -95,37 +95,38 @@ class _Blocks(NamedTuple):
         return x.reshape(x.shape[0], -1, x.shape[-1])[:, :length]
 
 
-def _affine_scan(a: Tensor, b: Tensor, x0: Tensor, reverse: bool = False) -> tuple[Tensor, Tensor]:
-    """Scan x_j = a_j·x_{j−1} + b_j over one chunk from x_{−1} = x0 (reverse: x_j = a_j·x_{j+1} + b_j from x0 after
-    the chunk's end). a, b [c, B, n, M, N] (step-major, `_Blocks`); x0 [B, M, N].
+def _affine_scan(delta: Tensor, A: Tensor, b: Tensor, x0: Tensor, reverse: bool = False) -> tuple[Tensor, Tensor]:
+    """Scan x_j = a_j·x_{j−1} + b_j with a_j = exp(Δ_j A) over one chunk from x_{−1} = x0 (reverse:
+    x_j = a_j·x_{j+1} + b_j from x0 after the chunk's end). delta [c, B, n, M] and b [c, B, n, M, N] are step-major
+    (`_Blocks`); A [M, N]; x0 [B, M, N].
 
     Two-level: the n blocks are scanned side by side from zero (c steps over [B, n, M, N]), the block-entry states
-    are carried across blocks with each block's decay product (n steps over [B, M, N]), and a second pass re-runs
-    the blocks from their entry states. Only products of decays (≤ 1) appear, so nothing overflows.
+    are carried across blocks with each block's total decay exp(A·ΣΔ) (n steps over [B, M, N]), and a second pass
+    re-runs the blocks from their entry states. Every decay is ≤ 1, so nothing overflows.
     Returns (x [c, B, n, M, N], the state after the chunk's last step in scan order [B, M, N]).
     """
+    a = torch.exp(delta[..., None] * A)  # [c, B, n, M, N]
+    block_decay = torch.exp(delta.sum(0)[..., None] * A)  # [B, n, M, N]
     steps = range(a.shape[0] - 1, -1, -1) if reverse else range(a.shape[0])
-    x, prod = torch.zeros_like(b[0]), torch.ones_like(a[0])  # [B, n, M, N]
+    x = torch.zeros_like(b[0])  # [B, n, M, N]
     for j in steps:
         x = torch.addcmul(b[j], a[j], x)
-        prod = prod * a[j]
     entry, s = torch.empty_like(x), x0  # the state entering each block, [B, n, M, N]; running state [B, M, N]
     for i in reversed(range(a.shape[2])) if reverse else range(a.shape[2]):
         entry[:, i] = s
-        s = torch.addcmul(x[:, i], prod[:, i], s)
+        s = torch.addcmul(x[:, i], block_decay[:, i], s)
     out, x = torch.empty_like(b), entry
     for j in steps:
         x = torch.addcmul(b[j], a[j], x, out=out[j])
     return out, s
 
 
-def _chunk_terms(u: Tensor, delta: Tensor, A: Tensor, Bm: Tensor, h0: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """Decays exp(Δ_t A), drives (Δ_t u_t) ⊗ B_t and states h_t of one chunk, each [c, B, n, M, N], and the state
-    after the chunk [B, M, N]. u, delta [c, B, n, M]; A [M, N]; Bm [c, B, n, N]; h0 [B, M, N] (state before it).
+def _chunk_terms(u: Tensor, delta: Tensor, A: Tensor, Bm: Tensor, h0: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """Drives (Δ_t u_t) ⊗ B_t and states h_t of one chunk, each [c, B, n, M, N], and the state after the chunk
+    [B, M, N]. u, delta [c, B, n, M]; A [M, N]; Bm [c, B, n, N]; h0 [B, M, N] (the state before the chunk).
     """
-    decay = torch.exp(delta[..., None] * A)
     drive = (delta * u)[..., None] * Bm[..., None, :]
-    return decay, drive, *_affine_scan(decay, drive, h0)
+    return drive, *_affine_scan(delta, A, drive, h0)
 
 
 class _SelectiveScanFn(torch.autograd.Function):
@@ -138,7 +139,7 @@ class _SelectiveScanFn(torch.autograd.Function):
         ys, starts, h = torch.empty_like(u_b), [], h0
         for k in range(blocks.chunks):
             starts.append(h)
-            _, _, hs, h = _chunk_terms(u_b[k], d_b[k], A, b_b[k], h)  # [c, B, n, M, N]
+            _, hs, h = _chunk_terms(u_b[k], d_b[k], A, b_b[k], h)  # [c, B, n, M, N]
             ys[k] = torch.einsum("jbimn,jbin->jbim", hs, c_b[k])
         ctx.save_for_backward(u_b, d_b, A, b_b, c_b, torch.stack(starts), delta)
         ctx.blocks, ctx.length = blocks, u.shape[1]
@@ -156,9 +157,9 @@ class _SelectiveScanFn(torch.autograd.Function):
         g_a, carry = torch.zeros_like(A), gh_last  # carry: dLoss/dh at the step after the current chunk
         for k in reversed(range(blocks.chunks)):
             u_k, d_k, b_k, gy_k = u_b[k], d_b[k], b_b[k], gy_b[k]
-            _, drive, hs, _ = _chunk_terms(u_k, d_k, A, b_k, starts[k])
+            drive, hs, _ = _chunk_terms(u_k, d_k, A, b_k, starts[k])
             direct = gy_k[..., None] * c_b[k][..., None, :]  # [c, B, n, M, N]
-            gh, carry = _affine_scan(torch.exp(d_next[k][..., None] * A), direct, carry, reverse=True)
+            gh, carry = _affine_scan(d_next[k], A, direct, carry, reverse=True)
             g_c[k] = torch.einsum("jbimn,jbim->jbin", hs, gy_k)
             g_log_decay = gh * (hs - drive)  # d/d(Δ_t A) = gh_t · exp(Δ_t A) h_{t−1}
             g_a += torch.einsum("jbimn,jbim->mn", g_log_decay, d_k)
