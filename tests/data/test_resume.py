@@ -111,8 +111,20 @@ class _Recorder(L.LightningModule):
         return torch.optim.SGD(self.parameters(), lr=0.0)
 
 
-def _fit(tmp_path, config: dict, max_steps: int, ckpt_path=None) -> list[torch.Tensor]:
-    model = _Recorder()
+class _IterRecorder(_Recorder):
+    """The `dataloader_iter` flavour klalm's LMModule uses: it fetches 2 micro-batches per step itself."""
+
+    def training_step(self, dataloader_iter):
+        loss = 0.0
+        for _ in range(2):
+            batch, _, _ = next(dataloader_iter)
+            batch = self.trainer.strategy.batch_to_device(batch)
+            loss = loss + super().training_step(batch, 0)
+        return loss
+
+
+def _fit(tmp_path, config: dict, max_steps: int, ckpt_path=None, flavour=_Recorder) -> list[torch.Tensor]:
+    model = flavour()
     checkpoint = L.pytorch.callbacks.ModelCheckpoint(
         dirpath=tmp_path, every_n_train_steps=3, save_top_k=-1, filename="{step}"
     )
@@ -129,13 +141,16 @@ def _fit(tmp_path, config: dict, max_steps: int, ckpt_path=None) -> list[torch.T
     return model.seen
 
 
-@pytest.mark.parametrize("workers", [0, 2])
-def test_lightning_resume_sees_exactly_the_same_batches(tmp_path, enwiki, gpt2_config, workers):
+@pytest.mark.parametrize(("workers", "flavour"), [(0, _Recorder), (2, _Recorder), (2, _IterRecorder)])
+def test_lightning_resume_sees_exactly_the_same_batches(tmp_path, enwiki, gpt2_config, workers, flavour):
     config = _module_config(enwiki, gpt2_config, workers)
-    full = _fit(tmp_path / "full", config, max_steps=6)
-    resumed = _fit(tmp_path / "resumed", config, max_steps=6, ckpt_path=tmp_path / "full" / "step=3.ckpt")
-    assert len(full) == 6 and len(resumed) == 3
-    assert all(torch.equal(a, b) for a, b in zip(full[3:], resumed))
+    per_step = 2 if flavour is _IterRecorder else 1
+    full = _fit(tmp_path / "full", config, max_steps=6, flavour=flavour)
+    resumed = _fit(
+        tmp_path / "resumed", config, max_steps=6, ckpt_path=tmp_path / "full" / "step=3.ckpt", flavour=flavour
+    )
+    assert len(full) == 6 * per_step and len(resumed) == 3 * per_step
+    assert all(torch.equal(a, b) for a, b in zip(full[3 * per_step :], resumed))
     saved = torch.load(tmp_path / "full" / "step=3.ckpt", weights_only=False)
     assert saved["TextDataModule"]["train_loader"] == saved["loops"]["fit_loop"]["state_dict"]["combined_loader"][0]
 

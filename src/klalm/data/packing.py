@@ -46,9 +46,9 @@ def consumer_split(rank: int, world_size: int, num_batches: int | None) -> tuple
     return rank * workers + worker, world_size * workers, quota
 
 
-def windows_to_batch(windows: list[list[int]]) -> dict[str, torch.Tensor]:
-    """Packs B windows of T+1 tokens into {"input_ids": [B, T], "labels": [B, T]} (int64)."""
-    w = torch.tensor(windows, dtype=torch.long)  # [B, T+1]
+def windows_to_batch(windows: list[list[int]] | torch.Tensor) -> dict[str, torch.Tensor]:
+    """Packs B windows of T+1 tokens (lists, or an int64 tensor [B, T+1]) into {"input_ids", "labels"} [B, T]."""
+    w = torch.as_tensor(windows, dtype=torch.long)  # [B, T+1]
     return {"input_ids": w[:, :-1].contiguous(), "labels": w[:, 1:].contiguous()}  # [B, T] each
 
 

@@ -319,7 +319,7 @@ class ShardDataset(IterableDataset):
                 state.update(epoch=state["epoch"] + 1, pos=0)
                 order = self._order(state["epoch"], consumer, n)
             picks = order[state["pos"] : state["pos"] + self.batch_size]
-            windows = [self.shards.read(int(k) * width, width).tolist() for k in picks]
+            windows = torch.from_numpy(np.stack([self.shards.read(int(k) * width, width) for k in picks]))  # [B, T+1]
             state["pos"] += self.batch_size
             state["batches"] += 1
             yield windows_to_batch(windows)
