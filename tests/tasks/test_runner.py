@@ -32,7 +32,7 @@ TINY_MAD = {
 }
 
 
-@pytest.mark.parametrize("budget", ["quick", "full"])
+@pytest.mark.parametrize("budget", ["quick", "full", "cpu"])
 def test_budget_files_load(budget):
     plan = load_plan(budget)
     assert plan.archs == ["kla", "gpt", "mamba", "gdn"] and plan.mad.tasks == list(MAD_TASKS)
