@@ -7,6 +7,9 @@ growth of the peak resident set size (ru_maxrss) over the inputs, on CUDA `torch
 minus the inputs. Times are the minimum over `--repeats` runs after one warm-up (the minimum is the least
 disturbed by other processes on a shared machine). "fwd" runs under `torch.no_grad()`; "fwd+bwd" runs the
 forward with gradients for every input and the backward of sum(y) + sum(y_var).
+
+With --accuracy it instead prints, for every output and every gradient, max|error| / max|value| of
+float32 runs against the float64 reference on the same inputs.
 """
 
 from __future__ import annotations
@@ -17,11 +20,13 @@ import resource
 import subprocess
 import sys
 import time
+from functools import partial
 
 import torch
 
 from klalm.ops import BACKENDS, kla_scan
 from klalm.ops.parallel import kla_scan_torch
+from klalm.ops.reference import KLAState, kla_scan_reference
 
 MB = 1024**2
 
@@ -86,6 +91,33 @@ def worker(args: argparse.Namespace) -> dict:
             "peak_mb": _peak_mb(args.device) - base}  # fmt: skip
 
 
+def _outputs_and_grads(scan, inputs: list[torch.Tensor]) -> dict[str, torch.Tensor]:
+    """y, y_var, final state and the gradients of a fixed random linear loss w.r.t. all eight inputs."""
+    leaves = [t.detach().requires_grad_() for t in inputs]
+    y, y_var, state = scan(*leaves[:6], KLAState(leaves[6], leaves[7]))
+    outs = {"y": y, "y_var": y_var, "lam": state.lam, "eta": state.eta}
+    g = torch.Generator().manual_seed(1)
+    loss = sum((torch.randn(o.shape, generator=g, dtype=torch.float64).to(o.dtype) * o).sum() for o in outs.values())
+    grads = torch.autograd.grad(loss, leaves)
+    names = ("v", "lambda_v", "k", "q", "a", "p", "lam0", "eta0")
+    return {n: t.detach().double() for n, t in [*outs.items(), *(("d" + n, t) for n, t in zip(names, grads))]}
+
+
+def accuracy(args: argparse.Namespace, chunks: list[int]) -> None:
+    """Print max|error|/max|value| of float32 runs against the float64 reference, output by output."""
+    inputs = make_inputs(args)
+    b, m, s = args.batch, args.channels, args.state
+    inputs += [torch.ones(b, m, s), torch.zeros(b, m, s)]  # fresh state, differentiable
+    truth = _outputs_and_grads(kla_scan_reference, [t.double() for t in inputs])
+    runs = {"reference fp32": kla_scan_reference, "torch fp32 (default chunk)": kla_scan_torch}
+    runs |= {f"torch fp32 (chunk {c})": partial(kla_scan_torch, chunk_size=c) for c in chunks}
+    print(f"| run | {' | '.join(truth)} |\n| --- |{' ---: |' * len(truth)}")
+    for label, scan in runs.items():
+        got = _outputs_and_grads(scan, [t.float() for t in inputs])
+        errs = [((got[n] - truth[n]).abs().max() / truth[n].abs().max()).item() for n in truth]
+        print(f"| {label} | {' | '.join(f'{e:.1e}' for e in errs)} |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--batch", type=int, default=4)
@@ -96,14 +128,18 @@ def main() -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--backends", default="reference,torch", help=f"comma-separated, from {sorted(BACKENDS)}")
     parser.add_argument("--chunks", default="", help="extra torch rows with these chunk sizes, e.g. 32,64")
+    parser.add_argument("--accuracy", action="store_true", help="print float32 errors against float64 instead")
     parser.add_argument("--backend", help=argparse.SUPPRESS)  # worker mode
     parser.add_argument("--chunk", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.backend:
         print(json.dumps(worker(args)))
         return
-    runs = [(name, 0) for name in args.backends.split(",")]
-    runs += [("torch", int(c)) for c in args.chunks.split(",") if c]
+    chunks = [int(c) for c in args.chunks.split(",") if c]
+    if args.accuracy:
+        accuracy(args, chunks)
+        return
+    runs = [(name, 0) for name in args.backends.split(",")] + [("torch", c) for c in chunks]
     shape = f"--batch {args.batch} --length {args.length} --channels {args.channels} --state {args.state}"
     print(f"B={args.batch} L={args.length} M={args.channels} S={args.state}, {args.device}, "
           f"float32, torch {torch.__version__}, {torch.get_num_threads()} threads\n")  # fmt: skip
