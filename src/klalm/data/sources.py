@@ -178,7 +178,7 @@ class PythonDocsSource:
     def __init__(
         self,
         split: str = "train",
-        cache_dir: str = ".cache/klalm",
+        cache_dir: str = "~/.cache/klalm",
         val_percent: int = 5,
         max_documents: int | None = None,
     ):

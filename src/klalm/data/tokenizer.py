@@ -81,7 +81,7 @@ def _source_texts(source: Any) -> Iterator[str]:
 
 
 def load_or_train_bpe(
-    source: dict[str, Any], vocab_size: int = 4096, cache_dir: str = ".cache/klalm", min_frequency: int = 2
+    source: dict[str, Any], vocab_size: int = 4096, cache_dir: str = "~/.cache/klalm", min_frequency: int = 2
 ) -> PreTrainedTokenizerBase:
     """A BPE trained on ``source`` (a source config), cached under ``cache_dir`` by a hash of its settings."""
     from klalm.data.sources import build_source
