@@ -7,10 +7,9 @@ import json
 import pytest
 
 from klalm.tasks import MAD_TASKS
-from klalm.tasks.report import a5_min_blocks
-from klalm.tasks.runner import (
+from klalm.tasks.plans import (
+    FAMILY_NAMES,
     A5Plan,
-    Budget,
     MADPlan,
     MQARPlan,
     RunPlan,
@@ -19,8 +18,9 @@ from klalm.tasks.runner import (
     count_runs,
     load_plan,
     parse_args,
-    run,
 )
+from klalm.tasks.report import a5_min_blocks
+from klalm.tasks.runner import FAMILIES, Budget, run
 
 TINY_MAD = {
     "mad_in_context_recall": {"length": 16},
@@ -37,6 +37,10 @@ def test_budget_files_load(budget):
     plan = load_plan(budget)
     assert plan.archs == ["kla", "gpt", "mamba", "gdn"] and plan.mad.tasks == list(MAD_TASKS)
     assert count_runs(plan) > 0
+
+
+def test_every_family_name_has_a_runner():
+    assert tuple(FAMILIES) == FAMILY_NAMES
 
 
 def test_full_budget_is_the_design_recipe():
