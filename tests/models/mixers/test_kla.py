@@ -109,6 +109,11 @@ def test_backends_agree_inside_the_layer(block):
     ref = make(dict(block=block), scan_backend="reference")
     fast = make(dict(block=block), scan_backend="torch")
     torch.testing.assert_close(fast(x)[0], ref(x)[0], rtol=1e-10, atol=1e-10)
+    for mixer in (ref, fast):
+        y, _, y_var = mixer(x, return_variance=True)
+        (y.sin().sum() + y_var.sum()).backward()
+    for (name, p_ref), (_, p_fast) in zip(ref.named_parameters(), fast.named_parameters()):
+        torch.testing.assert_close(p_fast.grad, p_ref.grad, rtol=1e-9, atol=1e-12, msg=name)
 
 
 @pytest.mark.parametrize("zero_noise", [False, True])

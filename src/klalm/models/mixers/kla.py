@@ -23,7 +23,7 @@ from torch import Tensor, nn
 
 from klalm.models.mixers.base import Mixer, no_weight_decay
 from klalm.ops import KLAState, kla_scan, kla_step
-from klalm.ops.reference import fresh_state
+from klalm.ops.reference import compute_dtype, fresh_state
 
 Block = Literal["plain", "mamba"]
 Discretization = Literal["ou", "zoh"]
@@ -157,7 +157,7 @@ class KLAMixer(Mixer):
 
         |α| = exp(α_log), Δ = softplus(δ), and the continuous noise rate is |p_c| (so it stays ≥ 0).
         """
-        dtype = torch.float64 if self.alpha_log.dtype == torch.float64 else torch.float32
+        dtype = compute_dtype(self.alpha_log.dtype)
         rate = torch.exp(self.alpha_log.to(dtype))  # [M, S]
         step = F.softplus(self.delta.to(dtype))  # [M, S]
         a = torch.exp(-rate * step)
@@ -168,8 +168,8 @@ class KLAMixer(Mixer):
     def init_state(self, batch_size: int, device: torch.device, dtype: torch.dtype) -> KLAMixerState:
         """An empty decode state: zero conv window and the fresh filter prior (λ = 1, η = 0)."""
         conv = torch.zeros(batch_size, self.d_inner, self.conv_kernel - 1, device=device, dtype=dtype)
-        fdtype = torch.float64 if dtype == torch.float64 else torch.float32
-        return KLAMixerState(conv, fresh_state(batch_size, self.d_inner, self.d_state, device, fdtype))
+        filt = fresh_state(batch_size, self.d_inner, self.d_state, device, compute_dtype(dtype))
+        return KLAMixerState(conv, filt)
 
     def _conv(self, z: Tensor, window: Tensor | None) -> tuple[Tensor, Tensor]:
         """Causal depthwise conv + SiLU. z [B, L, M], window [B, M, K-1] or None -> (z [B, L, M], window)."""
@@ -183,7 +183,8 @@ class KLAMixer(Mixer):
     def _sensors(self, z: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """v, Λ [B, L, M] and L2-normalised k, q [B, L, S] from the convolved inputs z [B, L, M]."""
         v = self.v_proj(z)
-        lambda_v = 1.0 / (F.softplus(self.logvar_proj(z).float()) + PRECISION_FLOOR)
+        logvar = self.logvar_proj(z)
+        lambda_v = 1.0 / (F.softplus(logvar.to(compute_dtype(logvar.dtype))) + PRECISION_FLOOR)  # float32 at least
         k = F.normalize(self.k_proj(z), dim=-1)
         q = F.normalize(self.q_proj(z), dim=-1)
         return v, lambda_v, k, q
