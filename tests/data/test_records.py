@@ -126,3 +126,29 @@ def test_pipeline_counts_skips_in_state_and_never_hangs(tmp_path: Path, gpt2):
     looping = PackedTextDataset(allbad, gpt2, seq_len=4, batch_size=1, on_bad_record="skip")
     with pytest.raises(ValueError, match="no usable document"):
         next(iter(looping))
+
+
+# records cycle good / empty / corrupt; 8 batches = 8 good documents (4 tokens each); counts cover the records
+# consumed so far. 0 workers: records 0..21 -> 7 empty, 7 corrupt. 2 workers (even/odd records, 4 documents
+# each): worker 0 stops at record 18 (3 + 3), worker 1 at record 21 (4 empty, 3 corrupt).
+@pytest.mark.parametrize(
+    ("workers", "expected"),
+    [(0, {"empty_document": 7, "corrupt_json": 7}), (2, {"empty_document": 7, "corrupt_json": 6})],
+)
+def test_datamodule_reports_skipped_records(tmp_path: Path, gpt2_config, workers, expected):
+    from klalm.data import TextDataModule
+
+    (tmp_path / "mixed.jsonl").write_bytes(b'{"text": "good words here"}\n{"text": ""}\nnot json\n' * 8)
+    module = TextDataModule(
+        source={"kind": "files", "paths": str(tmp_path / "mixed.jsonl")},
+        tokenizer=gpt2_config,
+        seq_len=3,
+        batch_size=1,
+        num_workers=workers,
+        block_docs=3,
+        shuffle=False,
+        on_bad_record="skip",
+    )
+    iterator = iter(module.train_dataloader())
+    [next(iterator) for _ in range(8)]
+    assert module.skipped_records() == expected

@@ -173,6 +173,16 @@ class TextDataModule(L.LightningDataModule):
             persistent_workers=self.num_workers > 0,
         )
 
+    def skipped_records(self) -> dict[str, int]:
+        """Bad records skipped so far by the training stream, summed over workers, per reason."""
+        state = self.state_dict()["train_loader"] or {}
+        workers = state["_snapshot"]["_worker_snapshots"].values() if "_snapshot" in state else [state]
+        counts: dict[str, int] = {}
+        for worker in workers:
+            for reason, count in (worker.get("dataset_state") or {}).get("bad", {}).items():
+                counts[reason] = counts.get(reason, 0) + count
+        return counts
+
     def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
         """Counts training batches that reached a step, so the saved loader state skips no prefetched batch."""
         trainer = self.trainer
