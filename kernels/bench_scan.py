@@ -193,7 +193,7 @@ def print_table(header: list[str], rows: list[list[str]]) -> None:
         print("| " + " | ".join(row) + " |", flush=True)
 
 
-def run_all(quick: bool) -> None:
+def run_all(quick: bool, skip_torch: bool) -> None:
     shapes = [dict(batch=2, length=512, channels=256, state=16)] if quick else [MAIN]
     if not quick:
         shapes += [dict(MAIN, length=n) for n in SWEEP_LENGTHS if n != MAIN["length"]]
@@ -202,7 +202,8 @@ def run_all(quick: bool) -> None:
         floor = kla_floor_ms("fwd", **shape)[0], kla_floor_ms("fwd+bwd", **shape)[0]
         print(f"kla floor {shape}: fwd {floor[0]:.3f} ms, fwd+bwd {floor[1]:.3f} ms", flush=True)
         for backend in available_backends():
-            rows.append(bench_kla_row(backend, shape))
+            if not (skip_torch and backend == "torch"):
+                rows.append(bench_kla_row(backend, shape))
         rows.append(bench_sdpa_row(shape["batch"], shape["length"]))
     print_table(HEADER, rows)
     ss_rows = []
@@ -213,23 +214,24 @@ def run_all(quick: bool) -> None:
     print_table(HEADER, ss_rows)
 
 
-TUNE_KLA = [(bm, chunk, 1, ns) for bm in (8, 16, 32) for chunk in (32, 64) for ns in (3, 4, 6)]
-TUNE_SS = [(bm, 64, 1, 4) for bm in (8, 16, 32)]
+TUNE = [dict(block_m=16, unroll=4), dict(block_m=32, unroll=8), dict(bwd_block_m=16, unroll=2), dict(), dict(unroll=8)]
 
 
 def run_tune() -> None:
-    """Time the Triton kernels over launch configs (block_m, chunk, warps, stages) at the main size."""
+    """Time the Triton kernels over launch configs at the main size."""
     from klalm.kernels.mobius_scan_fwd import ScanConfig
 
-    rows = [[f"kla {c}"] + bench_kla_row("triton", MAIN, ScanConfig(*c))[2:] for c in TUNE_KLA]
-    rows += [[f"selective {c}"] + bench_ss_row("triton", MAIN, ScanConfig(*c))[2:] for c in TUNE_SS]
-    print_table(["config (block_m, chunk, warps, stages)"] + HEADER[2:], rows)
+    configs = [ScanConfig(**overrides) for overrides in TUNE]
+    rows = [[f"kla {tuple(c)}"] + bench_kla_row("triton", MAIN, c)[2:] for c in configs]
+    rows += [[f"selective {tuple(c)}"] + bench_ss_row("triton", MAIN, c)[2:] for c in configs]
+    print_table(["config (block_m, bwd_block_m, chunk, warps, stages, unroll)"] + HEADER[2:], rows)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="one small size only")
     parser.add_argument("--tune", action="store_true", help="sweep Triton launch configs at the main size")
+    parser.add_argument("--skip-torch", action="store_true", help="leave out the (slow) torch KLA backend")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         print("bench_scan: no CUDA device found; skipping (the kernels are benchmarked on a GPU only)")
@@ -238,7 +240,7 @@ def main() -> None:
     if args.tune:
         run_tune()
     else:
-        run_all(args.quick)
+        run_all(args.quick, args.skip_torch)
 
 
 if __name__ == "__main__":

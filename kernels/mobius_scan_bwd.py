@@ -58,7 +58,7 @@ def _kla_bwd_kernel(
     ckpt_P_ptr, ckpt_mu_ptr, lam_out_ptr, eta_out_ptr, gy_ptr, gyv_ptr, glam_ptr, geta_ptr,
     dv_ptr, dlv_ptr, dk_ptr, dq_ptr, da_ptr, dp_ptr, dlam0_ptr, deta0_ptr, scr_P_ptr, scr_mu_ptr,
     L, M, S, n_chunks,
-    BM: tl.constexpr, S_PAD: tl.constexpr, CHUNK: tl.constexpr, NUM_STAGES: tl.constexpr,
+    BM: tl.constexpr, S_PAD: tl.constexpr, CHUNK: tl.constexpr, NUM_STAGES: tl.constexpr, UNROLL: tl.constexpr,
     HAS_INIT: tl.constexpr, PRIOR: tl.constexpr, HAS_GSTATE: tl.constexpr, FAST_RCP: tl.constexpr,
 ):  # fmt: skip
     i_b, i_mb = tl.program_id(0).to(tl.int64), tl.program_id(1)
@@ -94,7 +94,7 @@ def _kla_bwd_kernel(
             t1 = L
         b_P = tl.load(ckpt_P_ptr + o_ckpt + (t0 // CHUNK) * S * M, mask=m_sm, other=1.0)
         b_mu = tl.load(ckpt_mu_ptr + o_ckpt + (t0 // CHUNK) * S * M, mask=m_sm, other=0.0)
-        for t in tl.range(t0, t1, num_stages=NUM_STAGES):  # recompute the chunk's states
+        for t in tl.range(t0, t1, num_stages=NUM_STAGES, loop_unroll_factor=UNROLL):  # recompute the chunk's states
             tl.store(scr_P_ptr + o_scr + (t - t0) * S_PAD * BM, b_P)
             tl.store(scr_mu_ptr + o_scr + (t - t0) * S_PAD * BM, b_mu)
             o_tm, o_ts = o_bm + t * M, o_bs + t * S
@@ -103,7 +103,9 @@ def _kla_bwd_kernel(
             b_r = (b_v * b_lv)[None, :] * b_k[:, None]
             b_P, b_mu, _, _, _ = _filter_step(b_P, b_mu, b_a, b_a2, b_p, b_phi, b_r, FAST_RCP)
         tl.debug_barrier()
-        for j in tl.range(0, t1 - t0, num_stages=NUM_STAGES):  # reverse adjoint over the chunk
+        for j in tl.range(
+            0, t1 - t0, num_stages=NUM_STAGES, loop_unroll_factor=UNROLL
+        ):  # reverse adjoint over the chunk
             t = t1 - 1 - j
             b_Pm = tl.load(scr_P_ptr + o_scr + (t - t0) * S_PAD * BM)
             b_mum = tl.load(scr_mu_ptr + o_scr + (t - t0) * S_PAD * BM)
@@ -166,7 +168,7 @@ def mobius_scan_bwd(
     v, lambda_v, k, q, a, p, lam0, eta0, lam, eta, ckpt_P, ckpt_mu = saved
     batch, length, channels = v.shape
     state_size, s_pad = k.shape[-1], triton.next_power_of_2(k.shape[-1])
-    n_mb = triton.cdiv(channels, config.block_m)
+    n_mb = triton.cdiv(channels, config.bwd_block_m)
     f32 = dict(device=v.device, dtype=torch.float32)
     dv, dlv = torch.empty_like(v), torch.empty_like(lambda_v)
     dk_part = torch.empty(batch, n_mb, length, state_size, **f32)
@@ -176,7 +178,7 @@ def mobius_scan_bwd(
     dlam0 = deta0 = None
     if lam0 is not None:
         dlam0, deta0 = torch.empty_like(da_part), torch.empty_like(da_part)
-    scr_P = torch.empty(batch, n_mb, config.chunk, s_pad, config.block_m, **f32)
+    scr_P = torch.empty(batch, n_mb, config.chunk, s_pad, config.bwd_block_m, **f32)
     scr_mu = torch.empty_like(scr_P)
     has_gstate = glam is not None or geta is not None
     if has_gstate:
@@ -187,7 +189,7 @@ def mobius_scan_bwd(
         v, lambda_v, k, q, a, p, lam0, eta0, ckpt_P, ckpt_mu, lam, eta, gy, gyv, glam, geta,
         dv, dlv, dk_part, dq_part, da_part, dp_part, dlam0, deta0, scr_P, scr_mu,
         length, channels, state_size, ckpt_P.shape[1],
-        BM=config.block_m, S_PAD=s_pad, CHUNK=config.chunk, NUM_STAGES=config.num_stages,
+        BM=config.bwd_block_m, S_PAD=s_pad, CHUNK=config.chunk, NUM_STAGES=config.num_stages, UNROLL=config.unroll,
         HAS_INIT=lam0 is not None, PRIOR=decode_from_prior, HAS_GSTATE=has_gstate,
         FAST_RCP=not interpreting(), num_warps=config.num_warps,
     )  # fmt: skip

@@ -38,7 +38,7 @@ def _ss_load_step(p_u, p_dt, p_B, p_C, m_m, m_n):
 def _ss_fwd_kernel(
     u_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, h0_ptr, y_ptr, h_out_ptr, ckpt_ptr,
     L, M, N, n_chunks,
-    BM: tl.constexpr, N_PAD: tl.constexpr, CHUNK: tl.constexpr, NUM_STAGES: tl.constexpr,
+    BM: tl.constexpr, N_PAD: tl.constexpr, CHUNK: tl.constexpr, NUM_STAGES: tl.constexpr, UNROLL: tl.constexpr,
     HAS_D: tl.constexpr, HAS_INIT: tl.constexpr, SAVE_CKPT: tl.constexpr,
 ):  # fmt: skip
     i_b = tl.program_id(0).to(tl.int64)
@@ -61,7 +61,7 @@ def _ss_fwd_kernel(
         t1 = (i_c + 1) * CHUNK
         if t1 > L:
             t1 = L
-        for t in tl.range(i_c * CHUNK, t1, num_stages=NUM_STAGES):
+        for t in tl.range(i_c * CHUNK, t1, num_stages=NUM_STAGES, loop_unroll_factor=UNROLL):
             o_tm, o_tn = o_bm + t * M, o_bn + t * N
             b_u, b_dt, b_B, b_C = _ss_load_step(u_ptr + o_tm, dt_ptr + o_tm, B_ptr + o_tn, C_ptr + o_tn, m_m, m_n)
             b_h = tl.exp2(b_dt[None, :] * b_A2) * b_h + (b_dt * b_u)[None, :] * b_B[:, None]
@@ -75,7 +75,7 @@ def _ss_bwd_kernel(
     u_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, ckpt_ptr, gy_ptr, gh_ptr,
     du_ptr, ddt_ptr, dA_ptr, dB_ptr, dC_ptr, dD_ptr, dh0_ptr, scr_ptr,
     L, M, N, n_chunks,
-    BM: tl.constexpr, N_PAD: tl.constexpr, CHUNK: tl.constexpr, NUM_STAGES: tl.constexpr,
+    BM: tl.constexpr, N_PAD: tl.constexpr, CHUNK: tl.constexpr, NUM_STAGES: tl.constexpr, UNROLL: tl.constexpr,
     HAS_D: tl.constexpr, HAS_INIT: tl.constexpr, HAS_GSTATE: tl.constexpr,
 ):  # fmt: skip
     i_b, i_mb = tl.program_id(0).to(tl.int64), tl.program_id(1)
@@ -103,13 +103,15 @@ def _ss_bwd_kernel(
         if t1 > L:
             t1 = L
         b_h = tl.load(ckpt_ptr + o_ckpt + (t0 // CHUNK) * N * M, mask=m_nm, other=0.0)
-        for t in tl.range(t0, t1, num_stages=NUM_STAGES):  # recompute the chunk's states
+        for t in tl.range(t0, t1, num_stages=NUM_STAGES, loop_unroll_factor=UNROLL):  # recompute the chunk's states
             tl.store(scr_ptr + o_scr + (t - t0) * N_PAD * BM, b_h)
             o_tm, o_tn = o_bm + t * M, o_bn + t * N
             b_u, b_dt, b_B, _ = _ss_load_step(u_ptr + o_tm, dt_ptr + o_tm, B_ptr + o_tn, B_ptr + o_tn, m_m, m_n)
             b_h = tl.exp2(b_dt[None, :] * b_A2) * b_h + (b_dt * b_u)[None, :] * b_B[:, None]
         tl.debug_barrier()
-        for j in tl.range(0, t1 - t0, num_stages=NUM_STAGES):  # reverse recursion over the chunk
+        for j in tl.range(
+            0, t1 - t0, num_stages=NUM_STAGES, loop_unroll_factor=UNROLL
+        ):  # reverse recursion over the chunk
             t = t1 - 1 - j
             b_hm = tl.load(scr_ptr + o_scr + (t - t0) * N_PAD * BM)  # h_{t-1}
             o_tm, o_tn = o_bm + t * M, o_bn + t * N
@@ -151,6 +153,7 @@ def _launch_fwd(u, delta, A, Bm, Cm, D, h0, config: ScanConfig, save_ckpt: bool)
         u, delta, to_kernel_layout(A), Bm, Cm, D, to_kernel_layout(h0), y, h, ckpt,
         length, channels, n_state, n_chunks,
         BM=config.block_m, N_PAD=triton.next_power_of_2(n_state), CHUNK=config.chunk, NUM_STAGES=config.num_stages,
+        UNROLL=config.unroll,
         HAS_D=D is not None, HAS_INIT=h0 is not None, SAVE_CKPT=save_ckpt, num_warps=config.num_warps,
     )  # fmt: skip
     return y, from_kernel_layout(h), ckpt
@@ -161,7 +164,7 @@ def _launch_bwd(saved, gy: Tensor, gh: Tensor | None, config: ScanConfig):
     u, delta, A, Bm, Cm, D, h0, ckpt = saved
     batch, length, channels = u.shape
     n_state, n_pad = A.shape[-1], triton.next_power_of_2(A.shape[-1])
-    n_mb = triton.cdiv(channels, config.block_m)
+    n_mb = triton.cdiv(channels, config.bwd_block_m)
     f32 = dict(device=u.device, dtype=torch.float32)
     du, ddelta = torch.empty_like(u), torch.empty_like(delta)
     dB_part = torch.empty(batch, n_mb, length, n_state, **f32)
@@ -169,12 +172,12 @@ def _launch_bwd(saved, gy: Tensor, gh: Tensor | None, config: ScanConfig):
     dA_part = torch.empty(batch, n_state, channels, **f32)  # [B, N, M] (kernel layout)
     dD_part = torch.empty(batch, channels, **f32)
     dh0 = torch.empty(batch, n_state, channels, **f32) if h0 is not None else None
-    scratch = torch.empty(batch, n_mb, config.chunk, n_pad, config.block_m, **f32)
+    scratch = torch.empty(batch, n_mb, config.chunk, n_pad, config.bwd_block_m, **f32)
     _ss_bwd_kernel[(batch, n_mb)](
         u, delta, to_kernel_layout(A), Bm, Cm, D, ckpt, gy, to_kernel_layout(gh),
         du, ddelta, dA_part, dB_part, dC_part, dD_part, dh0, scratch,
         length, channels, n_state, ckpt.shape[1],
-        BM=config.block_m, N_PAD=n_pad, CHUNK=config.chunk, NUM_STAGES=config.num_stages,
+        BM=config.bwd_block_m, N_PAD=n_pad, CHUNK=config.chunk, NUM_STAGES=config.num_stages, UNROLL=config.unroll,
         HAS_D=D is not None, HAS_INIT=h0 is not None, HAS_GSTATE=gh is not None, num_warps=config.num_warps,
     )  # fmt: skip
     dA = from_kernel_layout(dA_part.sum(0)).to(A.dtype)

@@ -16,7 +16,7 @@ from klalm.ops.checks import CHECK_ENV_VAR
 from klalm.ops.reference import KLAState, kla_scan_reference
 
 NAMES = ("v", "lambda_v", "k", "q", "a", "p", "lam0", "eta0")
-TINY = ScanConfig(block_m=4, chunk=4, num_warps=1, num_stages=2)
+TINY = ScanConfig(block_m=4, bwd_block_m=8, chunk=4, num_warps=1, num_stages=2, unroll=2)
 
 
 def rel_err(x: torch.Tensor, ref: torch.Tensor) -> float:
@@ -113,8 +113,9 @@ def test_bad_inputs_raise(device, monkeypatch):
         kla_scan_triton(args[0], args[1][:, :2], *args[2:])
     with pytest.raises(ValueError, match="float64"):
         kla_scan_triton(*(t.double() for t in args))
+    wide_k, wide_a = torch.zeros(1, 4, 65, device=device), torch.ones(4, 65, device=device)
     with pytest.raises(ValueError, match="S=65"):
-        kla_scan_triton(*args[:2], torch.zeros(1, 4, 65), torch.zeros(1, 4, 65), torch.ones(4, 65), torch.ones(4, 65))
+        kla_scan_triton(*args[:2], wide_k, wide_k, wide_a, wide_a)
     monkeypatch.setenv(CHECK_ENV_VAR, "1")
     with pytest.raises(ValueError, match="decay a"):
         kla_scan_triton(*args[:4], args[4] + 1.0, args[5])
@@ -133,7 +134,7 @@ def test_reference_gradcheck():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("config", [ScanConfig(), ScanConfig(block_m=16, chunk=32, num_stages=4)], ids=str)
+@pytest.mark.parametrize("config", [ScanConfig(), ScanConfig(16, 32, chunk=32, num_stages=4, unroll=8)], ids=str)
 def test_gpu_real_size(config):
     """B=2, L=2048, M=1536, S=16 forward and every gradient against the float64 reference on the GPU."""
     x = make_inputs(2, 2048, 1536, 16, "cuda", seed=5)
