@@ -168,3 +168,16 @@ def test_datamodule_state_round_trips_before_the_loader_exists(enwiki, gpt2_conf
     assert all(torch.equal(a, b) for a, b in zip(expected, _take(iter(restored.train_dataloader()), 2)))
     with pytest.raises(KeyError, match="train_loader"):
         restored.load_state_dict({})
+
+
+def test_rank_comes_from_torch_distributed_when_initialised(tmp_path):
+    from klalm.data import resolve_rank
+
+    assert resolve_rank(None, None) == (0, 1) and resolve_rank(1, 4) == (1, 4)
+    torch.distributed.init_process_group("gloo", init_method=f"file://{tmp_path / 'pg'}", rank=0, world_size=1)
+    try:
+        assert resolve_rank(None, None) == (0, 1)
+        with pytest.raises(ValueError, match="torch.distributed says"):
+            resolve_rank(1, 2)
+    finally:
+        torch.distributed.destroy_process_group()
