@@ -11,7 +11,7 @@ A budget is a YAML file in configs/tasks/ (`quick`, `full`, `cpu`) or a path, re
 - mqar: each (length, pairs) cell with `n_layers` blocks, the best accuracy over the learning rates and seeds.
 - mad: each of the six MAD tasks, the best accuracy over learning rates x weight decays x seeds.
 With `time_budget_s`, the whole program (data, builds, training, evaluation) aims to finish within that many
-seconds: every run gets an equal share of what is left, minus the measured per-run overhead.
+seconds: every run gets an equal share of what is left, minus the median measured per-run overhead.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import statistics
 import sys
 import time
 import traceback
@@ -56,7 +57,7 @@ class Budget:
         """Training seconds for the next run."""
         if self.deadline is None:
             return None
-        overhead = sum(self.overheads) / len(self.overheads) if self.overheads else 0.0
+        overhead = statistics.median(self.overheads) if self.overheads else 0.0  # robust to one-off compiles
         share = (self.deadline - time.perf_counter()) / max(self.remaining_runs, 1)
         return max(share - overhead, MIN_RUN_TRAIN_S)
 
