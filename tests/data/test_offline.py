@@ -126,3 +126,20 @@ def test_hf_source_packed_stream_resumes_exactly(enwiki, gpt2, monkeypatch):
     resumed.load_state_dict(state)
     again = iter(resumed)
     assert all(torch.equal(a, next(again)["input_ids"]) for a in expected)
+
+
+@pytest.mark.parametrize(("files", "consumers"), [(3, 2), (3, 3), (2, 4), (1, 3)])
+def test_hf_source_partitions_by_file_or_by_example(tmp_path, monkeypatch, files, consumers):
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    docs = [f"document number {i}" for i in range(9)]
+    parts = [docs[f::files] for f in range(files)]
+    for f, part in enumerate(parts):
+        (tmp_path / f"part{f}.jsonl").write_text("".join(json.dumps({"text": d}) + "\n" for d in part))
+    source = build_source({"kind": "hf", "path": "json", "data_files": sorted(map(str, tmp_path.glob("*.jsonl")))})
+    shares = [[r.text for r in source.stream(c, consumers)] for c in range(consumers)]
+    assert sorted(t for share in shares for t in share) == sorted(docs) and all(shares)  # no overlap, no loss
+    if files >= consumers:  # whole files, in contiguous groups
+        assert all(any(share[: len(p)] == p for p in parts) for share in shares)
+    else:  # every N-th example of the whole stream
+        stream = [d for part in parts for d in part]
+        assert shares == [stream[c::consumers] for c in range(consumers)]

@@ -8,8 +8,8 @@ Registry (``kind`` key of a source config):
 - ``files``: local jsonl/json/parquet/txt (also .gz/.bz2/.zst), glob patterns; record ``r`` goes to consumer
   ``r % N``.
 - ``hf``: Hugging Face ``datasets`` streaming (hub or a local builder such as ``json``); split across consumers
-  by ``datasets.distributed.split_dataset_by_node`` (whole data files when they divide evenly, else every N-th
-  example), resumed through the ``datasets`` iterable state dict.
+  by data file when there are at least N files, else every N-th example; resumed through
+  the ``datasets`` iterable state dict.
 - ``python_docs``: the offline corpus (Python language reference + standard-library docstrings).
 - ``shards``: pre-tokenised memory-mapped token shards (see `klalm.data.shards`).
 """
@@ -124,12 +124,21 @@ class _HFStream:
 class HFSource:
     """A Hugging Face ``datasets`` stream: a hub dataset (needs network) or a local builder such as ``json``.
 
+    Partitioning across the N consumers (both modes are disjoint and exhaustive):
+    1. with at least N data files, the files are split into N contiguous groups: each consumer downloads only
+       its own files;
+    2. otherwise every consumer reads the whole stream and keeps every N-th example (logged as a warning: N times
+       the download; use more data files or fewer ranks x workers). ``datasets`` 4.8's ``reshard()`` does not
+       split parquet files into row groups for builder-made streams (its split kwargs hold ``[None]`` row-group
+       lists), so files are the unit;
+    3. with ``max_documents`` the cap is global, so mode 2 is used.
+
     Args:
         path: dataset name on the hub (e.g. ``HuggingFaceFW/fineweb-edu``) or a builder (``json``, ``parquet``).
         name: dataset config (e.g. ``sample-10BT``).
         split: split name.
         field: text field.
-        data_files: files for local builders (glob patterns allowed).
+        data_files: files for local builders or a subset of a hub dataset's files (glob patterns allowed).
         revision: hub revision (branch, tag or commit) for reproducible runs.
         max_documents: read only the first this-many examples (before partitioning).
     """
@@ -148,7 +157,7 @@ class HFSource:
         self.data_files, self.revision, self.max_documents = data_files, revision, max_documents
 
     def stream(self, consumer: int, num_consumers: int, state: dict | None = None) -> DocumentStream:
-        """This consumer's share of the examples (split_dataset_by_node), resumed from ``state``."""
+        """This consumer's share of the examples (see the class docstring), resumed from ``state``."""
         import datasets
         from datasets.distributed import split_dataset_by_node
 
@@ -156,8 +165,18 @@ class HFSource:
             self.path, self.name, split=self.split, streaming=True, data_files=self.data_files, revision=self.revision
         )
         if self.max_documents is not None:
-            dataset = dataset.take(self.max_documents)
-        dataset = split_dataset_by_node(dataset, rank=consumer, world_size=num_consumers)
+            dataset = split_dataset_by_node(dataset.take(self.max_documents), rank=consumer, world_size=num_consumers)
+        else:
+            if dataset.num_shards >= num_consumers:
+                dataset = dataset.shard(num_shards=num_consumers, index=consumer, contiguous=True)
+            else:
+                if consumer == 0:
+                    log.warning(
+                        "%s has %d data sources for %d consumers (ranks x workers): every consumer streams all of "
+                        "it and keeps every %d-th example",
+                        self.describe(), dataset.num_shards, num_consumers, num_consumers,
+                    )  # fmt: skip
+                dataset = split_dataset_by_node(dataset, rank=consumer, world_size=num_consumers)
         where = f"{self.path}[{self.name or ''}:{self.split}] consumer {consumer}/{num_consumers}"
         return _HFStream(dataset, where, self.field, state)
 
