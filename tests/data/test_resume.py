@@ -181,3 +181,46 @@ def test_rank_comes_from_torch_distributed_when_initialised(tmp_path):
             resolve_rank(1, 2)
     finally:
         torch.distributed.destroy_process_group()
+
+
+class _RankRecorder(_Recorder):
+    def __init__(self, out_dir):
+        super().__init__()
+        self.out_dir = str(out_dir)
+
+    def on_train_end(self):
+        torch.save(self.seen, f"{self.out_dir}/rank{self.global_rank}.pt")
+
+
+@pytest.mark.slow
+def test_ddp_ranks_read_disjoint_data_from_torch_distributed(tmp_path, enwiki, gpt2_config, gpt2):
+    """Two CPU processes (gloo): each rank's batches equal those of a dataset built with that rank explicitly."""
+    config = _module_config(enwiki, gpt2_config, 0)
+    trainer = L.Trainer(
+        max_steps=3,
+        accelerator="cpu",
+        devices=2,
+        strategy="ddp_spawn",
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        enable_checkpointing=False,
+        limit_val_batches=0,
+    )
+    trainer.fit(_RankRecorder(tmp_path), datamodule=TextDataModule(**config))
+    for rank in range(2):
+        seen = torch.load(tmp_path / f"rank{rank}.pt")
+        dataset = PackedTextDataset(
+            build_source(config["source"]),
+            gpt2,
+            seq_len=63,
+            batch_size=2,
+            rank=rank,
+            world_size=2,
+            seed=5,
+            shuffle=True,
+            block_docs=2,
+            on_bad_record="skip",
+        )
+        expected = [batch["input_ids"] for batch, _ in zip(dataset, range(3))]
+        assert len(seen) == 3 and all(torch.equal(a, b) for a, b in zip(seen, expected))
