@@ -146,7 +146,7 @@ def bench_ss_row(backend: str, shape: dict, config=None) -> list[str]:
     if backend == "triton":
         from klalm.kernels.selective_scan import selective_scan_triton
 
-        scan = lambda *x: selective_scan_triton(*x, config=config)
+        scan = lambda *x: selective_scan_triton(*x, config=config)  # None: its DEFAULT_CONFIG
     else:
         scan = lambda *x: selective_scan(*x, backend=backend)
     leaves = [x.detach().clone().requires_grad_() for x in inputs]
@@ -214,7 +214,7 @@ def run_all(quick: bool, skip_torch: bool) -> None:
     print_table(HEADER, ss_rows)
 
 
-TUNE = [dict(block_m=16, unroll=4), dict(block_m=32, unroll=8), dict(bwd_block_m=16, unroll=2), dict(), dict(unroll=8)]
+TUNE = [dict(block_m=16, bwd_block_m=8, unroll=4), dict(bwd_block_m=8, unroll=8), dict(), dict(bwd_block_m=8, unroll=4)]
 
 
 def run_tune() -> None:

@@ -36,6 +36,12 @@ def check_kernel_device(tensors: dict[str, Tensor]) -> None:
             raise ValueError(f"{name} has dtype {t.dtype}; the Triton kernels take {KERNEL_DTYPES}")
 
 
+def check_offsets(length: int, channels: int, state_size: int) -> None:
+    """The kernels index one batch row with int32 offsets (t·M, t·S): raise ValueError if L·max(M, S) ≥ 2^31."""
+    if length * max(channels, state_size) >= 2**31:
+        raise ValueError(f"L·M = {length}·{channels} is too large for the kernels' int32 offsets; split the sequence")
+
+
 class _MobiusScan(torch.autograd.Function):
     @staticmethod
     def forward(ctx, v, lambda_v, k, q, a, p, lam0, eta0, decode_from_prior: bool, config: ScanConfig):
@@ -91,6 +97,7 @@ def kla_scan_triton(
     check_kernel_device(tensors)
     if not 1 <= k.shape[-1] <= MAX_STATE_SIZE:
         raise ValueError(f"state size S={k.shape[-1]} must be in [1, {MAX_STATE_SIZE}] for the Triton kernels")
+    check_offsets(v.shape[1], v.shape[2], k.shape[-1])
     lam0, eta0 = (None, None) if initial_state is None else (initial_state.lam, initial_state.eta)
     if v.shape[1] == 0:
         return _empty_scan(v, k.shape[-1], lam0, eta0)

@@ -17,11 +17,12 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from klalm.kernels.mobius_scan import check_kernel_device
+from klalm.kernels.mobius_scan import check_kernel_device, check_offsets
 from klalm.kernels.mobius_scan_fwd import ScanConfig, from_kernel_layout, to_kernel_layout
 from torch import Tensor
 
 MAX_STATE_SIZE = 64
+DEFAULT_CONFIG = ScanConfig(block_m=16, bwd_block_m=8, unroll=4)  # fastest fwd and fwd+bwd measured on an H200
 
 
 @triton.jit
@@ -239,15 +240,16 @@ def selective_scan_triton(
         Bm, Cm: input-dependent input and output maps, [B, L, N].
         D: skip weights, [M], or None.
         initial_state: h0, [B, M, N], or None for zeros.
-        config: launch parameters (`ScanConfig()` by default).
+        config: launch parameters (`DEFAULT_CONFIG` when None).
     Returns:
         y [B, L, M] in u's dtype and the final state h [B, M, N] in float32, as the reference.
     """
     _check_shapes(u, delta, A, Bm, Cm, D, initial_state)
     named = {"u": u, "delta": delta, "A": A, "Bm": Bm, "Cm": Cm, "D": D, "initial_state": initial_state}
     check_kernel_device({name: t for name, t in named.items() if t is not None})
+    check_offsets(u.shape[1], u.shape[2], A.shape[-1])
     if u.shape[1] == 0:
         h = u.new_zeros(u.shape[0], u.shape[2], A.shape[-1], dtype=torch.float32)
         return u.clone(), h if initial_state is None else initial_state.float()
     args = [x.contiguous() if x is not None else None for x in (u, delta, A, Bm, Cm, D, initial_state)]
-    return _SelectiveScan.apply(*args, config or ScanConfig())
+    return _SelectiveScan.apply(*args, config or DEFAULT_CONFIG)

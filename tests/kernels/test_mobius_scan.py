@@ -106,6 +106,18 @@ def test_no_grad_and_empty(device):
     assert y0.shape == (1, 0, 4) and torch.equal(state0.lam, x["lam0"])
 
 
+def test_backward_is_deterministic(device):
+    """No atomics: two backward passes give bitwise-equal gradients."""
+    x = make_inputs(2, 9, 6, 16, device, seed=7)
+    grads = []
+    for _ in range(2):
+        leaves = [x[n].clone().requires_grad_() for n in NAMES[:6]]
+        y, y_var, state = kla_scan_triton(*leaves, config=TINY)
+        (y.sum() + (y_var * y_var).sum() + state.eta.sum()).backward()
+        grads.append([t.grad for t in leaves])
+    assert all(torch.equal(g0, g1) for g0, g1 in zip(*grads))
+
+
 def test_bad_inputs_raise(device, monkeypatch):
     x = make_inputs(1, 4, 4, 3, device)
     args = [x[n] for n in NAMES[:6]]

@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from klalm.kernels.mobius_scan_fwd import ScanConfig
-from klalm.kernels.selective_scan import selective_scan_triton
+from klalm.kernels.selective_scan import DEFAULT_CONFIG, selective_scan_triton
 
 from klalm.ops.selective_scan import selective_scan_reference
 
@@ -84,7 +84,7 @@ def test_selective_scan_bf16_and_errors(device):
 def test_selective_scan_gpu_real_size():
     """B=2, L=2048, M=1536, N=16 (Mamba d_inner at d_model 768) against the float64 reference."""
     x = make_inputs(2, 2048, 1536, 16, "cuda", seed=4)
-    (outs, grads), (ref_outs, ref_grads) = run_both(x, NAMES, ScanConfig())
+    (outs, grads), (ref_outs, ref_grads) = run_both(x, NAMES, DEFAULT_CONFIG)
     errors = {f"out {n}": rel_err(outs[n], r) for n, r in ref_outs.items()}
     errors |= {f"d{n}": rel_err(grads[n], r) for n, r in ref_grads.items()}
     print({n: f"{e:.1e}" for n, e in errors.items()})
