@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 
+import numpy as np
 import pytest
 import torch
 
@@ -188,3 +189,34 @@ def test_registry_errors():
         make_task("mad_compress")
     with pytest.raises(ValueError, match="split"):
         TaskDataset(make_task("a5"), 4, split="valid")
+
+
+@pytest.mark.parametrize("split", ["train", "test"])
+def test_fuzzy_recall_pairs_keep_one_value_per_key_and_probe_a_shown_key(split):
+    task = make_task("mad_fuzzy_recall")
+    rng = np.random.default_rng(0)
+    for _ in range(50):
+        pairs = task.pairs(rng, split)
+        assert sum(len(k) + len(v) for k, v in pairs) <= task.length + 1
+        mapping: dict = {}
+        for key, value in pairs:
+            assert mapping.setdefault(key, value) == value  # a key keeps its value motif within a sequence
+            assert all(t < 7 for t in key) and all(7 <= t < 15 for t in value)
+            assert len(set(key)) == len(key) and 1 <= len(value) <= 3
+            assert len(key) == 3 if split == "test" else 1 <= len(key) <= 3
+        assert pairs[-1][0] in {k for k, _ in pairs[:-1]}  # the probe's key is in the context
+
+
+def test_fuzzy_recall_scores_exactly_the_values_of_repeated_keys():
+    task = make_task("mad_fuzzy_recall", length=48)
+    inputs, labels = task.sample(1, torch.Generator().manual_seed(0), "test")
+    # rebuild the expected labels from an independent draw with the same generator state
+    rng = np.random.default_rng(int(torch.randint(2**62, (1,), generator=torch.Generator().manual_seed(0))))
+    pairs = task.pairs(rng, "test")
+    seq, expected, seen = [], [], set()
+    for key, value in pairs:
+        seq += [*key, *value]
+        expected += [-100] * len(key) + (list(value) if key in seen else [-100] * len(value))
+        seen.add(key)
+    assert inputs[0, -(len(seq) - 1) :].tolist() == seq[:-1]
+    assert labels[0, -(len(seq) - 1) :].tolist() == expected[1:]

@@ -168,35 +168,41 @@ class FuzzyRecallTask(SyntheticTask):
         tokens = torch.full((num_examples, self.length + 1), self.vocab - 1, dtype=torch.long)  # [N, S+1] pad
         scored = torch.zeros_like(tokens, dtype=torch.bool)
         for row in range(num_examples):
-            seq, flags = self._example(rng, split)
+            seq, flags, shown = [], [], set()
+            for key, value in self.pairs(rng, split):
+                seq += [*key, *value]
+                flags += [False] * len(key) + [key in shown] * len(value)  # a value is scored once its key was shown
+                shown.add(key)
             tokens[row, -len(seq) :] = torch.tensor(seq)
             scored[row, -len(seq) :] = torch.tensor(flags)
         return _next_token_labels(tokens, scored, split)
 
-    def _example(self, rng: np.random.Generator, split: Split) -> tuple[list[int], list[bool]]:
-        """One unpadded sequence and its scored flags (value tokens of keys seen before, and the probe's)."""
+    def pairs(self, rng: np.random.Generator, split: Split) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
+        """The (key motif, value motif) pairs of one sequence, the last being the probe (a key shown before).
+
+        At most S + 1 tokens in total; keys map to one value motif per sequence.
+        """
         content = self.vocab - 1
         key_vocab, value_vocab = np.arange(content // 2), np.arange(content // 2, content)
         key_sizes = np.arange(1, self.max_key + 1) if split == "train" else np.array([self.max_key])
         value_sizes = np.arange(1, self.max_value + 1)
         motif = lambda vocab, sizes: tuple(int(x) for x in rng.choice(vocab, rng.choice(sizes), replace=False))
         probe_key, probe_value = motif(key_vocab, key_sizes), motif(value_vocab, value_sizes)
-        stop = self.length - len(probe_key) - len(probe_value) - self.max_key - self.max_value
-        probe_at = rng.integers(stop)  # where the probe pair enters the context (always before `stop`)
-        kv_map: dict[tuple[int, ...], tuple[int, ...]] = {probe_key: probe_value}
+        # Context pairs are added while fewer than `stop` tokens are used, and until the probe pair is in; with the
+        # final probe pair the sequence then has at most S + 1 tokens.
+        stop = self.length + 1 - 2 * (len(probe_key) + len(probe_value)) - self.max_key - self.max_value
+        probe_at = rng.integers(stop)  # where the probe pair enters the context
+        kv_map = {probe_key: probe_value}
+        pairs: list[tuple[tuple[int, ...], tuple[int, ...]]] = []
         shown: set[tuple[int, ...]] = set()
-        seq: list[int] = []
-        flags: list[bool] = []
-        while len(seq) < stop:
-            probe_due = len(seq) >= probe_at and probe_key not in shown
-            key = probe_key if probe_due else motif(key_vocab, key_sizes)
+        used = 0  # tokens so far
+        while used < stop or probe_key not in shown:
+            key = probe_key if used >= probe_at and probe_key not in shown else motif(key_vocab, key_sizes)
             value = kv_map.setdefault(key, motif(value_vocab, value_sizes))
-            seq += [*key, *value]
-            flags += [False] * len(key) + [key in shown] * len(value)
+            pairs.append((key, value))
             shown.add(key)
-        seq += [*probe_key, *probe_value]
-        flags += [False] * len(probe_key) + [True] * len(probe_value)
-        return seq, flags
+            used += len(key) + len(value)
+        return pairs + [(probe_key, probe_value)]
 
 
 @dataclasses.dataclass(frozen=True)
