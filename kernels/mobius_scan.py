@@ -14,6 +14,7 @@ import torch
 from klalm.kernels.mobius_scan_bwd import mobius_scan_bwd
 from klalm.kernels.mobius_scan_fwd import ScanConfig, interpreting, mobius_scan_fwd
 from torch import Tensor
+from torch.autograd.function import once_differentiable
 
 from klalm.ops.checks import check_inputs
 from klalm.ops.reference import KLAState
@@ -53,6 +54,7 @@ class _MobiusScan(torch.autograd.Function):
         return y, y_var, lam, eta
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, gy, gyv, glam, geta):
         saved = ctx.saved_tensors
         v = saved[0]

@@ -20,6 +20,7 @@ import triton.language as tl
 from klalm.kernels.mobius_scan import check_kernel_device, check_offsets
 from klalm.kernels.mobius_scan_fwd import ScanConfig, from_kernel_layout, to_kernel_layout
 from torch import Tensor
+from torch.autograd.function import once_differentiable
 
 MAX_STATE_SIZE = 64
 DEFAULT_CONFIG = ScanConfig(block_m=16, bwd_block_m=8, unroll=4)  # fastest fwd and fwd+bwd measured on an H200
@@ -196,6 +197,7 @@ class _SelectiveScan(torch.autograd.Function):
         return y, h
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, gy, gh):
         saved = ctx.saved_tensors
         gy = torch.zeros_like(saved[0]) if gy is None else gy.contiguous()

@@ -82,6 +82,14 @@ def test_scan_matches_reference(device, length, state, use_init, prior):
         assert rel_err(grads[name], ref) <= 1e-4, f"d{name}: rel err {rel_err(grads[name], ref):.2e}"
 
 
+@pytest.mark.parametrize("batch,length,channels,state", [(1, 5, 1, 1), (1, 3, 3, 64)], ids=["M1-S1", "S64"])
+def test_edge_sizes(device, batch, length, channels, state):
+    x = make_inputs(batch, length, channels, state, device, seed=8)
+    (outs, grads), (ref_outs, ref_grads) = run_both(x, True, True, TINY)
+    assert all(rel_err(outs[n], r) <= 1e-5 for n, r in ref_outs.items())
+    assert all(rel_err(grads[n], r) <= 1e-4 for n, r in ref_grads.items())
+
+
 def test_bf16_inputs(device):
     """bf16 in, float32 compute: outputs and grads come back in bf16, within bf16 rounding of the reference."""
     x = make_inputs(1, 9, 4, 16, device, seed=3)
