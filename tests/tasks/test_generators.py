@@ -220,3 +220,13 @@ def test_fuzzy_recall_scores_exactly_the_values_of_repeated_keys():
         seen.add(key)
     assert inputs[0, -(len(seq) - 1) :].tolist() == seq[:-1]
     assert labels[0, -(len(seq) - 1) :].tolist() == expected[1:]
+
+
+def test_stream_workers_take_interleaved_chunks():
+    from torch.utils.data import DataLoader
+
+    task = make_task("a5", length=4)
+    loader = DataLoader(TaskStream(task, seed=4), batch_size=512, num_workers=2)
+    batches = [b["input_ids"] for _, b in zip(range(2), loader)]
+    reference, _ = materialize(task, 1024, seed=4, split="train")  # chunks 0 and 1
+    assert torch.equal(torch.cat(batches), reference)  # worker 0 reads chunk 0, worker 1 chunk 1

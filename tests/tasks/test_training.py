@@ -124,3 +124,17 @@ def test_mad_compression_decoder_beats_chance():
     task = make_task("mad_compression", vocab=8, length=4)
     metrics = _tiny_run("gpt", task, steps=150, n_layers=1, train_size=2048)
     assert metrics["token_acc"] > 0.45, metrics  # chance: 3/4 x 1/7 + 1/4 (the fixed last token) ~ 0.36
+
+
+def test_last_position_decoder_reads_the_lm_hidden_state():
+    task = make_task("mad_compression", vocab=8, length=5)
+    model = build_model("gpt", d_model=16, n_layers=1, n_heads=2, vocab_size=8)
+    module = wrap_readout(model, task, 16)
+    inputs, labels = materialize(task, 4, 0, "test")
+    logits = module(inputs)
+    assert logits.shape == (4, 5, 8)
+    masked_cross_entropy(logits, labels).backward()
+    assert model.get_input_embeddings().weight.grad.abs().sum() > 0  # gradients reach the LM
+    changed = inputs.clone()
+    changed[:, 0] = (changed[:, 0] + 1) % 7
+    assert not torch.allclose(module(changed), logits)  # the output depends on earlier tokens
