@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 from klalm.kernels.mobius_scan_bwd import mobius_scan_bwd
-from klalm.kernels.mobius_scan_fwd import ScanConfig, interpreting, mobius_scan_fwd
+from klalm.kernels.mobius_scan_fwd import ScanConfig, check_config, interpreting, mobius_scan_fwd
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
@@ -103,8 +103,10 @@ def kla_scan_triton(
     lam0, eta0 = (None, None) if initial_state is None else (initial_state.lam, initial_state.eta)
     if v.shape[1] == 0:
         return _empty_scan(v, k.shape[-1], lam0, eta0)
+    config = config or ScanConfig()
+    check_config(config)
     args = [x.contiguous() if x is not None else None for x in (v, lambda_v, k, q, a, p, lam0, eta0)]
-    y, y_var, lam, eta = _MobiusScan.apply(*args, decode_from_prior, config or ScanConfig())
+    y, y_var, lam, eta = _MobiusScan.apply(*args, decode_from_prior, config)
     return y, y_var, KLAState(lam, eta)
 
 

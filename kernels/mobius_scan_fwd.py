@@ -49,6 +49,17 @@ class ScanConfig(NamedTuple):
     unroll: int = 2
 
 
+def check_config(config: ScanConfig) -> None:
+    """Raise ValueError naming the first ScanConfig field that the kernels cannot use."""
+    for name in ("block_m", "bwd_block_m", "num_warps"):
+        value = getattr(config, name)
+        if value < 1 or value & (value - 1):
+            raise ValueError(f"ScanConfig.{name}={value} must be a power of two")
+    for name in ("chunk", "num_stages", "unroll"):
+        if getattr(config, name) < 1:
+            raise ValueError(f"ScanConfig.{name}={getattr(config, name)} must be >= 1")
+
+
 def to_kernel_layout(x: Tensor | None) -> Tensor | None:
     """[..., M, S] -> contiguous [..., S, M] (channels contiguous, as the kernels read state-shaped tensors)."""
     return None if x is None else x.transpose(-1, -2).contiguous()

@@ -18,7 +18,7 @@ import torch
 import triton
 import triton.language as tl
 from klalm.kernels.mobius_scan import check_kernel_device, check_offsets
-from klalm.kernels.mobius_scan_fwd import ScanConfig, from_kernel_layout, to_kernel_layout
+from klalm.kernels.mobius_scan_fwd import ScanConfig, check_config, from_kernel_layout, to_kernel_layout
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
@@ -253,5 +253,7 @@ def selective_scan_triton(
     if u.shape[1] == 0:
         h = u.new_zeros(u.shape[0], u.shape[2], A.shape[-1], dtype=torch.float32)
         return u.clone(), h if initial_state is None else initial_state.float()
+    config = config or DEFAULT_CONFIG
+    check_config(config)
     args = [x.contiguous() if x is not None else None for x in (u, delta, A, Bm, Cm, D, initial_state)]
-    return _SelectiveScan.apply(*args, config or DEFAULT_CONFIG)
+    return _SelectiveScan.apply(*args, config)

@@ -136,6 +136,8 @@ def test_bad_inputs_raise(device, monkeypatch):
     wide_k, wide_a = torch.zeros(1, 4, 65, device=device), torch.ones(4, 65, device=device)
     with pytest.raises(ValueError, match="S=65"):
         kla_scan_triton(*args[:2], wide_k, wide_k, wide_a, wide_a)
+    with pytest.raises(ValueError, match="block_m=12"):
+        kla_scan_triton(*args, config=ScanConfig(block_m=12))
     monkeypatch.setenv(CHECK_ENV_VAR, "1")
     with pytest.raises(ValueError, match="decay a"):
         kla_scan_triton(*args[:4], args[4] + 1.0, args[5])
