@@ -128,6 +128,7 @@ PLAN = {
     "micro_batch": 2,
     "global_batch_tokens": 128,
     "loss_tol": 1e-4,
+    "fsdp_loss_tol": 1e-4,
     "kla_experiment": "x",
     "gpt_experiment": "y",
     "deadline_s": 1,

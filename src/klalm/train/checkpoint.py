@@ -98,7 +98,8 @@ class RollingCheckpoint(Callback):
         tmp = self.dirpath / f".step-{step:08d}.ckpt.tmp"
         if trainer.is_global_zero:
             self.dirpath.mkdir(parents=True, exist_ok=True)
-            _remove(tmp)
+            for stale in self.dirpath.glob(".step-*.ckpt.tmp"):  # left by a crash during an earlier save
+                _remove(stale)
         trainer.strategy.barrier("klalm_ckpt_prepare")
         trainer.save_checkpoint(tmp, weights_only=False)  # every rank takes part (sharded strategies); rank 0 writes
         if trainer.is_global_zero:

@@ -39,31 +39,34 @@ def _cell(value: Any, fmt: str) -> str:
 def summary_table(sweep_dir: str | Path) -> str:
     """A Markdown table with one row per `*/summary.json` under `sweep_dir` (job folders in name order).
 
-    Jobs without a summary (failed or still running) get a row saying so, so a sweep's failures stay visible.
+    The last column lists each job's overrides that not every job shares (what the sweep varied). Jobs without a
+    summary (failed or still running) get a row saying so, so a sweep's failures stay visible.
     """
     sweep_dir = Path(sweep_dir)
     jobs = sorted(p for p in sweep_dir.iterdir() if p.is_dir() and not p.name.startswith("."))
+    overrides = {job: _overrides(job) for job in jobs}
+    shared = set.intersection(*(set(o) for o in overrides.values())) if jobs else set()
     header = "| job | " + " | ".join(title for _, title, _ in COLUMNS) + " | overrides |"
     lines = [header, "|" + " --- |" * (len(COLUMNS) + 2)]
     for job in jobs:
-        overrides = _overrides(job)
         summary_path = job / "summary.json"
         if summary_path.is_file():
             summary = json.loads(summary_path.read_text())
             cells = [_cell(summary.get(key), fmt) for key, _, fmt in COLUMNS]
         else:
             cells = ["no summary.json (failed or unfinished)"] + ["—"] * (len(COLUMNS) - 1)
-        lines.append(f"| {job.name} | " + " | ".join(cells) + f" | {overrides} |")
+        varied = " ".join(o for o in overrides[job] if o not in shared)
+        lines.append(f"| {job.name} | " + " | ".join(cells) + f" | {varied} |")
     return "\n".join(lines) + "\n"
 
 
-def _overrides(job: Path) -> str:
+def _overrides(job: Path) -> list[str]:
     path = job / ".hydra" / "overrides.yaml"
     if not path.is_file():
-        return ""
+        return []
     import yaml
 
-    return " ".join(yaml.safe_load(path.read_text()) or [])
+    return list(yaml.safe_load(path.read_text()) or [])
 
 
 class SweepSummary(Callback):

@@ -1,0 +1,77 @@
+"""Rolling checkpoints: atomic writes (a crash mid-save keeps every earlier checkpoint), keep-last-k, discovery."""
+
+import os
+import time
+from types import SimpleNamespace
+
+import pytest
+
+from klalm.train.checkpoint import RollingCheckpoint, checkpoint_step, find_latest, list_checkpoints
+
+
+class FakeStrategy:
+    def barrier(self, name=None):
+        pass
+
+
+class FakeTrainer(SimpleNamespace):
+    """What RollingCheckpoint uses of a Trainer; save_checkpoint writes a payload (or fails half-way)."""
+
+    def __init__(self, step, fail=False):
+        super().__init__(global_step=step, is_global_zero=True, strategy=FakeStrategy(), received_sigterm=False)
+        self.fail = fail
+
+    def save_checkpoint(self, path, weights_only=None):
+        with open(path, "wb") as handle:
+            handle.write(b"partial" if self.fail else f"step {self.global_step}".encode())
+            if self.fail:
+                raise OSError("disk full")
+
+
+def test_saves_keep_the_last_k_under_final_names(tmp_path):
+    callback = RollingCheckpoint(tmp_path / "checkpoints", every_n_steps=10, keep_last=2)
+    for step in (10, 20, 30):
+        callback.save(FakeTrainer(step))
+    names = [p.name for p in list_checkpoints(tmp_path)]
+    assert names == ["step-00000020.ckpt", "step-00000030.ckpt"]
+    assert (tmp_path / "checkpoints" / "step-00000030.ckpt").read_bytes() == b"step 30"
+    assert not [p for p in (tmp_path / "checkpoints").iterdir() if p.name.startswith(".")]
+
+
+def test_crash_during_save_leaves_previous_checkpoints_intact(tmp_path):
+    callback = RollingCheckpoint(tmp_path / "checkpoints", every_n_steps=10, keep_last=1)
+    callback.save(FakeTrainer(10))
+    with pytest.raises(OSError, match="disk full"):
+        callback.save(FakeTrainer(20, fail=True))
+    assert [p.name for p in list_checkpoints(tmp_path)] == ["step-00000010.ckpt"]
+    assert find_latest([tmp_path]).read_bytes() == b"step 10"  # the half-written file never got a final name
+    callback.save(FakeTrainer(30))  # the next save cleans up the stale temporary file
+    assert sorted(os.listdir(tmp_path / "checkpoints")) == ["step-00000030.ckpt"]
+
+
+def test_periodic_and_sigterm_triggers(tmp_path):
+    callback = RollingCheckpoint(tmp_path / "checkpoints", every_n_steps=4, keep_last=10)
+    for step in range(1, 10):
+        callback.on_train_batch_end(FakeTrainer(step))
+    assert [checkpoint_step(p) for p in list_checkpoints(tmp_path)] == [4, 8]
+    trainer = FakeTrainer(9)
+    trainer.received_sigterm = True
+    callback.on_train_batch_end(trainer)
+    assert checkpoint_step(find_latest([tmp_path])) == 9
+
+
+def test_find_latest_prefers_highest_step_across_runs(tmp_path):
+    for run, steps in {"a": [5, 10], "b": [7]}.items():
+        folder = tmp_path / run / "checkpoints"
+        folder.mkdir(parents=True)
+        for step in steps:
+            (folder / f"step-{step:08d}.ckpt").write_bytes(b"x")
+            time.sleep(0.01)
+    assert find_latest([tmp_path / "a", tmp_path / "b"]) == tmp_path / "a" / "checkpoints" / "step-00000010.ckpt"
+    assert find_latest([tmp_path / "missing"]) is None
+
+
+@pytest.mark.parametrize(("kwargs", "key"), [({"every_n_steps": -1}, "every_n_steps"), ({"keep_last": 0}, "keep_last")])
+def test_bad_settings_name_the_key(tmp_path, kwargs, key):
+    with pytest.raises(ValueError, match=key):
+        RollingCheckpoint(tmp_path, **kwargs)
