@@ -1,0 +1,28 @@
+"""Plot the loss curves of one or more runs (train loss, and validation loss where logged) into one PNG.
+
+    python scripts/plot_loss.py outputs/kla_45m/2026-11-29_14-00-00 outputs/gpt_45m/2026-11-29_15-00-00 \
+        --out kla_vs_gpt.png
+    python scripts/plot_loss.py outputs/multirun/2026-11-29_16-00-00/*_kla_45m --out lr_sweep.png
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from klalm.train.plots import plot_losses
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description="Plot loss curves of klalm runs (reads <run>/csv/metrics.csv).")
+    parser.add_argument("runs", nargs="+", type=Path, help="run directories")
+    parser.add_argument("--out", type=Path, default=Path("loss.png"), help="output PNG")
+    parser.add_argument("--title", default="", help="figure title")
+    args = parser.parse_args(argv)
+    paths = {run.name if len(args.runs) == 1 else f"{run.parent.name}/{run.name}": run / "csv" / "metrics.csv"
+             for run in args.runs}  # fmt: skip
+    print(plot_losses(paths, args.out, title=args.title))
+
+
+if __name__ == "__main__":
+    main()
