@@ -18,8 +18,10 @@
 # Environment (defaults for GPUs; CPU mode uses tiny models and a few steps):
 #   MG_STEPS (160)  MG_WINDOW (50)  MG_RESUME_STEPS (10)  MG_SEQ_LEN (1024)  MG_MICRO_BATCH (16)  MG_NUM_WORKERS (1)
 #   MG_KLA_EXPERIMENT (kla_45m)  MG_GPT_EXPERIMENT (gpt_45m)  MG_LOSS_TOL (0.05; CPU 1e-4)
+#   MG_FSDP_LOSS_TOL (0.1: Lightning's FSDP bf16-mixed reduces gradients in bf16)
+#   MG_EXTRA: Hydra overrides added to every run (space-separated), e.g. "optim.lr=1e-3 train.compile=true"
 #   MG_SKIP: run names not to run (e.g. "gpt_single fsdp2"); MG_WARMUP_STEPS (5; CPU 1): steps not timed
-#   MG_DEADLINE_S (400): runs that would start past it are skipped; MG_RUN_TIMEOUT_S (200): limit of one run
+#   MG_DEADLINE_S (360): runs that would start past it are skipped; MG_RUN_TIMEOUT_S (200): limit of one run
 #   MG_WORK (/tmp/klalm_multigpu): run folders (checkpoints stay there); OUT (outputs/multigpu_check): results
 #   KLALM_SHARDS (.carry/enwiki_gpt2): shard folder with train/, val/, tokenizer/
 # Outputs in $OUT: results.md (tables), results.json (all numbers), runs.tar.gz (metrics, configs, token audits,
@@ -30,18 +32,19 @@ cd "$(dirname "$0")/.."
 CPU=${KLALM_MULTIGPU_CPU:-0}
 if [ "$CPU" = 1 ]; then
   STEPS=${MG_STEPS:-8} WINDOW=${MG_WINDOW:-4} RESUME_STEPS=${MG_RESUME_STEPS:-2} SEQ=${MG_SEQ_LEN:-32}
-  MICRO=${MG_MICRO_BATCH:-2} LOSS_TOL=${MG_LOSS_TOL:-1e-4}
+  MICRO=${MG_MICRO_BATCH:-2} LOSS_TOL=${MG_LOSS_TOL:-1e-4} FSDP_LOSS_TOL=${MG_FSDP_LOSS_TOL:-1e-4}
   HW=(trainer.accelerator=cpu trainer.precision=32-true trainer.deterministic=true)
   SINGLE_TRAINER=cpu KLA_MODEL=(model=kla_tiny) GPT_MODEL=(model=gpt_tiny) WARMUP=${MG_WARMUP_STEPS:-1}
   export OMP_NUM_THREADS=1 MKL_CBWR=COMPATIBLE   # bit-reproducible float32 across processes
 else
   STEPS=${MG_STEPS:-160} WINDOW=${MG_WINDOW:-50} RESUME_STEPS=${MG_RESUME_STEPS:-10} SEQ=${MG_SEQ_LEN:-1024}
-  MICRO=${MG_MICRO_BATCH:-16} LOSS_TOL=${MG_LOSS_TOL:-0.05}
+  MICRO=${MG_MICRO_BATCH:-16} LOSS_TOL=${MG_LOSS_TOL:-0.05} FSDP_LOSS_TOL=${MG_FSDP_LOSS_TOL:-0.1}
   HW=() SINGLE_TRAINER=gpu KLA_MODEL=() GPT_MODEL=() WARMUP=${MG_WARMUP_STEPS:-5}
 fi
 NUM_WORKERS=${MG_NUM_WORKERS:-1}
+read -r -a EXTRA <<< "${MG_EXTRA:-}"   # extra Hydra overrides for every run, e.g. "train.compile=true"
 KLA_EXP=${MG_KLA_EXPERIMENT:-kla_45m} GPT_EXP=${MG_GPT_EXPERIMENT:-gpt_45m}
-DEADLINE=${MG_DEADLINE_S:-400} RUN_TIMEOUT=${MG_RUN_TIMEOUT_S:-200}
+DEADLINE=${MG_DEADLINE_S:-360} RUN_TIMEOUT=${MG_RUN_TIMEOUT_S:-200}
 WORK=${MG_WORK:-/tmp/klalm_multigpu} OUT=${OUT:-outputs/multigpu_check}
 export KLALM_SHARDS=${KLALM_SHARDS:-$PWD/.carry/enwiki_gpt2}
 export PYTHON=${PYTHON:-$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo python3 )}
@@ -61,7 +64,7 @@ START=$(date +%s)
 printf 'name\trc\twall_s\tnproc\tstrategy\texperiment\tnote\n' > "$WORK/status.tsv"
 cat > "$WORK/plan.json" <<EOF
 {"cpu": $CPU, "steps": $STEPS, "window": $WINDOW, "resume_at": $RESUME_AT, "seq_len": $SEQ,
- "micro_batch": $MICRO, "global_batch_tokens": $GLOBAL, "loss_tol": $LOSS_TOL,
+ "micro_batch": $MICRO, "global_batch_tokens": $GLOBAL, "loss_tol": $LOSS_TOL, "fsdp_loss_tol": $FSDP_LOSS_TOL,
  "kla_experiment": "$KLA_EXP", "gpt_experiment": "$GPT_EXP", "deadline_s": $DEADLINE}
 EOF
 
@@ -73,7 +76,7 @@ common() {  # common() NAME EXPERIMENT: overrides shared by every run
     train.export_hf=false train.plot=false trainer.log_every_n_steps=1 trainer.enable_progress_bar=false \
     callbacks.sampler=null callbacks.progress=null \
     "+callbacks.rank_loader_states._target_=klalm.train.multigpu_checks.RankLoaderStates" \
-    "paths.log_dir=$WORK" "run_name=$1"
+    "paths.log_dir=$WORK" "hydra.run.dir=$WORK/$1/mg" "run_name=$1"
 }
 stop_after() { echo "+callbacks.stop._target_=klalm.train.multigpu_checks.StopAfterSteps" "+callbacks.stop.steps=$1"; }
 
@@ -95,10 +98,10 @@ launch() {  # launch NAME NPROC STRATEGY EXPERIMENT OVERRIDES...: one run, recor
   PORT=$((PORT + 1))
   if [ "$nproc" -gt 1 ]; then
     NPROC_PER_NODE=$nproc TRAINER=$strategy MASTER_PORT=$PORT timeout -k 20 "$left" scripts/launch_torchrun.sh \
-      $(common "$name" "$exp") "$@" "${HW[@]}" > "$WORK/logs/$name.log" 2>&1
+      $(common "$name" "$exp") "$@" "${HW[@]}" "${EXTRA[@]}" > "$WORK/logs/$name.log" 2>&1
   else
     CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0} timeout -k 20 "$left" "$PYTHON" -m klalm.train \
-      $(common "$name" "$exp") "trainer=$SINGLE_TRAINER" "$@" "${HW[@]}" > "$WORK/logs/$name.log" 2>&1
+      $(common "$name" "$exp") "trainer=$SINGLE_TRAINER" "$@" "${HW[@]}" "${EXTRA[@]}" > "$WORK/logs/$name.log" 2>&1
   fi
   rc=$?
   [ "$rc" = 124 ] && note="timed out after ${left}s"
