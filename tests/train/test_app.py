@@ -35,6 +35,7 @@ def test_tiny_run_writes_metrics_checkpoints_export(tmp_path):
     assert [int(r["train/tokens_seen"]) for r in rows] == [64, 128, 192, 256]
     assert all(math.isfinite(float(r["train/loss"])) and float(r["perf/tokens_per_s"]) > 0 for r in rows)
     assert "perf/mfu" not in rows[0]  # CPU: MFU omitted
+    assert [int(r["step"]) for r in _rows(run_dir) if r.get("val/loss")] == [4]  # the final evaluation
     assert math.log(128) - 1 < summary["val_loss"] < math.log(128) + 1  # random tokens: about ln V
     assert summary["val_ppl"] == pytest.approx(math.exp(summary["val_loss"]), rel=1e-5)
     assert [p.name for p in list_checkpoints(run_dir)] == ["step-00000002.ckpt", "step-00000004.ckpt"]

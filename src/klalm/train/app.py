@@ -150,7 +150,9 @@ def run(cfg: DictConfig) -> dict[str, Any]:
 def finish(cfg: DictConfig, trainer: pl.Trainer, module: LMModule, datamodule: Any, started: float) -> dict[str, Any]:
     """After training: held-out evaluation, HF export, loss plot and `summary.json`."""
     run_dir = Path(cfg.paths.run_dir)
-    val = trainer.validate(module, datamodule=datamodule, verbose=False)[0] if cfg.train.final_eval else {}
+    if cfg.train.final_eval:
+        trainer.validate(module, datamodule=datamodule, verbose=False)
+    val = module.last_val if cfg.train.final_eval else {}
     if cfg.train.export_hf:
         export_hf(trainer, run_dir / HF_DIR, datamodule.tokenizer)
     if not trainer.is_global_zero:

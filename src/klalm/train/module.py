@@ -122,6 +122,7 @@ class LMModule(pl.LightningModule):
         self.bad_steps_in_row = 0
         self._val_sums: list[Tensor] = []
         self.step_metrics: dict[str, Any] = {}
+        self.last_val: dict[str, float] = {}  # val/loss and val/ppl of the latest validation
         self._configured = False
 
     def configure_model(self) -> None:
@@ -237,7 +238,13 @@ class LMModule(pl.LightningModule):
         if total[1] <= 0:
             raise ValueError("the validation loader yielded no scored token (check data.val_* settings)")
         val_loss = total[0] / total[1]
-        self.log_dict({"val/loss": val_loss, "val/ppl": torch.exp(val_loss)}, sync_dist=False, prog_bar=True)
+        metrics = {"val/loss": val_loss, "val/ppl": torch.exp(val_loss)}
+        # to the progress bar (and last_val for the run summary); the loggers get the row at the optimiser step itself
+        # (Lightning's own logging step lags it by one inside the training loop)
+        self.log_dict(metrics, sync_dist=False, prog_bar=True, logger=False)
+        self.last_val = {k: float(v) for k, v in metrics.items()}
+        for logger in self.trainer.loggers:
+            logger.log_metrics(self.last_val, step=self.global_step)
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         checkpoint["klalm"] = {
