@@ -54,6 +54,9 @@ GLOBAL=$((2 * MICRO * SEQ))             # tokens per optimiser step, on 2 ranks 
 RESUME_AT=$((STEPS - RESUME_STEPS))
 [ "$RESUME_AT" -gt $((STEPS / 2)) ] && [ "$WINDOW" -le "$STEPS" ] \
   || { echo "multigpu_check: need MG_RESUME_STEPS < MG_STEPS/2 and MG_WINDOW <= MG_STEPS" >&2; exit 2; }
+GPUS=$(nvidia-smi -L 2>/dev/null | wc -l)
+[ "$CPU" = 1 ] || [ "$GPUS" -ge 2 ] \
+  || { echo "multigpu_check: needs 2 GPUs, nvidia-smi lists $GPUS (KLALM_MULTIGPU_CPU=1 rehearses)" >&2; exit 2; }
 [ -f "$KLALM_SHARDS/train/index.json" ] || { echo "multigpu_check: no shards in $KLALM_SHARDS" >&2; exit 2; }
 TRAIN_TOKENS=$("$PYTHON" -c "import json,sys; print(json.load(open(sys.argv[1]))['total_tokens'])" \
   "$KLALM_SHARDS/train/index.json")
@@ -122,7 +125,8 @@ launch gpt_ddp2 2 ddp "$GPT_EXP" "${GPT_MODEL[@]}" $NO_CKPT $(stop_after "$WINDO
 launch gpt_single 1 single "$GPT_EXP" "${GPT_MODEL[@]}" $NO_CKPT $(stop_after "$WINDOW")
 
 (nvidia-smi; nvidia-smi topo -m) > "$WORK/logs/nvidia-smi.txt" 2>&1 || true
-"$PYTHON" scripts/multigpu_check.py --work "$WORK" --out "$OUT" --warmup-steps "$WARMUP" > "$WORK/logs/analysis.txt" 2>&1
+"$PYTHON" scripts/multigpu_check.py --work "$WORK" --out "$OUT" --warmup-steps "$WARMUP" \
+  > "$WORK/logs/analysis.txt" 2>&1
 rc=$?
 tar czf "$OUT/runs.tar.gz" -C "$WORK" --exclude='*.ckpt' --exclude='tokenizer' --exclude='hf' . 2>/dev/null
 cat "$WORK/logs/analysis.txt"
