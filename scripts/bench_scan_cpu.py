@@ -97,7 +97,7 @@ def _outputs_and_grads(scan, inputs: list[torch.Tensor]) -> dict[str, torch.Tens
     y, y_var, state = scan(*leaves[:6], KLAState(leaves[6], leaves[7]))
     outs = {"y": y, "y_var": y_var, "lam": state.lam, "eta": state.eta}
     g = torch.Generator().manual_seed(1)
-    loss = sum((torch.randn(o.shape, generator=g, dtype=torch.float64).to(o.dtype) * o).sum() for o in outs.values())
+    loss = sum((torch.randn(o.shape, generator=g, dtype=torch.float64).to(o) * o).sum() for o in outs.values())
     grads = torch.autograd.grad(loss, leaves)
     names = ("v", "lambda_v", "k", "q", "a", "p", "lam0", "eta0")
     return {n: t.detach().double() for n, t in [*outs.items(), *(("d" + n, t) for n, t in zip(names, grads))]}
@@ -107,7 +107,7 @@ def accuracy(args: argparse.Namespace, chunks: list[int]) -> None:
     """Print max|error|/max|value| of float32 runs against the float64 reference, output by output."""
     inputs = make_inputs(args)
     b, m, s = args.batch, args.channels, args.state
-    inputs += [torch.ones(b, m, s), torch.zeros(b, m, s)]  # fresh state, differentiable
+    inputs += [torch.ones(b, m, s, device=args.device), torch.zeros(b, m, s, device=args.device)]  # fresh state
     truth = _outputs_and_grads(kla_scan_reference, [t.double() for t in inputs])
     runs = {"reference fp32": kla_scan_reference, "torch fp32 (default chunk)": kla_scan_torch}
     runs |= {f"torch fp32 (chunk {c})": partial(kla_scan_torch, chunk_size=c) for c in chunks}

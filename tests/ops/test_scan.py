@@ -36,7 +36,7 @@ def run_with_grads(fn, inputs, prior=False, seed=1):
     y, y_var, state = fn(*args, KLAState(leaves["lam0"], leaves["eta0"]), prior)
     outs = {"y": y, "y_var": y_var, "lam": state.lam, "eta": state.eta}
     g = torch.Generator().manual_seed(seed)
-    loss = sum((torch.randn(o.shape, generator=g, dtype=torch.float64).to(o.dtype) * o).sum() for o in outs.values())
+    loss = sum((torch.randn(o.shape, generator=g, dtype=torch.float64).to(o) * o).sum() for o in outs.values())
     grads = torch.autograd.grad(loss, list(leaves.values()))
     return {n: o.detach() for n, o in outs.items()}, dict(zip(NAMES, grads))
 
