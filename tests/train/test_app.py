@@ -115,3 +115,27 @@ def test_too_many_non_finite_steps_stop_the_run(tmp_path, monkeypatch):
     _nan_loss_at(monkeypatch, set(range(100)))
     with pytest.raises(NonFiniteLossError, match="3 consecutive"):
         run(compose_train([*TINY, "train.max_bad_steps=3"], tmp_path / "run"))
+
+
+def test_activation_checkpointing_gives_the_same_losses(tmp_path):
+    plain = run(compose_train([*TINY, "train.max_tokens=192"], tmp_path / "a" / "plain"))
+    ckpt = run(compose_train([*TINY, "train.max_tokens=192", "train.activation_checkpointing=true"],
+                             tmp_path / "a" / "ckpt"))  # fmt: skip
+    assert _rows(tmp_path / "a" / "ckpt")[-1]["train/loss"] == _rows(tmp_path / "a" / "plain")[-1]["train/loss"]
+    assert ckpt["train/loss"] == plain["train/loss"]
+
+
+def test_activation_checkpointing_wraps_every_block():
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper
+
+    from klalm.models import build_model
+    from klalm.train.budget import derive_budget
+    from klalm.train.module import LMModule
+
+    budget = derive_budget(max_tokens=64, global_batch_tokens=32, micro_batch_size=2, seq_len=16, world_size=1)
+    module = LMModule(build_model("kla", preset="tiny", vocab_size=64), None, None, budget,
+                      activation_checkpointing=True)  # fmt: skip
+    module.configure_model()
+    module.configure_model()  # idempotent: Lightning calls it for fit and again for validate
+    assert all(isinstance(layer, CheckpointWrapper) for layer in module.model.model.layers)
+    assert not isinstance(module.model.model.layers[0]._checkpoint_wrapped_module, CheckpointWrapper)
