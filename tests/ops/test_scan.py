@@ -277,3 +277,15 @@ def test_default_chunk_size_rule():
     assert default_chunk_size(1024, CPU_SEQUENTIAL_MIN_ELEMENTS - 1, cpu) == 32  # ceil(√L)
     assert default_chunk_size(1000, 1 << 30, cuda) == 32
     assert default_chunk_size(1, 1, cpu) == 1
+
+
+def test_public_signatures():
+    import inspect
+
+    scan_params = inspect.signature(kla_scan).parameters
+    assert list(scan_params) == [*NAMES[:6], "initial_state", "backend", "decode_from_prior"]
+    assert scan_params["backend"].default == "auto" and scan_params["backend"].kind is inspect.Parameter.KEYWORD_ONLY
+    assert scan_params["initial_state"].default is None and scan_params["decode_from_prior"].default is False
+    step_params = inspect.signature(kla_step).parameters
+    assert list(step_params) == [*NAMES[:6], "state", "decode_from_prior"]
+    assert step_params["decode_from_prior"].kind is inspect.Parameter.KEYWORD_ONLY
