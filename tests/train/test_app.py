@@ -139,3 +139,21 @@ def test_activation_checkpointing_wraps_every_block():
     module.configure_model()  # idempotent: Lightning calls it for fit and again for validate
     assert all(isinstance(layer, CheckpointWrapper) for layer in module.model.model.layers)
     assert not isinstance(module.model.model.layers[0]._checkpoint_wrapped_module, CheckpointWrapper)
+
+
+# The offline corpus through klalm.data.TextDataModule: smoke settings shrunk to 4 steps of 2 × 32-token micro-batches.
+DOCS = ["experiment=smoke", "data.seq_len=32", "data.batch_size=2", "data.val_batches=1", "train.global_batch_tokens=128",
+        "train.max_tokens=512", "trainer.log_every_n_steps=1", "trainer.limit_val_batches=1", "trainer.deterministic=true",
+        "callbacks.progress=null", "callbacks.sampler.max_new_tokens=4", "callbacks.checkpoint.keep_last=10",
+        "train.export_hf=false", "train.plot=false"]  # fmt: skip
+
+
+def test_resume_on_the_text_data_module_continues_the_token_stream(tmp_path):
+    full_dir, resumed_dir = tmp_path / "f" / "full", tmp_path / "f" / "resumed"
+    run(compose_train([*DOCS, "callbacks.checkpoint.every_n_steps=2"], full_dir))
+    resume = f"resume={full_dir / 'checkpoints' / 'step-00000002.ckpt'}"
+    run(compose_train([*DOCS, resume], resumed_dir))
+    full = {r["step"]: r["train/loss"] for r in _rows(full_dir) if r["train/loss"]}
+    resumed = {r["step"]: r["train/loss"] for r in _rows(resumed_dir) if r["train/loss"]}
+    assert sorted(resumed) == ["3", "4"]
+    assert resumed == {step: full[step] for step in ("3", "4")}  # same batches, same weights: same losses
