@@ -10,6 +10,7 @@ COMMANDS = {
     "evaluate": "klalm.eval.app:main",
     "params": "klalm.models.presets:main",
     "lm_eval": "klalm.eval.harness:cli_main",
+    "synthetic": "klalm.tasks.runner:main",
 }
 
 
@@ -42,3 +43,8 @@ def params() -> None:
 def lm_eval() -> None:
     """`klalm-lm-eval`: the lm-eval CLI with klalm's model classes registered."""
     _run("lm_eval")
+
+
+def synthetic() -> None:
+    """`klalm-synthetic`: train archs on the synthetic benchmarks (A5, MQAR, MAD) and write tables and plots."""
+    _run("synthetic")
