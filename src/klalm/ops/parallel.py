@@ -209,7 +209,8 @@ class _Step(NamedTuple):
     gain: Tensor  # g_t = a/d_t
     w: Tensor  # a²/d_t²
     c: Tensor  # a·p·η_{t-1}/d_t²
-    inv_d: Tensor
+    inv_d: Tensor  # 1/d_t
+    inv_d2: Tensor  # 1/d_t²
     lam_prev: Tensor
     eta_prev: Tensor
     mean: Tensor  # readout mean per state (a·μ with decode_from_prior)
@@ -230,25 +231,24 @@ class _Adjoint(NamedTuple):
     g_eta: Tensor
     prior: bool
     length: int
+    a2: Tensor  # a², [M, S]
+    ap: Tensor  # a·p, [M, S]
 
 
 def _step_terms(s: _Adjoint, c: int) -> _Step:
     """The backward terms of step c of every chunk, with the final-state gradients seeded at step L."""
-    a, p = s.x.a, s.x.p
-    a2 = a * a
+    a, p, a2 = s.x.a, s.x.p, s.a2
     lam_prev, eta_prev = (s.lam[c - 1], s.eta[c - 1]) if c else (s.lam_starts, s.eta_starts)
     inv = s.lam[c].reciprocal()
     q = s.x.q[c][..., None, :]  # [B, NC, 1, S]
     gy_q = s.gy[c][..., None] * q  # [B, NC, M, S]
-    gv_q2 = s.gy_var[c][..., None] * (q * q)
-    mean = s.eta[c] * inv
+    mean, e = s.eta[c] * inv, gy_q * inv
     if s.prior:
         mean, var, dvar = a * mean, torch.addcmul(p, a2, inv), a2 * inv
-        e = gy_q * inv * a
+        e.mul_(a)
     else:
         var = dvar = inv
-        e = gy_q * inv
-    f = -(gy_q * mean + gv_q2 * dvar) * inv
+    f = torch.addcmul(gy_q.mul_(mean), s.gy_var[c][..., None] * (q * q), dvar).mul_(inv).neg_()
     chunk = s.lam.shape[0]
     if c == (s.length - 1) % chunk:
         n = (s.length - 1) // chunk
@@ -256,7 +256,7 @@ def _step_terms(s: _Adjoint, c: int) -> _Step:
         f[:, n] += s.g_lam
     inv_d = torch.addcmul(a2, p, lam_prev).reciprocal_()
     inv_d2 = inv_d * inv_d
-    return _Step(e, f, a * inv_d, a2 * inv_d2, (a * p) * inv_d2 * eta_prev, inv_d, lam_prev, eta_prev, mean, var)
+    return _Step(e, f, a * inv_d, a2 * inv_d2, s.ap * inv_d2 * eta_prev, inv_d, inv_d2, lam_prev, eta_prev, mean, var)
 
 
 def _adjoint_carries(s: _Adjoint) -> tuple[Tensor, Tensor]:
@@ -286,26 +286,28 @@ def _gradient_sweep(s: _Adjoint, p_eta: Tensor, p_lam: Tensor) -> tuple[Tensor, 
     """Exact reverse sweep from the chunk carries: gradients of v, Λ, k, q (chunked), a, p, λ_0, η_0."""
     x, a = s.x, s.x.a
     g_v, g_lam_v, g_k, g_q = (torch.empty_like(t) for t in (x.v, x.lam_v, x.k, x.q))
-    acc_a, acc_p = torch.zeros_like(p_eta), torch.zeros_like(p_eta)
+    acc_a, acc_u, acc_p = (torch.zeros_like(p_eta) for _ in range(3))  # Σ Hη·η_{t-1}/d, Σ u, Σ λ_{t-1}·u
     for c in range(s.lam.shape[0] - 1, -1, -1):
         t = _step_terms(s, c)
-        h_eta, h_lam = t.e + p_eta, t.f + p_lam
-        k, k2 = x.k[c], x.k[c] * x.k[c]
+        h_eta, h_lam = t.e.add_(p_eta), t.f.add_(p_lam)
+        k = x.k[c]
         sk = _rowsum(h_eta, k)
         g_v[c] = x.lam_v[c] * sk
-        g_lam_v[c] = torch.addcmul(_rowsum(h_lam, k2), x.v[c], sk)
+        g_lam_v[c] = torch.addcmul(_rowsum(h_lam, k * k), x.v[c], sk)
         g_k[c] = torch.addcmul(_colsum(x.lam_v[c] * x.v[c], h_eta), 2 * k, _colsum(x.lam_v[c], h_lam))
         g_q[c] = torch.addcmul(_colsum(s.gy[c], t.mean), 2 * x.q[c], _colsum(s.gy_var[c], t.var))
-        u = (t.lam_prev * h_lam + a * t.eta_prev * h_eta) * (t.inv_d * t.inv_d)
-        acc_a += h_eta * t.eta_prev * t.inv_d - 2 * a * u
-        acc_p -= t.lam_prev * u
+        u = torch.addcmul(t.lam_prev * h_lam, a * t.eta_prev, h_eta).mul_(t.inv_d2)
+        acc_a.addcmul_(h_eta, t.eta_prev * t.inv_d)
+        acc_u += u
+        acc_p.addcmul_(t.lam_prev, u)
         if s.prior:  # direct readout terms of μ' = a·μ and σ'² = a²·σ² + p
             q = x.q[c][..., None, :]  # [B, NC, 1, S]
             inv = s.lam[c].reciprocal()
             acc_a += s.gy[c][..., None] * q * s.eta[c] * inv + 2 * a * s.gy_var[c][..., None] * q * q * inv
-            acc_p += s.gy_var[c][..., None] * q * q
-        p_eta, p_lam = t.gain * h_eta, t.w * h_lam - t.c * h_eta
-    return g_v, g_lam_v, g_k, g_q, acc_a.sum((0, 1)), acc_p.sum((0, 1)), p_lam[:, 0], p_eta[:, 0]
+            acc_p -= s.gy_var[c][..., None] * q * q
+        p_eta, p_lam = t.gain * h_eta, torch.addcmul(t.w * h_lam, t.c, h_eta, value=-1)
+    g_a = acc_a.sum((0, 1)) - 2 * a * acc_u.sum((0, 1))
+    return g_v, g_lam_v, g_k, g_q, g_a, -acc_p.sum((0, 1)), p_lam[:, 0], p_eta[:, 0]
 
 
 class KLAScanFunction(torch.autograd.Function):
@@ -333,7 +335,7 @@ class KLAScanFunction(torch.autograd.Function):
         x = Chunked(*(_to_chunks(t, ctx.chunk) for t in (v, lambda_v, k, q)), a, p)
         lam, eta = _refill(x, lam_starts, eta_starts)
         gyc, gvc = _to_chunks(gy, ctx.chunk), _to_chunks(gy_var, ctx.chunk)
-        s = _Adjoint(x, lam, eta, lam_starts, eta_starts, gyc, gvc, g_lam, g_eta, ctx.prior, length)
+        s = _Adjoint(x, lam, eta, lam_starts, eta_starts, gyc, gvc, g_lam, g_eta, ctx.prior, length, a * a, a * p)
         p_eta, p_lam = _adjoint_carries(s)
         g_v, g_lam_v, g_k, g_q, g_a, g_p, g_lam0, g_eta0 = _gradient_sweep(s, p_eta, p_lam)
         grads = [_from_chunks(t, length) for t in (g_v, g_lam_v, g_k, g_q)]
