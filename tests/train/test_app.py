@@ -142,10 +142,22 @@ def test_activation_checkpointing_wraps_every_block():
 
 
 # The offline corpus through klalm.data.TextDataModule: smoke settings shrunk to 4 steps of 2 × 32-token micro-batches.
-DOCS = ["experiment=smoke", "data.seq_len=32", "data.batch_size=2", "data.val_batches=1", "train.global_batch_tokens=128",
-        "train.max_tokens=512", "trainer.log_every_n_steps=1", "trainer.limit_val_batches=1", "trainer.deterministic=true",
-        "callbacks.progress=null", "callbacks.sampler.max_new_tokens=4", "callbacks.checkpoint.keep_last=10",
-        "train.export_hf=false", "train.plot=false"]  # fmt: skip
+DOCS = [
+    "experiment=smoke",
+    "data.seq_len=32",
+    "data.batch_size=2",
+    "data.val_batches=1",
+    "train.global_batch_tokens=128",
+    "train.max_tokens=512",
+    "trainer.log_every_n_steps=1",
+    "trainer.limit_val_batches=1",
+    "trainer.deterministic=true",
+    "callbacks.progress=null",
+    "callbacks.sampler.max_new_tokens=4",
+    "callbacks.checkpoint.keep_last=10",
+    "train.export_hf=false",
+    "train.plot=false",
+]
 
 
 def test_resume_on_the_text_data_module_continues_the_token_stream(tmp_path):

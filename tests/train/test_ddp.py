@@ -1,5 +1,6 @@
 """2-process DDP on the CPU (gloo), launched by scripts/launch_torchrun.sh, matches one process with the same global
-batch: each rank reads half of every global batch (rank-strided samples), so the averaged gradients are the same."""
+batch: each rank reads half of every global batch (rank-strided samples) in 2 accumulated micro-batches (gradient sync
+only on the last), the single process reads it in 4, so the averaged gradients are the same."""
 
 import csv
 import os
@@ -13,7 +14,14 @@ from klalm.train.checkpoint import find_latest
 from .conftest import RUN_ENV, TINY, run_train
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-OVERRIDES = [*TINY, "train.max_tokens=384", "callbacks=default", "callbacks.sampler=null", "callbacks.progress=null"]
+OVERRIDES = [
+    *TINY,
+    "train.global_batch_tokens=128",
+    "train.max_tokens=768",
+    "callbacks=default",
+    "callbacks.sampler=null",
+    "callbacks.progress=null",
+]
 
 
 def _losses(run_dir) -> list[float]:
@@ -42,7 +50,7 @@ def test_two_process_ddp_matches_one_process(tmp_path):
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-5000:]
     ddp = tmp_path / "ddp" / "ddp2"
-    assert "accumulate 1 × micro-batch 2×16 × 2 ranks" in proc.stderr + proc.stdout
+    assert "accumulate 2 × micro-batch 2×16 × 2 ranks" in proc.stderr + proc.stdout  # 1 process: 4 micro-batches
     assert (ddp / "summary.json").is_file()
 
     single_losses, ddp_losses = _losses(single), _losses(ddp)
