@@ -110,3 +110,22 @@ def test_two_checkpoints_one_table_with_provenance(tiny_checkpoints, shared_data
     table = (tmp_path / "results.md").read_text()
     assert "| trained/export | gpt |" in table and "| untrained/export | gpt |" in table
     assert "piqa acc_norm" in table
+
+
+@pytest.mark.parametrize("arch", ["gpt", "kla", "mamba", "gdn", "gpt_kla"])
+def test_every_arch_scores_like_unbatched_forward(arch, gpt2_tokenizer, shared_data):
+    """lm-eval batches right-padded requests; for every mixer the scores equal one unpadded forward per choice."""
+    from klalm.eval import evaluate_model, resolve_tasks
+    from klalm.models import build_model
+
+    torch.manual_seed(0)
+    model = build_model(arch, preset="tiny", vocab_size=len(gpt2_tokenizer)).double().eval()
+    specs, manager = resolve_tasks(["piqa"], shared_data)
+    metrics, samples = evaluate_model(
+        model, gpt2_tokenizer, specs, manager, limit=4, batch_size=4, max_length=512, log_samples=True
+    )
+    lls, acc, acc_norm = _independent_scores(model, gpt2_tokenizer, _piqa_examples(shared_data, 4))
+    logged = [np.array([r[0] for r in s["filtered_resps"]]) for s in sorted(samples["piqa"], key=lambda s: s["doc_id"])]
+    for i, (ours, theirs) in enumerate(zip(lls, logged)):
+        np.testing.assert_allclose(theirs, ours, rtol=0, atol=1e-8, err_msg=f"{arch} doc {i}")
+    assert metrics["piqa"]["acc"] == pytest.approx(acc) and metrics["piqa"]["acc_norm"] == pytest.approx(acc_norm)
