@@ -49,11 +49,22 @@ def test_defaults_and_unknown_key():
             compose(config_name="eval", overrides=["no_such_key=1"])
 
 
+def test_main_parses_command_line(tmp_path, monkeypatch, capsys):
+    """The real @hydra.main entry in-process: `tasks=[...]` is a plain key (no config group shadows it)."""
+    missing = tmp_path / "missing"
+    argv = ["klalm-eval", f"checkpoint={missing}", "tasks=[piqa]", "limit=2", f"hydra.run.dir={tmp_path}"]
+    monkeypatch.setattr(sys, "argv", argv)
+    with pytest.raises(SystemExit) as exit_info:
+        app.main()
+    assert exit_info.value.code == 1
+    assert f"checkpoint {str(missing)!r} does not exist" in capsys.readouterr().err
+
+
 @pytest.mark.slow  # a fresh interpreter importing torch, transformers and lm-eval: ~10-25 s on 2 cores
 def test_console_script_reports_missing_checkpoint(tmp_path):
     missing = tmp_path / "missing"
     proc = subprocess.run(
-        [_script("klalm-eval"), f"checkpoint={missing}", f"output_dir={tmp_path}", f"hydra.run.dir={tmp_path}"],
+        [_script("klalm-eval"), f"checkpoint={missing}", "tasks=[piqa]", f"hydra.run.dir={tmp_path}"],
         capture_output=True,
         text=True,
         env=ENV,

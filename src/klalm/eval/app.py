@@ -4,9 +4,11 @@ Examples:
     klalm-eval checkpoint=runs/export tasks=[hellaswag,piqa] data_dir=../shared/data limit=100
     klalm-eval 'checkpoint=[runs/a/export,runs/b/last.ckpt]' batch_size=32 log_samples=true
 
-The config is configs/eval.yaml (package `klalm.configs`), registered in Hydra's ConfigStore rather than reached
-through the `pkg://klalm.configs` search path: on that path every folder is a config group, and a group named like
-an eval key (configs/tasks/ holds the synthetic-benchmark budgets) would turn `tasks=[...]` into a group override.
+The config is configs/eval.yaml (package `klalm.configs`), registered in Hydra's ConfigStore; the app's search
+path is the empty package `klalm.eval.hydra_root`. Hydra treats every folder on its search path as a config group,
+so a folder named like an eval key would turn e.g. `tasks=[...]` into a group override: `pkg://klalm.configs` has
+configs/tasks/ (the synthetic-benchmark budgets), and `pkg://klalm.eval` (what `config_path=None` searches) has the
+local lm-eval tasks in tasks/.
 """
 
 from __future__ import annotations
@@ -56,7 +58,7 @@ def run(cfg: DictConfig) -> dict:
     )
 
 
-@hydra.main(config_path=None, config_name=CONFIG_NAME, version_base="1.3")
+@hydra.main(config_path="pkg://klalm.eval.hydra_root", config_name=CONFIG_NAME, version_base="1.3")
 def _hydra_main(cfg: DictConfig) -> None:
     log.info("config:\n%s", OmegaConf.to_yaml(cfg))
     print(markdown_table(run(cfg)))
