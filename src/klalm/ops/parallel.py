@@ -58,8 +58,8 @@ log = logging.getLogger(__name__)
 
 # On CPU a single chunk (the sequential recursion, work-optimal) wins once one time step has this many
 # (b, m, s) elements: the few-µs dispatch of each op is then small against the arithmetic of a step.
-# Measured (L=1024, one thread, fwd+bwd): B·M·S = 4096: 32 chunks 287 ms vs one chunk 624 ms;
-# B·M·S = 8192: 32 chunks 1502 ms vs one chunk 952 ms (docs/kla.md).
+# Measured (L=1024, one thread, fwd+bwd): B·M·S = 4096: 32 chunks 264 ms vs one chunk 714 ms;
+# B·M·S = 8192: 32 chunks 723 ms vs one chunk 495 ms (docs/kla.md).
 CPU_SEQUENTIAL_MIN_ELEMENTS = 1 << 13
 _CHUNK_RULE_LOGGED: set[str] = set()
 
