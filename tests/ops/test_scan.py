@@ -178,12 +178,25 @@ def test_torch_backend_saves_no_per_step_tensors():
 def test_auto_picks_torch_on_cpu_and_logs(caplog):
     from klalm.ops import scan
 
-    scan._AUTO_LOGGED.discard("torch")
+    scan._AUTO_LOGGED.clear()
     with caplog.at_level(logging.INFO, logger="klalm.ops.scan"):
         assert scan.resolve_backend("auto", torch.zeros(1)) == "torch"
         assert scan.resolve_backend("auto", torch.zeros(1)) == "torch"
     assert sum("chose 'torch'" in r.getMessage() for r in caplog.records) == 1
     assert set(BACKENDS) >= {"reference", "torch", "triton"}
+
+
+def test_auto_sends_float64_to_torch_even_on_cuda(monkeypatch):
+    from klalm.ops import scan
+
+    class FakeCuda:  # only what resolve_backend reads
+        is_cuda, device = True, torch.device("cuda")
+
+        def __init__(self, dtype):
+            self.dtype = dtype
+
+    assert scan.resolve_backend("auto", FakeCuda(torch.float64)) == "torch"
+    assert scan.resolve_backend("auto", FakeCuda(torch.bfloat16)) == "triton"
 
 
 def test_fresh_state_default_and_empty_sequence():

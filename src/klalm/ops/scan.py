@@ -15,6 +15,7 @@ import importlib
 import logging
 from collections.abc import Callable
 
+import torch
 from torch import Tensor
 
 from klalm.ops.checks import check_inputs
@@ -52,16 +53,21 @@ BACKENDS: dict[str, Callable[..., tuple[Tensor, Tensor, KLAState]]] = {
     "torch": kla_scan_torch,
     "triton": _kla_scan_triton,
 }
-_AUTO_LOGGED: set[str] = set()
+_AUTO_LOGGED: set[tuple] = set()
 
 
 def resolve_backend(backend: str, v: Tensor) -> str:
-    """The backend name that `backend` means for tensors like `v` ("auto": triton on CUDA, else torch)."""
+    """The backend name that `backend` means for tensors like `v`.
+
+    "auto": triton for CUDA tensors, torch otherwise; float64 always goes to torch, because the Triton kernels
+    compute in float32 and float64 callers ask for float64 accuracy.
+    """
     if backend == "auto":
-        name = "triton" if v.is_cuda else "torch"
-        if name not in _AUTO_LOGGED:
-            _AUTO_LOGGED.add(name)
-            log.info("kla_scan backend 'auto' chose %r for %s tensors", name, v.device.type)
+        name = "triton" if v.is_cuda and v.dtype != torch.float64 else "torch"
+        key = (name, v.device.type, v.dtype)
+        if key not in _AUTO_LOGGED:
+            _AUTO_LOGGED.add(key)
+            log.info("kla_scan backend 'auto' chose %r for %s %s tensors", name, v.device.type, v.dtype)
         return name
     if backend not in BACKENDS:
         raise ValueError(f"unknown kla_scan backend {backend!r}; valid: {sorted(BACKENDS) + ['auto']}")
