@@ -1,6 +1,6 @@
-"""2-process DDP on the CPU (gloo), launched by scripts/launch_torchrun.sh, matches one process with the same global
-batch: each rank reads half of every global batch (rank-strided samples) in 2 accumulated micro-batches (gradient sync
-only on the last), the single process reads it in 4, so the averaged gradients are the same."""
+"""2-process DDP and FSDP2 on the CPU (gloo), launched by scripts/launch_torchrun.sh, match one process with the same
+global batch: each rank reads half of every global batch (rank-strided samples) in 2 accumulated micro-batches
+(gradient sync only on the last), the single process reads it in 4, so the averaged gradients are the same."""
 
 import csv
 import os
@@ -34,28 +34,36 @@ def _weights(run_dir) -> dict[str, torch.Tensor]:
 
 
 @pytest.mark.slow
-def test_two_process_ddp_matches_one_process(tmp_path):
+@pytest.mark.parametrize(
+    ("trainer", "model"),
+    # FSDP2 runs GPT: fully_shard rejects 0-d parameters, and the KLA mixer's skip gain is one (reported to its owner)
+    [("ddp", "kla_tiny"), ("fsdp", "gpt_tiny")],
+)
+def test_two_process_run_matches_one_process(tmp_path, trainer, model):
+    overrides = [*OVERRIDES, f"model={model}"]
     single = tmp_path / "single"
-    run_train([*OVERRIDES, "run_name=single"], single)
+    run_train([*overrides, "run_name=single"], single)
 
-    env = {**RUN_ENV, "NPROC_PER_NODE": "2", "TRAINER": "ddp", "KLALM_RUN_ID": "ddp2", "MASTER_PORT": "29517"}
+    env = {**RUN_ENV, "NPROC_PER_NODE": "2", "TRAINER": trainer, "KLALM_RUN_ID": "two", "MASTER_PORT": "29517"}
     cmd = [
         os.path.join(REPO, "scripts", "launch_torchrun.sh"),
-        *OVERRIDES,
-        "run_name=ddp",
+        *overrides,
+        f"run_name={trainer}",
         f"paths.log_dir={tmp_path}",
         "trainer.accelerator=cpu",
         "trainer.precision=32-true",
     ]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-5000:]
-    ddp = tmp_path / "ddp" / "ddp2"
+    two = tmp_path / trainer / "two"
     assert "accumulate 2 × micro-batch 2×16 × 2 ranks" in proc.stderr + proc.stdout  # 1 process: 4 micro-batches
-    assert (ddp / "summary.json").is_file()
+    assert (two / "summary.json").is_file()
 
-    single_losses, ddp_losses = _losses(single), _losses(ddp)
-    assert len(single_losses) == len(ddp_losses) == 6
-    torch.testing.assert_close(torch.tensor(ddp_losses), torch.tensor(single_losses), rtol=1e-5, atol=1e-6)
-    ref, got = _weights(single), _weights(ddp)
+    single_losses, two_losses = _losses(single), _losses(two)
+    assert len(single_losses) == len(two_losses) == 6
+    torch.testing.assert_close(torch.tensor(two_losses), torch.tensor(single_losses), rtol=1e-5, atol=1e-6)
+    ref, got = _weights(single), _weights(two)  # the FSDP checkpoint holds full (gathered) tensors
+    assert ref.keys() == got.keys()
     for name in ref:
-        torch.testing.assert_close(got[name], ref[name], rtol=1e-4, atol=1e-6, msg=name)
+        # Adam turns last-bit gradient differences of near-zero gradients into ~1e-6 weight differences
+        torch.testing.assert_close(got[name], ref[name], rtol=1e-4, atol=1e-5, msg=name)

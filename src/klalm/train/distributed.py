@@ -1,12 +1,65 @@
-"""Helpers the multi-GPU trainer configs point at (configs/trainer/fsdp.yaml)."""
+"""Sharded data parallelism (FSDP2, `torch.distributed.fsdp.fully_shard`) for the trainer config `trainer=fsdp`.
+
+`FSDPStrategy` is Lightning's `ModelParallelStrategy` fixed to pure data parallelism: one device-mesh dimension over
+every rank of every node (no tensor parallelism), full (rank-0) checkpoints so they resume on any number of devices
+and load with `klalm.train.checkpoint.load_model`. The sharding itself is applied by `LMModule.configure_model`
+through `shard_model`: each backbone block is one FSDP unit, the whole model the root unit. FSDP2 hooks the
+forward of every unit, so `LMModule`'s several micro-batch forwards inside one step each gather their parameters,
+and `set_requires_gradient_sync(False)` skips the reduce-scatter of all but the last micro-batch.
+"""
 
 from __future__ import annotations
 
+from typing import Any
+
+from lightning.pytorch.strategies import ModelParallelStrategy
 from torch import nn
 
 
-def block_classes() -> set[type[nn.Module]]:
-    """The module classes FSDP wraps as one shard unit each: the backbone's residual block."""
+def block_classes() -> tuple[type[nn.Module], ...]:
+    """The module classes that become one FSDP unit each: the backbone's residual block."""
     from klalm.models.backbone import Block
 
-    return {Block}
+    return (Block,)
+
+
+def shard_model(model: nn.Module, mesh: Any, reshard_after_forward: bool = True) -> nn.Module:
+    """Applies FSDP2 in place: every block is one unit, then the root (embedding, final norm, LM head).
+
+    Args:
+        model: the causal LM (unwrapped, or with activation-checkpointed blocks).
+        mesh: 1-D data-parallel `DeviceMesh`.
+        reshard_after_forward: free gathered block parameters after each forward (ZeRO-3); False keeps them until
+            the backward (ZeRO-2-like, more memory, fewer all-gathers).
+    """
+    from torch.distributed.fsdp import fully_shard
+
+    blocks = block_classes()
+    for module in model.modules():
+        inner = getattr(module, "_checkpoint_wrapped_module", module)
+        if isinstance(inner, blocks):
+            fully_shard(module, mesh=mesh, reshard_after_forward=reshard_after_forward)
+    fully_shard(model, mesh=mesh, reshard_after_forward=reshard_after_forward)
+    return model
+
+
+class FSDPStrategy(ModelParallelStrategy):
+    """FSDP2 over all ranks (data parallel size = world size, tensor parallel size 1), full checkpoints.
+
+    Args:
+        reshard_after_forward: see `shard_model`.
+        process_group_backend: None picks nccl on GPUs, gloo on CPUs.
+    """
+
+    def __init__(self, reshard_after_forward: bool = True, process_group_backend: str | None = None) -> None:
+        super().__init__(
+            data_parallel_size="auto",
+            tensor_parallel_size=1,
+            save_distributed_checkpoint=False,
+            process_group_backend=process_group_backend,
+        )
+        self.reshard_after_forward = reshard_after_forward
+
+    def _setup_distributed(self) -> None:
+        super()._setup_distributed()
+        self._data_parallel_size = self.world_size  # pure data parallel: every rank holds one shard

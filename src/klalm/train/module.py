@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import math
 import random
 import warnings
 from collections.abc import Callable, Iterator
@@ -25,8 +24,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.distributed.tensor import DTensor
 
 from klalm.train.budget import TokenBudget
+from klalm.train.distributed import FSDPStrategy, block_classes, shard_model
 from klalm.train.optim import classify_parameters, param_groups
 
 log = logging.getLogger(__name__)
@@ -126,16 +127,19 @@ class LMModule(pl.LightningModule):
         self._configured = False
 
     def configure_model(self) -> None:
-        """Wraps blocks for activation checkpointing and compiles, once (Lightning calls this per fit/validate)."""
+        """Activation checkpointing, FSDP2 sharding (trainer=fsdp) and compilation, once (Lightning calls this hook
+        for fit and again for validate)."""
         if self._configured:
             return
         self._configured = True
         if self.activation_checkpointing:
             from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import apply_activation_checkpointing
 
-            from klalm.models.backbone import Block
-
-            apply_activation_checkpointing(self.model, check_fn=lambda module: isinstance(module, Block))
+            blocks = block_classes()
+            apply_activation_checkpointing(self.model, check_fn=lambda module: isinstance(module, blocks))
+        strategy = self._trainer.strategy if self._trainer is not None else None
+        if isinstance(strategy, FSDPStrategy):
+            shard_model(self.model, self.device_mesh["data_parallel"], strategy.reshard_after_forward)
         if self.compile_model:
             self.model.compile()
 
@@ -166,9 +170,7 @@ class LMModule(pl.LightningModule):
         for micro in range(self.budget.accumulate):
             batch, _, _ = next(dataloader_iter)
             batch = self.trainer.strategy.batch_to_device(batch)  # the dataloader_iter flavour leaves this to us
-            last = micro == self.budget.accumulate - 1
-            no_sync = getattr(self.trainer.strategy, "block_backward_sync", contextlib.nullcontext)
-            with contextlib.nullcontext() if last else no_sync():
+            with self._grad_sync(micro == self.budget.accumulate - 1):
                 loss, _ = lm_loss(self(batch["input_ids"]), batch["labels"])
                 self.manual_backward(loss / self.budget.accumulate)
             loss_sum += loss.detach()
@@ -183,13 +185,25 @@ class LMModule(pl.LightningModule):
             scheduler.step()
         self._log_step(loss, grad_norm, scheduler)
 
+    def _grad_sync(self, sync: bool) -> contextlib.AbstractContextManager:
+        """Context of one micro-batch's forward and backward: gradient all-reduce (DDP) or reduce-scatter (FSDP2)
+        only when `sync` (the last micro-batch of the step); local accumulation otherwise."""
+        if hasattr(self.model, "set_requires_gradient_sync"):  # FSDP2 root module
+            self.model.set_requires_gradient_sync(sync)
+            return contextlib.nullcontext()
+        if sync or not hasattr(self.trainer.strategy, "block_backward_sync"):  # single device: nothing to sync
+            return contextlib.nullcontext()
+        return self.trainer.strategy.block_backward_sync()  # DDP no_sync
+
     def _clip_and_norm(self) -> Tensor:
-        """Global gradient L2 norm before clipping (FSDP's root module computes it over all shards)."""
-        max_norm = self.grad_clip if self.grad_clip > 0 else math.inf
-        wrapped = self.trainer.strategy.model
-        if hasattr(wrapped, "clip_grad_norm_"):  # FSDP: clip_grad_norm_ of the root module sees every shard
-            return wrapped.clip_grad_norm_(max_norm).float()
-        return torch.nn.utils.clip_grad_norm_(self.parameters(), max_norm).float()
+        """Global gradient L2 norm before clipping; with FSDP2 the sharded norms are combined over all ranks."""
+        params = [p for p in self.parameters() if p.grad is not None]
+        total = torch.nn.utils.get_total_norm([p.grad for p in params], norm_type=2.0)
+        if isinstance(total, DTensor):
+            total = total.full_tensor()
+        if self.grad_clip > 0:
+            torch.nn.utils.clip_grads_with_norm_(params, self.grad_clip, total)
+        return total.float()
 
     def _reduce_step(self, local_loss: Tensor, grad_norm: Tensor) -> tuple[Tensor, bool]:
         """Mean loss over ranks and whether any rank saw a non-finite loss or gradient (one collective)."""
