@@ -150,7 +150,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
 def finish(cfg: DictConfig, trainer: pl.Trainer, module: LMModule, datamodule: Any, started: float) -> dict[str, Any]:
     """After training: held-out evaluation, HF export, loss plot and `summary.json`."""
     run_dir = Path(cfg.paths.run_dir)
-    if cfg.train.final_eval:
+    if cfg.train.final_eval and module.last_val_step != trainer.global_step:  # not already run at the last step
         trainer.validate(module, datamodule=datamodule, verbose=False)
     val = module.last_val if cfg.train.final_eval else {}
     if cfg.train.export_hf:

@@ -124,6 +124,7 @@ class LMModule(pl.LightningModule):
         self._val_sums: list[Tensor] = []
         self.step_metrics: dict[str, Any] = {}
         self.last_val: dict[str, float] = {}  # val/loss and val/ppl of the latest validation
+        self.last_val_step = -1  # the optimiser step it ran at
         self._configured = False
 
     def configure_model(self) -> None:
@@ -257,6 +258,7 @@ class LMModule(pl.LightningModule):
         # (Lightning's own logging step lags it by one inside the training loop)
         self.log_dict(metrics, sync_dist=False, prog_bar=True, logger=False)
         self.last_val = {k: float(v) for k, v in metrics.items()}
+        self.last_val_step = self.global_step
         for logger in self.trainer.loggers:
             logger.log_metrics(self.last_val, step=self.global_step)
 
