@@ -13,6 +13,9 @@ class FakeStrategy:
     def barrier(self, name=None):
         pass
 
+    def reduce_boolean_decision(self, decision, all=True):
+        return decision
+
 
 class FakeTrainer(SimpleNamespace):
     """What RollingCheckpoint uses of a Trainer; save_checkpoint writes a payload (or fails half-way)."""

@@ -82,9 +82,11 @@ class RollingCheckpoint(Callback):
     def on_train_batch_end(self, trainer: pl.Trainer, *_: Any) -> None:
         step = trainer.global_step
         periodic = self.every_n_steps > 0 and step % self.every_n_steps == 0
-        if (periodic or trainer.received_sigterm) and step != self.last_saved_step:
+        # every rank must take the same decision (a save is collective): stop if any rank got SIGTERM
+        sigterm = trainer.strategy.reduce_boolean_decision(bool(trainer.received_sigterm), all=False)
+        if (periodic or sigterm) and step != self.last_saved_step:
             path = self.save(trainer)
-            if trainer.received_sigterm:
+            if sigterm:
                 log.warning("SIGTERM received: wrote %s; stopping (resume with resume=auto)", path)
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
