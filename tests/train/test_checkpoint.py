@@ -21,8 +21,13 @@ class FakeTrainer(SimpleNamespace):
     """What RollingCheckpoint uses of a Trainer; save_checkpoint writes a payload (or fails half-way)."""
 
     def __init__(self, step, fail=False):
-        super().__init__(global_step=step, is_global_zero=True, strategy=FakeStrategy(), received_sigterm=False)
+        connector = SimpleNamespace(received_sigterm=False)
+        super().__init__(global_step=step, is_global_zero=True, strategy=FakeStrategy(), _signal_connector=connector)
         self.fail = fail
+
+    @property
+    def received_sigterm(self):
+        return self._signal_connector.received_sigterm
 
     def save_checkpoint(self, path, weights_only=None):
         with open(path, "wb") as handle:
@@ -58,7 +63,7 @@ def test_periodic_and_sigterm_triggers(tmp_path):
         callback.on_train_batch_end(FakeTrainer(step))
     assert [checkpoint_step(p) for p in list_checkpoints(tmp_path)] == [4, 8]
     trainer = FakeTrainer(9)
-    trainer.received_sigterm = True
+    trainer._signal_connector.received_sigterm = True
     callback.on_train_batch_end(trainer)
     assert checkpoint_step(find_latest([tmp_path])) == 9
 

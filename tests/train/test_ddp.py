@@ -4,12 +4,14 @@ global batch: each rank reads half of every global batch (rank-strided samples) 
 
 import csv
 import os
+import signal
 import subprocess
+import time
 
 import pytest
 import torch
 
-from klalm.train.checkpoint import find_latest
+from klalm.train.checkpoint import checkpoint_step, find_latest, list_checkpoints
 
 from .conftest import RUN_ENV, TINY, run_train
 
@@ -27,6 +29,11 @@ OVERRIDES = [
 def _losses(run_dir) -> list[float]:
     with open(run_dir / "csv" / "metrics.csv", newline="") as handle:
         return [float(r["train/loss"]) for r in csv.DictReader(handle) if r["train/loss"]]
+
+
+def _steps(run_dir) -> list[str]:
+    with open(run_dir / "csv" / "metrics.csv", newline="") as handle:
+        return [r["step"] for r in csv.DictReader(handle) if r["train/loss"]]
 
 
 def _weights(run_dir) -> dict[str, torch.Tensor]:
@@ -67,3 +74,30 @@ def test_two_process_run_matches_one_process(tmp_path, trainer, model):
     for name in ref:
         # Adam turns last-bit gradient differences of near-zero gradients into ~1e-6 weight differences
         torch.testing.assert_close(got[name], ref[name], rtol=1e-4, atol=1e-5, msg=name)
+
+
+@pytest.mark.slow
+def test_sigterm_under_ddp_saves_once_and_resumes_on_one_process(tmp_path):
+    """torchrun forwards SIGTERM to every rank; they agree, write one checkpoint and stop; a single process resumes."""
+    overrides = [*OVERRIDES, "train.max_tokens=1280000", "callbacks.checkpoint.every_n_steps=0", "run_name=pre",
+                 f"paths.log_dir={tmp_path}", "logger.csv.flush_logs_every_n_steps=1"]  # fmt: skip
+    env = {**RUN_ENV, "NPROC_PER_NODE": "2", "TRAINER": "ddp", "KLALM_RUN_ID": "two"}
+    cmd = [os.path.join(REPO, "scripts", "launch_torchrun.sh"), *overrides, "trainer.accelerator=cpu",
+           "trainer.precision=32-true"]  # fmt: skip
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    metrics = tmp_path / "pre" / "two" / "csv" / "metrics.csv"
+    deadline = time.time() + 300
+    while not (metrics.is_file() and len(metrics.read_text().splitlines()) > 3):
+        assert proc.poll() is None and time.time() < deadline, "the DDP run ended or stalled before the signal"
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGTERM)  # to the torchrun agent (exec'd by the launcher), which forwards it
+    proc.communicate(timeout=120)
+    app_log = (tmp_path / "pre" / "two" / "app.log").read_text()  # both ranks log there (Hydra's file handler)
+    assert app_log.count("stopped by SIGTERM") == 2, app_log[-4000:]
+    saved = list_checkpoints(tmp_path / "pre" / "two")
+    assert len(saved) == 1 and 0 < checkpoint_step(saved[0]) < 20000
+
+    resumed = tmp_path / "pre" / "one"
+    stop = checkpoint_step(saved[0]) + 2
+    run_train([*overrides, "resume=auto", f"train.max_tokens={stop * 128}"], resumed)
+    assert [int(s) for s in _steps(resumed)] == [stop - 1, stop]

@@ -18,6 +18,8 @@ import logging
 import os
 import re
 import shutil
+import signal
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -79,11 +81,30 @@ class RollingCheckpoint(Callback):
         self.last_saved_step = -1
         self.last_path: Path | None = None
 
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        """Replaces Lightning's SIGTERM handler by one that only records the signal.
+
+        Lightning 2.6's handler runs a `dist.broadcast` inside the signal handler, which interleaves with whatever
+        collective the ranks are in (measured: 2-rank CPU DDP runs hung or died without a checkpoint). Here the ranks
+        agree at the next step boundary instead (`on_train_batch_end`); Lightning restores its handlers at teardown.
+        """
+        connector = trainer._signal_connector
+
+        def record_sigterm(signum: int, frame: Any) -> None:
+            if not connector.received_sigterm and trainer.strategy.launcher is not None:
+                trainer.strategy.launcher.kill(signum)  # forward to the processes Lightning started, as it does
+            connector.received_sigterm = True
+
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, record_sigterm)
+
     def on_train_batch_end(self, trainer: pl.Trainer, *_: Any) -> None:
         step = trainer.global_step
         periodic = self.every_n_steps > 0 and step % self.every_n_steps == 0
         # every rank must take the same decision (a save is collective): stop if any rank got SIGTERM
         sigterm = trainer.strategy.reduce_boolean_decision(bool(trainer.received_sigterm), all=False)
+        if sigterm:
+            trainer._signal_connector.received_sigterm = True  # so that every rank leaves the loop after this step
         if (periodic or sigterm) and step != self.last_saved_step:
             path = self.save(trainer)
             if sigterm:
