@@ -33,7 +33,7 @@ def make_inputs(length, batch=2, channels=3, state=4, dtype=torch.float64, seed=
 def outputs_and_grads(fn, inputs, seed=1):
     y, h = fn(*inputs.values())
     gen = torch.Generator().manual_seed(seed)
-    wy, wh = (torch.randn(x.shape, generator=gen, dtype=x.dtype) for x in (y, h))
+    wy, wh = (torch.randn(x.shape, generator=gen, dtype=x.dtype).to(x.device) for x in (y, h))
     leaves = {k: v for k, v in inputs.items() if v is not None}
     grads = torch.autograd.grad((y * wy).sum() + (h * wh).sum(), list(leaves.values()))
     return y, h, dict(zip(leaves, grads))
