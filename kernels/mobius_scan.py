@@ -11,11 +11,11 @@ On CPU tensors the kernels run only under Triton's interpreter (`TRITON_INTERPRE
 from __future__ import annotations
 
 import torch
-from klalm.kernels.mobius_scan_bwd import mobius_scan_bwd
-from klalm.kernels.mobius_scan_fwd import ScanConfig, check_config, interpreting, mobius_scan_fwd
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
+from klalm.kernels.mobius_scan_bwd import mobius_scan_bwd
+from klalm.kernels.mobius_scan_fwd import ScanConfig, check_config, interpreting, mobius_scan_fwd
 from klalm.ops.checks import check_inputs
 from klalm.ops.reference import KLAState
 

@@ -24,6 +24,8 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from torch import Tensor
+
 from klalm.kernels.mobius_scan_fwd import (
     ScanConfig,
     _filter_step,
@@ -32,7 +34,6 @@ from klalm.kernels.mobius_scan_fwd import (
     interpreting,
     to_kernel_layout,
 )
-from torch import Tensor
 
 
 @triton.jit

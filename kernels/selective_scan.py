@@ -17,10 +17,11 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from klalm.kernels.mobius_scan import check_kernel_device, check_offsets
-from klalm.kernels.mobius_scan_fwd import ScanConfig, check_config, from_kernel_layout, to_kernel_layout
 from torch import Tensor
 from torch.autograd.function import once_differentiable
+
+from klalm.kernels.mobius_scan import check_kernel_device, check_offsets
+from klalm.kernels.mobius_scan_fwd import ScanConfig, check_config, from_kernel_layout, to_kernel_layout
 
 MAX_STATE_SIZE = 64
 DEFAULT_CONFIG = ScanConfig(block_m=16, bwd_block_m=8, unroll=4)  # fastest fwd and fwd+bwd measured on an H200

@@ -1,7 +1,8 @@
 """Every Python package folder in the source tree is listed in pyproject.toml, so installs ship it."""
 
-import tomllib
 from pathlib import Path
+
+import tomllib
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -10,5 +10,6 @@ def test_version_matches_metadata():
 
 
 def test_console_scripts_are_declared():
-    scripts = {ep.name for ep in importlib.metadata.entry_points(group="console_scripts") if ep.value.startswith("klalm")}
+    entry_points = importlib.metadata.entry_points(group="console_scripts")
+    scripts = {ep.name for ep in entry_points if ep.value.startswith("klalm")}
     assert {"klalm-train", "klalm-eval", "klalm-params"} <= scripts

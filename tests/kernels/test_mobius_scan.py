@@ -9,9 +9,9 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+
 from klalm.kernels.mobius_scan import kla_scan_triton
 from klalm.kernels.mobius_scan_fwd import ScanConfig
-
 from klalm.ops.checks import CHECK_ENV_VAR
 from klalm.ops.reference import KLAState, kla_scan_reference
 

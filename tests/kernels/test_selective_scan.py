@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+
 from klalm.kernels.mobius_scan_fwd import ScanConfig
 from klalm.kernels.selective_scan import DEFAULT_CONFIG, selective_scan_triton
-
 from klalm.ops.selective_scan import selective_scan_reference
 
 NAMES = ("u", "delta", "A", "Bm", "Cm", "D", "initial_state")
