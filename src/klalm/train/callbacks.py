@@ -18,7 +18,7 @@ from typing import Any
 
 import lightning.pytorch as pl
 import torch
-from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.callbacks import Callback, TQDMProgressBar
 
 from klalm.train.flops import peak_flops, train_flops_per_token
 from klalm.train.sampling import sample_text
@@ -147,3 +147,23 @@ class TextSampler(Callback):
                 handle.write(f"=== step {trainer.global_step} ===\n{text}\n\n")
             log.info("sample at step %d: %r", trainer.global_step, text[:200])
         return text
+
+
+class StepProgressBar(TQDMProgressBar):
+    """Lightning's TQDM bar counting optimiser steps out of `max_steps`.
+
+    Lightning counts fetched batches, which are micro-batches here (`LMModule` pulls `accumulate` of them per step),
+    so its own bar overshoots its total and loses it on resume. Args as `TQDMProgressBar`.
+    """
+
+    def on_train_epoch_start(self, trainer: pl.Trainer, *_: Any) -> None:
+        super().on_train_epoch_start(trainer)
+        self.train_progress_bar.total = trainer.max_steps
+        self.train_progress_bar.n = self.train_progress_bar.initial = trainer.global_step
+
+    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, *_: Any) -> None:
+        step = trainer.global_step
+        if self.train_progress_bar is not None and self._should_update(step, self.train_progress_bar.total):
+            self.train_progress_bar.n = step
+            self.train_progress_bar.set_postfix(self.get_metrics(trainer, pl_module))
+            self.train_progress_bar.refresh()
