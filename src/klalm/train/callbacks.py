@@ -156,8 +156,15 @@ class StepProgressBar(TQDMProgressBar):
     so its own bar overshoots its total and loses it on resume. Args as `TQDMProgressBar`.
     """
 
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        super().on_train_start(trainer, pl_module)
+        self._count_steps(trainer)  # a resumed run restarts mid-epoch, without on_train_epoch_start
+
     def on_train_epoch_start(self, trainer: pl.Trainer, *_: Any) -> None:
         super().on_train_epoch_start(trainer)
+        self._count_steps(trainer)
+
+    def _count_steps(self, trainer: pl.Trainer) -> None:
         self.train_progress_bar.total = trainer.max_steps
         self.train_progress_bar.n = self.train_progress_bar.initial = trainer.global_step
 
