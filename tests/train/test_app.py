@@ -169,3 +169,23 @@ def test_resume_on_the_text_data_module_continues_the_token_stream(tmp_path):
     resumed = {r["step"]: r["train/loss"] for r in _rows(resumed_dir) if r["train/loss"]}
     assert sorted(resumed) == ["3", "4"]
     assert resumed == {step: full[step] for step in ("3", "4")}  # same batches, same weights: same losses
+
+
+def test_mfu_and_optimizer_groups_follow_the_config(tmp_path):
+    from klalm.models import build_model
+    from klalm.train.flops import train_flops_per_token
+
+    run_dir = tmp_path / "m" / "run"
+    overrides = [*TINY, *WITH_CKPT, "callbacks.metrics.peak_flops_per_device=1e9", "train.dynamics_lr_scale=0.25",
+                 "optim.weight_decay=0.05"]  # fmt: skip
+    run(compose_train(overrides, run_dir))
+    row = [r for r in _rows(run_dir) if r["train/loss"]][-1]
+    model = build_model("kla", preset="tiny", d_model=32, n_layers=2, vocab_size=128)
+    expected = train_flops_per_token(model, 16) * float(row["perf/tokens_per_s"]) / 1e9
+    assert float(row["perf/mfu"]) == pytest.approx(expected, rel=1e-6)
+
+    groups = torch.load(find_latest([run_dir]), weights_only=False)["optimizer_states"][0]["param_groups"]
+    by_name = {g["name"]: g for g in groups}
+    assert by_name["decay"]["weight_decay"] == 0.05 and by_name["no_decay"]["weight_decay"] == 0.0
+    assert by_name["dynamics"]["initial_lr"] == pytest.approx(0.25 * by_name["decay"]["initial_lr"])
+    assert by_name["dynamics"]["weight_decay"] == 0.0
