@@ -78,7 +78,6 @@ common() {  # common() NAME EXPERIMENT: overrides shared by every run
     "train.max_tokens=$((STEPS * GLOBAL))" train.val_every_n_steps=1000000 train.final_eval=false \
     train.export_hf=false train.plot=false trainer.log_every_n_steps=1 trainer.enable_progress_bar=false \
     callbacks.sampler=null callbacks.progress=null \
-    "+callbacks.rank_loader_states._target_=klalm.train.multigpu_checks.RankLoaderStates" \
     "paths.log_dir=$WORK" "hydra.run.dir=$WORK/$1/mg" "run_name=$1"
 }
 stop_after() { echo "+callbacks.stop._target_=klalm.train.multigpu_checks.StopAfterSteps" "+callbacks.stop.steps=$1"; }

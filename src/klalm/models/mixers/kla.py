@@ -140,7 +140,7 @@ class KLAMixer(Mixer):
         self.k_proj = nn.Linear(m, d_state, bias=False)
         self.q_proj = nn.Linear(m, d_state, bias=False)
         self._init_dynamics(m, d_state, dt_min, dt_max, noise_init)
-        self.skip = no_weight_decay(nn.Parameter(torch.tensor(float(skip_init))))
+        self.skip = no_weight_decay(nn.Parameter(torch.full((1,), float(skip_init))))  # [1], not 0-d: FSDP2 shards it
         self.out_proj = nn.Linear(m, d_model, bias=False)
 
     def _init_dynamics(self, m: int, s: int, dt_min: float, dt_max: float, noise_init: float) -> None:
