@@ -35,14 +35,12 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
+from klalm.ops.reference import compute_dtype
+
 logger = logging.getLogger(__name__)
 
 FLA_CHUNK_SIZES = (16, 32, 64)  # the chunk sizes fla's chunk_gated_delta_rule accepts
 PROBE_RTOL = 1e-2  # fla's float32 path uses tf32 matmuls; the probe only guards against broken kernels
-
-
-def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
-    return torch.float64 if dtype == torch.float64 else torch.float32
 
 
 def gated_delta_rule_reference(
@@ -59,7 +57,7 @@ def gated_delta_rule_reference(
 
     Returns (o [B, L, H, V] in v's dtype, final state [B, H, K, V] in the compute dtype).
     """
-    out_dtype, dt = v.dtype, _compute_dtype(v.dtype)
+    out_dtype, dt = v.dtype, compute_dtype(v.dtype)
     q, k, v, g, beta = (x.to(dt) for x in (q, k, v, g, beta))
     batch, length, heads, dk = k.shape
     h = k.new_zeros(batch, heads, dk, v.shape[-1]) if initial_state is None else initial_state.to(dt)
@@ -112,7 +110,7 @@ def _chunked_gated_delta_rule(
     scale: float,
     chunk_size: int,
 ) -> tuple[Tensor, Tensor]:
-    out_dtype, dt = v.dtype, _compute_dtype(v.dtype)
+    out_dtype, dt = v.dtype, compute_dtype(v.dtype)
     batch, length, heads, dk = k.shape
     chunk_size = max(1, min(chunk_size, length))  # a short call (one-token decode) needs no padding to a full chunk
     q, k, v = (_to_chunks(x.to(dt), chunk_size) for x in (q, k, v))  # [B, H, N, C, K|V]

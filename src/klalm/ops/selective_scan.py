@@ -30,13 +30,11 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
+from klalm.ops.reference import compute_dtype
+
 logger = logging.getLogger(__name__)
 
 SCAN_CHUNK = 64  # tokens per chunk of the "torch" backend: memory is O(B·SCAN_CHUNK·M·N) per chunk
-
-
-def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
-    return torch.float64 if dtype == torch.float64 else torch.float32
 
 
 def selective_scan_reference(
@@ -183,7 +181,7 @@ def selective_scan_torch(
     chunk_size: int = SCAN_CHUNK,
 ) -> tuple[Tensor, Tensor]:
     """Parallel-in-time scan with exact gradients (module docstring); same returns as the reference."""
-    out_dtype, dt = u.dtype, _compute_dtype(u.dtype)
+    out_dtype, dt = u.dtype, compute_dtype(u.dtype)
     u, delta, A, Bm, Cm = (x.to(dt) for x in (u, delta, A, Bm, Cm))
     h0 = u.new_zeros(u.shape[0], u.shape[2], A.shape[-1]) if initial_state is None else initial_state.to(dt)
     if u.shape[1] == 0:
