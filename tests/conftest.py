@@ -1,4 +1,9 @@
-"""Shared pytest setup: GPU tests skip cleanly without CUDA; the real data folder is found once."""
+"""Shared pytest setup: GPU tests skip cleanly without CUDA; Triton kernels run interpreted without CUDA; the real
+data folder is found once.
+
+TRITON_INTERPRET is read when a `@triton.jit` function is defined, so it is set here, before any test module (or the
+package code they import, e.g. fla or klalm.kernels) imports Triton.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +12,9 @@ from pathlib import Path
 
 import pytest
 import torch
+
+if not torch.cuda.is_available():
+    os.environ["TRITON_INTERPRET"] = "1"
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SHARED_DATA = Path(os.environ.get("KLALM_SHARED_DATA", REPO_ROOT.parent / "shared" / "data"))

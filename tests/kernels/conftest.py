@@ -1,18 +1,10 @@
-"""Kernel tests run on the GPU when there is one, else under Triton's CPU interpreter.
-
-TRITON_INTERPRET must be set before the kernel modules are first imported, so it is set here, at
-collection time, before the test modules of this folder import `klalm.kernels`.
-"""
+"""Kernel tests run on the GPU when there is one, else under Triton's CPU interpreter (tests/conftest.py sets
+TRITON_INTERPRET before anything imports Triton)."""
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
-
-if not torch.cuda.is_available():
-    os.environ["TRITON_INTERPRET"] = "1"
 
 
 @pytest.fixture(scope="session")
