@@ -6,9 +6,8 @@ Examples:
 
 The config is configs/eval.yaml (package `klalm.configs`), registered in Hydra's ConfigStore; the app's search
 path is the empty package `klalm.eval.hydra_root`. Hydra treats every folder on its search path as a config group,
-so a folder named like an eval key would turn e.g. `tasks=[...]` into a group override: `pkg://klalm.configs` has
-configs/tasks/ (the synthetic-benchmark budgets), and `pkg://klalm.eval` (what `config_path=None` searches) has the
-local lm-eval tasks in tasks/.
+so a folder named like an eval key would turn e.g. `tasks=[...]` into a group override: `pkg://klalm.eval` (what
+`config_path=None` searches) has the local lm-eval tasks in tasks/.
 """
 
 from __future__ import annotations

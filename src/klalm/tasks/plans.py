@@ -1,6 +1,6 @@
 """Plans of the synthetic-benchmark runner: the dataclasses a budget YAML fills, and the command-line knobs.
 
-A budget is a YAML file in configs/tasks/ (`quick`, `full`, `cpu`) or a path; every key is checked against these
+A budget is a YAML file in configs/synthetic/ (`quick`, `full`, `cpu`) or a path; every key is checked against these
 dataclasses (an unknown key raises KeyError naming it), and the command-line knobs of `parse_args` override it.
 """
 
@@ -94,12 +94,12 @@ def _build(cls: type, values: dict[str, Any], where: str) -> Any:
 
 
 def load_plan(budget: str) -> RunPlan:
-    """The RunPlan of a budget name (configs/tasks/<name>.yaml) or of a YAML path."""
+    """The RunPlan of a budget name (configs/synthetic/<name>.yaml) or of a YAML path."""
     path = Path(budget)
     if not path.suffix:
-        path = Path(str(resources.files("klalm.configs") / "tasks" / f"{budget}.yaml"))
+        path = Path(str(resources.files("klalm.configs") / "synthetic" / f"{budget}.yaml"))
     if not path.is_file():
-        names = sorted(p.stem for p in Path(str(resources.files("klalm.configs") / "tasks")).glob("*.yaml"))
+        names = sorted(p.stem for p in Path(str(resources.files("klalm.configs") / "synthetic")).glob("*.yaml"))
         raise FileNotFoundError(f"budget {budget!r}: no file {path}; budgets: {names}, or a YAML path")
     return _build(RunPlan, OmegaConf.to_container(OmegaConf.load(path), resolve=True), str(path))
 
@@ -132,7 +132,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         formatter_class=argparse.RawTextHelpFormatter,
     )
     p.add_argument("--out", required=True, type=Path, help="output directory (results.json, results.md, PNGs)")
-    p.add_argument("--budget", default="full", help="configs/tasks/<name>.yaml (quick, full) or a YAML path")
+    p.add_argument("--budget", default="full", help="configs/synthetic/<name>.yaml (quick, full) or a YAML path")
     p.add_argument("--archs", help="comma-separated archs for build_model, e.g. kla,gpt,mamba,gdn,gpt_kla")
     p.add_argument("--families", help="comma-separated subset of a5,mqar,mad")
     p.add_argument("--steps", type=int, help="max optimiser steps of every run (MAD: replaces epochs)")

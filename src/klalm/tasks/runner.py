@@ -3,7 +3,7 @@
     python scripts/run_synthetic.py --budget quick --out runs/synthetic         # ~6 min on one H200
     python scripts/run_synthetic.py --budget full --out runs/a5 --families a5 --archs kla,gpt --a5-lengths 8,16
 
-A budget is a YAML file in configs/tasks/ (`quick`, `full`, `cpu`) or a path, read into the dataclasses of
+A budget is a YAML file in configs/synthetic/ (`quick`, `full`, `cpu`) or a path, read into the dataclasses of
 `klalm.tasks.plans`; command-line knobs override it. Families:
 - a5: for each arch and length, depths are tried in increasing order and the first depth at which any seed reaches
   the threshold (held-out per-token accuracy, or whole-sequence with `criterion: sequence`) is recorded; the
