@@ -41,11 +41,13 @@ class SyntheticTask:
 
     @property
     def vocab_size(self) -> int:
-        raise NotImplementedError
+        """V, token ids are in [0, V); by default the task's `vocab` setting."""
+        return self.vocab
 
     @property
     def seq_len(self) -> int:
-        raise NotImplementedError
+        """L, tokens per example; by default the task's `length` setting."""
+        return self.length
 
     def sample(self, num_examples: int, generator: torch.Generator, split: Split = "test") -> tuple[Tensor, Tensor]:
         """Draw `num_examples` examples.

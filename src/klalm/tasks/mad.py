@@ -155,14 +155,6 @@ class FuzzyRecallTask(SyntheticTask):
         if self.length < 4 * (self.max_key + self.max_value):
             raise ValueError(f"fuzzy recall length={self.length} is too short for motifs of this size")
 
-    @property
-    def vocab_size(self) -> int:
-        return self.vocab
-
-    @property
-    def seq_len(self) -> int:
-        return self.length
-
     def sample(self, num_examples: int, generator: torch.Generator, split: Split = "test") -> tuple[Tensor, Tensor]:
         rng = np.random.default_rng(int(torch.randint(2**62, (1,), generator=generator)))
         tokens = torch.full((num_examples, self.length + 1), self.vocab - 1, dtype=torch.long)  # [N, S+1] pad
@@ -227,14 +219,6 @@ class SelectiveCopyTask(SyntheticTask):
                 f"selective copy needs length={self.length} > 2 * num_copy={self.num_copy} + 1, vocab >= 3"
             )
 
-    @property
-    def vocab_size(self) -> int:
-        return self.vocab
-
-    @property
-    def seq_len(self) -> int:
-        return self.length
-
     def sample(self, num_examples: int, generator: torch.Generator, split: Split = "test") -> tuple[Tensor, Tensor]:
         n, c = num_examples, self.num_copy
         blank, copy = self.vocab - 2, self.vocab - 1
@@ -271,14 +255,6 @@ class CompressionTask(SyntheticTask):
         if self.length < 2 or self.vocab < 2:
             raise ValueError(f"compression needs length >= 2 and vocab >= 2, got {self.length}, {self.vocab}")
 
-    @property
-    def vocab_size(self) -> int:
-        return self.vocab
-
-    @property
-    def seq_len(self) -> int:
-        return self.length
-
     def sample(self, num_examples: int, generator: torch.Generator, split: Split = "test") -> tuple[Tensor, Tensor]:
         inputs = torch.randint(self.vocab - 1, (num_examples, self.length), generator=generator)  # [N, L]
         inputs[:, -1] = self.vocab - 1
@@ -304,14 +280,6 @@ class MemorizationTask(SyntheticTask):
     def __post_init__(self):
         if self.length % 2 or self.vocab < 3:
             raise ValueError(f"memorization needs an even length and vocab >= 3, got {self.length}, {self.vocab}")
-
-    @property
-    def vocab_size(self) -> int:
-        return self.vocab
-
-    @property
-    def seq_len(self) -> int:
-        return self.length
 
     def value_map(self) -> Tensor:
         """The fixed map: int64 [num_keys], value token of each key (a random injection into the values)."""

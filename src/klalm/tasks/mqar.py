@@ -54,14 +54,6 @@ class MQARTask(SyntheticTask):
         if not 0 < self.power_a <= 1:
             raise ValueError(f"MQAR power_a must be in (0, 1], got {self.power_a}")
 
-    @property
-    def vocab_size(self) -> int:
-        return self.vocab
-
-    @property
-    def seq_len(self) -> int:
-        return self.length
-
     def gap_probabilities(self) -> Tensor:
         """P(g) for g in [0, S): float64 [S], ∝ (g + 1)^(a - 1)."""
         slots = (self.length - 2 * self.num_pairs) // 2
