@@ -10,9 +10,12 @@ scratch buffer ([CHUNK, S_PAD, BM], L2-resident), then runs the reverse adjoint 
 
 with gμ_t, gP_t the adjoints of the state after step t (readout terms added first):
 
-    gw = gμ·i      gi = gμ·w + gP·P'      gN = −gi·i²      gP' = gP·i + gw·r + gN·φ
+    gw = gμ·i      gN = −gi·i² = −(gμ·μ_t + gP·P_t)·i       gP' = gP·i + gw·r + gN·φ
     gφ = gN·P'     gr = gw·P'             gμ_{t-1} = a·gw  gP_{t-1} = a²·gP'
     ga += gw·μ_{t-1} + 2a·P_{t-1}·gP'     gp += gP'
+
+(gi = gμ·w + gP·P' is the adjoint of i; since μ_t = i·w and P_t = i·P', −gi·i² = −(gμ·μ_t + gP·P_t)·i.)
+The two terms of ga are summed in separate registers (ga, ga2) and combined as ga + 2a·ga2 at the end.
 
 and φ = Λ·k², r = v·Λ·k. Reductions over s (dv, dΛ) stay in each thread; reductions over m (dk, dq)
 give one [S] row per (program, t), written to a [B, M/BM, L, S] buffer that the caller sums; da, dp
@@ -37,20 +40,23 @@ from klalm.kernels.mobius_scan_fwd import (
 
 
 @triton.jit
-def _readout_adjoint(b_gP, b_gmu, b_ga, b_gp, b_mu, b_P, b_a, b_a2, b_p, b_q, b_gy, b_gyv, PRIOR: tl.constexpr):
-    """Add the readout's gradients to the state adjoints; returns (gP, gμ, ga, gp, dq row [S_PAD])."""
+def _readout_adjoint(
+    b_gP, b_gmu, b_ga, b_ga2, b_gp, b_mu, b_P, b_a, b_a2, b_p, b_q, b_gy, b_gyv, PRIOR: tl.constexpr
+):
+    """Add the readout's gradients to the state adjoints; returns (gP, gμ, ga, ga2, gp, dq row [S_PAD])."""
     b_q2 = (b_q * b_q)[:, None]  # [S_PAD, 1]
     if PRIOR:
         b_gmu += (b_a * b_q[:, None]) * b_gy[None, :]
         b_gP += (b_a2 * b_q2) * b_gyv[None, :]
-        b_ga += b_q[:, None] * b_gy[None, :] * b_mu + 2.0 * b_a * b_q2 * b_gyv[None, :] * b_P
+        b_ga += b_q[:, None] * b_gy[None, :] * b_mu
+        b_ga2 += b_q2 * b_gyv[None, :] * b_P
         b_gp += b_q2 * b_gyv[None, :]
         b_dq = b_gy[None, :] * b_a * b_mu + 2.0 * b_q[:, None] * b_gyv[None, :] * (b_a2 * b_P + b_p)
     else:
         b_gmu += b_q[:, None] * b_gy[None, :]
         b_gP += b_q2 * b_gyv[None, :]
         b_dq = b_gy[None, :] * b_mu + 2.0 * b_q[:, None] * b_gyv[None, :] * b_P
-    return b_gP, b_gmu, b_ga, b_gp, tl.sum(b_dq, axis=1)
+    return b_gP, b_gmu, b_ga, b_ga2, b_gp, tl.sum(b_dq, axis=1)
 
 
 @triton.jit
@@ -72,7 +78,7 @@ def _kla_bwd_kernel(
     o_bsm = i_b * M * S + o_sm  # [S_PAD, BM] into [B, M, S]
     b_a = tl.load(a_ptr + o_sm, mask=m_sm, other=1.0).to(tl.float32)
     b_p = tl.load(p_ptr + o_sm, mask=m_sm, other=0.0).to(tl.float32)
-    b_a2, b_2a = b_a * b_a, 2.0 * b_a
+    b_a2 = b_a * b_a
     b_gP = tl.zeros([S_PAD, BM], tl.float32)
     b_gmu = tl.zeros([S_PAD, BM], tl.float32)
     if HAS_GSTATE:
@@ -82,7 +88,8 @@ def _kla_bwd_kernel(
         b_geta = tl.load(geta_ptr + o_bsm, mask=m_sm, other=0.0).to(tl.float32)
         b_gP = -(b_glam * b_lamL + b_geta * b_etaL) * b_lamL  # λ = 1/P, η = μ/P
         b_gmu = b_geta * b_lamL
-    b_ga = tl.zeros([S_PAD, BM], tl.float32)
+    b_ga = tl.zeros([S_PAD, BM], tl.float32)  # Σ gw·μ_{t-1} (+ prior readout terms)
+    b_ga2 = tl.zeros([S_PAD, BM], tl.float32)  # Σ P_{t-1}·gP' (+ prior readout terms); da = ga + 2a·ga2
     b_gp = tl.zeros([S_PAD, BM], tl.float32)
     o_ckpt = (i_b * n_chunks * S + o_s[:, None]) * M + o_m[None, :]  # [S_PAD, BM] into [B, NC, S, M]
     o_scr = ((i_b * n_mb + i_mb) * CHUNK * S_PAD + o_s[:, None]) * BM + tl.arange(0, BM)[None, :]  # [S_PAD, BM]
@@ -116,16 +123,17 @@ def _kla_bwd_kernel(
             b_gyv = tl.load(gyv_ptr + o_tm, mask=m_m, other=0.0).to(tl.float32)
             b_phi = b_lv[None, :] * (b_k * b_k)[:, None]  # [S_PAD, BM]
             b_r = (b_v * b_lv)[None, :] * b_k[:, None]  # [S_PAD, BM]
-            b_P, b_mu, b_Pp, b_i, b_w = _filter_step(b_Pm, b_mum, b_a, b_a2, b_p, b_phi, b_r, FAST_RCP)
-            b_gP, b_gmu, b_ga, b_gp, b_dq = _readout_adjoint(
-                b_gP, b_gmu, b_ga, b_gp, b_mu, b_P, b_a, b_a2, b_p, b_q, b_gy, b_gyv, PRIOR
+            b_P, b_mu, b_Pp, b_i, _ = _filter_step(b_Pm, b_mum, b_a, b_a2, b_p, b_phi, b_r, FAST_RCP)
+            b_gP, b_gmu, b_ga, b_ga2, b_gp, b_dq = _readout_adjoint(
+                b_gP, b_gmu, b_ga, b_ga2, b_gp, b_mu, b_P, b_a, b_a2, b_p, b_q, b_gy, b_gyv, PRIOR
             )
             b_gw = b_gmu * b_i
-            b_gN = -(b_gmu * b_w + b_gP * b_Pp) * (b_i * b_i)
+            b_gN = -(b_gmu * b_mu + b_gP * b_P) * b_i
             b_gPp = b_gP * b_i + b_gw * b_r + b_gN * b_phi
             b_gphi = b_gN * b_Pp
             b_gr = b_gw * b_Pp
-            b_ga += b_gw * b_mum + b_2a * b_Pm * b_gPp
+            b_ga += b_gw * b_mum
+            b_ga2 += b_Pm * b_gPp
             b_gp += b_gPp
             b_gmu = b_a * b_gw
             b_gP = b_a2 * b_gPp
@@ -138,7 +146,7 @@ def _kla_bwd_kernel(
             tl.store(dk_ptr + o_part + t * S, b_dk, mask=m_s)
             tl.store(dq_ptr + o_part + t * S, b_dq, mask=m_s)
         tl.debug_barrier()
-    tl.store(da_ptr + o_bsm, b_ga, mask=m_sm)
+    tl.store(da_ptr + o_bsm, b_ga + 2.0 * b_a * b_ga2, mask=m_sm)
     tl.store(dp_ptr + o_bsm, b_gp, mask=m_sm)
     if HAS_INIT:
         b_P0 = 1.0 / tl.load(lam0_ptr + o_bsm, mask=m_sm, other=1.0).to(tl.float32)
@@ -190,9 +198,10 @@ def mobius_scan_bwd(
         v, lambda_v, k, q, a, p, lam0, eta0, ckpt_P, ckpt_mu, lam, eta, gy, gyv, glam, geta,
         dv, dlv, dk_part, dq_part, da_part, dp_part, dlam0, deta0, scr_P, scr_mu,
         length, channels, state_size, ckpt_P.shape[1],
-        BM=config.bwd_block_m, S_PAD=s_pad, CHUNK=config.chunk, NUM_STAGES=config.num_stages, UNROLL=config.unroll,
+        BM=config.bwd_block_m, S_PAD=s_pad, CHUNK=config.chunk, NUM_STAGES=config.bwd_num_stages,
+        UNROLL=config.bwd_unroll,
         HAS_INIT=lam0 is not None, PRIOR=decode_from_prior, HAS_GSTATE=has_gstate,
-        FAST_RCP=not interpreting(), num_warps=config.num_warps,
+        FAST_RCP=not interpreting(), num_warps=config.bwd_num_warps,
     )  # fmt: skip
     dk, dq = dk_part.sum(1).to(k.dtype), dq_part.sum(1).to(q.dtype)
     da, dp = from_kernel_layout(da_part.sum(0)).to(a.dtype), from_kernel_layout(dp_part.sum(0)).to(p.dtype)

@@ -37,25 +37,30 @@ class ScanConfig(NamedTuple):
 
     block_m, bwd_block_m: channels per program (BM, a power of two) in the forward and the backward;
     chunk: steps between saved states (the backward recomputes one chunk at a time);
-    num_warps, num_stages: Triton launch options (stages of the load pipeline);
-    unroll: time steps per unrolled loop body (lets the scheduler overlap independent work of several steps).
+    num_warps, num_stages / bwd_num_warps, bwd_num_stages: Triton launch options of the forward / backward
+    (stages of the load pipeline);
+    unroll / bwd_unroll: time steps per unrolled loop body (lets the scheduler overlap independent work of
+    several steps).
     """
 
     block_m: int = 32
-    bwd_block_m: int = 16
     chunk: int = 64
     num_warps: int = 1
     num_stages: int = 3
     unroll: int = 2
+    bwd_block_m: int = 16
+    bwd_num_warps: int = 1
+    bwd_num_stages: int = 3
+    bwd_unroll: int = 2
 
 
 def check_config(config: ScanConfig) -> None:
     """Raise ValueError naming the first ScanConfig field that the kernels cannot use."""
-    for name in ("block_m", "bwd_block_m", "num_warps"):
+    for name in ("block_m", "bwd_block_m", "num_warps", "bwd_num_warps"):
         value = getattr(config, name)
         if value < 1 or value & (value - 1):
             raise ValueError(f"ScanConfig.{name}={value} must be a power of two")
-    for name in ("chunk", "num_stages", "unroll"):
+    for name in ("chunk", "num_stages", "unroll", "bwd_num_stages", "bwd_unroll"):
         if getattr(config, name) < 1:
             raise ValueError(f"ScanConfig.{name}={getattr(config, name)} must be >= 1")
 

@@ -16,7 +16,7 @@ from klalm.ops.checks import CHECK_ENV_VAR
 from klalm.ops.reference import KLAState, kla_scan_reference
 
 NAMES = ("v", "lambda_v", "k", "q", "a", "p", "lam0", "eta0")
-TINY = ScanConfig(block_m=4, bwd_block_m=8, chunk=4, num_warps=1, num_stages=2, unroll=2)
+TINY = ScanConfig(block_m=4, chunk=4, num_stages=2, unroll=2, bwd_block_m=8, bwd_num_stages=2, bwd_unroll=2)
 
 
 def rel_err(x: torch.Tensor, ref: torch.Tensor) -> float:
@@ -156,7 +156,7 @@ def test_reference_gradcheck():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("config", [ScanConfig(), ScanConfig(16, 32, chunk=32, num_stages=4, unroll=8)], ids=str)
+@pytest.mark.parametrize("config", [ScanConfig(), ScanConfig(block_m=16, chunk=32, num_stages=4, unroll=8, bwd_block_m=32, bwd_num_stages=4, bwd_unroll=8)], ids=str)
 def test_gpu_real_size(config):
     """B=2, L=2048, M=1536, S=16 forward and every gradient against the float64 reference on the GPU."""
     x = make_inputs(2, 2048, 1536, 16, "cuda", seed=5)

@@ -11,7 +11,7 @@ from klalm.kernels.selective_scan import DEFAULT_CONFIG, selective_scan_triton
 from klalm.ops.selective_scan import selective_scan_reference
 
 NAMES = ("u", "delta", "A", "Bm", "Cm", "D", "initial_state")
-TINY = ScanConfig(block_m=4, bwd_block_m=8, chunk=4, num_warps=1, num_stages=2, unroll=2)
+TINY = ScanConfig(block_m=4, chunk=4, num_stages=2, unroll=2, bwd_block_m=8, bwd_num_stages=2, bwd_unroll=2)
 
 
 def rel_err(x: torch.Tensor, ref: torch.Tensor) -> float:
