@@ -51,6 +51,7 @@ class _MobiusScan(torch.autograd.Function):
         )
         ctx.save_for_backward(v, lambda_v, k, q, a, p, lam0, eta0, lam, eta, ckpt_P, ckpt_mu)
         ctx.decode_from_prior, ctx.config = decode_from_prior, config
+        ctx.set_materialize_grads(False)  # unused outputs (y_var in training, the final state) arrive as None
         return y, y_var, lam, eta
 
     @staticmethod
@@ -59,7 +60,7 @@ class _MobiusScan(torch.autograd.Function):
         saved = ctx.saved_tensors
         v = saved[0]
         gy = torch.zeros_like(v) if gy is None else gy.contiguous()
-        gyv = torch.zeros_like(v) if gyv is None else gyv.contiguous()
+        gyv = None if gyv is None else gyv.contiguous()  # None: y_var unused, the kernel skips its terms
         grads = mobius_scan_bwd(saved, gy, gyv, glam, geta, ctx.decode_from_prior, ctx.config)
         return (*grads, None, None)
 

@@ -33,30 +33,37 @@ from klalm.kernels.mobius_scan_fwd import (
     ScanConfig,
     _filter_step,
     _load_step,
-    from_kernel_layout,
     interpreting,
     to_kernel_layout,
 )
 
 
 @triton.jit
-def _readout_adjoint(
-    b_gP, b_gmu, b_ga, b_ga2, b_gp, b_mu, b_P, b_a, b_a2, b_p, b_q, b_gy, b_gyv, PRIOR: tl.constexpr
-):
-    """Add the readout's gradients to the state adjoints; returns (gP, gμ, ga, ga2, gp, dq row [S_PAD])."""
-    b_q2 = (b_q * b_q)[:, None]  # [S_PAD, 1]
+def _mean_readout_adjoint(b_gmu, b_ga, b_mu, b_a, b_q, b_gy, PRIOR: tl.constexpr):
+    """Gradients of y = Σ_s q·m (m = μ, or a·μ from the prior): returns (gμ, ga, the dq terms [S_PAD, BM])."""
     if PRIOR:
         b_gmu += (b_a * b_q[:, None]) * b_gy[None, :]
-        b_gP += (b_a2 * b_q2) * b_gyv[None, :]
         b_ga += b_q[:, None] * b_gy[None, :] * b_mu
-        b_ga2 += b_q2 * b_gyv[None, :] * b_P
-        b_gp += b_q2 * b_gyv[None, :]
-        b_dq = b_gy[None, :] * b_a * b_mu + 2.0 * b_q[:, None] * b_gyv[None, :] * (b_a2 * b_P + b_p)
+        b_dq = b_gy[None, :] * b_a * b_mu
     else:
         b_gmu += b_q[:, None] * b_gy[None, :]
+        b_dq = b_gy[None, :] * b_mu
+    return b_gmu, b_ga, b_dq
+
+
+@triton.jit
+def _var_readout_adjoint(b_gP, b_ga2, b_gp, b_dq, b_P, b_a2, b_p, b_q, b_gyv, PRIOR: tl.constexpr):
+    """Gradients of y_var = Σ_s q²·c (c = P, or a²·P + p from the prior): returns (gP, ga2, gp, dq terms)."""
+    b_q2 = (b_q * b_q)[:, None]  # [S_PAD, 1]
+    if PRIOR:
+        b_gP += (b_a2 * b_q2) * b_gyv[None, :]
+        b_ga2 += b_q2 * b_gyv[None, :] * b_P
+        b_gp += b_q2 * b_gyv[None, :]
+        b_dq += 2.0 * b_q[:, None] * b_gyv[None, :] * (b_a2 * b_P + b_p)
+    else:
         b_gP += b_q2 * b_gyv[None, :]
-        b_dq = b_gy[None, :] * b_mu + 2.0 * b_q[:, None] * b_gyv[None, :] * b_P
-    return b_gP, b_gmu, b_ga, b_ga2, b_gp, tl.sum(b_dq, axis=1)
+        b_dq += 2.0 * b_q[:, None] * b_gyv[None, :] * b_P
+    return b_gP, b_ga2, b_gp, b_dq
 
 
 @triton.jit
@@ -66,7 +73,8 @@ def _kla_bwd_kernel(
     dv_ptr, dlv_ptr, dk_ptr, dq_ptr, da_ptr, dp_ptr, dlam0_ptr, deta0_ptr, scr_P_ptr, scr_mu_ptr,
     L, M, S, n_chunks,
     BM: tl.constexpr, S_PAD: tl.constexpr, CHUNK: tl.constexpr, NUM_STAGES: tl.constexpr, UNROLL: tl.constexpr,
-    HAS_INIT: tl.constexpr, PRIOR: tl.constexpr, HAS_GSTATE: tl.constexpr, FAST_RCP: tl.constexpr,
+    HAS_INIT: tl.constexpr, PRIOR: tl.constexpr, HAS_GYV: tl.constexpr, HAS_GSTATE: tl.constexpr,
+    FAST_RCP: tl.constexpr,
 ):  # fmt: skip
     i_b, i_mb = tl.program_id(0).to(tl.int64), tl.program_id(1)
     n_mb = tl.num_programs(1)
@@ -74,18 +82,18 @@ def _kla_bwd_kernel(
     o_s = tl.arange(0, S_PAD)  # [S_PAD]
     m_m, m_s = o_m < M, o_s < S
     m_sm = m_s[:, None] & m_m[None, :]  # [S_PAD, BM]
-    o_sm = o_s[:, None] * M + o_m[None, :]  # [S_PAD, BM] into [S, M]
-    o_bsm = i_b * M * S + o_sm  # [S_PAD, BM] into [B, M, S]
+    o_sm = o_s[:, None] * M + o_m[None, :]  # [S_PAD, BM] into [S, M]: a, p come transposed (channel-contiguous)
+    o_bms = i_b * M * S + o_m[None, :] * S + o_s[:, None]  # [S_PAD, BM] into [B, M, S] (touched once per program)
     b_a = tl.load(a_ptr + o_sm, mask=m_sm, other=1.0).to(tl.float32)
     b_p = tl.load(p_ptr + o_sm, mask=m_sm, other=0.0).to(tl.float32)
     b_a2 = b_a * b_a
     b_gP = tl.zeros([S_PAD, BM], tl.float32)
     b_gmu = tl.zeros([S_PAD, BM], tl.float32)
     if HAS_GSTATE:
-        b_lamL = tl.load(lam_out_ptr + o_bsm, mask=m_sm, other=1.0)
-        b_etaL = tl.load(eta_out_ptr + o_bsm, mask=m_sm, other=0.0)
-        b_glam = tl.load(glam_ptr + o_bsm, mask=m_sm, other=0.0).to(tl.float32)
-        b_geta = tl.load(geta_ptr + o_bsm, mask=m_sm, other=0.0).to(tl.float32)
+        b_lamL = tl.load(lam_out_ptr + o_bms, mask=m_sm, other=1.0)
+        b_etaL = tl.load(eta_out_ptr + o_bms, mask=m_sm, other=0.0)
+        b_glam = tl.load(glam_ptr + o_bms, mask=m_sm, other=0.0).to(tl.float32)
+        b_geta = tl.load(geta_ptr + o_bms, mask=m_sm, other=0.0).to(tl.float32)
         b_gP = -(b_glam * b_lamL + b_geta * b_etaL) * b_lamL  # λ = 1/P, η = μ/P
         b_gmu = b_geta * b_lamL
     b_ga = tl.zeros([S_PAD, BM], tl.float32)  # Σ gw·μ_{t-1} (+ prior readout terms)
@@ -120,13 +128,15 @@ def _kla_bwd_kernel(
             o_tm, o_ts = o_bm + t * M, o_bs + t * S
             b_v, b_lv, b_k, b_q = _load_step(v_ptr + o_tm, lam_v_ptr + o_tm, k_ptr + o_ts, q_ptr + o_ts, m_m, m_s)
             b_gy = tl.load(gy_ptr + o_tm, mask=m_m, other=0.0).to(tl.float32)
-            b_gyv = tl.load(gyv_ptr + o_tm, mask=m_m, other=0.0).to(tl.float32)
             b_phi = b_lv[None, :] * (b_k * b_k)[:, None]  # [S_PAD, BM]
             b_r = (b_v * b_lv)[None, :] * b_k[:, None]  # [S_PAD, BM]
             b_P, b_mu, b_Pp, b_i, _ = _filter_step(b_Pm, b_mum, b_a, b_a2, b_p, b_phi, b_r, FAST_RCP)
-            b_gP, b_gmu, b_ga, b_ga2, b_gp, b_dq = _readout_adjoint(
-                b_gP, b_gmu, b_ga, b_ga2, b_gp, b_mu, b_P, b_a, b_a2, b_p, b_q, b_gy, b_gyv, PRIOR
-            )
+            b_gmu, b_ga, b_dq = _mean_readout_adjoint(b_gmu, b_ga, b_mu, b_a, b_q, b_gy, PRIOR)
+            if HAS_GYV:  # y_var was used
+                b_gyv = tl.load(gyv_ptr + o_tm, mask=m_m, other=0.0).to(tl.float32)
+                b_gP, b_ga2, b_gp, b_dq = _var_readout_adjoint(
+                    b_gP, b_ga2, b_gp, b_dq, b_P, b_a2, b_p, b_q, b_gyv, PRIOR
+                )
             b_gw = b_gmu * b_i
             b_gN = -(b_gmu * b_mu + b_gP * b_P) * b_i
             b_gPp = b_gP * b_i + b_gw * b_r + b_gN * b_phi
@@ -144,15 +154,15 @@ def _kla_bwd_kernel(
             tl.store(dv_ptr + o_tm, b_dv.to(dv_ptr.dtype.element_ty), mask=m_m)
             tl.store(dlv_ptr + o_tm, b_dlv.to(dlv_ptr.dtype.element_ty), mask=m_m)
             tl.store(dk_ptr + o_part + t * S, b_dk, mask=m_s)
-            tl.store(dq_ptr + o_part + t * S, b_dq, mask=m_s)
+            tl.store(dq_ptr + o_part + t * S, tl.sum(b_dq, axis=1), mask=m_s)
         tl.debug_barrier()
-    tl.store(da_ptr + o_bsm, b_ga + 2.0 * b_a * b_ga2, mask=m_sm)
-    tl.store(dp_ptr + o_bsm, b_gp, mask=m_sm)
+    tl.store(da_ptr + o_bms, b_ga + 2.0 * b_a * b_ga2, mask=m_sm)
+    tl.store(dp_ptr + o_bms, b_gp, mask=m_sm)
     if HAS_INIT:
-        b_P0 = 1.0 / tl.load(lam0_ptr + o_bsm, mask=m_sm, other=1.0).to(tl.float32)
-        b_mu0 = tl.load(eta0_ptr + o_bsm, mask=m_sm, other=0.0).to(tl.float32) * b_P0
-        tl.store(dlam0_ptr + o_bsm, -b_P0 * (b_gP * b_P0 + b_gmu * b_mu0), mask=m_sm)
-        tl.store(deta0_ptr + o_bsm, b_gmu * b_P0, mask=m_sm)
+        b_P0 = 1.0 / tl.load(lam0_ptr + o_bms, mask=m_sm, other=1.0).to(tl.float32)
+        b_mu0 = tl.load(eta0_ptr + o_bms, mask=m_sm, other=0.0).to(tl.float32) * b_P0
+        tl.store(dlam0_ptr + o_bms, -b_P0 * (b_gP * b_P0 + b_gmu * b_mu0), mask=m_sm)
+        tl.store(deta0_ptr + o_bms, b_gmu * b_P0, mask=m_sm)
 
 
 def mobius_scan_bwd(
@@ -169,7 +179,8 @@ def mobius_scan_bwd(
     Args:
         saved: (v, lambda_v, k, q, a, p, lam0, eta0, lam, eta, ckpt_P, ckpt_mu) from the forward, contiguous;
             lam0/eta0 None for a fresh sequence.
-        gy, gyv: output gradients [B, L, M], contiguous. glam, geta: final-state gradients [B, M, S] or None.
+        gy: gradient of y [B, L, M], contiguous; gyv: gradient of y_var, the same or None (y_var unused: its
+            terms are skipped). glam, geta: final-state gradients [B, M, S] or None.
     Returns:
         (dv, dlambda_v, dk, dq, da, dp, dlam0, deta0), each in its input's dtype; dlam0, deta0 None when
         the forward had no initial state.
@@ -182,7 +193,7 @@ def mobius_scan_bwd(
     dv, dlv = torch.empty_like(v), torch.empty_like(lambda_v)
     dk_part = torch.empty(batch, n_mb, length, state_size, **f32)
     dq_part = torch.empty_like(dk_part)
-    da_part = torch.empty(batch, state_size, channels, **f32)  # [B, S, M] (kernel layout)
+    da_part = torch.empty(batch, channels, state_size, **f32)
     dp_part = torch.empty_like(da_part)
     dlam0 = deta0 = None
     if lam0 is not None:
@@ -191,20 +202,20 @@ def mobius_scan_bwd(
     scr_mu = torch.empty_like(scr_P)
     has_gstate = glam is not None or geta is not None
     if has_gstate:
-        glam = torch.zeros_like(lam) if glam is None else glam
-        geta = torch.zeros_like(eta) if geta is None else geta
-    a, p, lam0, eta0, lam, eta, glam, geta = (to_kernel_layout(x) for x in (a, p, lam0, eta0, lam, eta, glam, geta))
+        glam = torch.zeros_like(lam) if glam is None else glam.contiguous()  # autograd may pass expanded tensors
+        geta = torch.zeros_like(eta) if geta is None else geta.contiguous()
+    a_t, p_t = to_kernel_layout(a), to_kernel_layout(p)  # [S, M]: read channel-contiguous, as the hot loop wants
     _kla_bwd_kernel[(batch, n_mb)](
-        v, lambda_v, k, q, a, p, lam0, eta0, ckpt_P, ckpt_mu, lam, eta, gy, gyv, glam, geta,
+        v, lambda_v, k, q, a_t, p_t, lam0, eta0, ckpt_P, ckpt_mu, lam, eta, gy, gyv, glam, geta,
         dv, dlv, dk_part, dq_part, da_part, dp_part, dlam0, deta0, scr_P, scr_mu,
         length, channels, state_size, ckpt_P.shape[1],
         BM=config.bwd_block_m, S_PAD=s_pad, CHUNK=config.chunk, NUM_STAGES=config.bwd_num_stages,
         UNROLL=config.bwd_unroll,
-        HAS_INIT=lam0 is not None, PRIOR=decode_from_prior, HAS_GSTATE=has_gstate,
+        HAS_INIT=lam0 is not None, PRIOR=decode_from_prior, HAS_GYV=gyv is not None, HAS_GSTATE=has_gstate,
         FAST_RCP=not interpreting(), num_warps=config.bwd_num_warps,
     )  # fmt: skip
     dk, dq = dk_part.sum(1).to(k.dtype), dq_part.sum(1).to(q.dtype)
-    da, dp = from_kernel_layout(da_part.sum(0)).to(a.dtype), from_kernel_layout(dp_part.sum(0)).to(p.dtype)
+    da, dp = da_part.sum(0).to(a.dtype), dp_part.sum(0).to(p.dtype)
     if lam0 is not None:
-        dlam0, deta0 = from_kernel_layout(dlam0).to(lam0.dtype), from_kernel_layout(deta0).to(eta0.dtype)
+        dlam0, deta0 = dlam0.to(lam0.dtype), deta0.to(eta0.dtype)
     return dv, dlv, dk, dq, da, dp, dlam0, deta0

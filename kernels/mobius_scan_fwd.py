@@ -118,13 +118,13 @@ def _kla_fwd_kernel(
     o_s = tl.arange(0, S_PAD)  # [S_PAD]
     m_m, m_s = o_m < M, o_s < S
     m_sm = m_s[:, None] & m_m[None, :]  # [S_PAD, BM]
-    o_sm = o_s[:, None] * M + o_m[None, :]  # [S_PAD, BM] into [S, M]
-    b_a = tl.load(a_ptr + o_sm, mask=m_sm, other=1.0).to(tl.float32)
-    b_p = tl.load(p_ptr + o_sm, mask=m_sm, other=0.0).to(tl.float32)
+    o_ms = o_m[None, :] * S + o_s[:, None]  # [S_PAD, BM] into [M, S] (read and written once per program)
+    b_a = tl.load(a_ptr + o_ms, mask=m_sm, other=1.0).to(tl.float32)
+    b_p = tl.load(p_ptr + o_ms, mask=m_sm, other=0.0).to(tl.float32)
     b_a2 = b_a * b_a
     if HAS_INIT:
-        b_lam0 = tl.load(lam0_ptr + i_b * M * S + o_sm, mask=m_sm, other=1.0).to(tl.float32)
-        b_eta0 = tl.load(eta0_ptr + i_b * M * S + o_sm, mask=m_sm, other=0.0).to(tl.float32)
+        b_lam0 = tl.load(lam0_ptr + i_b * M * S + o_ms, mask=m_sm, other=1.0).to(tl.float32)
+        b_eta0 = tl.load(eta0_ptr + i_b * M * S + o_ms, mask=m_sm, other=0.0).to(tl.float32)
         b_P = 1.0 / b_lam0
         b_mu = b_eta0 * b_P
     else:
@@ -155,8 +155,8 @@ def _kla_fwd_kernel(
             tl.store(y_ptr + o_tm, b_y.to(y_ptr.dtype.element_ty), mask=m_m)
             tl.store(y_var_ptr + o_tm, b_yv.to(y_var_ptr.dtype.element_ty), mask=m_m)
     b_lam = 1.0 / b_P
-    tl.store(lam_out_ptr + i_b * M * S + o_sm, b_lam, mask=m_sm)
-    tl.store(eta_out_ptr + i_b * M * S + o_sm, b_mu * b_lam, mask=m_sm)
+    tl.store(lam_out_ptr + i_b * M * S + o_ms, b_lam, mask=m_sm)
+    tl.store(eta_out_ptr + i_b * M * S + o_ms, b_mu * b_lam, mask=m_sm)
 
 
 def mobius_scan_fwd(
@@ -175,7 +175,8 @@ def mobius_scan_fwd(
     """Launch the forward kernel on contiguous inputs (checked by the caller).
 
     Shapes: v, lambda_v [B, L, M]; k, q [B, L, S]; a, p [M, S]; lam0, eta0 [B, M, S] or None (fresh).
-    State-shaped tensors are passed to the kernel transposed ([S, M], [B, S, M]) so that channels are contiguous.
+    The kernel reads and writes state-shaped tensors once per program in their own [.., M, S] layout; only the
+    chunk states, touched every chunk, are stored channel-contiguous.
     Returns y, y_var [B, L, M] in v's dtype; final λ, η [B, M, S] float32; and, when `save_ckpt`, the
     states (P, μ) before every chunk, each [B, NC, S, M] float32 with NC = ceil(L / chunk), else None.
     """
@@ -183,9 +184,8 @@ def mobius_scan_fwd(
     state_size = k.shape[-1]
     n_chunks = triton.cdiv(length, config.chunk)
     y, y_var = torch.empty_like(v), torch.empty_like(v)
-    lam = v.new_empty(batch, state_size, channels, dtype=torch.float32)  # [B, S, M]: m contiguous in the kernel
+    lam = v.new_empty(batch, channels, state_size, dtype=torch.float32)
     eta = torch.empty_like(lam)
-    a, p, lam0, eta0 = (to_kernel_layout(x) for x in (a, p, lam0, eta0))
     ckpt_P = ckpt_mu = None
     if save_ckpt:
         ckpt_P = v.new_empty(batch, n_chunks, state_size, channels, dtype=torch.float32)
@@ -200,4 +200,4 @@ def mobius_scan_fwd(
         FAST_RCP=not interpreting(),
         num_warps=config.num_warps,
     )  # fmt: skip
-    return y, y_var, from_kernel_layout(lam), from_kernel_layout(eta), ckpt_P, ckpt_mu
+    return y, y_var, lam, eta, ckpt_P, ckpt_mu

@@ -10,12 +10,15 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from klalm.kernels import mobius_scan
 from klalm.kernels.mobius_scan import kla_scan_triton
+from klalm.kernels.mobius_scan_bwd import mobius_scan_bwd
 from klalm.kernels.mobius_scan_fwd import ScanConfig
 from klalm.ops.checks import CHECK_ENV_VAR
 from klalm.ops.reference import KLAState, kla_scan_reference
 
 NAMES = ("v", "lambda_v", "k", "q", "a", "p", "lam0", "eta0")
+OUTPUTS = ("y", "y_var", "lam", "eta")
 TINY = ScanConfig(block_m=4, chunk=4, num_stages=2, unroll=2, bwd_block_m=8, bwd_num_stages=2, bwd_unroll=2)
 
 
@@ -42,8 +45,11 @@ def make_inputs(batch, length, channels, state, device, seed=0) -> dict[str, tor
     return {name: t.to(device) for name, t in x.items()}
 
 
-def run_both(x: dict, use_init: bool, prior: bool, config: ScanConfig, dtype=torch.float32):
-    """Forward and backward of the kernel (inputs in `dtype`) and of the float64 reference on the same values."""
+def run_both(x: dict, use_init: bool, prior: bool, config: ScanConfig, dtype=torch.float32, used=OUTPUTS):
+    """Forward and backward of the kernel (inputs in `dtype`) and of the float64 reference on the same values.
+
+    Only the outputs named in `used` enter the loss (the others get no gradient, as when a model ignores them).
+    """
     names = NAMES if use_init else NAMES[:6]
     ours = {n: x[n].to(dtype).requires_grad_() for n in names}
     ref = {n: ours[n].detach().double().requires_grad_() for n in names}
@@ -56,7 +62,7 @@ def run_both(x: dict, use_init: bool, prior: bool, config: ScanConfig, dtype=tor
         if weights is None:  # random cotangents, shared by both runs
             g = torch.Generator().manual_seed(1)
             weights = {n: torch.randn(o.shape, generator=g).to(o.device, torch.float64) for n, o in outs.items()}
-        loss = sum((o.double() * weights[n]).sum() for n, o in outs.items())
+        loss = sum((o.double() * weights[n]).sum() for n, o in outs.items() if n in used)
         loss.backward()
         results.append((outs, {n: t.grad for n, t in inp.items()}))
     return results
@@ -80,6 +86,29 @@ def test_scan_matches_reference(device, length, state, use_init, prior):
     for name, ref in ref_grads.items():
         assert grads[name] is not None, f"no gradient for {name}"
         assert rel_err(grads[name], ref) <= 1e-4, f"d{name}: rel err {rel_err(grads[name], ref):.2e}"
+
+
+@pytest.mark.parametrize("used", [("y",), ("y", "eta"), ("y_var", "lam")], ids="+".join)
+@pytest.mark.parametrize("prior", [False, True], ids=["posterior", "prior"])
+def test_unused_outputs(device, used, prior, monkeypatch):
+    """Outputs the loss ignores (y_var in training, the final state) get None cotangents; the kernel skips them."""
+    seen = {}
+
+    def spy(saved, gy, gyv, glam, geta, *rest):
+        seen.update(gyv=gyv, glam=glam, geta=geta)
+        return mobius_scan_bwd(saved, gy, gyv, glam, geta, *rest)
+
+    monkeypatch.setattr(mobius_scan, "mobius_scan_bwd", spy)
+    x = make_inputs(2, 11, 6, 5, device, seed=9)
+    (_, grads), (_, ref_grads) = run_both(x, True, prior, TINY, used=used)
+    cotangent = {"y_var": "gyv", "lam": "glam", "eta": "geta"}
+    assert {seen[g] is None for o, g in cotangent.items() if o not in used} <= {True}
+    assert {seen[g] is None for o, g in cotangent.items() if o in used} <= {False}
+    for name, ref in ref_grads.items():
+        if ref is None:  # not in the reference's graph (y_var and λ do not depend on v, η0)
+            assert grads[name] is None or not grads[name].any(), f"d{name} should be zero"
+        else:
+            assert rel_err(grads[name], ref) <= 1e-4, f"d{name}: rel err {rel_err(grads[name], ref):.2e}"
 
 
 @pytest.mark.parametrize("batch,length,channels,state", [(1, 5, 1, 1), (1, 3, 3, 64)], ids=["M1-S1", "S64"])
