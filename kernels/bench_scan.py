@@ -42,6 +42,7 @@ def kla_inputs(batch: int, length: int, channels: int, state: int, dtype=torch.f
 def kla_floor_ms(mode: str, batch: int, length: int, channels: int, state: int) -> tuple[float, float, float]:
     """(floor ms, bytes, flops) of the scan: fwd moves v, Λ in and y, y_var out (fp32); bwd adds 6 more such."""
     elems = batch * length * channels
+    mode = "fwd+bwd" if mode.startswith("fwd+bwd") else mode
     bytes_ = 4 * elems * (4 if mode == "fwd" else 10)
     flops = FLOP_PER_ELEM[mode] * elems * state
     return max(bytes_ / (PEAK_HBM_GB_S * 1e9), flops / (PEAK_FP32_TFLOPS * 1e12)) * 1e3, bytes_, flops
@@ -77,11 +78,16 @@ def scan_runners(backend: str, inputs: list[torch.Tensor], config=None) -> dict[
         for x in grads_in:
             x.grad = None
 
+    def fwd_bwd_y():  # the training path: a KLA layer that does not return its variance uses y only
+        scan(*grads_in)[0].sum().backward()
+        for x in grads_in:
+            x.grad = None
+
     def fwd():
         with torch.no_grad():
             return scan(*inputs)
 
-    return {"fwd": fwd, "fwd+bwd": fwd_bwd}
+    return {"fwd": fwd, "fwd+bwd": fwd_bwd, "fwd+bwd (y)": fwd_bwd_y}
 
 
 def available_backends() -> list[str]:
@@ -183,13 +189,16 @@ def bench_sdpa_row(batch: int, length: int, heads: int = 12, head_dim: int = 64)
 
 
 HEADER = ["impl", "B×L×M×S", "fwd ms", "fwd GB", "fwd GB/s", "fwd GFLOP/s", "fwd × floor",
-          "f+b ms", "f+b GB", "f+b GB/s", "f+b GFLOP/s", "f+b × floor"]  # fmt: skip
+          "f+b ms", "f+b GB", "f+b GB/s", "f+b GFLOP/s", "f+b × floor",
+          "f+b(y) ms", "f+b(y) GB", "f+b(y) GB/s", "f+b(y) GFLOP/s", "f+b(y) × floor"]  # fmt: skip
+# f+b: every output (y, y_var, final state) gets a gradient; f+b(y): only y does (a KLA layer in training)
 
 
 def print_table(header: list[str], rows: list[list[str]]) -> None:
     print("| " + " | ".join(header) + " |")
     print("|" + "---|" * len(header))
     for row in rows:
+        row = row + [""] * (len(header) - len(row))  # rows without the y-only column
         print("| " + " | ".join(row) + " |", flush=True)
 
 
@@ -214,7 +223,7 @@ def run_all(quick: bool, skip_torch: bool) -> None:
     print_table(HEADER, ss_rows)
 
 
-TUNE = [dict(block_m=16, bwd_block_m=8, unroll=4), dict(bwd_block_m=8, unroll=8), dict(), dict(bwd_block_m=8, unroll=4)]
+TUNE = [dict(), dict(chunk=32), dict(chunk=64), dict(num_stages=3, unroll=2), dict(block_m=16, num_stages=4, unroll=2)]
 
 
 def run_tune() -> None:
@@ -224,7 +233,7 @@ def run_tune() -> None:
     configs = [ScanConfig(**overrides) for overrides in TUNE]
     rows = [[f"kla {tuple(c)}"] + bench_kla_row("triton", MAIN, c)[2:] for c in configs]
     rows += [[f"selective {tuple(c)}"] + bench_ss_row("triton", MAIN, c)[2:] for c in configs]
-    print_table(["config (block_m, bwd_block_m, chunk, warps, stages, unroll)"] + HEADER[2:], rows)
+    print_table([f"config {ScanConfig._fields}"] + HEADER[2:], rows)
 
 
 def main() -> None:

@@ -44,10 +44,10 @@ class ScanConfig(NamedTuple):
     """
 
     block_m: int = 32
-    chunk: int = 64
+    chunk: int = 32
     num_warps: int = 1
-    num_stages: int = 3
-    unroll: int = 2
+    num_stages: int = 4
+    unroll: int = 4
     bwd_block_m: int = 16
     bwd_num_warps: int = 1
     bwd_num_stages: int = 3

@@ -24,7 +24,10 @@ from klalm.kernels.mobius_scan import check_kernel_device, check_offsets
 from klalm.kernels.mobius_scan_fwd import ScanConfig, check_config, from_kernel_layout, to_kernel_layout
 
 MAX_STATE_SIZE = 64
-DEFAULT_CONFIG = ScanConfig(block_m=16, unroll=4, bwd_block_m=8, bwd_unroll=4)  # fastest fwd and fwd+bwd measured on an H200
+DEFAULT_CONFIG = ScanConfig(  # fastest fwd and fwd+bwd measured on an H200 (kernels/NOTES.md)
+    block_m=16, chunk=64, num_warps=1, num_stages=3, unroll=4,
+    bwd_block_m=8, bwd_num_warps=1, bwd_num_stages=3, bwd_unroll=4,
+)  # fmt: skip
 
 
 @triton.jit

@@ -184,8 +184,11 @@ def test_reference_gradcheck():
     assert torch.autograd.gradcheck(flat, inp)
 
 
+OTHER = ScanConfig(block_m=16, chunk=64, num_stages=3, unroll=8, bwd_block_m=32, bwd_num_stages=4, bwd_unroll=8)
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("config", [ScanConfig(), ScanConfig(block_m=16, chunk=32, num_stages=4, unroll=8, bwd_block_m=32, bwd_num_stages=4, bwd_unroll=8)], ids=str)
+@pytest.mark.parametrize("config", [ScanConfig(), OTHER], ids=str)
 def test_gpu_real_size(config):
     """B=2, L=2048, M=1536, S=16 forward and every gradient against the float64 reference on the GPU."""
     x = make_inputs(2, 2048, 1536, 16, "cuda", seed=5)
