@@ -60,20 +60,24 @@ def lm_loss(logits: Tensor, labels: Tensor) -> tuple[Tensor, Tensor]:
 
 
 def rng_state() -> dict[str, Any]:
-    """Every RNG a training step may draw from (python, numpy, torch CPU and CUDA)."""
+    """Every RNG a training step may draw from (python, numpy, torch CPU, and CUDA of this process's device).
+
+    Only the current device's CUDA generator is saved (one device per rank), so a checkpoint written on N GPUs
+    restores on a machine with fewer.
+    """
     state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
     if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
+        state["cuda"] = torch.cuda.get_rng_state()
     return state
 
 
 def set_rng_state(state: dict[str, Any]) -> None:
-    """Restores the RNGs saved by `rng_state`."""
+    """Restores the RNGs saved by `rng_state` (CUDA: into the current device's generator)."""
     random.setstate(state["python"])
     np.random.set_state(state["numpy"])
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+        torch.cuda.set_rng_state(state["cuda"])
 
 
 class LMModule(pl.LightningModule):
