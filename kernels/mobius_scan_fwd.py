@@ -9,11 +9,11 @@ information form (λ = 1/P, η = μ/P) but needs one reciprocal per (b, t, m, s)
     μ_t  = i_t·(a·μ_{t-1} + r_t·P'_t)        (= η_t/λ_t)
     y_t  = Σ_s q_t·μ_t        y_var_t = Σ_s q_t²·P_t
 
-One program owns one batch row and BM channels; its [S_PAD, BM] state lives in registers (S along
-each thread, channels along lanes, so the readout sums over s need no shuffles) and walks time in
-order. Loads of step t+1.. are prefetched into shared memory by Triton's software pipeliner
-(`num_stages`). Every CHUNK steps the program saves its state, which is all the backward needs to
-recompute the states of one chunk at a time (see mobius_scan_bwd.py).
+One program owns one batch row and BM channels; its [S_PAD, BM] state lives in registers (the layout
+is Triton's; kernels/NOTES.md records what it chose) and walks time in order. Loads of step t+1.. are
+prefetched into shared memory by Triton's software pipeliner (`num_stages`). Every CHUNK steps the
+program saves its state, which is all the backward needs to recompute the states of one chunk at a
+time (see mobius_scan_bwd.py).
 """
 
 from __future__ import annotations
