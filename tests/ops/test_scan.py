@@ -29,15 +29,18 @@ def make_inputs(batch=2, length=9, channels=3, state=4, dtype=torch.float64, see
     return dict(zip(NAMES, (v, lambda_v, k, q, a, p, lam0, eta0)))
 
 
-def run_with_grads(fn, inputs, prior=False, seed=1):
-    """Outputs (y, y_var, lam, eta) and the gradients of a random linear loss w.r.t. every input, by name."""
+def run_with_grads(fn, inputs, prior=False, seed=1, used=("y", "y_var", "lam", "eta")):
+    """Outputs (y, y_var, lam, eta) and the gradients of a random linear loss of the outputs in `used` w.r.t.
+    every input, by name (zeros where an input does not reach the loss)."""
     leaves = {n: x.detach().clone().requires_grad_() for n, x in inputs.items()}
     args = [leaves[n] for n in NAMES[:6]]
     y, y_var, state = fn(*args, KLAState(leaves["lam0"], leaves["eta0"]), prior)
     outs = {"y": y, "y_var": y_var, "lam": state.lam, "eta": state.eta}
     g = torch.Generator().manual_seed(seed)
-    loss = sum((torch.randn(o.shape, generator=g, dtype=torch.float64).to(o) * o).sum() for o in outs.values())
-    grads = torch.autograd.grad(loss, list(leaves.values()))
+    weights = {n: torch.randn(o.shape, generator=g, dtype=torch.float64).to(o) for n, o in outs.items()}
+    loss = sum((weights[n] * outs[n]).sum() for n in used)
+    grads = torch.autograd.grad(loss, list(leaves.values()), allow_unused=True)
+    grads = [torch.zeros_like(x) if gr is None else gr for x, gr in zip(leaves.values(), grads)]
     return {n: o.detach() for n, o in outs.items()}, dict(zip(NAMES, grads))
 
 
@@ -61,6 +64,17 @@ def compare_backends(inputs, prior=False, chunk_size=None, rtol=1e-10):
 @pytest.mark.parametrize("length", [1, 2, 37, 300], ids=lambda n: f"L{n}")
 def test_torch_matches_reference(length, prior):
     compare_backends(make_inputs(length=length, seed=length), prior=prior)
+
+
+@pytest.mark.parametrize("used", [("y",), ("y", "eta"), ("y_var", "lam")], ids="+".join)
+@pytest.mark.parametrize("prior", [False, True], ids=["posterior", "prior"])
+def test_torch_unused_outputs(used, prior):
+    """Outputs the loss ignores reach the backward as None (y_var in training); the gradients stay exact."""
+    torch_fn = lambda *a: kla_scan_torch(*a, chunk_size=4)  # noqa: E731  (3 chunks: carries and final seeds)
+    inputs = make_inputs(length=11)
+    _, ref_grad = run_with_grads(kla_scan_reference, inputs, prior, used=used)
+    _, grad = run_with_grads(torch_fn, inputs, prior, used=used)
+    assert_all_close(ref_grad, grad, 1e-10, atol=1e-300)
 
 
 @pytest.mark.parametrize("chunk", [1, 4, 7, 37, 64], ids=lambda c: f"C{c}")

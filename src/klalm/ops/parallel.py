@@ -226,9 +226,9 @@ class _Adjoint(NamedTuple):
     lam_starts: Tensor  # [B, NC, M, S]
     eta_starts: Tensor
     gy: Tensor  # [C, B, NC, M]
-    gy_var: Tensor
-    g_lam: Tensor  # [B, M, S]: gradient of the final state
-    g_eta: Tensor
+    gy_var: Tensor | None  # None: y_var unused (its terms are skipped)
+    g_lam: Tensor | None  # [B, M, S]: gradient of the final state, None when unused
+    g_eta: Tensor | None
     prior: bool
     length: int
     a2: Tensor  # a², [M, S]
@@ -248,12 +248,17 @@ def _step_terms(s: _Adjoint, c: int) -> _Step:
         e.mul_(a)
     else:
         var = dvar = inv
-    f = torch.addcmul(gy_q.mul_(mean), s.gy_var[c][..., None] * (q * q), dvar).mul_(inv).neg_()
+    f = gy_q.mul_(mean)
+    if s.gy_var is not None:
+        f.addcmul_(s.gy_var[c][..., None] * (q * q), dvar)
+    f.mul_(inv).neg_()
     chunk = s.lam.shape[0]
     if c == (s.length - 1) % chunk:
         n = (s.length - 1) // chunk
-        e[:, n] += s.g_eta
-        f[:, n] += s.g_lam
+        if s.g_eta is not None:
+            e[:, n] += s.g_eta
+        if s.g_lam is not None:
+            f[:, n] += s.g_lam
     inv_d = torch.addcmul(a2, p, lam_prev).reciprocal_()
     inv_d2 = inv_d * inv_d
     return _Step(e, f, a * inv_d, a2 * inv_d2, s.ap * inv_d2 * eta_prev, inv_d, inv_d2, lam_prev, eta_prev, mean, var)
@@ -295,7 +300,9 @@ def _gradient_sweep(s: _Adjoint, p_eta: Tensor, p_lam: Tensor) -> tuple[Tensor, 
         g_v[c] = x.lam_v[c] * sk
         g_lam_v[c] = torch.addcmul(_rowsum(h_lam, k * k), x.v[c], sk)
         g_k[c] = torch.addcmul(_colsum(x.lam_v[c] * x.v[c], h_eta), 2 * k, _colsum(x.lam_v[c], h_lam))
-        g_q[c] = torch.addcmul(_colsum(s.gy[c], t.mean), 2 * x.q[c], _colsum(s.gy_var[c], t.var))
+        g_q[c] = _colsum(s.gy[c], t.mean)
+        if s.gy_var is not None:
+            g_q[c].addcmul_(2 * x.q[c], _colsum(s.gy_var[c], t.var))
         u = torch.addcmul(t.lam_prev * h_lam, a * t.eta_prev, h_eta).mul_(t.inv_d2)
         acc_a.addcmul_(h_eta, t.eta_prev * t.inv_d)
         acc_u += u
@@ -303,8 +310,10 @@ def _gradient_sweep(s: _Adjoint, p_eta: Tensor, p_lam: Tensor) -> tuple[Tensor, 
         if s.prior:  # direct readout terms of μ' = a·μ and σ'² = a²·σ² + p
             q = x.q[c][..., None, :]  # [B, NC, 1, S]
             inv = s.lam[c].reciprocal()
-            acc_a += s.gy[c][..., None] * q * s.eta[c] * inv + 2 * a * s.gy_var[c][..., None] * q * q * inv
-            acc_p -= s.gy_var[c][..., None] * q * q
+            acc_a += s.gy[c][..., None] * q * s.eta[c] * inv
+            if s.gy_var is not None:
+                acc_a += 2 * a * s.gy_var[c][..., None] * q * q * inv
+                acc_p -= s.gy_var[c][..., None] * q * q
         p_eta, p_lam = t.gain * h_eta, torch.addcmul(t.w * h_lam, t.c, h_eta, value=-1)
     g_a = acc_a.sum((0, 1)) - 2 * a * acc_u.sum((0, 1))
     return g_v, g_lam_v, g_k, g_q, g_a, -acc_p.sum((0, 1)), p_lam[:, 0], p_eta[:, 0]
@@ -325,6 +334,7 @@ class KLAScanFunction(torch.autograd.Function):
         y, y_var, final = _readout_sweep(x, lam_starts, eta_starts, decode_from_prior, length)
         ctx.save_for_backward(v, lambda_v, k, q, a, p, lam_starts, eta_starts)
         ctx.prior, ctx.chunk = decode_from_prior, chunk
+        ctx.set_materialize_grads(False)  # outputs the loss does not use (y_var in training) arrive as None
         return _from_chunks(y, length), _from_chunks(y_var, length), final.lam, final.eta
 
     @staticmethod
@@ -334,7 +344,8 @@ class KLAScanFunction(torch.autograd.Function):
         length = v.shape[1]
         x = Chunked(*(_to_chunks(t, ctx.chunk) for t in (v, lambda_v, k, q)), a, p)
         lam, eta = _refill(x, lam_starts, eta_starts)
-        gyc, gvc = _to_chunks(gy, ctx.chunk), _to_chunks(gy_var, ctx.chunk)
+        gy = torch.zeros_like(v) if gy is None else gy
+        gyc, gvc = _to_chunks(gy, ctx.chunk), None if gy_var is None else _to_chunks(gy_var, ctx.chunk)
         s = _Adjoint(x, lam, eta, lam_starts, eta_starts, gyc, gvc, g_lam, g_eta, ctx.prior, length, a * a, a * p)
         p_eta, p_lam = _adjoint_carries(s)
         g_v, g_lam_v, g_k, g_q, g_a, g_p, g_lam0, g_eta0 = _gradient_sweep(s, p_eta, p_lam)
