@@ -199,7 +199,8 @@ def train(
     """
     optimizer = _optimizer(module, settings)
     module.train()
-    _loss(module, [next_batch(0)], device).backward()  # untimed: compiles kernels for these shapes
+    warmup = [next_batch(0)] + ([aux_batch(0)] if aux_batch is not None else [])
+    _loss(module, warmup, device).backward()  # untimed: compiles kernels for both batch shapes
     optimizer.zero_grad(set_to_none=True)
     losses: list[float] = []
     start, step, progress = time.perf_counter(), 0, 0.0
