@@ -117,7 +117,7 @@ def _kla_bwd_kernel(
             b_v, b_lv, b_k, _ = _load_step(v_ptr + o_tm, lam_v_ptr + o_tm, k_ptr + o_ts, k_ptr + o_ts, m_m, m_s)
             b_phi = b_lv[None, :] * (b_k * b_k)[:, None]
             b_r = (b_v * b_lv)[None, :] * b_k[:, None]
-            b_P, b_mu, _, _, _ = _filter_step(b_P, b_mu, b_a, b_a2, b_p, b_phi, b_r, FAST_RCP)
+            b_P, b_mu, _, _ = _filter_step(b_P, b_mu, b_a, b_a2, b_p, b_phi, b_r, FAST_RCP)
         tl.debug_barrier()
         for j in tl.range(
             0, t1 - t0, num_stages=NUM_STAGES, loop_unroll_factor=UNROLL
@@ -130,7 +130,7 @@ def _kla_bwd_kernel(
             b_gy = tl.load(gy_ptr + o_tm, mask=m_m, other=0.0).to(tl.float32)
             b_phi = b_lv[None, :] * (b_k * b_k)[:, None]  # [S_PAD, BM]
             b_r = (b_v * b_lv)[None, :] * b_k[:, None]  # [S_PAD, BM]
-            b_P, b_mu, b_Pp, b_i, _ = _filter_step(b_Pm, b_mum, b_a, b_a2, b_p, b_phi, b_r, FAST_RCP)
+            b_P, b_mu, b_Pp, b_i = _filter_step(b_Pm, b_mum, b_a, b_a2, b_p, b_phi, b_r, FAST_RCP)
             b_gmu, b_ga, b_dq = _mean_readout_adjoint(b_gmu, b_ga, b_mu, b_a, b_q, b_gy, PRIOR)
             if HAS_GYV:  # y_var was used
                 b_gyv = tl.load(gyv_ptr + o_tm, mask=m_m, other=0.0).to(tl.float32)

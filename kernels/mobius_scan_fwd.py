@@ -88,11 +88,10 @@ def _rcp(x, FAST_RCP: tl.constexpr):
 
 @triton.jit
 def _filter_step(b_P, b_mu, b_a, b_a2, b_p, b_phi, b_r, FAST_RCP: tl.constexpr):
-    """One predict+update step in covariance form; returns (P_t, μ_t, P'_t, i_t, w_t), each [S_PAD, BM]."""
+    """One predict+update step in covariance form; returns (P_t, μ_t, P'_t, i_t), each [S_PAD, BM]."""
     b_Pp = b_a2 * b_P + b_p
     b_i = _rcp(1.0 + b_phi * b_Pp, FAST_RCP)
-    b_w = b_a * b_mu + b_r * b_Pp
-    return b_Pp * b_i, b_i * b_w, b_Pp, b_i, b_w
+    return b_Pp * b_i, b_i * (b_a * b_mu + b_r * b_Pp), b_Pp, b_i
 
 
 @triton.jit
@@ -145,7 +144,7 @@ def _kla_fwd_kernel(
             b_v, b_lv, b_k, b_q = _load_step(v_ptr + o_tm, lam_v_ptr + o_tm, k_ptr + o_ts, q_ptr + o_ts, m_m, m_s)
             b_phi = b_lv[None, :] * (b_k * b_k)[:, None]  # [S_PAD, BM]
             b_r = (b_v * b_lv)[None, :] * b_k[:, None]  # [S_PAD, BM]
-            b_P, b_mu, _, _, _ = _filter_step(b_P, b_mu, b_a, b_a2, b_p, b_phi, b_r, FAST_RCP)
+            b_P, b_mu, _, _ = _filter_step(b_P, b_mu, b_a, b_a2, b_p, b_phi, b_r, FAST_RCP)
             if PRIOR:
                 b_mean, b_var = b_a * b_mu, b_a2 * b_P + b_p
             else:
