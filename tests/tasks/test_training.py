@@ -84,6 +84,17 @@ def test_time_limit_stops_a_run():
     assert 0 < stats["steps"] < 10**6 and stats["train_time_s"] < 5 and math.isfinite(stats["final_loss"])
 
 
+def test_untimed_warmup_runs_every_batch_shape():
+    """The warm-up step (kernel compilation, untimed) sees the main and the auxiliary batch before step 0."""
+    task = make_task("a5", length=6)
+    module = wrap_readout(build_model("gpt", d_model=16, n_layers=1, n_heads=2, vocab_size=60), task, 16)
+    lengths = []
+    module.register_forward_pre_hook(lambda _, args: lengths.append(args[0].shape[1]))
+    aux = FreshBatches(make_task("a5", length=2), 4, 1, CPU)
+    train(module, FreshBatches(task, 4, 0, CPU), TrainSettings(steps=1, batch_size=4), CPU, aux_batch=aux)
+    assert lengths == [6, 2, 6, 2]  # warm-up: main, aux; then step 0: main, aux
+
+
 def _tiny_run(arch, task, steps, lr=3e-3, d_model=64, n_layers=2, batch=32, train_size=None, aux=None):
     torch.manual_seed(0)
     model = build_model(arch, d_model=d_model, n_layers=n_layers, n_heads=4, vocab_size=task.vocab_size)
