@@ -1,0 +1,341 @@
+"""Run the study's cells in blocks of GPU time: plan, sweep, train, each block finishing whole cells.
+
+A cell is one `klalm-train` process (one GPU for sweep cells, DDP over every GPU for runs) followed, on one GPU, by
+the whole validation shard (`klalm.study.validate`) and, for runs, zero-shot HellaSwag and PIQA (`klalm-eval`).
+Before a cell starts, its GPU time is estimated from this study's measured tokens/s (or the spec's prior until a
+run of that model has finished); a cell that would not end inside the block is left for the next one. Finished
+cells (their run.json exists in the results folder) are skipped, so the same command continues a study.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import asdict, dataclass
+from datetime import datetime, timezone
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+from typing import Any
+
+from klalm.study import results
+from klalm.study.spec import Cell, Spec
+
+log = logging.getLogger("klalm.study")
+
+LOG_TAIL_BYTES = 200_000  # train.log kept in the results: the end of the training output
+_VERSIONED = ("klalm", "torch", "triton", "transformers", "lightning", "lm_eval", "flash-linear-attention")
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """What every cell shares, read from the composed experiment and the staged shards."""
+
+    seq_len: int
+    global_batch_tokens: int
+    max_tokens: int  # one pass over the staged train tokens, whole global batches
+    full_max_tokens: int  # one pass over the whole packed train split (what the sweep's fraction is of)
+    data: dict[str, Any]  # the staged train split: tokens present, of the full pack, partial, shard files
+
+
+def read_recipe(spec: Spec, shards: Path) -> Recipe:
+    """Sequence length and global batch from the experiment; the one-pass budget from the shards that arrived."""
+    from hydra import compose, initialize_config_module
+
+    with initialize_config_module("klalm.configs", version_base="1.3"):
+        cfg = compose("train", overrides=[f"experiment={spec.experiment}", *spec.overrides])
+    seq_len, batch = int(cfg.data.seq_len), int(cfg.train.global_batch_tokens)
+    index = json.loads((shards / "train" / "index.json").read_text())
+
+    def one_pass(tokens: int) -> int:
+        return tokens // (seq_len + 1) // (batch // seq_len) * batch
+
+    data = {
+        "train_tokens": index["total_tokens"],
+        "partial": bool(index.get("partial", False)),
+        "shards": [s["file"] for s in index["shards"]],
+        "configured_max_tokens": int(cfg.train.max_tokens),
+    }
+    full = one_pass(index.get("pack_total_tokens", index["total_tokens"]))
+    return Recipe(seq_len, batch, max_tokens=one_pass(index["total_tokens"]), full_max_tokens=full, data=data)
+
+
+def cell_tokens(spec: Spec, recipe: Recipe, cell: Cell) -> int:
+    """Training tokens of a cell: the one-pass budget, or the sweep's fraction of it in whole global batches."""
+    if not cell.sweep:
+        return recipe.max_tokens
+    steps = int(spec.sweep["fraction"] * recipe.full_max_tokens) // recipe.global_batch_tokens
+    return max(steps, 1) * recipe.global_batch_tokens
+
+
+def cell_lr(spec: Spec, cell: Cell) -> float | None:
+    """The sweep point's lr, or the best swept lr of the model this run takes its lr from (None: not swept yet)."""
+    return cell.lr if cell.sweep else results.best_lr(spec, spec.lr_source(cell.model))
+
+
+def estimate_s(spec: Spec, recipe: Recipe, cell: Cell, gpus: int) -> tuple[float, str]:
+    """Estimated GPU-seconds of wall time of one cell and the rate it was computed from."""
+    rate, source = results.tokens_per_s_per_gpu(spec, cell.model)
+    efficiency = 1.0 if gpus == 1 else spec.estimate["ddp_efficiency"]
+    seconds = cell_tokens(spec, recipe, cell) / (rate * gpus * efficiency) + spec.estimate["overhead_s"]
+    return seconds + (0.0 if cell.sweep else spec.estimate["eval_s"]), f"{rate:,.0f} tokens/s/GPU, {source}"
+
+
+def train_overrides(spec: Spec, recipe: Recipe, cell: Cell, lr: float, run_dir: Path) -> list[str]:
+    """The Hydra overrides of one cell (all of them: run.json records this list)."""
+    return [
+        f"experiment={spec.experiment}",
+        f"model={cell.model}",
+        f"optim.lr={lr:g}",
+        f"train.dynamics_lr_scale={spec.models[cell.model]['dynamics_lr_scale']:g}",
+        f"train.max_tokens={cell_tokens(spec, recipe, cell)}",
+        f"seed={cell.seed}",
+        f"run_name={cell.name}",
+        f"hydra.run.dir={run_dir}",
+        *spec.overrides,
+    ]
+
+
+def train_command(overrides: list[str], gpus: int) -> list[str]:
+    """`python -m klalm.train` on one GPU, or under torchrun with DDP over `gpus` GPUs of this node."""
+    if gpus == 1:
+        return [sys.executable, "-m", "klalm.train", *overrides]
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes", "1"]
+    return [*launcher, "--nproc_per_node", str(gpus), "-m", "klalm.train", "trainer=ddp", f"trainer.devices={gpus}",
+            *overrides]  # fmt: skip
+
+
+def _run_logged(command: list[str], log_path: Path, env: dict[str, str]) -> tuple[int, float]:
+    """Runs a command with its output appended to a log file; returns (exit code, wall seconds)."""
+    started = time.perf_counter()
+    with open(log_path, "a", encoding="utf-8") as handle:
+        handle.write(f"$ {' '.join(command)}\n")
+        handle.flush()
+        code = subprocess.call(command, stdout=handle, stderr=subprocess.STDOUT, env=env)
+    return code, time.perf_counter() - started
+
+
+def versions() -> dict[str, str]:
+    found = {}
+    for name in _VERSIONED:
+        try:
+            found[name] = version(name.replace("_", "-"))
+        except PackageNotFoundError:
+            found[name] = "not installed"
+    return found
+
+
+class StudyRunner:
+    """Runs cells of one study spec on this machine's GPUs (see the module docstring).
+
+    Args:
+        spec: the loaded study spec.
+        shards: the staged shard folder (train/, val/, tokenizer/).
+        work: where run folders (checkpoints, exports) go; not part of the results.
+        eval_data: folder holding hellaswag/ and piqa/ (layout of ../shared/data) for offline zero-shot tasks.
+        gpus: GPUs to use (0 .. gpus-1).
+        minutes: this block's wall-clock budget; cells that would end after it are left for the next block.
+        commit: the source revision recorded in run.json.
+    """
+
+    def __init__(
+        self, spec: Spec, shards: Path, work: Path, eval_data: Path, gpus: int, minutes: float, commit: str
+    ) -> None:
+        self.spec, self.shards, self.work, self.eval_data = spec, shards.resolve(), work.resolve(), eval_data
+        self.gpus, self.deadline, self.commit = gpus, time.monotonic() + 60 * minutes, commit
+        self.recipe = read_recipe(spec, self.shards)
+        self._lock = threading.Lock()
+        if self.recipe.data["partial"]:
+            log.warning("only part of the train split is staged (%s tokens): every run trains one pass over it",
+                        f"{self.recipe.data['train_tokens']:,}")  # fmt: skip
+
+    # -- planning ----------------------------------------------------------------------------------------------
+
+    def pending(self, sweep: bool) -> list[Cell]:
+        cells = self.spec.sweep_cells() if sweep else self.spec.run_cells()
+        return [c for c in cells if results.load_run(self.spec, c) is None]
+
+    def fits(self, cell: Cell, gpus: int) -> bool:
+        seconds, source = estimate_s(self.spec, self.recipe, cell, gpus)
+        left = self.deadline - time.monotonic()
+        verdict = "starts" if seconds <= left else "left for the next block"
+        log.info("%s: estimated %.1f min on %d GPU(s) (%s), %.1f min left: %s",
+                 cell.name, seconds / 60, gpus, source, left / 60, verdict)  # fmt: skip
+        return seconds <= left
+
+    # -- one cell ------------------------------------------------------------------------------------------------
+
+    def env(self, devices: list[int]) -> dict[str, str]:
+        env = dict(os.environ, KLALM_SHARDS=str(self.shards), PYTHONUNBUFFERED="1")
+        env.update(CUDA_VISIBLE_DEVICES=",".join(map(str, devices)), NCCL_NVLS_ENABLE="0")
+        return env
+
+    def run_cell(self, cell: Cell, devices: list[int]) -> dict[str, Any] | None:
+        """Trains, validates and (runs) evaluates one cell; writes its results folder; None when it failed."""
+        lr = cell_lr(self.spec, cell)
+        run_dir = self.work / ("sweep" if cell.sweep else "runs") / cell.name
+        if run_dir.exists():
+            shutil.rmtree(run_dir)  # an unfinished earlier attempt: start the cell again
+        run_dir.mkdir(parents=True)
+        overrides = train_overrides(self.spec, self.recipe, cell, lr, run_dir)
+        command = train_command(overrides, len(devices))
+        log.info("%s: training on GPU %s (lr %g)", cell.name, devices, lr)
+        code, train_s = _run_logged(command, run_dir / "train.log", self.env(devices))
+        if code != 0:
+            log.error("%s: training failed (exit %d); see %s", cell.name, code, run_dir / "train.log")
+            return None
+        val, val_s = self.validate(run_dir, devices[:1])
+        evaluation, eval_s = (None, 0.0) if cell.sweep else self.evaluate(run_dir, devices[:1])
+        if val is None or (evaluation is None and not cell.sweep):
+            return None
+        record = self.record(cell, lr, overrides, command, run_dir, len(devices), train_s, val, val_s, eval_s)
+        log.info("%s: val loss %.4f (ppl %.2f), %.0f tokens/s, %.1f GPU-min", cell.name, val["loss"], val["ppl"],
+                 record["throughput"]["tokens_per_s"], record["gpu_minutes"]["total"])  # fmt: skip
+        return record
+
+    def validate(self, run_dir: Path, devices: list[int]) -> tuple[dict[str, Any] | None, float]:
+        out = run_dir / "val_full.json"
+        command = [sys.executable, "-m", "klalm.study.validate", "--checkpoint", str(run_dir / "hf"),
+                   "--shards", str(self.shards / "val"), "--batch-size", str(self.spec.eval["val_batch_size"]),
+                   "--seq-len", str(self.recipe.seq_len), "--out", str(out)]  # fmt: skip
+        code, seconds = _run_logged(command, run_dir / "eval.log", self.env(devices))
+        if code != 0:
+            log.error("validation of %s failed (exit %d); see %s", run_dir, code, run_dir / "eval.log")
+            return None, seconds
+        return json.loads(out.read_text()), seconds
+
+    def evaluate(self, run_dir: Path, devices: list[int]) -> tuple[dict[str, Any] | None, float]:
+        out = run_dir / "zero_shot"
+        tasks = ",".join(self.spec.eval["tasks"])
+        command = [sys.executable, "-m", "klalm.eval.app", f"checkpoint={run_dir / 'hf'}", f"tasks=[{tasks}]",
+                   f"data_dir={self.eval_data}", f"batch_size={self.spec.eval['batch_size']}", f"output_dir={out}",
+                   f"hydra.run.dir={out}"]  # fmt: skip
+        code, seconds = _run_logged(command, run_dir / "eval.log", self.env(devices))
+        if code != 0:
+            log.error("zero-shot evaluation of %s failed (exit %d); see %s", run_dir, code, run_dir / "eval.log")
+            return None, seconds
+        return json.loads((out / "results.json").read_text()), seconds
+
+    def record(
+        self,
+        cell: Cell,
+        lr: float,
+        overrides: list[str],
+        command: list[str],
+        run_dir: Path,
+        gpus: int,
+        train_s: float,
+        val: dict[str, Any],
+        val_s: float,
+        eval_s: float,
+    ) -> dict[str, Any]:
+        """Writes the cell's results folder (see klalm.study.results) and returns its run.json document."""
+        import torch
+
+        out = results.cell_dir(self.spec, cell)
+        out.mkdir(parents=True, exist_ok=True)
+        curves = results.split_metrics(run_dir / "csv" / "metrics.csv", out)
+        summary = json.loads((run_dir / "summary.json").read_text())
+        log_bytes = (run_dir / "train.log").read_bytes()[-LOG_TAIL_BYTES:]
+        (out / "train.log").write_bytes(log_bytes)
+        if not cell.sweep:
+            shutil.copyfile(run_dir / "zero_shot" / "results.json", out / "eval.json")
+        rate = results.steady_rate(curves["train"])
+        record = {
+            "cell": cell.name,
+            **asdict(cell),
+            "lr": lr,
+            "dynamics_lr_scale": self.spec.models[cell.model]["dynamics_lr_scale"],
+            "experiment": self.spec.experiment,
+            "overrides": overrides,
+            "command": " ".join(command[1:]),
+            "params": summary["params"],
+            "steps": summary["steps"],
+            "tokens": summary["tokens_seen"],
+            "skipped_steps": summary["skipped_steps"],
+            "final_train_loss": curves["train"][-1]["train/loss"],
+            "val": val,
+            "throughput": {"tokens_per_s": rate, "tokens_per_s_per_gpu": rate / gpus, "gpus": gpus},
+            "gpu_minutes": {
+                "train": train_s * gpus / 60,
+                "eval": (val_s + eval_s) / 60,
+                "total": (train_s * gpus + val_s + eval_s) / 60,
+            },
+            "wall_s": {"train": train_s, "validate": val_s, "zero_shot": eval_s},
+            "data": {**self.recipe.data, "shards_dir": str(self.shards)},
+            "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
+            "versions": versions(),
+            "commit": self.commit,
+            "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        }
+        (out / results.RUN_FILE).write_text(json.dumps(record, indent=1) + "\n")
+        return record
+
+    # -- blocks --------------------------------------------------------------------------------------------------
+
+    def sweep(self) -> int:
+        """Pending sweep cells, one GPU each, `gpus` at a time; returns the number finished."""
+        queue, done = list(self.pending(sweep=True)), []
+
+        def slot(device: int) -> None:
+            while True:
+                with self._lock:
+                    cell = next((c for c in queue if self.fits(c, 1)), None)
+                    if cell is None:
+                        return
+                    queue.remove(cell)
+                if self.run_cell(cell, [device]) is not None:
+                    done.append(cell)
+
+        threads = [threading.Thread(target=slot, args=(d,)) for d in range(self.gpus)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        for cell in queue:
+            log.info("%s: not run in this block", cell.name)
+        return len(done)
+
+    def train(self, models: list[str] | None = None) -> int:
+        """Pending runs (in the spec's order), each DDP over every GPU; returns the number finished."""
+        finished = 0
+        for cell in self.pending(sweep=False):
+            if models and cell.model not in models:
+                continue
+            if cell_lr(self.spec, cell) is None:
+                log.info("%s: waits for the sweep of %s", cell.name, self.spec.lr_source(cell.model))
+                continue
+            if not self.fits(cell, self.gpus):
+                continue
+            finished += self.run_cell(cell, list(range(self.gpus))) is not None
+        return finished
+
+
+def plan(spec: Spec, recipe: Recipe, gpus: int) -> str:
+    """A Markdown table of every cell: done or pending, its lr, and its estimated GPU wall minutes."""
+    lines = [
+        f"study {spec.name}: {recipe.max_tokens:,} tokens per run ({recipe.data['train_tokens']:,} staged"
+        f"{', PARTIAL' if recipe.data['partial'] else ''}), sweep at {spec.sweep['fraction']:g} of it",
+        "",
+        "| cell | state | lr | GPUs | est. minutes | rate used |",
+        "| --- | --- | ---: | ---: | ---: | --- |",
+    ]
+    total = 0.0
+    for cell in [*spec.sweep_cells(), *spec.run_cells()]:
+        n = 1 if cell.sweep else gpus
+        done = results.load_run(spec, cell)
+        lr = cell_lr(spec, cell)
+        seconds, source = estimate_s(spec, recipe, cell, n)
+        if done is None:
+            total += seconds * n
+        state = f"done ({done['gpu_minutes']['total']:.1f} GPU-min)" if done else "pending"
+        lines.append(f"| {cell.name} | {state} | {'—' if lr is None else f'{lr:g}'} | {n} | {seconds / 60:.1f} | "
+                     f"{source} |")  # fmt: skip
+    lines.append("")
+    lines.append(f"pending: {total / 60:.1f} GPU-minutes in all")
+    return "\n".join(lines)

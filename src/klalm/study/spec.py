@@ -1,0 +1,95 @@
+"""The study spec (configs/study/*.yaml): which models, which learning rates, what the runs cost.
+
+Everything a study run needs beyond the Hydra experiment lives here, and every choice is checked on load so a typo
+fails before a GPU is touched. Cells are named for their folders: ``<model>-s<seed>`` for runs and
+``<model>-lr<lr>`` for sweep cells.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from importlib.resources import files
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+DEFAULT_SPEC = "enwiki_45m"
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One training run of the study: a model at a learning-rate source and seed, or a sweep point."""
+
+    model: str
+    seed: int
+    lr: float | None = None  # set for sweep cells; runs look theirs up in the sweep results
+    sweep: bool = False
+
+    @property
+    def name(self) -> str:
+        return f"{self.model}-lr{self.lr:g}" if self.sweep else f"{self.model}-s{self.seed}"
+
+
+@dataclass(frozen=True)
+class Spec:
+    """A loaded, checked study spec (field meanings in configs/study/enwiki_45m.yaml)."""
+
+    name: str
+    experiment: str
+    results: Path
+    models: dict[str, dict[str, Any]]
+    seeds: list[int]
+    extra_seeds: dict[str, list[int]]
+    sweep: dict[str, Any]
+    eval: dict[str, Any]
+    estimate: dict[str, Any]
+    overrides: list[str]
+
+    def run_cells(self) -> list[Cell]:
+        """First seeds of every model in priority order, then the extra seeds."""
+        cells = [Cell(m, s) for s in self.seeds for m in self.models]
+        return cells + [Cell(m, s) for m, seeds in self.extra_seeds.items() for s in seeds]
+
+    def sweep_cells(self) -> list[Cell]:
+        return [Cell(m, self.seeds[0], float(lr), sweep=True) for m in self.sweep["models"] for lr in self.sweep["lrs"]]
+
+    def lr_source(self, model: str) -> str:
+        """The model whose sweep decides this model's learning rate."""
+        source = self.models[model]["lr"]
+        return model if source == "sweep" else source
+
+
+def _check(spec: Spec) -> None:
+    for model, options in spec.models.items():
+        if set(options) != {"lr", "dynamics_lr_scale"}:
+            raise ValueError(f"study models.{model}: keys must be lr and dynamics_lr_scale, got {sorted(options)}")
+        source = spec.lr_source(model)
+        if source not in spec.sweep["models"]:
+            raise ValueError(f"study models.{model}.lr={options['lr']!r}: {source} is not in sweep.models")
+    for model in [*spec.extra_seeds, *spec.sweep["models"], *spec.estimate["prior_tokens_per_s"]]:
+        if model not in spec.models:
+            raise ValueError(f"study: {model!r} is used but not listed under models ({sorted(spec.models)})")
+    if not 0 < spec.sweep["fraction"] <= 1:
+        raise ValueError(f"study sweep.fraction={spec.sweep['fraction']} must be in (0, 1]")
+
+
+def load_spec(name_or_path: str = DEFAULT_SPEC) -> Spec:
+    """A spec by name (configs/study/<name>.yaml in the installed package) or by path to a YAML file."""
+    path = Path(name_or_path)
+    if path.suffix in (".yaml", ".yml"):
+        if not path.is_file():
+            raise FileNotFoundError(f"study spec {path} does not exist")
+        text = path.read_text(encoding="utf-8")
+    else:
+        resource = files("klalm.configs").joinpath("study", f"{name_or_path}.yaml")
+        if not resource.is_file():
+            raise FileNotFoundError(f"no study spec {name_or_path!r} (configs/study/{name_or_path}.yaml)")
+        text = resource.read_text(encoding="utf-8")
+    raw = yaml.safe_load(text)
+    keys = {"experiment", "results", "models", "seeds", "extra_seeds", "sweep", "eval", "estimate", "overrides"}
+    if set(raw) != keys:
+        raise ValueError(f"study spec {name_or_path}: keys must be {sorted(keys)}, got {sorted(raw)}")
+    spec = Spec(name=path.stem, **{**raw, "results": Path(raw["results"])})
+    _check(spec)
+    return spec
