@@ -5,9 +5,11 @@
     klalm-study plan --gpus 2                       # done and pending cells, estimated GPU minutes
     klalm-study sweep --gpus 2 --minutes 8          # learning-rate sweep cells, one GPU each, side by side
     klalm-study train --gpus 2 --minutes 9          # pending runs, DDP over the GPUs, then validation and zero-shot
+    klalm-study collect --work outputs/study        # rebuild results of finished cells from their run folders
     klalm-study report                              # docs/RESULTS.md tables and plot from the results folder
 
-Every subcommand takes --spec (default enwiki_45m: configs/study/enwiki_45m.yaml).
+Every subcommand but pack and stage takes --spec (default enwiki_45m: configs/study/enwiki_45m.yaml) and
+--results (default: the spec's results folder).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import argparse
 import json
 import logging
 import os
+from dataclasses import replace
 from pathlib import Path
 
 from klalm.study.spec import DEFAULT_SPEC, load_spec
@@ -33,9 +36,18 @@ def _parser() -> argparse.ArgumentParser:
     stage = sub.add_parser("stage", help="verify and unpack the pieces that arrived (idempotent)")
     stage.add_argument("--from", dest="sources", type=Path, nargs="+", required=True)
     stage.add_argument("--shards", type=Path, default=Path(DEFAULT_SHARDS))
-    for name, text in (("plan", "list cells and estimates"), ("sweep", "run sweep cells"), ("train", "run runs")):
+    commands = {"plan": "list cells and estimates", "sweep": "run sweep cells", "train": "run the runs",
+                "collect": "write results from finished run folders", "report": "write docs/RESULTS.md"}  # fmt: skip
+    for name, text in commands.items():
         cmd = sub.add_parser(name, help=text)
         cmd.add_argument("--spec", default=DEFAULT_SPEC, help="configs/study name or a YAML path")
+        cmd.add_argument("--results", type=Path, default=None, help="results folder (default: the spec's)")
+        if name == "report":
+            cmd.add_argument("--doc", type=Path, default=Path("docs/RESULTS.md"))
+            continue
+        if name == "collect":
+            cmd.add_argument("--work", type=Path, default=Path("outputs/study"), help="the runner's run folders")
+            continue
         cmd.add_argument("--shards", type=Path, default=Path(DEFAULT_SHARDS))
         cmd.add_argument("--gpus", type=int, default=1)
         if name != "plan":
@@ -46,9 +58,6 @@ def _parser() -> argparse.ArgumentParser:
             cmd.add_argument("--commit", default=os.environ.get("KLALM_COMMIT", "unknown"))
         if name == "train":
             cmd.add_argument("--models", nargs="*", default=None, help="only these models (default: all)")
-    report = sub.add_parser("report", help="write docs/RESULTS.md's generated sections and the plot")
-    report.add_argument("--spec", default=DEFAULT_SPEC)
-    report.add_argument("--doc", type=Path, default=Path("docs/RESULTS.md"))
     return parser
 
 
@@ -67,14 +76,22 @@ def main(argv: list[str] | None = None) -> int:
 
         print(json.dumps(stage(args.sources, args.shards), indent=1))
         return 0
+    spec = load_spec(args.spec)
+    if args.results is not None:
+        spec = replace(spec, results=args.results)
     if args.command == "report":
         from klalm.study.report import write_report
 
-        print(write_report(load_spec(args.spec), args.doc))
+        print(write_report(spec, args.doc))
+        return 0
+    if args.command == "collect":
+        from klalm.study.results import collect_all
+
+        for record in collect_all(spec, args.work):
+            print(f"{record['cell']}: val loss {record['val']['loss']:.4f}")
         return 0
     from klalm.study.runner import StudyRunner, plan, read_recipe
 
-    spec = load_spec(args.spec)
     if args.command == "plan":
         print(plan(spec, read_recipe(spec, args.shards), args.gpus))
         return 0

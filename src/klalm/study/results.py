@@ -3,15 +3,18 @@
     <results>/sweep/<model>-lr<lr>/   run.json, train.csv, val.csv, train.log
     <results>/runs/<model>-s<seed>/   run.json, train.csv, val.csv, train.log, eval.json (klalm-eval's results.json)
 
-run.json holds the cell, the exact command, every override, the measured throughput and GPU time, the whole-shard
-validation loss, the zero-shot summary (runs), the data actually trained on and the software versions. A cell
-counts as done when its run.json exists, so a re-run of the runner skips it.
+`collect` makes them from a run folder, where the runner leaves cell.json (what was launched: the cell, the exact
+command and overrides, the data trained on, GPU, versions, commit, date), timing.json (wall seconds of training,
+validation and zero-shot evaluation), val_full.json (the whole validation shard), csv/metrics.csv, summary.json
+and zero_shot/results.json. run.json adds the measured throughput and GPU time. A cell counts as done when its
+run.json exists, so a re-run of the runner skips it.
 """
 
 from __future__ import annotations
 
 import csv
 import json
+import shutil
 import statistics
 from pathlib import Path
 from typing import Any
@@ -19,11 +22,17 @@ from typing import Any
 from klalm.study.spec import Cell, Spec
 
 RUN_FILE = "run.json"
+CELL_FILE = "cell.json"
+TIMING_FILE = "timing.json"
+VAL_FILE = "val_full.json"
+ZERO_SHOT_DIR = "zero_shot"
+LOG_TAIL_BYTES = 200_000  # the end of the training output kept as train.log
 TRAIN_COLUMNS = ("train/loss", "train/lr", "train/grad_norm", "train/tokens_seen", "perf/tokens_per_s")
 
 
-def cell_dir(spec: Spec, cell: Cell) -> Path:
-    return spec.results / ("sweep" if cell.sweep else "runs") / cell.name
+def cell_dir(spec: Spec, cell: Cell | dict[str, Any]) -> Path:
+    sweep, name = (cell.sweep, cell.name) if isinstance(cell, Cell) else (cell["sweep"], cell["cell"])
+    return spec.results / ("sweep" if sweep else "runs") / name
 
 
 def load_run(spec: Spec, cell: Cell) -> dict[str, Any] | None:
@@ -41,7 +50,7 @@ def finished(spec: Spec, sweep: bool) -> list[dict[str, Any]]:
 def best_lr(spec: Spec, model: str) -> float | None:
     """The swept learning rate with the lowest whole-shard validation loss, once every lr of the sweep has run."""
     rows = [r for r in finished(spec, sweep=True) if r["model"] == model]
-    if {r["lr"] for r in rows} != {float(lr) for lr in spec.sweep["lrs"]}:
+    if {r["lr"] for r in rows} != {float(lr) for lr in spec.sweep["lrs"][model]}:
         return None
     return min(rows, key=lambda r: r["val"]["loss"])["lr"]
 
@@ -64,9 +73,9 @@ def split_metrics(metrics_csv: Path, out_dir: Path) -> dict[str, list[dict[str, 
         for r in rows
         if r.get("train/loss") not in (None, "")
     ]
-    tokens_per_step = train[0]["train/tokens_seen"] / train[0]["step"] if train else 0
+    per_step = train[0]["train/tokens_seen"] / train[0]["step"] if train else 0
     val = [
-        {"step": int(float(r["step"])), "tokens": int(float(r["step"]) * tokens_per_step), "val/loss": float(r["val/loss"])}
+        {"step": (s := int(float(r["step"]))), "tokens": int(s * per_step), "val/loss": float(r["val/loss"])}
         for r in rows
         if r.get("val/loss") not in (None, "")
     ]
@@ -82,3 +91,51 @@ def steady_rate(train_rows: list[dict[str, float]]) -> float:
     """Median tokens/s over the logging windows after the first (which holds compilation and warm-up)."""
     rates = [r["perf/tokens_per_s"] for r in train_rows[1:]] or [r["perf/tokens_per_s"] for r in train_rows]
     return statistics.median(rates)
+
+
+def collect(spec: Spec, run_dir: Path) -> dict[str, Any]:
+    """Writes the results folder of the cell whose run folder is `run_dir` and returns its run.json document.
+
+    Raises:
+        FileNotFoundError: the run folder lacks a file the results are made from (the cell did not finish).
+    """
+    launch = json.loads((run_dir / CELL_FILE).read_text())
+    timing = json.loads((run_dir / TIMING_FILE).read_text())
+    out = cell_dir(spec, launch)
+    out.mkdir(parents=True, exist_ok=True)
+    curves = split_metrics(run_dir / "csv" / "metrics.csv", out)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    (out / "train.log").write_bytes((run_dir / "train.log").read_bytes()[-LOG_TAIL_BYTES:])
+    if not launch["sweep"]:
+        shutil.copyfile(run_dir / ZERO_SHOT_DIR / "results.json", out / "eval.json")
+    rate, gpus = steady_rate(curves["train"]), launch["gpus"]
+    eval_s = timing.get("validate", 0.0) + timing.get("zero_shot", 0.0)
+    record = {
+        **launch,
+        "params": summary["params"],
+        "steps": summary["steps"],
+        "tokens": summary["tokens_seen"],
+        "skipped_steps": summary["skipped_steps"],
+        "final_train_loss": curves["train"][-1]["train/loss"],
+        "val": json.loads((run_dir / VAL_FILE).read_text()),
+        "throughput": {"tokens_per_s": rate, "tokens_per_s_per_gpu": rate / gpus},
+        "wall_s": timing,
+        "gpu_minutes": {
+            "train": timing["train"] * gpus / 60,
+            "eval": eval_s / 60,
+            "total": (timing["train"] * gpus + eval_s) / 60,
+        },
+    }
+    (out / RUN_FILE).write_text(json.dumps(record, indent=1) + "\n")
+    return record
+
+
+def collect_all(spec: Spec, work: Path) -> list[dict[str, Any]]:
+    """`collect` for every finished run folder under `work` (sweep/ and runs/) whose results are missing."""
+    records = []
+    for run_dir in sorted([*work.glob("sweep/*"), *work.glob("runs/*")]):
+        if (run_dir / TIMING_FILE).is_file() and (run_dir / CELL_FILE).is_file():
+            launch = json.loads((run_dir / CELL_FILE).read_text())
+            if not (cell_dir(spec, launch) / RUN_FILE).is_file():
+                records.append(collect(spec, run_dir))
+    return records

@@ -28,7 +28,6 @@ from klalm.study.spec import Cell, Spec
 
 log = logging.getLogger("klalm.study")
 
-LOG_TAIL_BYTES = 200_000  # train.log kept in the results: the end of the training output
 _VERSIONED = ("klalm", "torch", "triton", "transformers", "lightning", "lm_eval", "flash-linear-attention")
 
 
@@ -130,6 +129,29 @@ def versions() -> dict[str, str]:
     return found
 
 
+def launch_record(
+    spec: Spec, recipe: Recipe, cell: Cell, lr: float, overrides: list[str], command: list[str], gpus: int, commit: str
+) -> dict[str, Any]:
+    """What a cell was launched with (the run folder's cell.json; run.json starts from it)."""
+    import torch
+
+    return {
+        "cell": cell.name,
+        **asdict(cell),
+        "lr": lr,
+        "dynamics_lr_scale": spec.models[cell.model]["dynamics_lr_scale"],
+        "experiment": spec.experiment,
+        "overrides": overrides,
+        "command": " ".join(["python", *command[1:]]),
+        "gpus": gpus,
+        "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
+        "data": recipe.data,
+        "versions": versions(),
+        "commit": commit,
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    }
+
+
 class StudyRunner:
     """Runs cells of one study spec on this machine's GPUs (see the module docstring).
 
@@ -176,7 +198,16 @@ class StudyRunner:
         return env
 
     def run_cell(self, cell: Cell, devices: list[int]) -> dict[str, Any] | None:
-        """Trains, validates and (runs) evaluates one cell; writes its results folder; None when it failed."""
+        """Trains, validates and (runs) evaluates one cell, then writes its results folder; None when it failed."""
+        trained = self.train_cell(cell, devices)
+        return None if trained is None else self.finish_cell(cell, *trained, devices[:1])
+
+    def train_cell(self, cell: Cell, devices: list[int]) -> tuple[Path, dict[str, float]] | None:
+        """The training process of one cell; returns its run folder and timing, or None when it failed.
+
+        The run folder keeps what the results are made from: cell.json (what was launched) and, once the cell is
+        finished, timing.json (wall seconds of each phase), so `collect` can rebuild the results from it alone.
+        """
         lr = cell_lr(self.spec, cell)
         run_dir = self.work / ("sweep" if cell.sweep else "runs") / cell.name
         if run_dir.exists():
@@ -184,97 +215,43 @@ class StudyRunner:
         run_dir.mkdir(parents=True)
         overrides = train_overrides(self.spec, self.recipe, cell, lr, run_dir)
         command = train_command(overrides, len(devices))
+        launch = launch_record(self.spec, self.recipe, cell, lr, overrides, command, len(devices), self.commit)
+        (run_dir / results.CELL_FILE).write_text(json.dumps(launch, indent=1) + "\n")
         log.info("%s: training on GPU %s (lr %g)", cell.name, devices, lr)
-        code, train_s = _run_logged(command, run_dir / "train.log", self.env(devices))
+        code, seconds = _run_logged(command, run_dir / "train.log", self.env(devices))
         if code != 0:
             log.error("%s: training failed (exit %d); see %s", cell.name, code, run_dir / "train.log")
             return None
-        val, val_s = self.validate(run_dir, devices[:1])
-        evaluation, eval_s = (None, 0.0) if cell.sweep else self.evaluate(run_dir, devices[:1])
-        if val is None or (evaluation is None and not cell.sweep):
+        return run_dir, {"train": seconds}
+
+    def finish_cell(self, cell: Cell, run_dir: Path, timing: dict[str, float], devices: list[int]) -> dict | None:
+        """Whole-shard validation and (runs) zero-shot evaluation of a trained cell, then its results folder."""
+        ok = self.validate(run_dir, devices, timing) and (cell.sweep or self.evaluate(run_dir, devices, timing))
+        if not ok:
+            log.error("%s: evaluation failed; see %s", cell.name, run_dir / "eval.log")
             return None
-        record = self.record(cell, lr, overrides, command, run_dir, len(devices), train_s, val, val_s, eval_s)
-        log.info("%s: val loss %.4f (ppl %.2f), %.0f tokens/s, %.1f GPU-min", cell.name, val["loss"], val["ppl"],
-                 record["throughput"]["tokens_per_s"], record["gpu_minutes"]["total"])  # fmt: skip
+        (run_dir / results.TIMING_FILE).write_text(json.dumps(timing, indent=1) + "\n")
+        record = results.collect(self.spec, run_dir)
+        val, rate = record["val"], record["throughput"]["tokens_per_s"]
+        log.info("%s: val loss %.4f (ppl %.2f), %.0f tokens/s, %.1f GPU-min", cell.name, val["loss"], val["ppl"], rate,
+                 record["gpu_minutes"]["total"])  # fmt: skip
         return record
 
-    def validate(self, run_dir: Path, devices: list[int]) -> tuple[dict[str, Any] | None, float]:
-        out = run_dir / "val_full.json"
+    def validate(self, run_dir: Path, devices: list[int], timing: dict[str, float]) -> bool:
         command = [sys.executable, "-m", "klalm.study.validate", "--checkpoint", str(run_dir / "hf"),
                    "--shards", str(self.shards / "val"), "--batch-size", str(self.spec.eval["val_batch_size"]),
-                   "--seq-len", str(self.recipe.seq_len), "--out", str(out)]  # fmt: skip
-        code, seconds = _run_logged(command, run_dir / "eval.log", self.env(devices))
-        if code != 0:
-            log.error("validation of %s failed (exit %d); see %s", run_dir, code, run_dir / "eval.log")
-            return None, seconds
-        return json.loads(out.read_text()), seconds
+                   "--seq-len", str(self.recipe.seq_len), "--out", str(run_dir / results.VAL_FILE)]  # fmt: skip
+        code, timing["validate"] = _run_logged(command, run_dir / "eval.log", self.env(devices))
+        return code == 0
 
-    def evaluate(self, run_dir: Path, devices: list[int]) -> tuple[dict[str, Any] | None, float]:
-        out = run_dir / "zero_shot"
+    def evaluate(self, run_dir: Path, devices: list[int], timing: dict[str, float]) -> bool:
+        out = run_dir / results.ZERO_SHOT_DIR
         tasks = ",".join(self.spec.eval["tasks"])
         command = [sys.executable, "-m", "klalm.eval.app", f"checkpoint={run_dir / 'hf'}", f"tasks=[{tasks}]",
                    f"data_dir={self.eval_data}", f"batch_size={self.spec.eval['batch_size']}", f"output_dir={out}",
-                   f"hydra.run.dir={out}"]  # fmt: skip
-        code, seconds = _run_logged(command, run_dir / "eval.log", self.env(devices))
-        if code != 0:
-            log.error("zero-shot evaluation of %s failed (exit %d); see %s", run_dir, code, run_dir / "eval.log")
-            return None, seconds
-        return json.loads((out / "results.json").read_text()), seconds
-
-    def record(
-        self,
-        cell: Cell,
-        lr: float,
-        overrides: list[str],
-        command: list[str],
-        run_dir: Path,
-        gpus: int,
-        train_s: float,
-        val: dict[str, Any],
-        val_s: float,
-        eval_s: float,
-    ) -> dict[str, Any]:
-        """Writes the cell's results folder (see klalm.study.results) and returns its run.json document."""
-        import torch
-
-        out = results.cell_dir(self.spec, cell)
-        out.mkdir(parents=True, exist_ok=True)
-        curves = results.split_metrics(run_dir / "csv" / "metrics.csv", out)
-        summary = json.loads((run_dir / "summary.json").read_text())
-        log_bytes = (run_dir / "train.log").read_bytes()[-LOG_TAIL_BYTES:]
-        (out / "train.log").write_bytes(log_bytes)
-        if not cell.sweep:
-            shutil.copyfile(run_dir / "zero_shot" / "results.json", out / "eval.json")
-        rate = results.steady_rate(curves["train"])
-        record = {
-            "cell": cell.name,
-            **asdict(cell),
-            "lr": lr,
-            "dynamics_lr_scale": self.spec.models[cell.model]["dynamics_lr_scale"],
-            "experiment": self.spec.experiment,
-            "overrides": overrides,
-            "command": " ".join(command[1:]),
-            "params": summary["params"],
-            "steps": summary["steps"],
-            "tokens": summary["tokens_seen"],
-            "skipped_steps": summary["skipped_steps"],
-            "final_train_loss": curves["train"][-1]["train/loss"],
-            "val": val,
-            "throughput": {"tokens_per_s": rate, "tokens_per_s_per_gpu": rate / gpus, "gpus": gpus},
-            "gpu_minutes": {
-                "train": train_s * gpus / 60,
-                "eval": (val_s + eval_s) / 60,
-                "total": (train_s * gpus + val_s + eval_s) / 60,
-            },
-            "wall_s": {"train": train_s, "validate": val_s, "zero_shot": eval_s},
-            "data": {**self.recipe.data, "shards_dir": str(self.shards)},
-            "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
-            "versions": versions(),
-            "commit": self.commit,
-            "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        }
-        (out / results.RUN_FILE).write_text(json.dumps(record, indent=1) + "\n")
-        return record
+                   f"hydra.run.dir={out}", f"limit={self.spec.eval.get('limit') or 'null'}"]  # fmt: skip
+        code, timing["zero_shot"] = _run_logged(command, run_dir / "eval.log", self.env(devices))
+        return code == 0
 
     # -- blocks --------------------------------------------------------------------------------------------------
 
@@ -302,8 +279,18 @@ class StudyRunner:
         return len(done)
 
     def train(self, models: list[str] | None = None) -> int:
-        """Pending runs (in the spec's order), each DDP over every GPU; returns the number finished."""
-        finished = 0
+        """Pending runs in the spec's order, each DDP over every GPU; returns the number finished.
+
+        A run's validation and zero-shot evaluation (one GPU) run in the background while the next run trains, so
+        the GPUs do not wait for lm-eval; the estimate of each run still counts its evaluation.
+        """
+        finishing: list[threading.Thread] = []
+        done: list[Cell] = []
+
+        def finish(cell: Cell, run_dir: Path, timing: dict[str, float]) -> None:
+            if self.finish_cell(cell, run_dir, timing, [0]) is not None:
+                done.append(cell)
+
         for cell in self.pending(sweep=False):
             if models and cell.model not in models:
                 continue
@@ -312,8 +299,13 @@ class StudyRunner:
                 continue
             if not self.fits(cell, self.gpus):
                 continue
-            finished += self.run_cell(cell, list(range(self.gpus))) is not None
-        return finished
+            trained = self.train_cell(cell, list(range(self.gpus)))
+            if trained is not None:
+                finishing.append(threading.Thread(target=finish, args=(cell, *trained)))
+                finishing[-1].start()
+        for thread in finishing:
+            thread.join()
+        return len(done)
 
 
 def plan(spec: Spec, recipe: Recipe, gpus: int) -> str:

@@ -52,7 +52,7 @@ class Spec:
         return cells + [Cell(m, s) for m, seeds in self.extra_seeds.items() for s in seeds]
 
     def sweep_cells(self) -> list[Cell]:
-        return [Cell(m, self.seeds[0], float(lr), sweep=True) for m in self.sweep["models"] for lr in self.sweep["lrs"]]
+        return [Cell(m, self.seeds[0], float(lr), sweep=True) for m, lrs in self.sweep["lrs"].items() for lr in lrs]
 
     def lr_source(self, model: str) -> str:
         """The model whose sweep decides this model's learning rate."""
@@ -65,9 +65,9 @@ def _check(spec: Spec) -> None:
         if set(options) != {"lr", "dynamics_lr_scale"}:
             raise ValueError(f"study models.{model}: keys must be lr and dynamics_lr_scale, got {sorted(options)}")
         source = spec.lr_source(model)
-        if source not in spec.sweep["models"]:
-            raise ValueError(f"study models.{model}.lr={options['lr']!r}: {source} is not in sweep.models")
-    for model in [*spec.extra_seeds, *spec.sweep["models"], *spec.estimate["prior_tokens_per_s"]]:
+        if source not in spec.sweep["lrs"]:
+            raise ValueError(f"study models.{model}.lr={options['lr']!r}: {source} has no sweep.lrs entry")
+    for model in [*spec.extra_seeds, *spec.sweep["lrs"], *spec.estimate["prior_tokens_per_s"]]:
         if model not in spec.models:
             raise ValueError(f"study: {model!r} is used but not listed under models ({sorted(spec.models)})")
     if not 0 < spec.sweep["fraction"] <= 1:
