@@ -2,8 +2,9 @@
 
 The document keeps its prose; what lies between ``<!-- study:NAME -->`` and ``<!-- /study:NAME -->`` is replaced by
 the section NAME below, built only from the committed run.json / val.csv / eval.json files that `klalm-study`
-wrote, so no number in those sections is typed by hand. Sections: setup, main (one row per model), sweep,
-differences (against gpt_45m, with the noise), cost (the paper's token budgets at the measured rates), plot.
+wrote (and the composed experiment config), so no number in them is typed by hand. Sections: setup, recipe,
+main (one row per model), sweep, differences (against gpt_45m), noise (seeds), cost (the paper's token budgets at
+the measured rates); and the plot of the validation curves.
 """
 
 from __future__ import annotations
@@ -16,14 +17,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from omegaconf import OmegaConf
+
 from klalm.study import results
 from klalm.study.spec import Spec
 
 PLOT = "img/study_val_loss.png"  # relative to the document
 TASK_METRICS = (("hellaswag", "acc"), ("hellaswag", "acc_norm"), ("piqa", "acc"), ("piqa", "acc_norm"))
 BASELINE = "gpt_45m"
-COST_TOKENS = (1_000_000_000, 10_000_000_000)
-COST_GPUS = (1, 8)
 
 
 def _runs(spec: Spec) -> list[dict[str, Any]]:
@@ -64,8 +65,52 @@ def section_setup(spec: Spec, runs: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def section_recipe(spec: Spec, runs: list[dict[str, Any]]) -> str:
+    """Every hyperparameter of the composed experiment that a run depends on, and each model's own settings."""
+    from hydra import compose, initialize_config_module
+
+    with initialize_config_module("klalm.configs", version_base="1.3"):
+        cfg = compose("train", overrides=[f"experiment={spec.experiment}", *spec.overrides])
+    keys = [
+        "data.seq_len", "data.batch_size", "data.seed", "data.shuffle", "train.global_batch_tokens",
+        "train.max_tokens", "train.grad_clip", "train.compile", "train.val_every_n_steps", "optim._target_",
+        "optim.betas", "optim.eps", "optim.weight_decay", "scheduler._target_", "scheduler.warmup",
+        "scheduler.min_lr_ratio", "trainer.precision", "data.val_batches",
+    ]  # fmt: skip
+    lines = ["| setting | value |", "| --- | --- |"]
+    lines += [f"| `{key}` | `{OmegaConf.select(cfg, key)}` |" for key in keys]
+    lines += ["", "| model | peak lr | lr from | dynamics lr × | seeds |", "| --- | ---: | --- | ---: | --- |"]
+    for model, options in spec.models.items():
+        lr = results.best_lr(spec, spec.lr_source(model))
+        seeds = [*spec.seeds, *spec.extra_seeds.get(model, [])]
+        source = "its own sweep" if options["lr"] == "sweep" else f"the sweep of {options['lr']}"
+        lines.append(f"| {model} | {'—' if lr is None else f'{lr:g}'} | {source} | {options['dynamics_lr_scale']:g} | "
+                     f"{', '.join(map(str, seeds))} |")  # fmt: skip
+    return "\n".join(lines)
+
+
+def section_noise(spec: Spec, runs: list[dict[str, Any]]) -> str:
+    """The seed-to-seed spread of each model run with several seeds, next to the spread between models."""
+    lines = []
+    for model in spec.models:
+        seeds = sorted((r for r in runs if r["model"] == model), key=lambda r: r["seed"])
+        if len(seeds) > 1:
+            losses = ", ".join(f"{r['val']['loss']:.4f} (seed {r['seed']})" for r in seeds)
+            spread = max(r["val"]["loss"] for r in seeds) - min(r["val"]["loss"] for r in seeds)
+            lines.append(f"- {model}: whole-shard val loss {losses}: a spread of {spread:.4f} between seeds.")
+    first = [r for r in runs if r["seed"] == spec.seeds[0]]
+    if first:
+        ranked = sorted(first, key=lambda r: r["val"]["loss"])
+        order = " < ".join(f"{r['model']} {r['val']['loss']:.4f}" for r in ranked)
+        lines.append(
+            f"- First seeds, best to worst: {order} (range {ranked[-1]['val']['loss'] - ranked[0]['val']['loss']:.4f})."
+        )
+    return "\n".join(lines) or "No model has run with two seeds yet."
+
+
 def section_main(spec: Spec, runs: list[dict[str, Any]]) -> str:
-    head = ["model", "seed", "params", "tokens", "peak lr", "dyn. lr ×", "tokens/s", "GPU-min", "val loss", "val ppl"]
+    head = ["model", "seed", "params", "tokens", "peak lr", "dyn. lr ×", "skipped steps", "tokens/s", "GPU-min"]
+    head += ["val loss", "val ppl"]
     head += [f"{t} {m}" for t, m in TASK_METRICS]
     lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * 4 + " ---: |" * (len(head) - 4)]
     by_cell = {r["cell"]: r for r in runs}
@@ -76,7 +121,7 @@ def section_main(spec: Spec, runs: list[dict[str, Any]]) -> str:
             continue
         cells = [
             run["model"], str(run["seed"]), f"{run['params']:,}", f"{run['tokens']:,}", f"{run['lr']:g}",
-            f"{run['dynamics_lr_scale']:g}", f"{run['throughput']['tokens_per_s']:,.0f}",
+            f"{run['dynamics_lr_scale']:g}", str(run["skipped_steps"]), f"{run['throughput']['tokens_per_s']:,.0f}",
             f"{run['gpu_minutes']['total']:.1f}", f"{run['val']['loss']:.4f}", f"{run['val']['ppl']:.2f}",
         ]  # fmt: skip
         cells += [_pct(run, t, m) for t, m in TASK_METRICS]
@@ -111,6 +156,10 @@ def section_sweep(spec: Spec, runs: list[dict[str, Any]]) -> str:
                 f"| {model} | {row['lr']:g} | {row['steps']} | {row['tokens']:,} | {row['val']['loss']:.4f} | "
                 f"{chosen} |"
             )
+    recovered = [r for r in sweep if "recovered" in r]
+    if recovered:
+        names = ", ".join(r["cell"] for r in recovered)
+        lines += ["", f"Recovered cells ({names}): {recovered[0]['recovered']}."]
     partial = {r["data"]["partial"] for r in sweep}
     if True in partial:
         tokens = sorted({r["data"]["train_tokens"] for r in sweep})
@@ -144,39 +193,43 @@ def section_differences(spec: Spec, runs: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def _arch(model: str) -> str:
+    return model.rsplit("_", 1)[0]
+
+
 def section_cost(spec: Spec, runs: list[dict[str, Any]]) -> str:
-    sweep = {r["model"]: r for r in results.finished(spec, sweep=True)}
-    lines = [
-        "| model | tokens/s per GPU | source | " + " | ".join(
-            f"{t // 10**9}B tokens, {g} GPU{'s' if g > 1 else ''}" for t in COST_TOKENS for g in COST_GPUS
-        ) + " |",
-        "| --- | ---: | --- |" + " ---: |" * (len(COST_TOKENS) * len(COST_GPUS)),
-    ]  # fmt: skip
-    efficiency = _ddp_efficiency(runs, sweep)
+    """GPU-hours for the paper's token budgets at 45M (this study's rates) and 180M (bench_lm's one-GPU rates)."""
+    chosen = {m: results.best_lr(spec, m) for m in spec.sweep["lrs"]}
+    sweep = {r["model"]: r for r in results.finished(spec, sweep=True) if r["lr"] == chosen[r["model"]]}
+    first = {r["model"]: r for r in reversed(runs)}
+    budgets = [(t, g) for t in spec.cost["tokens"] for g in spec.cost["gpus"]]
+    head = ["model", "1-GPU tokens/s", "multi-GPU efficiency"]
+    head += [f"{t / 1e9:g}B tokens, {g} GPU{'s' if g > 1 else ''}" for t, g in budgets]
+    lines = ["| " + " | ".join(head) + " |", "| --- |" + " ---: |" * (len(head) - 1)]
+    efficiency: dict[str, float] = {}
+    rows = []
     for model in spec.models:
-        run = next((r for r in runs if r["model"] == model), None)
+        run = first.get(model)
+        single = sweep.get(model)
+        one = single["throughput"]["tokens_per_s_per_gpu"] if single else spec.estimate["prior_tokens_per_s"][model]
         if run is not None:
-            rate, source = run["throughput"]["tokens_per_s_per_gpu"], f"this study, {run['gpus']} GPUs"
-            single = sweep[model]["throughput"]["tokens_per_s_per_gpu"] if model in sweep else rate / efficiency
-        else:
-            single = rate = float(spec.estimate["prior_tokens_per_s"][model])
-            source = "docs/benchmarks.md (bench_lm), 1 GPU"
-        hours = [t / (single if g == 1 else rate * g) / 3600 for t in COST_TOKENS for g in COST_GPUS]
-        lines.append(f"| {model} | {rate:,.0f} | {source} | " + " | ".join(f"{h:.1f} h" for h in hours) + " |")
-    lines += ["", f"Wall-clock hours at the measured rates. One GPU: the one-GPU rate (the sweep's, where swept). "
-              f"8 GPUs: 8 × the per-GPU rate of this study's 2-GPU runs (measured 2-GPU efficiency "
-              f"{efficiency:.0%}); 8-GPU scaling was not measured here."]  # fmt: skip
-    return "\n".join(lines)
-
-
-def _ddp_efficiency(runs: list[dict[str, Any]], sweep: dict[str, dict[str, Any]]) -> float:
-    """Per-GPU tokens/s of the multi-GPU runs over the one-GPU sweep rate of the same model (mean); 1.0 if none."""
-    ratios = [
-        r["throughput"]["tokens_per_s_per_gpu"] / sweep[r["model"]]["throughput"]["tokens_per_s_per_gpu"]
-        for r in runs
-        if r["gpus"] > 1 and r["model"] in sweep
+            efficiency[_arch(model)] = run["throughput"]["tokens_per_s_per_gpu"] / one
+        rows.append((model, one, "sweep" if single else "bench_lm"))
+    rows += [(m, rate, "bench_lm") for m, rate in spec.cost["tokens_per_s_180m"].items()]
+    for model, one, source in rows:
+        eff = efficiency.get(_arch(model))
+        hours = [t / (one * (1 if g == 1 else g * (eff or float("nan")))) / 3600 for t, g in budgets]
+        cells = [model, f"{one:,.0f} ({source})", "—" if eff is None else f"{eff:.0%}"]
+        lines.append("| " + " | ".join(cells + [f"{h:,.1f}" for h in hours]) + " |")
+    gpus = sorted({r["gpus"] for r in runs})
+    lines += [
+        "",
+        "Hours of wall-clock time on H200s. 1-GPU tokens/s: this study's sweep (one GPU, the study's recipe) where "
+        "the model was swept, else `scripts/bench_lm.py` (docs/benchmarks.md, random tokens, same shape). "
+        f"Multi-GPU efficiency: per-GPU tokens/s of this study's {'/'.join(map(str, gpus))}-GPU DDP run over the "
+        "1-GPU rate, measured at 45M and applied unchanged to 180M and to 8 GPUs (neither measured here).",
     ]
-    return sum(ratios) / len(ratios) if ratios else 1.0
+    return "\n".join(lines)
 
 
 def plot_val_curves(spec: Spec, runs: list[dict[str, Any]], out_png: Path) -> Path:
@@ -207,9 +260,11 @@ def plot_val_curves(spec: Spec, runs: list[dict[str, Any]], out_png: Path) -> Pa
 
 SECTIONS: dict[str, Callable[[Spec, list[dict[str, Any]]], str]] = {
     "setup": section_setup,
+    "recipe": section_recipe,
     "main": section_main,
     "sweep": section_sweep,
     "differences": section_differences,
+    "noise": section_noise,
     "cost": section_cost,
 }
 
@@ -217,10 +272,10 @@ SECTIONS: dict[str, Callable[[Spec, list[dict[str, Any]]], str]] = {
 def fill(text: str, sections: dict[str, str]) -> str:
     """Replaces each ``<!-- study:NAME -->…<!-- /study:NAME -->`` block's content; fails on a missing marker."""
     for name, body in sections.items():
-        pattern = re.compile(rf"(<!-- study:{name} -->\n).*?(\n<!-- /study:{name} -->)", re.DOTALL)
+        pattern = re.compile(rf"(<!-- study:{name} -->\n).*?(<!-- /study:{name} -->)", re.DOTALL)
         if not pattern.search(text):
             raise ValueError(f"the document lacks the markers <!-- study:{name} --> … <!-- /study:{name} -->")
-        text = pattern.sub(lambda m, body=body: m.group(1) + body + m.group(2), text)
+        text = pattern.sub(lambda m, body=body: m.group(1) + body.rstrip("\n") + "\n" + m.group(2), text)
     return text
 
 

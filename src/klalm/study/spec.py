@@ -45,6 +45,7 @@ class Spec:
     eval: dict[str, Any]
     estimate: dict[str, Any]
     overrides: list[str]
+    cost: dict[str, Any]
 
     def run_cells(self) -> list[Cell]:
         """First seeds of every model in priority order, then the extra seeds."""
@@ -87,7 +88,7 @@ def load_spec(name_or_path: str = DEFAULT_SPEC) -> Spec:
             raise FileNotFoundError(f"no study spec {name_or_path!r} (configs/study/{name_or_path}.yaml)")
         text = resource.read_text(encoding="utf-8")
     raw = yaml.safe_load(text)
-    keys = {"experiment", "results", "models", "seeds", "extra_seeds", "sweep", "eval", "estimate", "overrides"}
+    keys = {"experiment", "results", "models", "seeds", "extra_seeds", "sweep", "eval", "estimate", "overrides", "cost"}
     if set(raw) != keys:
         raise ValueError(f"study spec {name_or_path}: keys must be {sorted(keys)}, got {sorted(raw)}")
     spec = Spec(name=path.stem, **{**raw, "results": Path(raw["results"])})
