@@ -1,0 +1,136 @@
+"""klalm.study.runner and .results without GPUs: budgets, overrides that compose, commands, estimates, lr choice,
+and the results folder built from a run folder."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_module
+
+import klalm.train.app  # noqa: F401  (registers the config resolvers)
+from klalm.study import results
+from klalm.study.runner import cell_tokens, estimate_s, read_recipe, train_command, train_overrides
+from klalm.study.spec import Cell
+from klalm.study.staging import pack, stage
+from tests.study.conftest import SEQ_LEN, spec_file
+
+SMALL = [f"data.seq_len={SEQ_LEN}", "train.global_batch_tokens=64", "data.batch_size=2"]  # 4 windows a step
+
+
+@pytest.fixture
+def small_spec(tmp_path):
+    from klalm.study.spec import load_spec
+
+    return load_spec(str(spec_file(tmp_path, overrides=SMALL)))
+
+
+def test_one_pass_budget_and_sweep_fraction_follow_the_staged_data(small_spec, shard_folder, tmp_path):
+    recipe = read_recipe(small_spec, shard_folder)
+    windows = recipe.data["train_tokens"] // (SEQ_LEN + 1)
+    assert recipe.max_tokens == windows // 4 * 64 == recipe.full_max_tokens
+    sweep_cell = small_spec.sweep_cells()[0]
+    assert cell_tokens(small_spec, recipe, sweep_cell) == int(0.1 * recipe.max_tokens) // 64 * 64
+    # with part of the train split staged, runs take one pass over what arrived, the sweep its share of the whole
+    pack(shard_folder, tmp_path / "packed", preset=1)
+    for piece in sorted((tmp_path / "packed").glob("train-*.xz"))[2:]:
+        piece.unlink()
+    stage([tmp_path / "packed"], tmp_path / "staged")
+    partial = read_recipe(small_spec, tmp_path / "staged")
+    assert partial.data["partial"] and partial.max_tokens < recipe.max_tokens
+    assert partial.full_max_tokens == recipe.max_tokens
+    assert cell_tokens(small_spec, partial, sweep_cell) == cell_tokens(small_spec, recipe, sweep_cell)
+
+
+def test_every_cell_override_composes(small_spec, shard_folder, tmp_path):
+    recipe = read_recipe(small_spec, shard_folder)
+    cell = Cell("kla_45m", 1234)
+    overrides = train_overrides(small_spec, recipe, cell, 5e-4, tmp_path / "run")
+    with initialize_config_module("klalm.configs", version_base="1.3"):
+        cfg = compose("train", overrides=[o for o in overrides if not o.startswith("hydra.")])
+    assert cfg.model.arch == "kla" and cfg.optim.lr == 5e-4 and cfg.train.dynamics_lr_scale == 0.1
+    assert cfg.train.max_tokens == recipe.max_tokens and cfg.run_name == "kla_45m-s1234"
+
+
+def test_commands_for_one_and_several_gpus():
+    one = train_command(["a=1"], 1)
+    assert one[1:] == ["-m", "klalm.train", "a=1"]
+    four = train_command(["a=1"], 4)
+    assert four[1:4] == ["-m", "torch.distributed.run", "--standalone"]
+    assert four[6:8] == ["--nproc_per_node", "4"] and "trainer=ddp" in four and "trainer.devices=4" in four
+
+
+def write_run_dir(run_dir: Path, cell: Cell, lr: float, val_loss: float, gpus: int = 1, rate: float = 1000.0) -> None:
+    """A run folder as the runner leaves it after a finished cell (files the results are made from)."""
+    (run_dir / "csv").mkdir(parents=True)
+    launch = {"cell": cell.name, "model": cell.model, "seed": cell.seed, "lr": lr, "sweep": cell.sweep,
+              "gpus": gpus, "dynamics_lr_scale": 1.0, "data": {}, "versions": {}}  # fmt: skip
+    (run_dir / results.CELL_FILE).write_text(json.dumps(launch))
+    (run_dir / results.TIMING_FILE).write_text(json.dumps({"train": 120.0, "validate": 6.0, "zero_shot": 54.0}))
+    (run_dir / results.VAL_FILE).write_text(json.dumps({"loss": val_loss, "ppl": 2.0, "tokens": 10}))
+    (run_dir / "summary.json").write_text(json.dumps({"params": 7, "steps": 4, "tokens_seen": 256, "skipped_steps": 0}))
+    (run_dir / "train.log").write_text("log\n")
+    rows = [
+        {"step": 2, "train/loss": 3.0, "train/lr": 1e-3, "train/grad_norm": 1.0, "train/tokens_seen": 128,
+         "perf/tokens_per_s": 10.0, "val/loss": ""},
+        {"step": 2, "train/loss": "", "train/lr": "", "train/grad_norm": "", "train/tokens_seen": "",
+         "perf/tokens_per_s": "", "val/loss": 2.9},
+        {"step": 4, "train/loss": 2.5, "train/lr": 5e-4, "train/grad_norm": 0.5, "train/tokens_seen": 256,
+         "perf/tokens_per_s": rate, "val/loss": ""},
+    ]  # fmt: skip
+    with open(run_dir / "csv/metrics.csv", "w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    if not cell.sweep:
+        (run_dir / results.ZERO_SHOT_DIR).mkdir()
+        (run_dir / results.ZERO_SHOT_DIR / "results.json").write_text(json.dumps({"results": {}}))
+
+
+def test_collect_builds_the_results_folder(spec, tmp_path):
+    cell = Cell("gpt_45m", 1234)
+    write_run_dir(tmp_path / "work/runs" / cell.name, cell, 2e-3, 4.5, gpus=4, rate=400.0)
+    records = results.collect_all(spec, tmp_path / "work")
+    assert [r["cell"] for r in records] == [cell.name]
+    record = results.load_run(spec, cell)
+    assert record["gpu_minutes"] == {"train": 8.0, "eval": 1.0, "total": 9.0}  # 120 s × 4 GPUs + 60 s on one
+    assert record["throughput"] == {"tokens_per_s": 400.0, "tokens_per_s_per_gpu": 100.0}  # after the first window
+    folder = results.cell_dir(spec, cell)
+    assert {p.name for p in folder.iterdir()} == {"run.json", "train.csv", "val.csv", "train.log", "eval.json"}
+    with open(folder / "val.csv") as handle:
+        assert list(csv.DictReader(handle)) == [{"step": "2", "tokens": "128", "val/loss": "2.9"}]
+    assert results.collect_all(spec, tmp_path / "work") == []  # done cells are not collected twice
+
+
+def test_unfinished_run_folders_are_not_collected(spec, tmp_path):
+    cell = Cell("gpt_45m", 1234)
+    write_run_dir(tmp_path / "work/runs" / cell.name, cell, 2e-3, 4.5)
+    (tmp_path / "work/runs" / cell.name / results.TIMING_FILE).unlink()  # what a failed or killed cell leaves
+    assert results.collect_all(spec, tmp_path / "work") == []
+
+
+def test_best_lr_waits_for_every_sweep_point_then_takes_the_lowest_loss(spec, tmp_path):
+    lrs = spec.sweep["lrs"]["gpt_45m"]
+    losses = dict(zip(lrs, [7.1, 7.0, 7.05]))
+    for lr in lrs:
+        cell = Cell("gpt_45m", 1234, float(lr), sweep=True)
+        write_run_dir(tmp_path / "work/sweep" / cell.name, cell, float(lr), losses[lr])
+        assert results.best_lr(spec, "gpt_45m") is None  # not before every lr of the sweep has finished
+        results.collect_all(spec, tmp_path / "work")
+    assert results.best_lr(spec, "gpt_45m") == lrs[1]
+    assert results.best_lr(spec, "kla_45m") is None
+
+
+def test_estimates_use_measured_rates_once_a_run_has_finished(small_spec, shard_folder, tmp_path):
+    spec, recipe = small_spec, read_recipe(small_spec, shard_folder)
+    cell = Cell("gpt_45m", 1234)
+    _, source = estimate_s(spec, recipe, cell, 2)
+    assert source.endswith("prior (docs/benchmarks.md)")
+    write_run_dir(tmp_path / "work/runs" / cell.name, cell, 2e-3, 4.5, gpus=2, rate=1000.0)
+    results.collect_all(spec, tmp_path / "work")
+    seconds, source = estimate_s(spec, recipe, Cell("gpt_45m", 1235), 2)
+    assert "measured (gpt_45m-s1234)" in source and "500 tokens/s/GPU" in source
+    expected = recipe.max_tokens / (500 * 2 * spec.estimate["ddp_efficiency"])
+    assert seconds == pytest.approx(expected + spec.estimate["overhead_s"] + spec.estimate["eval_s"])

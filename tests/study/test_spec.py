@@ -1,0 +1,46 @@
+"""klalm.study.spec: the shipped spec loads, and each kind of mistake is refused naming the key."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from klalm.study.spec import load_spec
+from tests.study.conftest import spec_file
+
+
+def test_the_shipped_spec_loads_and_names_its_cells():
+    spec = load_spec()
+    assert spec.experiment == "study_45m"
+    assert [c.name for c in spec.run_cells()][:5] == [f"{m}-s1234" for m in spec.models]
+    assert "kla_45m-lr0.0005" in [c.name for c in spec.sweep_cells()]
+    assert spec.lr_source("mamba_45m") == "kla_45m" and spec.lr_source("gpt_45m") == "gpt_45m"
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"extra_seeds": {"gtp_45m": [1]}}, "'gtp_45m' is used but not listed"),
+        ({"models": {"gpt_45m": {"lr": "kla_tiny", "dynamics_lr_scale": 1.0}}}, "kla_tiny has no sweep.lrs entry"),
+        ({"models": {"gpt_45m": {"lr": "sweep", "dyn": 1.0}}}, "study models.gpt_45m: keys must be"),
+        ({"colour": "blue"}, "keys must be"),
+    ],
+)
+def test_mistakes_are_refused(tmp_path, changes, message):
+    with pytest.raises(ValueError, match=message):
+        load_spec(str(spec_file(tmp_path, **changes)))
+
+
+def test_sweep_fraction_must_be_a_fraction(tmp_path):
+    raw = yaml.safe_load(spec_file(tmp_path).read_text())
+    raw["sweep"]["fraction"] = 1.5
+    (tmp_path / "bad.yaml").write_text(yaml.safe_dump(raw))
+    with pytest.raises(ValueError, match="sweep.fraction"):
+        load_spec(str(tmp_path / "bad.yaml"))
+
+
+def test_missing_specs_are_named():
+    with pytest.raises(FileNotFoundError, match="no_such"):
+        load_spec("no_such")
+    with pytest.raises(FileNotFoundError, match="nowhere.yaml"):
+        load_spec("nowhere.yaml")
