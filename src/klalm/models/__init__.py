@@ -9,6 +9,8 @@ from __future__ import annotations
 import inspect
 from typing import Any
 
+from transformers import AutoConfig, AutoModelForCausalLM
+
 from klalm.models.config import ARCH_LAYOUTS, KLALMConfig
 from klalm.models.hf import KLALMCache, KLALMForCausalLM, KLALMOutput
 from klalm.models.mixers import MIXERS
@@ -43,6 +45,10 @@ def build_model(arch: str, preset: str | None = None, **overrides: Any) -> KLALM
     fields.update({key: value for key, value in overrides.items() if value is not None})
     return KLALMForCausalLM(KLALMConfig(arch=arch, **fields))
 
+
+# `AutoModelForCausalLM.from_pretrained(dir)` loads klalm exports once this module ran (`import klalm` sees to it).
+AutoConfig.register(KLALMConfig.model_type, KLALMConfig, exist_ok=True)
+AutoModelForCausalLM.register(KLALMConfig, KLALMForCausalLM, exist_ok=True)
 
 __all__ = [
     "ARCH_LAYOUTS",
