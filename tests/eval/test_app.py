@@ -9,8 +9,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from hydra import compose, initialize
+from hydra import compose, initialize_config_module
 
+from klalm.cli import evaluate
 from klalm.eval import app
 from klalm.eval.tasks import TASKS_DIR
 
@@ -32,8 +33,7 @@ def test_compose_and_run(tiny_checkpoints, shared_data, tmp_path):
         "device=cpu",
         f"output_dir={tmp_path}",
     ]
-    with initialize(config_path=None, version_base="1.3"):
-        app.register_config()
+    with initialize_config_module("klalm.configs", version_base="1.3"):
         cfg = compose(config_name="eval", overrides=overrides)
     report = app.run(cfg)
     assert report["results"]["export"]["piqa"]["n_evaluated"] == 3
@@ -41,8 +41,7 @@ def test_compose_and_run(tiny_checkpoints, shared_data, tmp_path):
 
 
 def test_defaults_and_unknown_key():
-    with initialize(config_path=None, version_base="1.3"):
-        app.register_config()
+    with initialize_config_module("klalm.configs", version_base="1.3"):
         cfg = compose(config_name="eval")
         assert list(cfg.tasks) == ["hellaswag", "piqa"] and cfg.data_dir is None and cfg.limit is None
         with pytest.raises(Exception, match="no_such_key"):
@@ -55,9 +54,8 @@ def test_main_parses_command_line(tmp_path, monkeypatch, capsys):
     argv = ["klalm-eval", f"checkpoint={missing}", "tasks=[piqa]", "limit=2", f"hydra.run.dir={tmp_path}"]
     monkeypatch.setattr(sys, "argv", argv)
     with pytest.raises(SystemExit) as exit_info:
-        app.main()
-    assert exit_info.value.code == 1
-    assert f"checkpoint {str(missing)!r} does not exist" in capsys.readouterr().err
+        evaluate()
+    assert exit_info.value.code == f"klalm-eval: checkpoint {str(missing)!r} does not exist"
 
 
 @pytest.mark.slow  # a fresh interpreter importing torch, transformers and lm-eval: ~10-25 s on 2 cores
@@ -86,3 +84,4 @@ def test_lm_eval_cli_loads_klalm_export(tiny_checkpoints, shared_data, tmp_path)
     proc = subprocess.run(cmd, capture_output=True, text=True, env=ENV, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "piqa_local" in proc.stdout and "acc_norm" in proc.stdout
+

@@ -31,7 +31,8 @@ def build_model(arch: str, preset: str | None = None, **overrides: Any) -> KLALM
         preset: a size ("45m", "180m", "tiny"): starts from PRESETS["<arch>_<size>"]; None: config defaults.
         **overrides: any KLALMConfig field (d_model, n_layers, d_ff, n_heads, vocab_size, kla_layers,
             mixer_options, ...); a value of None keeps the preset's (or default) value, which is how the
-            Hydra model configs leave a key unset. vocab_size is padded to a multiple of 64.
+            Hydra model configs leave a key unset; so does a None among mixer_options[name] (the mixer's
+            default). vocab_size is padded to a multiple of 64.
 
     Returns:
         KLALMForCausalLM in float32 on the current default device.
@@ -43,6 +44,11 @@ def build_model(arch: str, preset: str | None = None, **overrides: Any) -> KLALM
         raise ValueError(f"build_model: unknown keys {unknown}; valid: {sorted(_CONFIG_KEYS)}")
     fields = preset_fields(arch, preset) if preset is not None else {}
     fields.update({key: value for key, value in overrides.items() if value is not None})
+    if "mixer_options" in fields:
+        options = {
+            name: {k: v for k, v in opts.items() if v is not None} for name, opts in fields["mixer_options"].items()
+        }
+        fields["mixer_options"] = {name: opts for name, opts in options.items() if opts}
     return KLALMForCausalLM(KLALMConfig(arch=arch, **fields))
 
 

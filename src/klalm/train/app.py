@@ -1,4 +1,5 @@
-"""`klalm-train`: the Hydra pretraining app (model × data × optim × scheduler × trainer × logger × callbacks).
+"""What `klalm-train` runs: one training run from a composed config (model × data × optim × scheduler × trainer ×
+logger × callbacks). The console script itself (composition, checks, `--help`) is `klalm.cli.train`.
 
     klalm-train experiment=smoke                      tiny KLA on the CPU, under a minute
     klalm-train experiment=kla_45m                    one GPU
@@ -13,7 +14,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import sys
 import time
 from glob import glob
@@ -26,6 +26,7 @@ import torch
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from omegaconf import DictConfig, OmegaConf
 
+from klalm.config_checks import check_train_config
 from klalm.train.budget import derive_budget
 from klalm.train.callbacks import StepMetrics
 from klalm.train.checkpoint import HF_DIR, TOKENIZER_DIR, RollingCheckpoint, export_hf, find_latest
@@ -34,31 +35,7 @@ from klalm.train.plots import plot_losses
 
 log = logging.getLogger(__name__)
 
-# `${mul:a,b,...}`: products in configs, e.g. a token budget of N global batches (configs/debug/fast.yaml).
-OmegaConf.register_new_resolver("mul", lambda *factors: math.prod(factors), replace=True)
-
 SIGTERM_EXIT_CODE = 143  # 128 + SIGTERM: what schedulers expect from a preempted job
-SUPPORTED_PRECISIONS = ("32-true", "32", "64-true", "bf16-mixed", "bf16-true")
-
-# Value checks run before anything is built: (config key, predicate, what the value must be).
-VALUE_CHECKS: tuple[tuple[str, Any, str], ...] = (
-    ("optim.lr", lambda v: v > 0, "> 0"),
-    ("optim.weight_decay", lambda v: v >= 0, "≥ 0"),
-    ("train.grad_clip", lambda v: v >= 0, "≥ 0 (0 disables clipping)"),
-    ("train.dynamics_lr_scale", lambda v: v > 0, "> 0"),
-    ("train.val_every_n_steps", lambda v: v >= 1, "≥ 1"),
-    ("trainer.precision", lambda v: str(v) in SUPPORTED_PRECISIONS, f"one of {SUPPORTED_PRECISIONS}"),
-)
-
-
-def validate_config(cfg: DictConfig) -> None:
-    """Fails fast, naming the key, on values that cannot work (unknown keys are caught by Hydra's struct mode)."""
-    for key, ok, expected in VALUE_CHECKS:
-        value = OmegaConf.select(cfg, key, throw_on_missing=True)
-        if not ok(value):
-            raise ValueError(f"{key}={value!r} is invalid: must be {expected}")
-    if cfg.resume not in (None, "auto") and not Path(cfg.resume).exists():
-        raise FileNotFoundError(f"resume={cfg.resume!r}: no such checkpoint file or run directory")
 
 
 def resolve_resume(resume: str | None, search_glob: str) -> str | None:
@@ -124,7 +101,7 @@ def build_module(cfg: DictConfig, model: torch.nn.Module, vocab_size: int, world
 
 def run(cfg: DictConfig) -> dict[str, Any]:
     """Trains one run as configured and returns its summary (also written to `<run_dir>/summary.json`)."""
-    validate_config(cfg)
+    check_train_config(cfg)
     started = time.time()
     pl.seed_everything(cfg.seed, workers=True)
     run_dir = Path(cfg.paths.run_dir)
@@ -176,10 +153,3 @@ def finish(cfg: DictConfig, trainer: pl.Trainer, module: LMModule, datamodule: A
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     log.info("summary: %s", json.dumps(summary))
     return summary
-
-
-@hydra.main(config_path="pkg://klalm.configs", config_name="train", version_base="1.3")
-def main(cfg: DictConfig) -> float | None:
-    """Hydra entry point; returns the final validation loss (for sweepers that optimise it)."""
-    summary = run(cfg)
-    return summary.get("val_loss")
