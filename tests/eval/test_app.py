@@ -58,6 +58,22 @@ def test_main_parses_command_line(tmp_path, monkeypatch, capsys):
     assert exit_info.value.code == f"klalm-eval: checkpoint {str(missing)!r} does not exist"
 
 
+def test_main_refuses_an_export_whose_weights_changed(tiny_checkpoints, tmp_path, monkeypatch, capsys):
+    copy = tmp_path / "export"
+    copy.mkdir()
+    for path in tiny_checkpoints[0].iterdir():
+        (copy / path.name).write_bytes(path.read_bytes())
+    weights = copy / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[len(data) // 2 : len(data) // 2 + 4096] = bytes(4096)  # 4 KB zeroed in the middle
+    weights.write_bytes(bytes(data))
+    monkeypatch.setattr(sys, "argv", ["klalm-eval", f"checkpoint={copy}", "tasks=[piqa]", f"hydra.run.dir={tmp_path}"])
+    with pytest.raises(SystemExit) as exit_info:
+        evaluate()
+    assert exit_info.value.code == f"klalm-eval: {weights}: sha256 differs from SHA256SUMS (the file changed or " \
+        "is corrupt since export); refusing to load the export"  # fmt: skip
+
+
 @pytest.mark.slow  # a fresh interpreter importing torch, transformers and lm-eval: ~10-25 s on 2 cores
 def test_console_script_reports_missing_checkpoint(tmp_path):
     missing = tmp_path / "missing"
@@ -85,3 +101,21 @@ def test_lm_eval_cli_loads_klalm_export(tiny_checkpoints, shared_data, tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "piqa_local" in proc.stdout and "acc_norm" in proc.stdout
 
+
+@pytest.mark.slow  # lm-eval's CLI in a fresh interpreter: ~20-40 s on 2 cores
+def test_plain_lm_eval_loads_the_export_with_trust_remote_code(tiny_checkpoints, shared_data, tmp_path):
+    """The README's line: lm-eval itself (no klalm import in its code), the local task folder from klalm-eval."""
+    tasks_dir = subprocess.run(
+        [_script("klalm-eval"), "--print-tasks-path"], capture_output=True, text=True, check=True
+    )
+    cmd = [
+        sys.executable, "-m", "lm_eval", "run", "--model", "hf",
+        "--model_args", f"pretrained={tiny_checkpoints[0]},trust_remote_code=True",
+        "--tasks", "piqa_local", "--include_path", tasks_dir.stdout.strip(),
+        "--metadata", json.dumps({"data_dir": str(shared_data)}),
+        "--limit", "3", "--device", "cpu", "--batch_size", "3", "--output_path", str(tmp_path),
+    ]  # fmt: skip
+    env = {**ENV, "HF_MODULES_CACHE": str(tmp_path / "modules")}
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "piqa_local" in proc.stdout and "acc_norm" in proc.stdout

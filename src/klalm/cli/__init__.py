@@ -41,10 +41,11 @@ def _eval_app(cfg: DictConfig) -> None:
     _checked("klalm-eval", check_eval_config, cfg)
     from klalm.eval.app import run
     from klalm.eval.report import markdown_table
+    from klalm.models.export import ExportIntegrityError
 
     try:
         report = run(cfg)
-    except FileNotFoundError as err:  # a checkpoint or data file that is not there
+    except (FileNotFoundError, ExportIntegrityError) as err:  # a checkpoint or data file that cannot be used
         sys.exit(f"klalm-eval: {err}")
     print(markdown_table(report))
 

@@ -55,6 +55,10 @@ def build_model(arch: str, preset: str | None = None, **overrides: Any) -> KLALM
 # `AutoModelForCausalLM.from_pretrained(dir)` loads klalm exports once this module ran (`import klalm` sees to it).
 AutoConfig.register(KLALMConfig.model_type, KLALMConfig, exist_ok=True)
 AutoModelForCausalLM.register(KLALMConfig, KLALMForCausalLM, exist_ok=True)
+# save_pretrained writes `auto_map` and the code of both classes into the folder, so it also loads without klalm
+# imported, with trust_remote_code=True (klalm.models.export).
+KLALMConfig.register_for_auto_class()
+KLALMForCausalLM.register_for_auto_class("AutoModelForCausalLM")
 
 __all__ = [
     "ARCH_LAYOUTS",

@@ -131,7 +131,7 @@ def finish(cfg: DictConfig, trainer: pl.Trainer, module: LMModule, datamodule: A
         trainer.validate(module, datamodule=datamodule, verbose=False)
     val = module.last_val if cfg.train.final_eval else {}
     if cfg.train.export_hf:
-        export_hf(trainer, run_dir / HF_DIR, datamodule.tokenizer)
+        export_hf(trainer, run_dir / HF_DIR, datamodule.tokenizer, max_length=cfg.data.seq_len)
     if not trainer.is_global_zero:
         return {}
     metrics = next(c for c in trainer.callbacks if isinstance(c, StepMetrics))
