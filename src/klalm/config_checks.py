@@ -91,6 +91,8 @@ TRAIN_RULES: tuple[Rule, ...] = (
     Rule("model.n_layers", INT, nullable=True, check=positive, demand="> 0"),
     Rule("model.d_ff", INT, nullable=True, check=positive, demand="> 0"),
     Rule("model.n_heads", INT, nullable=True, check=positive, demand="> 0"),
+    Rule("data.train", STR_OR_LIST),  # data=files
+    Rule("data.val", STR_OR_LIST, nullable=True),
     Rule("data.seq_len", INT, check=positive, demand="> 0"),
     Rule("data.batch_size", INT, check=positive, demand="> 0"),
     Rule("data.num_workers", INT, check=non_negative, demand="≥ 0"),

@@ -102,3 +102,10 @@ def synthetic() -> None:
     from klalm.tasks.runner import main
 
     main()
+
+
+def prepare_data() -> None:
+    """`klalm-prepare-data`: pre-tokenise a data config's splits into memory-mapped token shards."""
+    from klalm.data.prepare import main
+
+    main()
