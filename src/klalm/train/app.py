@@ -35,6 +35,23 @@ from klalm.train.plots import plot_losses
 
 log = logging.getLogger(__name__)
 
+
+def _quiet_lightning() -> None:
+    """Silences two known, content-free Lightning messages where they are made.
+
+    - `import lightning` gives the "lightning" logger a console handler of its own while its records also reach the
+      root logger, which Hydra (or any application that configured logging) prints: every Lightning line came twice.
+    - Lightning 2.6 advertises LitLogger each time a Trainer is built.
+    """
+    if logging.getLogger().handlers:
+        lightning_logger = logging.getLogger("lightning")
+        for handler in [h for h in lightning_logger.handlers if isinstance(h, logging.StreamHandler)]:
+            lightning_logger.removeHandler(handler)
+    logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(lambda r: "litlogger" not in r.getMessage())
+
+
+_quiet_lightning()
+
 SIGTERM_EXIT_CODE = 143  # 128 + SIGTERM: what schedulers expect from a preempted job
 
 
@@ -111,6 +128,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     model = hydra.utils.instantiate(cfg.model, vocab_size=vocab_size)
     trainer = build_trainer(cfg)
     module = build_module(cfg, model, vocab_size, trainer.world_size)
+    module.save_hyperparameters(OmegaConf.to_container(cfg, resolve=True))  # Lightning hands them to every logger
     trainer.fit_loop.epoch_loop.max_steps = module.budget.max_steps  # the token budget decides the length
     if trainer.is_global_zero and tokenizer is not None:
         tokenizer.save_pretrained(run_dir / TOKENIZER_DIR)
