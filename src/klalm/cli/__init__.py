@@ -18,6 +18,7 @@ import klalm.cli.helptext  # noqa: F401  (registers the ${klalm_help:...} resolv
 from klalm.config_checks import ConfigError, check_eval_config, check_train_config
 
 CONFIG_PATH = "pkg://klalm.configs"
+PRINT_TASKS_PATH = "--print-tasks-path"  # klalm-eval's one flag outside Hydra
 
 
 def _checked(app: str, check: Callable[[DictConfig], None], cfg: DictConfig) -> None:
@@ -53,9 +54,6 @@ def _eval_app(cfg: DictConfig) -> None:
 def train() -> None:
     """`klalm-train`: pretrain a model (`klalm-train --help` lists the groups and keys)."""
     _train_app()
-
-
-PRINT_TASKS_PATH = "--print-tasks-path"
 
 
 def evaluate() -> None:
