@@ -11,6 +11,7 @@ import pytest
 from hydra import compose, initialize_config_module
 from omegaconf import OmegaConf
 
+from klalm.cli.helptext import key_comments
 from klalm.config_checks import TRAIN_RULES, ConfigError, check_eval_config, check_train_config
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
@@ -115,3 +116,8 @@ def test_every_key_of_train_yaml_has_a_rule():
     root = OmegaConf.load(CONFIGS / "train.yaml")
     keys = {f"train.{key}" for key in root.train} | {key for key in root if key not in ("defaults", "train")}
     assert keys <= {rule.key for rule in TRAIN_RULES}
+
+
+def test_key_comments_follow_nesting_and_ignore_hashes_in_values():
+    text = 'a:\n  b: "x # not a comment"   # what b means\n  c: d#e\nf: 1 # top\n  # a full-line comment\n'
+    assert key_comments(text, "pkg") == {"pkg.a.b": "what b means", "pkg.f": "top"}
