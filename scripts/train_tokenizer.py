@@ -13,15 +13,14 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import sys
 import time
 from pathlib import Path
 
+from omegaconf import OmegaConf
+
+from klalm.data.prepare import load_data_config
 from klalm.data.sources import build_source
 from klalm.data.tokenizer import encode_texts, train_bpe_tokenizer
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from prepare_data import load_data_config  # noqa: E402  (sibling script)
 
 
 def _texts(source: dict, limit: int | None):
@@ -42,7 +41,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
     if args.data:
-        source = load_data_config(args.data, args.override)["source"]
+        source = OmegaConf.to_container(load_data_config(args.data, args.override).source, resolve=True)
     else:
         source = {"kind": "files", "paths": args.files, "field": args.field}
     start = time.perf_counter()

@@ -68,7 +68,7 @@ def test_model_files_instantiate(name):
 # Data files that need something a test machine lacks: the reason is shown when they are skipped.
 DATA_NEEDS = {
     "fineweb_edu": "the Hugging Face hub (network) for FineWeb-Edu and the GPT-2 tokenizer",
-    "shards": "pre-tokenised shards from scripts/prepare_data.py ($KLALM_SHARDS)",
+    "shards": "pre-tokenised shards from klalm-prepare-data ($KLALM_SHARDS)",
 }
 
 
@@ -76,7 +76,14 @@ DATA_NEEDS = {
 def test_data_files_instantiate(name, shared_data):
     if name in DATA_NEEDS:
         pytest.skip(f"data={name} needs {DATA_NEEDS[name]}")
-    cfg = _compose([f"data={name}", f"data.data_root={shared_data}"] if name == "enwiki_local" else [f"data={name}"])
+    overrides = {
+        "enwiki_local": [f"data.data_root={shared_data}"],
+        "files": [
+            f"data.train={shared_data / 'tinyshakespeare' / 'input.txt'}",
+            f"data.tokenizer={shared_data / 'gpt2_tokenizer'}",
+        ],  # fmt: skip
+    }
+    cfg = _compose([f"data={name}", *overrides.get(name, [])])
     datamodule = hydra.utils.instantiate(cfg.data)
     assert len(datamodule.tokenizer) > 0
 

@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import inspect
 from pathlib import Path
 
 import hydra
 import pytest
 import torch
+import yaml
 from omegaconf import OmegaConf
 
-from klalm.models import ARCH_LAYOUTS, KLALMForCausalLM
-from klalm.models.presets import BUDGET_TOLERANCE, PRESETS, main, preset_parameter_count
+from klalm.cli import params
+from klalm.cli.helptext import key_comments
+from klalm.models import ARCH_LAYOUTS, MIXERS, KLALMForCausalLM
+from klalm.models.config import SHARED_MIXER_FIELDS
+from klalm.models.presets import BUDGET_TOLERANCE, PRESETS, preset_parameter_count
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs" / "model"
 
@@ -56,9 +61,28 @@ def test_same_width_and_depth_across_archs(size):
 
 
 def test_klalm_params_prints_every_preset(capsys):
-    main()
-    lines = capsys.readouterr().out.strip().splitlines()
+    params([])
+    header, *lines = capsys.readouterr().out.strip().splitlines()
+    assert header.startswith("# preset parameters (vocabulary 50,257 padded to 50,304")
     assert lines == [f"{name} {EXPECTED[name]:,}" for name in PRESETS]
+
+
+def test_klalm_params_counts_for_another_vocabulary(capsys):
+    params(["--vocab-size", "4096", "--preset", "kla_tiny", "gpt_45m"])
+    header, *lines = capsys.readouterr().out.strip().splitlines()
+    assert "vocabulary 4,096 padded to 4,096" in header
+    embedding_change = (50304 - 4096) * PRESETS["gpt_45m"].d_model  # tied: counted once
+    assert lines == [
+        f"kla_tiny {EXPECTED['kla_tiny'] - (50304 - 4096) * PRESETS['kla_tiny'].d_model:,}",
+        f"gpt_45m {EXPECTED['gpt_45m'] - embedding_change:,}",
+    ]
+
+
+@pytest.mark.parametrize(("argv", "message"), [(["--preset", "kla_9b"], "kla_9b"), (["--vocab-size", "0"], "vocab")])
+def test_klalm_params_rejects_bad_arguments(argv, message, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        params(argv)
+    assert exit_info.value.code == 2 and message in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("name", sorted(PRESETS))
@@ -74,11 +98,34 @@ def test_model_yaml_instantiates_its_preset(name):
 
 def test_model_yaml_overrides_reach_the_model():
     cfg = OmegaConf.load(CONFIGS / "gpt_kla_tiny.yaml")
-    cfg.merge_with(OmegaConf.from_dotlist(["d_model=32", "kla_layers=[0]", "mixer_options={kla: {block: plain}}"]))
+    OmegaConf.set_struct(cfg, True)  # as Hydra composes it: only keys the file spells out can be set
+    overrides = ["d_model=32", "kla_layers=[0]", "mixer_options.kla.block=plain", "mixer_options.kla.d_state=8",
+                 "mixer_options.attention.impl=math"]  # fmt: skip
+    cfg.merge_with(OmegaConf.from_dotlist(overrides))
     model = hydra.utils.instantiate(cfg, vocab_size=100)
     assert model.config.d_model == 32 and model.config.layer_mixers == ["kla", "attention"]
-    assert model.model.layers[0].mixer.block == "plain"
+    assert model.config.mixer_options == {"attention": {"impl": "math"}, "kla": {"block": "plain", "d_state": 8}}
+    kla, attention = (layer.mixer for layer in model.model.layers)
+    assert (kla.block, kla.d_state, attention.impl) == ("plain", 8, "math")
     model.config.to_json_string()  # options arrive as plain containers, so the config serialises
+
+
+@pytest.mark.parametrize("name", sorted(PRESETS))
+def test_model_yaml_spells_out_every_mixer_option(name):
+    """Every constructor option of the arch's mixers is a null key, commented with the constructor's default."""
+    text = (CONFIGS / f"{name}.yaml").read_text()
+    cfg, comments = OmegaConf.load(CONFIGS / f"{name}.yaml"), key_comments(text, "")
+    layout = ARCH_LAYOUTS[cfg.arch]
+    assert list(cfg.mixer_options) == [m for m in (layout.base, layout.at_kla_layers) if m]
+    for mixer, options in cfg.mixer_options.items():
+        signature = inspect.signature(MIXERS[mixer].__init__).parameters
+        shared = SHARED_MIXER_FIELDS.get(mixer, ())
+        expected = [k for k, p in signature.items() if p.kind == p.KEYWORD_ONLY and k not in shared]
+        assert list(options) == expected and all(v is None for v in options.values())
+        for key in expected:
+            default = yaml.safe_load(comments[f"mixer_options.{mixer}.{key}"].rsplit(" [", 1)[1][:-1])
+            want = signature[key].default
+            assert default == (list(want) if isinstance(want, tuple) else want), (mixer, key)
 
 
 def test_every_model_yaml_is_a_preset():

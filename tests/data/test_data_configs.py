@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import pytest
@@ -10,9 +9,9 @@ from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 
 from klalm.data import HFSource, TextDataModule, build_source
+from klalm.data.prepare import main as prepare_main
 
 CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs" / "data"
-SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
 OWN = ["python_docs", "enwiki_local", "fineweb_edu", "shards"]
 
 
@@ -57,11 +56,8 @@ def test_enwiki_local_config(shared_data, monkeypatch):
         instantiate(config, data_root="/nonexistent/shared/data")
 
 
-def test_shards_config_from_prepare_data_script(shared_data, tmp_path, monkeypatch):
-    spec = importlib.util.spec_from_file_location("prepare_data", SCRIPTS / "prepare_data.py")
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
-    script.main(
+def test_shards_config_from_klalm_prepare_data(shared_data, tmp_path, monkeypatch):
+    prepare_main(
         [
             "--data",
             "enwiki_local",

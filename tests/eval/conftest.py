@@ -38,6 +38,7 @@ def _train_a_little(model: torch.nn.Module, text: str, tokenizer, steps: int) ->
 def tiny_checkpoints(tmp_path_factory, shared_data: Path, gpt2_tokenizer) -> tuple[Path, Path]:
     """Two HF exports of the tiny klalm GPT preset with the GPT-2 tokenizer: (trained a few steps, untrained)."""
     from klalm.models import build_model
+    from klalm.models.export import save_export
 
     root = tmp_path_factory.mktemp("ckpts")
     text = (shared_data / "tinyshakespeare" / "input.txt").read_text(encoding="utf-8")
@@ -46,8 +47,5 @@ def tiny_checkpoints(tmp_path_factory, shared_data: Path, gpt2_tokenizer) -> tup
         torch.manual_seed(0)
         model = build_model("gpt", preset="tiny", vocab_size=len(gpt2_tokenizer))
         _train_a_little(model, text, gpt2_tokenizer, steps)
-        path = root / name / "export"
-        model.save_pretrained(path)
-        gpt2_tokenizer.save_pretrained(path)
-        paths.append(path)
+        paths.append(save_export(model, root / name / "export", gpt2_tokenizer))
     return paths[0], paths[1]

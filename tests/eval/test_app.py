@@ -9,8 +9,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from hydra import compose, initialize
+from hydra import compose, initialize_config_module
 
+from klalm.cli import evaluate
 from klalm.eval import app
 from klalm.eval.tasks import TASKS_DIR
 
@@ -32,8 +33,7 @@ def test_compose_and_run(tiny_checkpoints, shared_data, tmp_path):
         "device=cpu",
         f"output_dir={tmp_path}",
     ]
-    with initialize(config_path=None, version_base="1.3"):
-        app.register_config()
+    with initialize_config_module("klalm.configs", version_base="1.3"):
         cfg = compose(config_name="eval", overrides=overrides)
     report = app.run(cfg)
     assert report["results"]["export"]["piqa"]["n_evaluated"] == 3
@@ -41,8 +41,7 @@ def test_compose_and_run(tiny_checkpoints, shared_data, tmp_path):
 
 
 def test_defaults_and_unknown_key():
-    with initialize(config_path=None, version_base="1.3"):
-        app.register_config()
+    with initialize_config_module("klalm.configs", version_base="1.3"):
         cfg = compose(config_name="eval")
         assert list(cfg.tasks) == ["hellaswag", "piqa"] and cfg.data_dir is None and cfg.limit is None
         with pytest.raises(Exception, match="no_such_key"):
@@ -55,9 +54,24 @@ def test_main_parses_command_line(tmp_path, monkeypatch, capsys):
     argv = ["klalm-eval", f"checkpoint={missing}", "tasks=[piqa]", "limit=2", f"hydra.run.dir={tmp_path}"]
     monkeypatch.setattr(sys, "argv", argv)
     with pytest.raises(SystemExit) as exit_info:
-        app.main()
-    assert exit_info.value.code == 1
-    assert f"checkpoint {str(missing)!r} does not exist" in capsys.readouterr().err
+        evaluate()
+    assert exit_info.value.code == f"klalm-eval: checkpoint {str(missing)!r} does not exist"
+
+
+def test_main_refuses_an_export_whose_weights_changed(tiny_checkpoints, tmp_path, monkeypatch, capsys):
+    copy = tmp_path / "export"
+    copy.mkdir()
+    for path in tiny_checkpoints[0].iterdir():
+        (copy / path.name).write_bytes(path.read_bytes())
+    weights = copy / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[len(data) // 2 : len(data) // 2 + 4096] = bytes(4096)  # 4 KB zeroed in the middle
+    weights.write_bytes(bytes(data))
+    monkeypatch.setattr(sys, "argv", ["klalm-eval", f"checkpoint={copy}", "tasks=[piqa]", f"hydra.run.dir={tmp_path}"])
+    with pytest.raises(SystemExit) as exit_info:
+        evaluate()
+    assert exit_info.value.code == f"klalm-eval: {weights}: sha256 differs from SHA256SUMS (the file changed or " \
+        "is corrupt since export); refusing to load the export"  # fmt: skip
 
 
 @pytest.mark.slow  # a fresh interpreter importing torch, transformers and lm-eval: ~10-25 s on 2 cores
@@ -84,5 +98,24 @@ def test_lm_eval_cli_loads_klalm_export(tiny_checkpoints, shared_data, tmp_path)
         "--limit", "3", "--device", "cpu", "--batch_size", "3", "--output_path", str(tmp_path),
     ]  # fmt: skip
     proc = subprocess.run(cmd, capture_output=True, text=True, env=ENV, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "piqa_local" in proc.stdout and "acc_norm" in proc.stdout
+
+
+@pytest.mark.slow  # lm-eval's CLI in a fresh interpreter: ~20-40 s on 2 cores
+def test_plain_lm_eval_loads_the_export_with_trust_remote_code(tiny_checkpoints, shared_data, tmp_path):
+    """The README's line: lm-eval itself (no klalm import in its code), the local task folder from klalm-eval."""
+    tasks_dir = subprocess.run(
+        [_script("klalm-eval"), "--print-tasks-path"], capture_output=True, text=True, check=True
+    )
+    cmd = [
+        sys.executable, "-m", "lm_eval", "run", "--model", "hf",
+        "--model_args", f"pretrained={tiny_checkpoints[0]},trust_remote_code=True",
+        "--tasks", "piqa_local", "--include_path", tasks_dir.stdout.strip(),
+        "--metadata", json.dumps({"data_dir": str(shared_data)}),
+        "--limit", "3", "--device", "cpu", "--batch_size", "3", "--output_path", str(tmp_path),
+    ]  # fmt: skip
+    env = {**ENV, "HF_MODULES_CACHE": str(tmp_path / "modules")}
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "piqa_local" in proc.stdout and "acc_norm" in proc.stdout

@@ -19,7 +19,7 @@ from klalm.tasks.plans import (
     load_plan,
     parse_args,
 )
-from klalm.tasks.report import a5_min_blocks
+from klalm.tasks.report import a5_min_blocks, write_report
 from klalm.tasks.runner import FAMILIES, Budget, run
 
 TINY_MAD = {
@@ -154,3 +154,25 @@ def test_failed_and_skipped_runs_are_recorded_not_fatal(tmp_path, capsys):
     assert "Failed or skipped" in (tmp_path / "broken" / "results.md").read_text()
     late = RunPlan(archs=["gpt"], families=["mqar"], device="cpu", time_budget_s=1e-9, mqar=mqar)
     assert run(late, tmp_path / "late")["runs"][0]["skipped"] == "time budget exhausted"
+
+
+def _a5_run(arch, length, depth, acc, steps, planned=60):
+    return {"family": "a5", "arch": arch, "length": length, "n_layers": depth, "token_acc": acc, "seq_acc": 0.0,
+            "steps": steps, "planned_steps": planned}  # fmt: skip
+
+
+@pytest.mark.parametrize("lengths", [[8], [4, 8, 16]])
+def test_report_marks_values_resting_on_runs_cut_short_by_the_time_budget(tmp_path, lengths):
+    runs = []
+    for length in lengths:
+        runs += [_a5_run("kla", length, 1, 0.95, 22), _a5_run("gpt", length, 1, 0.40, 60),
+                 _a5_run("gpt", length, 2, 0.50, 60)]  # fmt: skip
+    mqar = {"family": "mqar", "length": 64, "pairs": 4, "token_acc": 0.5, "planned_steps": 100}
+    runs += [{**mqar, "arch": "kla", "steps": 100}, {**mqar, "arch": "gpt", "steps": 40}]
+    plan = {"a5": {"criterion": "token", "threshold": 0.9, "depths": [1, 2]}}
+    markdown = write_report({"device_name": "cpu", "plan": plan, "runs": runs}, tmp_path)
+    assert "| kla |" + " 1 (95.0) † |" * len(lengths) + " 22 |" in markdown
+    assert "| gpt |" + " >2 (50.0) |" * len(lengths) + " 60 |" in markdown  # full runs: no mark
+    assert "| gpt | 50.0 † | 40 |" in markdown and "| kla | 50.0 | 100 |" in markdown
+    assert f"({len(lengths) + 1} of {len(runs)} runs;" in markdown
+    assert (tmp_path / "a5_min_blocks.png").stat().st_size > 1000

@@ -74,7 +74,7 @@ def test_resume_auto_continues_from_latest(tmp_path):
         ("train.max_tokens=10", ValueError, "train.max_tokens"),
         ("trainer.precision=16-mixed", ValueError, "trainer.precision"),
         ("train.max_bad_steps=0", ValueError, "train.max_bad_steps"),
-        ("resume=/no/such/file.ckpt", FileNotFoundError, "resume"),
+        ("resume=/no/such/file.ckpt", ValueError, "resume"),
         ("scheduler.shape=cubic", ConfigCompositionException, "shape"),
     ],
 )
@@ -189,3 +189,16 @@ def test_mfu_and_optimizer_groups_follow_the_config(tmp_path):
     assert by_name["decay"]["weight_decay"] == 0.05 and by_name["no_decay"]["weight_decay"] == 0.0
     assert by_name["dynamics"]["initial_lr"] == pytest.approx(0.25 * by_name["decay"]["initial_lr"])
     assert by_name["dynamics"]["weight_decay"] == 0.0
+
+
+def test_own_text_file_in_one_line_trains_and_exports(tmp_path, shared_data):
+    """data=files with a txt file and a BPE trained on it; no validation files, so no validation loss."""
+    run_dir = tmp_path / "o" / "run"
+    overrides = ["data=files", f"data.train={shared_data / 'tinyshakespeare' / 'input.txt'}", "data.tokenizer=bpe",
+                 "data.bpe_vocab_size=300", f"data.cache_dir={tmp_path / 'cache'}", "data.seq_len=32",
+                 "data.batch_size=2", "data.num_workers=0", "train.global_batch_tokens=64", "train.max_tokens=256",
+                 "callbacks.progress=null", "callbacks.sampler.max_new_tokens=4"]  # fmt: skip
+    summary = run(compose_train(overrides, run_dir))
+    assert summary["steps"] == 4 and summary["val_loss"] is None
+    model, tokenizer = load_model(run_dir)
+    assert len(tokenizer) == 300 and model.config.eos_token_id == tokenizer.eos_token_id

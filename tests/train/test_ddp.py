@@ -92,7 +92,7 @@ def test_sigterm_under_ddp_saves_once_and_resumes_on_one_process(tmp_path):
         time.sleep(0.1)
     proc.send_signal(signal.SIGTERM)  # to the torchrun agent (exec'd by the launcher), which forwards it
     proc.communicate(timeout=120)
-    app_log = (tmp_path / "pre" / "two" / "app.log").read_text()  # both ranks log there (Hydra's file handler)
+    app_log = (tmp_path / "pre" / "two" / "train.log").read_text()  # both ranks log there (Hydra's file handler)
     assert app_log.count("stopped by SIGTERM") == 2, app_log[-4000:]
     saved = list_checkpoints(tmp_path / "pre" / "two")
     assert len(saved) == 1 and 0 < checkpoint_step(saved[0]) < 20000

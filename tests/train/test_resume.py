@@ -68,7 +68,7 @@ def test_killed_and_resumed_run_matches_uninterrupted(tmp_path, uninterrupted, s
     stopped_at = checkpoint_step(find_latest([killed_dir]))
     if sig == signal.SIGTERM:
         assert code == 143, stderr[-3000:]
-        assert "stopped by SIGTERM" in (killed_dir / "app.log").read_text()
+        assert "stopped by SIGTERM" in (killed_dir / "train.log").read_text()
         assert stopped_at >= 8  # the handler wrote a checkpoint at the step where it stopped
     else:
         assert code == -signal.SIGKILL

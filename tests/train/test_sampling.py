@@ -28,3 +28,22 @@ def test_sampling_is_seeded_restricted_to_top_k_and_keeps_global_rng():
     assert torch.equal(torch.get_rng_state(), state)
     assert torch.equal(a, sample_ids(model, prompt, max_new_tokens=8, temperature=0))  # top-1 = greedy
     assert torch.equal(b, c)
+
+
+def test_sampling_decodes_through_generate_with_the_cache():
+    """After the prompt, every new token is a one-token forward: generate() with the model's cache, not a re-run."""
+    torch.manual_seed(0)
+    model = build_model("kla", preset="tiny", vocab_size=64).eval()
+    lengths = []
+    model.model.register_forward_pre_hook(lambda module, args: lengths.append(args[0].shape[1]))
+    out = sample_ids(model, torch.tensor([[1, 2, 3]]), max_new_tokens=5, temperature=0.8, seed=1)
+    assert out.shape == (1, 8) and lengths == [3, 1, 1, 1, 1]
+
+
+def test_sampling_stops_at_eos():
+    torch.manual_seed(0)
+    model = build_model("gpt", preset="tiny", vocab_size=64).eval()
+    greedy = sample_ids(model, torch.tensor([[1, 2]]), max_new_tokens=6, temperature=0)
+    first = int(greedy[0, 2])
+    stopped = sample_ids(model, torch.tensor([[1, 2]]), max_new_tokens=6, temperature=0, eos_token_id=first)
+    assert stopped.tolist() == [[1, 2, first]]

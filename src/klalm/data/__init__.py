@@ -1,12 +1,12 @@
 """klalm.data: streamed, packed, resumable LM data (sources, tokenisers, packing, token shards, datamodule)."""
 
-from klalm.data.datamodule import DATASETS, TextDataModule, resolve_rank
+from klalm.data.datamodule import DATASETS, TextDataModule, local_files, resolve_rank
 from klalm.data.loader import ResumableLoader
 from klalm.data.packing import PackedTextDataset
 from klalm.data.records import BadRecordError, BadRecordPolicy, Record
 from klalm.data.shards import ShardDataset, ShardSource, TokenShards, prepare_shards
 from klalm.data.sources import SOURCES, FileSource, HFSource, PythonDocsSource, build_source
-from klalm.data.tokenizer import TOKENIZERS, load_tokenizer, train_bpe_tokenizer
+from klalm.data.tokenizer import TOKENIZERS, load_tokenizer, named_tokenizer, train_bpe_tokenizer
 
 __all__ = [
     "DATASETS",
@@ -25,7 +25,9 @@ __all__ = [
     "TextDataModule",
     "TokenShards",
     "build_source",
+    "local_files",
     "load_tokenizer",
+    "named_tokenizer",
     "prepare_shards",
     "resolve_rank",
     "train_bpe_tokenizer",

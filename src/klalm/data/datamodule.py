@@ -22,7 +22,7 @@ from klalm.data.loader import ResumableLoader
 from klalm.data.packing import PackedTextDataset
 from klalm.data.shards import ShardDataset
 from klalm.data.sources import build_source
-from klalm.data.tokenizer import load_tokenizer
+from klalm.data.tokenizer import load_tokenizer, named_tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -118,13 +118,24 @@ class TextDataModule(L.LightningDataModule):
                 raise KeyError(f"{name}.kind must be one of {sorted(DATASETS)}, got {config.get('kind')!r}")
         if val_batches is not None and val_batches < 1:
             raise ValueError(f"val_batches must be >= 1 or None, got {val_batches}")
-        self.tokenizer = load_tokenizer(_plain(tokenizer))
+        self.tokenizer_config = _plain(tokenizer)
+        self.tokenizer = load_tokenizer(self.tokenizer_config)
         self.seq_len, self.batch_size, self.num_workers = seq_len, batch_size, num_workers
         self.val_batches, self.val_batch_size = val_batches, val_batch_size or batch_size
         self.seed, self.shuffle, self.block_docs, self.on_bad_record = seed, shuffle, block_docs, on_bad_record
         self.rank, self.world_size, self.pin_memory = rank, world_size, pin_memory
         self._train_loader: ResumableLoader | None = None
         self._pending_state: dict[str, Any] | None = None
+
+    def sources(self) -> dict[str, Any]:
+        """The plain configs this module reads: source, val_source, tokenizer, on_bad_record (what
+        `klalm.data.shards.prepare_dataset` takes)."""
+        return {
+            "source": self.source_config,
+            "val_source": self.val_source_config,
+            "tokenizer": self.tokenizer_config,
+            "on_bad_record": self.on_bad_record,
+        }
 
     def _dataset(self, config: dict, train: bool) -> Any:
         rank, world_size = resolve_rank(self.rank, self.world_size)
@@ -205,3 +216,31 @@ class TextDataModule(L.LightningDataModule):
             self._train_loader.load_state_dict(state)
         else:
             self._pending_state = state
+
+
+def local_files(
+    train: str | list[str],
+    val: str | list[str] | None = None,
+    tokenizer: str = "gpt2",
+    *,
+    field: str = "text",
+    bpe_vocab_size: int = 4096,
+    cache_dir: str = "~/.cache/klalm",
+    **options: Any,
+) -> TextDataModule:
+    """A `TextDataModule` over local files, in the terms of ``configs/data/files.yaml`` (``data=files``).
+
+    Args:
+        train: training files: a path, a glob or a list of them (jsonl, json, parquet, txt; also .gz, .bz2, .zst).
+        val: validation files, in the same forms; None: no validation.
+        tokenizer: "bpe" (a byte-level BPE trained once on the training files, cached), a hub name such as "gpt2",
+            or the folder of a Hugging Face tokenizer (see `klalm.data.tokenizer.named_tokenizer`).
+        field: the text field of jsonl/json records and parquet rows (txt files are one document each).
+        bpe_vocab_size: vocabulary of the trained BPE (tokenizer="bpe" only).
+        cache_dir: where the trained BPE is cached (tokenizer="bpe" only).
+        **options: the other `TextDataModule` arguments (seq_len, batch_size, num_workers, ...).
+    """
+    source = {"kind": "files", "paths": _plain(train), "field": field}
+    val_source = None if val is None else {"kind": "files", "paths": _plain(val), "field": field}
+    tokenizer_config = named_tokenizer(tokenizer, source, bpe_vocab_size=bpe_vocab_size, cache_dir=cache_dir)
+    return TextDataModule(source=source, val_source=val_source, tokenizer=tokenizer_config, **options)

@@ -11,11 +11,15 @@ batches that reach a training step), `state_dict()` returns the snapshot of the 
 
 from __future__ import annotations
 
+import warnings
 from collections import deque
 from collections.abc import Iterator
 from typing import Any
 
 from torchdata.stateful_dataloader import StatefulDataLoader
+
+# torchdata 0.11's StatefulDataLoader calls torch.set_vital, which torch ≥ 2.10 deprecates, on every construction.
+warnings.filterwarnings("ignore", message=r"'set_vital' is deprecated", category=UserWarning)
 
 MAX_LAG_BATCHES = 8  # snapshots kept: consumption may trail yielding by at most this many batches
 

@@ -206,7 +206,7 @@ class TokenShards:
         self.path = Path(path).expanduser()
         index_file = self.path / INDEX_FILE
         if not index_file.exists():
-            raise FileNotFoundError(f"no shard index {index_file} (create it with scripts/prepare_data.py)")
+            raise FileNotFoundError(f"no shard index {index_file} (create it with klalm-prepare-data)")
         self.index = json.loads(index_file.read_text())
         for key in ("format", "dtype", "eos_id", "vocab_size", "shards"):
             if key not in self.index:

@@ -109,6 +109,17 @@ TOKENIZERS: dict[str, Any] = {
     "trained_bpe": load_or_train_bpe,
 }
 
+TRAINED_BPE_NAME = "bpe"  # the short tokenizer name that means "a BPE trained on the training corpus"
+
+
+def named_tokenizer(name: str, corpus: dict[str, Any], *, bpe_vocab_size: int, cache_dir: str) -> dict[str, Any]:
+    """The tokenizer config meant by a short name: "bpe" trains a byte-level BPE on `corpus` (a source config,
+    once, cached under `cache_dir`); anything else is a Hugging Face tokenizer, a hub name such as "gpt2" or a local
+    folder."""
+    if name == TRAINED_BPE_NAME:
+        return {"kind": "trained_bpe", "source": corpus, "vocab_size": bpe_vocab_size, "cache_dir": cache_dir}
+    return {"kind": "hf", "name_or_path": name}
+
 
 def load_tokenizer(config: dict[str, Any]) -> PreTrainedTokenizerBase:
     """Builds a tokenizer from ``{"kind": <one of TOKENIZERS>, **arguments}``; checks it has an EOS token.

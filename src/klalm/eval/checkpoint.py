@@ -1,8 +1,9 @@
 """Find and load the checkpoints `klalm-eval` evaluates: HF exports and Lightning training checkpoints.
 
 Two kinds, told apart by what is on disk (`checkpoint_kind`):
-- "hf_export": a folder with `config.json` (from `save_pretrained`); loaded with `AutoModelForCausalLM` and
-  `AutoTokenizer` after `import klalm` (which registers the klalm model classes with the Auto classes).
+- "hf_export": a folder with `config.json` (from `save_pretrained`); its SHA256SUMS is verified
+  (`klalm.models.export.verify_export`), then it is loaded with `AutoModelForCausalLM` and `AutoTokenizer` (klalm's
+  classes are registered with the Auto classes).
 - "training": a Lightning `.ckpt` file, or a run folder (holding checkpoints or an export subfolder such as `hf/`);
   loaded with the training package's
   `klalm.train.checkpoint.load_model(path) -> (model, tokenizer)`.
@@ -19,7 +20,7 @@ from typing import Any
 
 import torch
 
-import klalm  # noqa: F401  (registers the klalm config/model with transformers' Auto classes)
+from klalm.models.export import verify_export  # (klalm.models registers the klalm classes with the Auto classes)
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +78,7 @@ def checkpoint_kind(path: str | Path) -> str:
 def _load_hf_export(path: Path, tokenizer: str | Path | None) -> tuple[Any, Any]:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    verify_export(path)
     model = AutoModelForCausalLM.from_pretrained(path)
     tok_source = Path(tokenizer).expanduser() if tokenizer is not None else path
     try:

@@ -9,6 +9,8 @@ from __future__ import annotations
 import inspect
 from typing import Any
 
+from transformers import AutoConfig, AutoModelForCausalLM
+
 from klalm.models.config import ARCH_LAYOUTS, KLALMConfig
 from klalm.models.hf import KLALMCache, KLALMForCausalLM, KLALMOutput
 from klalm.models.mixers import MIXERS
@@ -29,7 +31,8 @@ def build_model(arch: str, preset: str | None = None, **overrides: Any) -> KLALM
         preset: a size ("45m", "180m", "tiny"): starts from PRESETS["<arch>_<size>"]; None: config defaults.
         **overrides: any KLALMConfig field (d_model, n_layers, d_ff, n_heads, vocab_size, kla_layers,
             mixer_options, ...); a value of None keeps the preset's (or default) value, which is how the
-            Hydra model configs leave a key unset. vocab_size is padded to a multiple of 64.
+            Hydra model configs leave a key unset; so does a None among mixer_options[name] (the mixer's
+            default). vocab_size is padded to a multiple of 64.
 
     Returns:
         KLALMForCausalLM in float32 on the current default device.
@@ -41,8 +44,21 @@ def build_model(arch: str, preset: str | None = None, **overrides: Any) -> KLALM
         raise ValueError(f"build_model: unknown keys {unknown}; valid: {sorted(_CONFIG_KEYS)}")
     fields = preset_fields(arch, preset) if preset is not None else {}
     fields.update({key: value for key, value in overrides.items() if value is not None})
+    if "mixer_options" in fields:
+        options = {
+            name: {k: v for k, v in opts.items() if v is not None} for name, opts in fields["mixer_options"].items()
+        }
+        fields["mixer_options"] = {name: opts for name, opts in options.items() if opts}
     return KLALMForCausalLM(KLALMConfig(arch=arch, **fields))
 
+
+# `AutoModelForCausalLM.from_pretrained(dir)` loads klalm exports once this module ran (`import klalm` sees to it).
+AutoConfig.register(KLALMConfig.model_type, KLALMConfig, exist_ok=True)
+AutoModelForCausalLM.register(KLALMConfig, KLALMForCausalLM, exist_ok=True)
+# save_pretrained writes `auto_map` and the code of both classes into the folder, so it also loads without klalm
+# imported, with trust_remote_code=True (klalm.models.export).
+KLALMConfig.register_for_auto_class()
+KLALMForCausalLM.register_for_auto_class("AutoModelForCausalLM")
 
 __all__ = [
     "ARCH_LAYOUTS",

@@ -247,7 +247,7 @@ class StudyRunner:
     def evaluate(self, run_dir: Path, devices: list[int], timing: dict[str, float]) -> bool:
         out = run_dir / results.ZERO_SHOT_DIR
         tasks = ",".join(self.spec.eval["tasks"])
-        command = [sys.executable, "-m", "klalm.eval.app", f"checkpoint={run_dir / 'hf'}", f"tasks=[{tasks}]",
+        command = [sys.executable, "-m", "klalm.eval", f"checkpoint={run_dir / 'hf'}", f"tasks=[{tasks}]",
                    f"data_dir={self.eval_data}", f"batch_size={self.spec.eval['batch_size']}", f"output_dir={out}",
                    f"hydra.run.dir={out}", f"limit={self.spec.eval.get('limit') or 'null'}"]  # fmt: skip
         code, timing["zero_shot"] = _run_logged(command, run_dir / "eval.log", self.env(devices))

@@ -4,6 +4,9 @@
   (">D" = not solved up to the deepest tried depth D); in brackets the best held-out accuracy of that cell.
 - MQAR: best held-out accuracy (over learning rates and seeds) per (length, pairs) cell and arch.
 - MAD: best held-out accuracy per task and arch, and the mean over tasks.
+
+Every table has a `steps` column (the optimiser steps each arch's runs took, min-max) and marks with † a value that
+rests on a run the time budget stopped before its planned steps, so a short run is never read as a full one.
 """
 
 from __future__ import annotations
@@ -26,6 +29,24 @@ def _archs(runs: Runs) -> list[str]:
 
 def _pct(value: float | None) -> str:
     return "-" if value is None else f"{100 * value:.1f}"
+
+
+CUT_SHORT = "†"
+
+
+def cut_short(run: dict[str, Any]) -> bool:
+    """The time budget ended the run before its planned steps."""
+    return run["steps"] < run.get("planned_steps", run["steps"])
+
+
+def _mark(text: str, runs: Runs) -> str:
+    """`text`, marked with CUT_SHORT when any of `runs` (the runs behind it) was cut short."""
+    return f"{text} {CUT_SHORT}" if any(cut_short(r) for r in runs) else text
+
+
+def _steps(runs: Runs) -> str:
+    steps = sorted(r["steps"] for r in runs)
+    return str(steps[0]) if steps[0] == steps[-1] else f"{steps[0]}-{steps[-1]}"
 
 
 def _table(header: list[str], rows: list[list[str]]) -> str:
@@ -61,34 +82,59 @@ def a5_section(runs: Runs, a5_plan: dict, out_dir: Path) -> str:
     lengths = sorted({r["length"] for r in runs})
     rows = []
     for arch, per_length in cells.items():
-        shown = [per_length.get(n) for n in lengths]
-        rows.append([arch] + ["-" if c is None else f"{c[0] or f'>{deepest}'} ({_pct(c[1])})" for c in shown])
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for i, (arch, per_length) in enumerate(cells.items()):
-        xs = sorted(per_length)
-        offset = 0.06 * (i - (len(cells) - 1) / 2)  # keeps overlapping archs visible
-        ax.plot(xs, [(per_length[x][0] or deepest + 1) + offset for x in xs], marker="o", label=arch)
-    ax.axhline(deepest + 0.5, color="grey", lw=0.8, ls=":")
-    ax.set(
-        xlabel="sequence length",
-        ylabel="minimum blocks",
-        title=f"A5: min blocks reaching {100 * a5_plan['threshold']:.0f}% ({a5_plan['criterion']} acc)",
-    )
-    ax.set_xticks(lengths)
-    ax.set_yticks(range(1, deepest + 2), [*map(str, range(1, deepest + 1)), f"not solved\n(<= {deepest})"])
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(out_dir / "a5_min_blocks.png", dpi=120)
-    plt.close(fig)
-    header = ["arch"] + [f"L={n}" for n in lengths]
+        row = [arch]
+        for n in lengths:
+            cell = per_length.get(n)
+            behind = [r for r in runs if r["arch"] == arch and r["length"] == n]
+            row.append("-" if cell is None else _mark(f"{cell[0] or f'>{deepest}'} ({_pct(cell[1])})", behind))
+        rows.append(row + [_steps([r for r in runs if r["arch"] == arch])])
+    short = {(r["arch"], r["length"]) for r in runs if cut_short(r)}
+    _plot_a5(cells, lengths, deepest, a5_plan, short, out_dir / "a5_min_blocks.png")
+    header = ["arch"] + [f"L={n}" for n in lengths] + ["steps"]
     criterion = f"{a5_plan['criterion']} accuracy >= {100 * a5_plan['threshold']:.0f}%"
     return f"### A5: minimum blocks ({criterion}; best accuracy % in brackets)\n\n" + _table(header, rows)
+
+
+def _plot_a5(cells: dict, lengths: list[int], deepest: int, a5_plan: dict, short: set, path: Path) -> None:
+    """Minimum blocks per arch: grouped bars at each length (so one length reads as well as many), a hatched bar up
+    to the "not solved" line where no tried depth reached the threshold, the best accuracy written on each bar
+    (with † where a run behind it was cut short by the time budget)."""
+    archs = list(cells)
+    width = 0.8 / max(len(archs), 1)
+    crowded = len(archs) * len(lengths) > 12  # then the accuracies stand upright above their bars
+    fig, ax = plt.subplots(figsize=(min(12.0, max(6.0, 1.5 + len(lengths) * (0.3 + 0.25 * len(archs)))), 4.5))
+    for i, arch in enumerate(archs):
+        for j, length in enumerate(lengths):
+            if length not in cells[arch]:
+                continue
+            depth, best = cells[arch][length]
+            x = j + (i - (len(archs) - 1) / 2) * width
+            solved = depth is not None
+            ax.bar(x, depth if solved else deepest + 1, width, color=f"C{i}", hatch=None if solved else "//",
+                   alpha=1.0 if solved else 0.35, label=arch if j == 0 else None)  # fmt: skip
+            label = f"{100 * best:.0f}%" + (f" {CUT_SHORT}" if (arch, length) in short else "")
+            top = (depth if solved else deepest + 1) + 0.05
+            ax.annotate(label, (x, top), ha="center", va="bottom", fontsize=7, rotation=90 if crowded else 0)
+    ax.axhline(deepest + 0.5, color="grey", lw=0.8, ls=":")
+    ax.set_xticks(range(len(lengths)), [f"L={n}" for n in lengths])
+    ax.set_yticks(range(1, deepest + 2), [*map(str, range(1, deepest + 1)), f"not solved\n(<= {deepest})"])
+    ax.set_ylim(0, deepest + (2.0 if crowded else 1.6))
+    ax.set(xlabel="sequence length", ylabel="minimum blocks")
+    ax.set_title(f"A5: min blocks reaching {100 * a5_plan['threshold']:.0f}% ({a5_plan['criterion']} acc)", fontsize=10)
+    ax.legend(fontsize=8, ncols=len(archs), loc="upper center", bbox_to_anchor=(0.5, -0.14), frameon=False)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
 
 
 def mqar_section(runs: Runs, out_dir: Path) -> str:
     best = best_by([{**r, "cell": (r["length"], r["pairs"])} for r in runs], "cell")
     cells = sorted({(r["length"], r["pairs"]) for r in runs})
-    rows = [[arch] + [_pct(per.get(c)) for c in cells] for arch, per in best.items()]
+    rows = []
+    for arch, per in best.items():
+        mine = [r for r in runs if r["arch"] == arch]
+        behind = {c: [r for r in mine if (r["length"], r["pairs"]) == c] for c in cells}
+        rows.append([arch] + [_mark(_pct(per.get(c)), behind[c]) for c in cells] + [_steps(mine)])
     fig, ax = plt.subplots(figsize=(6, 4))
     for arch, per in best.items():
         xs = [c for c in cells if c in per]
@@ -106,7 +152,7 @@ def mqar_section(runs: Runs, out_dir: Path) -> str:
     fig.tight_layout()
     fig.savefig(out_dir / "mqar_accuracy.png", dpi=120)
     plt.close(fig)
-    header = ["arch"] + [f"L={n} K={k}" for n, k in cells]
+    header = ["arch"] + [f"L={n} K={k}" for n, k in cells] + ["steps"]
     return "### MQAR: accuracy % (best learning rate)\n\n" + _table(header, rows)
 
 
@@ -115,9 +161,11 @@ def mad_section(runs: Runs, out_dir: Path) -> str:
     tasks = list(dict.fromkeys(r["task"] for r in runs))
     rows = []
     for arch, per in best.items():
+        mine = [r for r in runs if r["arch"] == arch]
         values = [per.get(t) for t in tasks]
         mean = sum(values) / len(values) if None not in values else None
-        rows.append([arch] + [_pct(v) for v in values] + [_pct(mean)])
+        marked = [_mark(_pct(v), [r for r in mine if r["task"] == t]) for v, t in zip(values, tasks)]
+        rows.append([arch] + marked + [_mark(_pct(mean), mine), _steps(mine)])
     fig, ax = plt.subplots(figsize=(8, 4))
     width = 0.8 / max(len(best), 1)
     for i, (arch, per) in enumerate(best.items()):
@@ -130,7 +178,7 @@ def mad_section(runs: Runs, out_dir: Path) -> str:
     fig.tight_layout()
     fig.savefig(out_dir / "mad_accuracy.png", dpi=120)
     plt.close(fig)
-    header = ["arch"] + [t.removeprefix("mad_") for t in tasks] + ["mean"]
+    header = ["arch"] + [t.removeprefix("mad_") for t in tasks] + ["mean", "steps"]
     return "### MAD-Lab: accuracy % (best lr x wd)\n\n" + _table(header, rows)
 
 
@@ -162,9 +210,12 @@ def write_report(results: dict, out_dir: Path) -> str:
             parts.append(section(mine))
     if problems:
         parts.append(problems_section(problems))
-    steps = sorted(r["steps"] for r in runs)
-    if steps:
-        parts.append(f"Training steps per run: min {steps[0]}, median {steps[len(steps) // 2]}, max {steps[-1]}.")
+    short = [r for r in runs if cut_short(r)]
+    if short:
+        parts.append(
+            f"{CUT_SHORT} rests on a run that the time budget stopped before its planned steps ({len(short)} of "
+            f"{len(runs)} runs; `steps` gives each arch's steps, min-max): compare such values with care."
+        )
     markdown = "\n\n".join(parts) + "\n"
     (out_dir / "results.md").write_text(markdown)
     return markdown

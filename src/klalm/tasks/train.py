@@ -195,7 +195,8 @@ def train(
         aux_batch: optional second batch per step (A5's length-2 sequences); its mean loss is added.
 
     Returns:
-        {"steps", "train_time_s", "final_loss"} (loss = mean of the last 5 logged steps, one every LOSS_EVERY).
+        {"steps", "planned_steps", "train_time_s", "final_loss"}: steps taken (fewer than planned_steps when the time
+        limit ended the run) and the loss as the mean of the last 5 logged steps (one every LOSS_EVERY).
     """
     optimizer = _optimizer(module, settings)
     module.train()
@@ -222,7 +223,12 @@ def train(
         if settings.time_limit_s is not None:
             progress = max(progress, elapsed / settings.time_limit_s)
     tail = losses[-5:]
-    return {"steps": step, "train_time_s": time.perf_counter() - start, "final_loss": sum(tail) / len(tail)}
+    return {
+        "steps": step,
+        "planned_steps": settings.steps,
+        "train_time_s": time.perf_counter() - start,
+        "final_loss": sum(tail) / len(tail),
+    }
 
 
 @torch.no_grad()

@@ -1,5 +1,5 @@
-"""klalm.train: the `klalm-train` Hydra app (app.py), its LightningModule (module.py), callbacks, checkpoints.
+"""klalm.train: what `klalm-train` runs (app.py), its LightningModule (module.py), callbacks, checkpoints.
 
-Entry points other code uses: `klalm.train.app.main` (the console script), `klalm.train.app.run(cfg)` (one run from a
+Entry points other code uses: `klalm.cli.train` (the console script), `klalm.train.app.run(cfg)` (one run from a
 composed config), and `klalm.train.checkpoint.load_model(path) -> (model, tokenizer)` (run dir, HF export or .ckpt).
 """

@@ -1,6 +1,6 @@
 """`python -m klalm.train` = `klalm-train`."""
 
-from klalm.train.app import main
+from klalm.cli import train
 
 if __name__ == "__main__":
-    main()
+    train()

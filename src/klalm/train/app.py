@@ -1,4 +1,5 @@
-"""`klalm-train`: the Hydra pretraining app (model × data × optim × scheduler × trainer × logger × callbacks).
+"""What `klalm-train` runs: one training run from a composed config (model × data × optim × scheduler × trainer ×
+logger × callbacks). The console script itself (composition, checks, `--help`) is `klalm.cli.train`.
 
     klalm-train experiment=smoke                      tiny KLA on the CPU, under a minute
     klalm-train experiment=kla_45m                    one GPU
@@ -13,7 +14,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import sys
 import time
 from glob import glob
@@ -26,6 +26,7 @@ import torch
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from omegaconf import DictConfig, OmegaConf
 
+from klalm.config_checks import check_train_config
 from klalm.train.budget import derive_budget
 from klalm.train.callbacks import StepMetrics
 from klalm.train.checkpoint import HF_DIR, TOKENIZER_DIR, RollingCheckpoint, export_hf, find_latest
@@ -34,31 +35,24 @@ from klalm.train.plots import plot_losses
 
 log = logging.getLogger(__name__)
 
-# `${mul:a,b,...}`: products in configs, e.g. a token budget of N global batches (configs/debug/fast.yaml).
-OmegaConf.register_new_resolver("mul", lambda *factors: math.prod(factors), replace=True)
+
+def _quiet_lightning() -> None:
+    """Silences two known, content-free Lightning messages where they are made.
+
+    - `import lightning` gives the "lightning" logger a console handler of its own while its records also reach the
+      root logger, which Hydra (or any application that configured logging) prints: every Lightning line came twice.
+    - Lightning 2.6 advertises LitLogger each time a Trainer is built.
+    """
+    if logging.getLogger().handlers:
+        lightning_logger = logging.getLogger("lightning")
+        for handler in [h for h in lightning_logger.handlers if isinstance(h, logging.StreamHandler)]:
+            lightning_logger.removeHandler(handler)
+    logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(lambda r: "litlogger" not in r.getMessage())
+
+
+_quiet_lightning()
 
 SIGTERM_EXIT_CODE = 143  # 128 + SIGTERM: what schedulers expect from a preempted job
-SUPPORTED_PRECISIONS = ("32-true", "32", "64-true", "bf16-mixed", "bf16-true")
-
-# Value checks run before anything is built: (config key, predicate, what the value must be).
-VALUE_CHECKS: tuple[tuple[str, Any, str], ...] = (
-    ("optim.lr", lambda v: v > 0, "> 0"),
-    ("optim.weight_decay", lambda v: v >= 0, "≥ 0"),
-    ("train.grad_clip", lambda v: v >= 0, "≥ 0 (0 disables clipping)"),
-    ("train.dynamics_lr_scale", lambda v: v > 0, "> 0"),
-    ("train.val_every_n_steps", lambda v: v >= 1, "≥ 1"),
-    ("trainer.precision", lambda v: str(v) in SUPPORTED_PRECISIONS, f"one of {SUPPORTED_PRECISIONS}"),
-)
-
-
-def validate_config(cfg: DictConfig) -> None:
-    """Fails fast, naming the key, on values that cannot work (unknown keys are caught by Hydra's struct mode)."""
-    for key, ok, expected in VALUE_CHECKS:
-        value = OmegaConf.select(cfg, key, throw_on_missing=True)
-        if not ok(value):
-            raise ValueError(f"{key}={value!r} is invalid: must be {expected}")
-    if cfg.resume not in (None, "auto") and not Path(cfg.resume).exists():
-        raise FileNotFoundError(f"resume={cfg.resume!r}: no such checkpoint file or run directory")
 
 
 def resolve_resume(resume: str | None, search_glob: str) -> str | None:
@@ -124,7 +118,7 @@ def build_module(cfg: DictConfig, model: torch.nn.Module, vocab_size: int, world
 
 def run(cfg: DictConfig) -> dict[str, Any]:
     """Trains one run as configured and returns its summary (also written to `<run_dir>/summary.json`)."""
-    validate_config(cfg)
+    check_train_config(cfg)
     started = time.time()
     pl.seed_everything(cfg.seed, workers=True)
     run_dir = Path(cfg.paths.run_dir)
@@ -134,6 +128,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     model = hydra.utils.instantiate(cfg.model, vocab_size=vocab_size)
     trainer = build_trainer(cfg)
     module = build_module(cfg, model, vocab_size, trainer.world_size)
+    module.save_hyperparameters(OmegaConf.to_container(cfg, resolve=True))  # Lightning hands them to every logger
     trainer.fit_loop.epoch_loop.max_steps = module.budget.max_steps  # the token budget decides the length
     if trainer.is_global_zero and tokenizer is not None:
         tokenizer.save_pretrained(run_dir / TOKENIZER_DIR)
@@ -154,7 +149,7 @@ def finish(cfg: DictConfig, trainer: pl.Trainer, module: LMModule, datamodule: A
         trainer.validate(module, datamodule=datamodule, verbose=False)
     val = module.last_val if cfg.train.final_eval else {}
     if cfg.train.export_hf:
-        export_hf(trainer, run_dir / HF_DIR, datamodule.tokenizer)
+        export_hf(trainer, run_dir / HF_DIR, datamodule.tokenizer, max_length=cfg.data.seq_len)
     if not trainer.is_global_zero:
         return {}
     metrics = next(c for c in trainer.callbacks if isinstance(c, StepMetrics))
@@ -176,10 +171,3 @@ def finish(cfg: DictConfig, trainer: pl.Trainer, module: LMModule, datamodule: A
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     log.info("summary: %s", json.dumps(summary))
     return summary
-
-
-@hydra.main(config_path="pkg://klalm.configs", config_name="train", version_base="1.3")
-def main(cfg: DictConfig) -> float | None:
-    """Hydra entry point; returns the final validation loss (for sweepers that optimise it)."""
-    summary = run(cfg)
-    return summary.get("val_loss")

@@ -150,23 +150,39 @@ class TextSampler(Callback):
 
 
 class StepProgressBar(TQDMProgressBar):
-    """Lightning's TQDM bar counting optimiser steps out of `max_steps`.
+    """Lightning's TQDM bar counting optimiser steps out of `max_steps`, labelled "train", with tokens/s.
 
     Lightning counts fetched batches, which are micro-batches here (`LMModule` pulls `accumulate` of them per step),
-    so its own bar overshoots its total and loses it on resume. Args as `TQDMProgressBar`.
+    so its own bar overshoots its total and loses it on resume; and it is labelled "Epoch 0", which means nothing in a
+    run measured in tokens. The tokens/s shown are `StepMetrics`' latest measurement (the one the loggers get).
+    Args as `TQDMProgressBar`.
     """
+
+    @property
+    def train_description(self) -> str:
+        return "train"
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         super().on_train_start(trainer, pl_module)
         self._count_steps(trainer)  # a resumed run restarts mid-epoch, without on_train_epoch_start
 
     def on_train_epoch_start(self, trainer: pl.Trainer, *_: Any) -> None:
-        super().on_train_epoch_start(trainer)
+        if self._leave:  # Lightning's own override would relabel the bar "Epoch <n>"
+            self.train_progress_bar = self.init_train_tqdm()
         self._count_steps(trainer)
 
     def _count_steps(self, trainer: pl.Trainer) -> None:
-        self.train_progress_bar.total = trainer.max_steps
+        self.train_progress_bar.reset(total=trainer.max_steps)
         self.train_progress_bar.n = self.train_progress_bar.initial = trainer.global_step
+
+    def get_metrics(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> dict[str, Any]:
+        """The bar's postfix: Lightning's (loss, val/loss, ...) without the logger version, plus tokens/s."""
+        metrics = super().get_metrics(trainer, pl_module)
+        metrics.pop("v_num", None)
+        measured = [c.last_row for c in trainer.callbacks if isinstance(c, StepMetrics)]
+        if measured and "perf/tokens_per_s" in measured[0]:
+            metrics["tok/s"] = f"{measured[0]['perf/tokens_per_s']:,.0f}"
+        return metrics
 
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, *_: Any) -> None:
         step = trainer.global_step

@@ -5,8 +5,9 @@ Layout of a run directory (`paths.run_dir`):
     checkpoints/step-00000100.ckpt   Lightning checkpoints (model, optimiser, scheduler, data-loader state,
                                      RNG, tokens seen), the last `keep_last` of them
     tokenizer/                       the run's tokenizer (HF `save_pretrained` layout)
-    hf/                              final export: `save_pretrained` model + tokenizer, loadable with
-                                     `AutoModelForCausalLM.from_pretrained` after `import klalm`
+    hf/                              final export (klalm.models.export): model, tokenizer, model code and
+                                     SHA256SUMS; `AutoModelForCausalLM.from_pretrained` after `import klalm`,
+                                     or with trust_remote_code=True
 
 A checkpoint is first written to a hidden temporary path in the same folder and then renamed, so a crash during a
 save leaves every earlier checkpoint intact and never a half-written file under a final name.
@@ -185,15 +186,17 @@ def load_model(path: str | os.PathLike) -> tuple[Any, Any]:
 
     Raises:
         FileNotFoundError: naming the path when it holds neither an export nor a checkpoint.
+        klalm.models.export.ExportIntegrityError: an export file differs from the export's SHA256SUMS.
     """
     from transformers import AutoModelForCausalLM
 
-    import klalm.models  # noqa: F401  (registers the Auto classes)
+    from klalm.models.export import verify_export  # (klalm.models registers the Auto classes)
 
     path = Path(path)
     if path.is_dir() and (path / HF_DIR / "config.json").is_file():
         path = path / HF_DIR
     if path.is_dir() and (path / "config.json").is_file():
+        verify_export(path)
         model = AutoModelForCausalLM.from_pretrained(path)
         return model.eval(), _load_tokenizer(path)
     if path.is_dir():
@@ -227,18 +230,18 @@ def _load_tokenizer(folder: Path) -> Any:
     return AutoTokenizer.from_pretrained(folder)
 
 
-def export_hf(trainer: pl.Trainer, out_dir: Path, tokenizer: Any) -> Path | None:
-    """Writes the trained model (and tokenizer) in Hugging Face format; every rank must call it.
+def export_hf(trainer: pl.Trainer, out_dir: Path, tokenizer: Any, max_length: int | None = None) -> Path | None:
+    """Writes the trained model (and tokenizer) as a self-contained export (`klalm.models.export.save_export`);
+    every rank must call it. `max_length`: the trained context length.
 
     The full state dict is gathered through the strategy (so sharded FSDP runs export too) and rank 0 writes it.
     """
+    from klalm.models.export import save_export
+
     state = trainer.strategy.lightning_module_state_dict()
     if not trainer.is_global_zero:
         return None
-    module = trainer.lightning_module
     weights = model_state_from_checkpoint({"state_dict": state})
-    module.model.save_pretrained(out_dir, state_dict=weights)
-    if tokenizer is not None:
-        tokenizer.save_pretrained(out_dir)
+    save_export(trainer.lightning_module.model, out_dir, tokenizer, max_length=max_length, state_dict=weights)
     log.info("exported Hugging Face model to %s", out_dir)
     return out_dir

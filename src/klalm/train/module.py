@@ -35,6 +35,8 @@ log = logging.getLogger(__name__)
 # LMModule pulls its micro-batches itself (`training_step(dataloader_iter)`) on purpose; Lightning warns about that
 # flavour on every fit ("experimental", "will not work well with gradient accumulation", which it does not manage).
 warnings.filterwarnings("ignore", message=r".*`dataloader_iter`.*")
+# Lightning 2.6's pytree helper uses torch's LeafSpec, which torch ≥ 2.10 deprecates, once per fit.
+warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated")
 
 IGNORE_INDEX = -100
 

@@ -2,8 +2,9 @@
 
 Sample i of the stream is a fixed function of (seed, i): `seq_len + 1` uniform token ids, split into inputs and
 next-token labels. Rank r of W reads samples r, r + W, r + 2W, ..., so W ranks together read exactly the samples one
-process reads, in the same global order, and no sample twice. The loader is a torchdata `StatefulDataLoader`, so its
-position is saved in checkpoints and a resumed run continues from the next unread sample.
+process reads, in the same global order, and no sample twice. The loader is a torchdata `StatefulDataLoader`
+(`klalm.data.loader.ResumableLoader`), so its position is saved in checkpoints and a resumed run continues from the
+next unread sample.
 """
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ from typing import Any
 import lightning.pytorch as pl
 import torch
 from torch.utils.data import IterableDataset
-from torchdata.stateful_dataloader import StatefulDataLoader
+
+from klalm.data.loader import ResumableLoader
 
 
 def _rank_and_world() -> tuple[int, int]:
@@ -80,9 +82,9 @@ class SyntheticDataModule(pl.LightningDataModule):
         self.seed, self.val_batches = seed, val_batches
         self.tokenizer = None
 
-    def train_dataloader(self) -> StatefulDataLoader:
-        return StatefulDataLoader(RandomTokens(self.vocab_size, self.seq_len, self.seed), batch_size=self.batch_size)
+    def train_dataloader(self) -> ResumableLoader:
+        return ResumableLoader(RandomTokens(self.vocab_size, self.seq_len, self.seed), batch_size=self.batch_size)
 
-    def val_dataloader(self) -> StatefulDataLoader:
+    def val_dataloader(self) -> ResumableLoader:
         dataset = RandomTokens(self.vocab_size, self.seq_len, self.seed + 1, self.val_batches * self.batch_size)
-        return StatefulDataLoader(dataset, batch_size=self.batch_size)
+        return ResumableLoader(dataset, batch_size=self.batch_size)

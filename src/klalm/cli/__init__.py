@@ -1,0 +1,116 @@
+"""Console scripts: one function per command, each importing the code that does the work only when it runs.
+
+`klalm-train` and `klalm-eval` are Hydra apps over `pkg://klalm.configs`. They compose the config, answer `--help`
+and `--cfg job`, and check every value (`klalm.config_checks`) with nothing heavier than omegaconf loaded; torch,
+Lightning and lm-eval are imported when the run starts. A bad value ends the command with one line naming the key.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+
+import hydra
+from omegaconf import DictConfig
+
+import klalm.cli.helptext  # noqa: F401  (registers the ${klalm_help:...} resolver of the help templates)
+from klalm.config_checks import ConfigError, check_eval_config, check_train_config
+
+CONFIG_PATH = "pkg://klalm.configs"
+PRINT_TASKS_PATH = "--print-tasks-path"  # klalm-eval's one flag outside Hydra
+
+
+def _checked(app: str, check: Callable[[DictConfig], None], cfg: DictConfig) -> None:
+    """Runs a config check; a failure ends the command with `<app>: <message>` on stderr (exit code 1)."""
+    try:
+        check(cfg)
+    except ConfigError as err:
+        sys.exit(f"{app}: {err}")
+
+
+@hydra.main(config_path=CONFIG_PATH, config_name="train", version_base="1.3")
+def _train_app(cfg: DictConfig) -> float | None:
+    _checked("klalm-train", check_train_config, cfg)
+    from klalm.train.app import run
+
+    return run(cfg).get("val_loss")  # what a sweeper that optimises would read
+
+
+@hydra.main(config_path=CONFIG_PATH, config_name="eval", version_base="1.3")
+def _eval_app(cfg: DictConfig) -> None:
+    _checked("klalm-eval", check_eval_config, cfg)
+    from klalm.eval.app import run
+    from klalm.eval.report import markdown_table
+    from klalm.models.export import ExportIntegrityError
+
+    try:
+        report = run(cfg)
+    except (FileNotFoundError, ExportIntegrityError) as err:  # a checkpoint or data file that cannot be used
+        sys.exit(f"klalm-eval: {err}")
+    print(markdown_table(report))
+
+
+def train() -> None:
+    """`klalm-train`: pretrain a model (`klalm-train --help` lists the groups and keys)."""
+    _train_app()
+
+
+def evaluate() -> None:
+    """`klalm-eval`: zero-shot lm-eval of checkpoints; `klalm-eval --print-tasks-path` prints the local task folder."""
+    if sys.argv[1:] == [PRINT_TASKS_PATH]:
+        from klalm.eval.tasks import TASKS_DIR
+
+        print(TASKS_DIR)
+        return
+    _eval_app()
+
+
+def params(argv: list[str] | None = None) -> None:
+    """`klalm-params`: exact parameter count of model presets for a vocabulary size."""
+    parser = argparse.ArgumentParser(
+        prog="klalm-params",
+        description="Print `<preset> <exact parameter count>` for every model preset (or the named ones), with the "
+        "embedding sized for a vocabulary (padded to a multiple of 64; tied embeddings counted once).",
+    )
+    parser.add_argument("--preset", nargs="+", metavar="NAME", help="only these presets, e.g. kla_45m gpt_45m")
+    parser.add_argument(
+        "--vocab-size", type=int, help="tokenizer vocabulary (default: GPT-2 BPE's, which the presets are sized for)"
+    )
+    args = parser.parse_args(argv)
+    if args.vocab_size is not None and args.vocab_size < 1:
+        parser.error(f"--vocab-size must be ≥ 1, got {args.vocab_size}")
+    from klalm.models.presets import print_table
+
+    try:
+        print_table(args.preset, args.vocab_size)
+    except KeyError as err:
+        parser.error(err.args[0])
+
+
+def lm_eval() -> None:
+    """`klalm-lm-eval`: the lm-eval CLI with klalm's model classes registered."""
+    from klalm.eval.harness import cli_main
+
+    cli_main()
+
+
+def synthetic() -> None:
+    """`klalm-synthetic`: train archs on the synthetic benchmarks (A5, MQAR, MAD) and write tables and plots."""
+    from klalm.tasks.runner import main
+
+    main()
+
+
+def prepare_data() -> None:
+    """`klalm-prepare-data`: pre-tokenise a data config's splits into memory-mapped token shards."""
+    from klalm.data.prepare import main
+
+    main()
+
+
+def study() -> None:
+    """`klalm-study`: the pretraining study (pack, stage, plan, sweep, train, collect, report), in blocks of GPU time."""
+    from klalm.study.cli import main
+
+    sys.exit(main())

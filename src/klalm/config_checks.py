@@ -1,0 +1,167 @@
+"""What a composed `klalm-train` / `klalm-eval` config must satisfy, checked before anything heavy is imported.
+
+Hydra's struct mode already rejects unknown keys. This module adds the rest, in one table per app: the type of every
+key klalm itself reads (`optim.lr=abc` is an error naming `optim.lr`, not a TypeError deep inside torch) and the
+values that cannot work (`optim.lr=-1`). Keys a group option does not have (`scheduler.decay_frac` under the cosine
+schedule) or whose parent is switched off (`callbacks.checkpoint=null`) are not checked. Arguments that go straight
+to Lightning's Trainer (`trainer.devices=auto`, `trainer.limit_val_batches=0.5`) are Lightning's to check.
+
+It also registers the config resolvers (`${mul:a,b}`), so importing it is enough to compose the configs.
+Importing it costs only omegaconf: the console scripts (`klalm.cli`) run these checks first.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, NamedTuple
+
+from omegaconf import DictConfig, ListConfig, OmegaConf
+
+# `${mul:a,b,...}`: products in configs, e.g. a token budget of N global batches (configs/debug/fast.yaml).
+OmegaConf.register_new_resolver("mul", lambda *factors: math.prod(factors), replace=True)
+
+SUPPORTED_PRECISIONS = ("32-true", "32", "64-true", "bf16-mixed", "bf16-true")
+
+
+class ConfigError(ValueError):
+    """A config value of the wrong type or out of range; the message names the key."""
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _is_str_list(v: Any) -> bool:
+    return isinstance(v, (list, ListConfig)) and all(isinstance(item, str) for item in v)
+
+
+# A type: (test, how the message names it).
+INT = (_is_int, "an integer")
+NUMBER = (_is_number, "a number")
+BOOL = (lambda v: isinstance(v, bool), "true or false")
+STR = (lambda v: isinstance(v, str), "a string")
+STR_OR_LIST = (lambda v: isinstance(v, str) or _is_str_list(v), "a path or a list of paths")
+
+
+class Rule(NamedTuple):
+    """One key: its type, whether null is allowed, and a value check with what it demands."""
+
+    key: str
+    type: tuple[Callable[[Any], bool], str]
+    nullable: bool = False
+    check: Callable[[Any], bool] | None = None
+    demand: str = ""
+
+
+def positive(v: float) -> bool:
+    return v > 0
+
+
+def non_negative(v: float) -> bool:
+    return v >= 0
+
+
+def fraction(v: float) -> bool:
+    return 0 <= v <= 1
+
+
+TRAIN_RULES: tuple[Rule, ...] = (
+    Rule("run_name", STR),
+    Rule("seed", INT),
+    Rule("resume", STR, nullable=True),
+    Rule("train.max_tokens", INT, check=positive, demand="> 0"),
+    Rule("train.global_batch_tokens", INT, check=positive, demand="> 0"),
+    Rule("train.grad_clip", NUMBER, check=non_negative, demand="≥ 0 (0 disables clipping)"),
+    Rule("train.max_bad_steps", INT, check=lambda v: v >= 1, demand="≥ 1"),
+    Rule("train.dynamics_lr_scale", NUMBER, check=positive, demand="> 0"),
+    Rule("train.compile", BOOL),
+    Rule("train.activation_checkpointing", BOOL),
+    Rule("train.val_every_n_steps", INT, check=lambda v: v >= 1, demand="≥ 1"),
+    Rule("train.final_eval", BOOL),
+    Rule("train.export_hf", BOOL),
+    Rule("train.plot", BOOL),
+    Rule("model.vocab_size", INT, nullable=True, check=positive, demand="> 0"),
+    Rule("model.d_model", INT, nullable=True, check=positive, demand="> 0"),
+    Rule("model.n_layers", INT, nullable=True, check=positive, demand="> 0"),
+    Rule("model.d_ff", INT, nullable=True, check=positive, demand="> 0"),
+    Rule("model.n_heads", INT, nullable=True, check=positive, demand="> 0"),
+    Rule("data.train", STR_OR_LIST),  # data=files
+    Rule("data.val", STR_OR_LIST, nullable=True),
+    Rule("data.seq_len", INT, check=positive, demand="> 0"),
+    Rule("data.batch_size", INT, check=positive, demand="> 0"),
+    Rule("data.num_workers", INT, check=non_negative, demand="≥ 0"),
+    Rule("data.val_batches", INT, nullable=True, check=positive, demand="> 0"),
+    Rule("optim.lr", NUMBER, check=positive, demand="> 0"),
+    Rule("optim.weight_decay", NUMBER, check=non_negative, demand="≥ 0"),
+    Rule("scheduler.warmup", NUMBER, check=non_negative, demand="≥ 0 (< 1: a fraction of the run, else steps)"),
+    Rule("scheduler.min_lr_ratio", NUMBER, check=fraction, demand="in [0, 1]"),
+    Rule("scheduler.decay_frac", NUMBER, check=fraction, demand="in [0, 1]"),
+    Rule("trainer.precision", (lambda v: str(v) in SUPPORTED_PRECISIONS, f"one of {SUPPORTED_PRECISIONS}")),
+    Rule("trainer.log_every_n_steps", INT, check=positive, demand="> 0"),
+    Rule("callbacks.checkpoint.every_n_steps", INT, check=non_negative, demand="≥ 0 (0: only at the end)"),
+    Rule("callbacks.checkpoint.keep_last", INT, check=positive, demand="> 0"),
+    Rule("callbacks.sampler.every_n_steps", INT, check=non_negative, demand="≥ 0 (0: only at the end)"),
+    Rule("callbacks.sampler.max_new_tokens", INT, check=positive, demand="> 0"),
+    Rule("callbacks.sampler.temperature", NUMBER, check=non_negative, demand="≥ 0 (0: greedy)"),
+    Rule("callbacks.sampler.top_k", INT, check=non_negative, demand="≥ 0 (0: all tokens)"),
+)
+
+EVAL_RULES: tuple[Rule, ...] = (
+    Rule("checkpoint", STR_OR_LIST),
+    Rule("tasks", (lambda v: isinstance(v, str) or _is_str_list(v), "a task name or a list of them")),
+    Rule("data_dir", STR, nullable=True),
+    Rule("limit", INT, nullable=True, check=positive, demand="> 0 (null: every example)"),
+    Rule("batch_size", INT, check=positive, demand="> 0"),
+    Rule("max_length", INT, check=positive, demand="> 0"),
+    Rule("device", STR),
+    Rule("dtype", STR),
+    Rule("tokenizer", STR, nullable=True),
+    Rule("log_samples", BOOL),
+)
+
+_ABSENT = object()
+
+
+def _value(cfg: DictConfig, key: str) -> Any:
+    """The resolved value at `key`; _ABSENT when the key (or a parent) is not in this config or is null."""
+    parent_key, _, leaf = key.rpartition(".")
+    parent = OmegaConf.select(cfg, parent_key) if parent_key else cfg
+    if not isinstance(parent, DictConfig) or leaf not in parent.keys():  # noqa: SIM118 (`in` skips ??? keys)
+        return _ABSENT
+    if OmegaConf.is_missing(parent, leaf):
+        raise ConfigError(f"{key} is required (it is ??? in the config): set {key}=...")
+    try:
+        return OmegaConf.select(cfg, key, throw_on_missing=True)
+    except Exception as err:  # an interpolation that cannot resolve
+        raise ConfigError(f"{key}: {err}".splitlines()[0]) from err
+
+
+def check(cfg: DictConfig, rules: tuple[Rule, ...]) -> None:
+    """Raises ConfigError naming the first key of `rules` whose value has the wrong type or an invalid value."""
+    for rule in rules:
+        value = _value(cfg, rule.key)
+        if value is _ABSENT or (value is None and rule.nullable):
+            continue
+        test, type_name = rule.type
+        if not test(value):
+            raise ConfigError(f"{rule.key}={value!r} is invalid: must be {type_name}")
+        if rule.check is not None and not rule.check(value):
+            raise ConfigError(f"{rule.key}={value!r} is invalid: must be {rule.demand}")
+
+
+def check_train_config(cfg: DictConfig) -> None:
+    """The `klalm-train` checks: TRAIN_RULES, and that an explicit `resume` path exists."""
+    check(cfg, TRAIN_RULES)
+    if cfg.resume not in (None, "auto") and not Path(cfg.resume).exists():
+        raise ConfigError(f"resume={cfg.resume!r}: no such checkpoint file or run directory")
+
+
+def check_eval_config(cfg: DictConfig) -> None:
+    """The `klalm-eval` checks: EVAL_RULES (paths, tasks and dtype are checked before any model loads)."""
+    check(cfg, EVAL_RULES)

@@ -1,0 +1,123 @@
+"""The console scripts answer `--help`, `--cfg job` and config errors before torch is imported; config checks."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_module
+from omegaconf import OmegaConf
+
+from klalm.cli.helptext import key_comments
+from klalm.config_checks import TRAIN_RULES, ConfigError, check_eval_config, check_train_config
+
+CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+
+
+def _in_fresh_python(entry: str, argv: list[str], tmp_path: Path) -> subprocess.CompletedProcess:
+    """Runs `klalm.cli.<entry>()` with `argv` in a new interpreter; prints HEAVY if torch got imported."""
+    code = textwrap.dedent(f"""
+        import sys
+        sys.argv = {[entry, *argv]!r}
+        from klalm import cli
+        try:
+            cli.{entry}()
+        finally:
+            print("HEAVY" if "torch" in sys.modules or "lightning" in sys.modules else "LIGHT")
+    """)
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, timeout=120)
+
+
+def test_train_help_names_the_app_explains_keys_and_hides_internal_groups(tmp_path):
+    proc = _in_fresh_python("train", ["experiment=smoke", "--help"], tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    assert out.startswith("klalm-train: pretrain a language model") and out.rstrip().endswith("LIGHT")
+    assert "* smoke" in out and "* kla_tiny" in out  # the choices of this command line are marked
+    assert "_pretrain_45m " not in out and "  synthetic:" not in out and "  hydra:" not in out
+    assert "max_tokens: 10240" in out  # the smoke experiment's value, with the root file's comment:
+    assert "# training budget in tokens" in out
+    assert "d_state: null" in out and "# S: filter state size per channel [16]" in out
+    assert "_target_" not in out
+
+
+def test_eval_help_and_tasks_path(tmp_path):
+    proc = _in_fresh_python("evaluate", ["--help"], tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("klalm-eval: zero-shot lm-eval") and "LIGHT" in proc.stdout
+    assert "limit: null" in proc.stdout and "# examples per task" in proc.stdout
+    proc = _in_fresh_python("evaluate", ["--print-tasks-path"], tmp_path)
+    folder = Path(proc.stdout.splitlines()[0])
+    assert (folder / "piqa_local.yaml").is_file() and (folder / "hellaswag_local.yaml").is_file()
+
+
+def test_cfg_job_and_a_bad_value_answer_before_torch(tmp_path):
+    proc = _in_fresh_python("train", ["model=kla_45m", "model.mixer_options.kla.d_state=8", "--cfg", "job"], tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "d_state: 8" in proc.stdout and proc.stdout.rstrip().endswith("LIGHT")
+    proc = _in_fresh_python("train", ["optim.lr=abc"], tmp_path)
+    assert proc.returncode == 1
+    assert proc.stderr.strip() == "klalm-train: optim.lr='abc' is invalid: must be a number"
+    assert proc.stdout.strip() == "LIGHT"
+    proc = _in_fresh_python("evaluate", ["checkpoint=x", "limit=many"], tmp_path)
+    assert proc.returncode == 1 and proc.stderr.strip().startswith("klalm-eval: limit='many' is invalid")
+
+
+@pytest.fixture(scope="module")
+def compose_config():
+    with initialize_config_module("klalm.configs", version_base="1.3"):
+        yield lambda name, overrides: compose(name, overrides=overrides)
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("optim.lr=abc", "optim.lr='abc' is invalid: must be a number"),
+        ("optim.lr=0", "optim.lr=0 is invalid: must be > 0"),
+        ("train.max_tokens=1e6", "train.max_tokens=1000000.0 is invalid: must be an integer"),
+        ("train.compile=yes", "train.compile='yes' is invalid: must be true or false"),
+        ("seed=x", "seed='x' is invalid: must be an integer"),
+        ("data.seq_len=-4", "data.seq_len=-4 is invalid: must be > 0"),
+        ("model.d_model=wide", "model.d_model='wide' is invalid: must be an integer"),
+        ("scheduler.min_lr_ratio=2", "scheduler.min_lr_ratio=2 is invalid: must be in [0, 1]"),
+        ("callbacks.checkpoint.keep_last=0", "callbacks.checkpoint.keep_last=0 is invalid: must be > 0"),
+        ("trainer.precision=16-mixed", "trainer.precision='16-mixed' is invalid: must be one of"),
+        ("resume=/no/such.ckpt", "resume='/no/such.ckpt': no such checkpoint file or run directory"),
+    ],
+)
+def test_train_checks_name_the_key(compose_config, override, message):
+    with pytest.raises(ConfigError) as info:
+        check_train_config(compose_config("train", ["experiment=smoke", override]))
+    assert str(info.value).startswith(message) and "\n" not in str(info.value)
+
+
+def test_train_checks_pass_valid_configs_and_skip_what_is_off(compose_config):
+    check_train_config(compose_config("train", ["experiment=smoke", "optim.lr=1", "model.d_model=null"]))
+    check_train_config(
+        compose_config("train", ["experiment=smoke", "callbacks.checkpoint=null", "trainer.devices=auto"])
+    )
+    check_train_config(compose_config("train", ["scheduler=wsd", "trainer.precision=32"]))  # an int for a string
+    with pytest.raises(ConfigError, match="scheduler.decay_frac"):
+        check_train_config(compose_config("train", ["scheduler=wsd", "scheduler.decay_frac=1.5"]))
+
+
+def test_eval_checks_name_the_key(compose_config):
+    check_eval_config(compose_config("eval", ["checkpoint=[a,b]", "limit=5"]))
+    with pytest.raises(ConfigError, match=r"^checkpoint is required"):
+        check_eval_config(compose_config("eval", []))
+    with pytest.raises(ConfigError, match=r"^batch_size=0 is invalid: must be > 0$"):
+        check_eval_config(compose_config("eval", ["checkpoint=a", "batch_size=0"]))
+
+
+def test_every_key_of_train_yaml_has_a_rule():
+    root = OmegaConf.load(CONFIGS / "train.yaml")
+    keys = {f"train.{key}" for key in root.train} | {key for key in root if key not in ("defaults", "train")}
+    assert keys <= {rule.key for rule in TRAIN_RULES}
+
+
+def test_key_comments_follow_nesting_and_ignore_hashes_in_values():
+    text = 'a:\n  b: "x # not a comment"   # what b means\n  c: d#e\nf: 1 # top\n  # a full-line comment\n'
+    assert key_comments(text, "pkg") == {"pkg.a.b": "what b means", "pkg.f": "top"}
