@@ -184,7 +184,7 @@ def test_mfu_and_optimizer_groups_follow_the_config(tmp_path):
     expected = train_flops_per_token(model, 16) * float(row["perf/tokens_per_s"]) / 1e9
     assert float(row["perf/mfu"]) == pytest.approx(expected, rel=1e-6)
 
-    groups = torch.load(find_latest([run_dir]), weights_only=False)["optimizer_states"][0]["param_groups"]
+    groups = torch.load(find_latest([run_dir]), weights_only=True)["optimizer_states"][0]["param_groups"]
     by_name = {g["name"]: g for g in groups}
     assert by_name["decay"]["weight_decay"] == 0.05 and by_name["no_decay"]["weight_decay"] == 0.0
     assert by_name["dynamics"]["initial_lr"] == pytest.approx(0.25 * by_name["decay"]["initial_lr"])

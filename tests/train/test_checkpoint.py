@@ -2,9 +2,11 @@
 
 import os
 import time
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+import torch
 
 from klalm.train.checkpoint import RollingCheckpoint, checkpoint_step, find_latest, list_checkpoints
 
@@ -30,10 +32,14 @@ class FakeTrainer(SimpleNamespace):
         return self._signal_connector.received_sigterm
 
     def save_checkpoint(self, path, weights_only=None):
-        with open(path, "wb") as handle:
-            handle.write(b"partial" if self.fail else f"step {self.global_step}".encode())
-            if self.fail:
-                raise OSError("disk full")
+        if self.fail:
+            Path(path).write_bytes(b"partial")
+            raise OSError("disk full")
+        torch.save({"step": self.global_step}, path)
+
+
+def _step_in(path):
+    return torch.load(path, weights_only=True)["step"]
 
 
 def test_saves_keep_the_last_k_under_final_names(tmp_path):
@@ -42,7 +48,7 @@ def test_saves_keep_the_last_k_under_final_names(tmp_path):
         callback.save(FakeTrainer(step))
     names = [p.name for p in list_checkpoints(tmp_path)]
     assert names == ["step-00000020.ckpt", "step-00000030.ckpt"]
-    assert (tmp_path / "checkpoints" / "step-00000030.ckpt").read_bytes() == b"step 30"
+    assert _step_in(tmp_path / "checkpoints" / "step-00000030.ckpt") == 30
     assert not [p for p in (tmp_path / "checkpoints").iterdir() if p.name.startswith(".")]
 
 
@@ -52,7 +58,7 @@ def test_crash_during_save_leaves_previous_checkpoints_intact(tmp_path):
     with pytest.raises(OSError, match="disk full"):
         callback.save(FakeTrainer(20, fail=True))
     assert [p.name for p in list_checkpoints(tmp_path)] == ["step-00000010.ckpt"]
-    assert find_latest([tmp_path]).read_bytes() == b"step 10"  # the half-written file never got a final name
+    assert _step_in(find_latest([tmp_path])) == 10  # the half-written file never got a final name
     callback.save(FakeTrainer(30))  # the next save cleans up the stale temporary file
     assert sorted(os.listdir(tmp_path / "checkpoints")) == ["step-00000030.ckpt"]
 
@@ -83,3 +89,14 @@ def test_find_latest_prefers_highest_step_across_runs(tmp_path):
 def test_bad_settings_name_the_key(tmp_path, kwargs, key):
     with pytest.raises(ValueError, match=key):
         RollingCheckpoint(tmp_path, **kwargs)
+
+
+def test_a_checkpoint_the_safe_loader_would_refuse_is_never_published(tmp_path):
+    class Unsafe(FakeTrainer):
+        def save_checkpoint(self, path, weights_only=None):
+            torch.save({"step": self.global_step, "state": Path("not/plain/data")}, path)
+
+    callback = RollingCheckpoint(tmp_path / "checkpoints", every_n_steps=10, keep_last=2)
+    with pytest.raises(TypeError, match="safe loader would refuse.*PosixPath"):
+        callback.save(Unsafe(10))
+    assert list_checkpoints(tmp_path) == [] and os.listdir(tmp_path / "checkpoints") == []

@@ -37,7 +37,7 @@ def _steps(run_dir) -> list[str]:
 
 
 def _weights(run_dir) -> dict[str, torch.Tensor]:
-    return torch.load(find_latest([run_dir]), map_location="cpu", weights_only=False)["state_dict"]
+    return torch.load(find_latest([run_dir]), map_location="cpu", weights_only=True)["state_dict"]
 
 
 @pytest.mark.slow

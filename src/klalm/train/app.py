@@ -28,7 +28,14 @@ from omegaconf import DictConfig, OmegaConf
 
 from klalm.train.budget import derive_budget
 from klalm.train.callbacks import StepMetrics
-from klalm.train.checkpoint import HF_DIR, TOKENIZER_DIR, RollingCheckpoint, export_hf, find_latest
+from klalm.train.checkpoint import (
+    HF_DIR,
+    TOKENIZER_DIR,
+    RollingCheckpoint,
+    export_hf,
+    find_latest,
+    load_checkpoint_file,
+)
 from klalm.train.module import LMModule
 from klalm.train.plots import plot_losses
 
@@ -138,9 +145,10 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     if trainer.is_global_zero and tokenizer is not None:
         tokenizer.save_pretrained(run_dir / TOKENIZER_DIR)
     ckpt_path = resolve_resume(cfg.resume, cfg.paths.resume_glob)
+    if ckpt_path is not None:
+        load_checkpoint_file(ckpt_path, mmap=True)  # refuses an unsafe or unreadable file, naming it, before Lightning
     try:
-        # klalm checkpoints hold RNG states and the model config (python objects): load only files you trust.
-        trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path, weights_only=False)
+        trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path, weights_only=True)
     except SIGTERMException:
         log.warning("stopped by SIGTERM after step %d; resume with resume=auto", trainer.global_step)
         sys.exit(SIGTERM_EXIT_CODE)

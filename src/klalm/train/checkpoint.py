@@ -10,12 +10,17 @@ Layout of a run directory (`paths.run_dir`):
 
 A checkpoint is first written to a hidden temporary path in the same folder and then renamed, so a crash during a
 save leaves every earlier checkpoint intact and never a half-written file under a final name.
+
+Checkpoints are read only with `torch.load(..., weights_only=True)` (`load_checkpoint_file`): the safe unpickler
+builds tensors and plain Python data and refuses anything else, so a planted `.ckpt` cannot run code. klalm writes
+nothing else into them, and `RollingCheckpoint.save` checks that before a file gets its final name.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import pickle
 import re
 import shutil
 import signal
@@ -33,6 +38,49 @@ CKPT_DIR = "checkpoints"
 TOKENIZER_DIR = "tokenizer"
 HF_DIR = "hf"
 _CKPT_RE = re.compile(r"^step-(\d+)\.ckpt$")
+
+
+class CheckpointError(ValueError):
+    """A checkpoint file that klalm refuses to load: not a klalm checkpoint, unsafe, truncated or corrupted."""
+
+
+def load_checkpoint_file(path: str | os.PathLike, *, mmap: bool = False) -> dict[str, Any]:
+    """Reads a klalm-train checkpoint with the safe unpickler (`weights_only=True`), onto the CPU.
+
+    Args:
+        path: a `step-<N>.ckpt` file.
+        mmap: map the tensors' storage instead of reading it (cheap checks of a large file).
+
+    Returns:
+        The checkpoint dictionary (Lightning's entries plus "klalm").
+
+    Raises:
+        CheckpointError: one line naming the file and why: it refers to code the safe unpickler refuses (not a
+            trusted klalm checkpoint), it cannot be read (truncated or corrupted), or it lacks klalm's entries.
+    """
+    try:
+        checkpoint = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
+    except pickle.UnpicklingError:
+        raise CheckpointError(
+            f"{path} is not a trusted klalm checkpoint: it refers to {_unsafe_globals(path)}, which the safe loader "
+            "(torch.load with weights_only=True) refuses to call; klalm-train writes only tensors and plain data, so "
+            "this file came from elsewhere: do not load it with weights_only=False"
+        ) from None
+    except (RuntimeError, EOFError, OSError) as err:
+        reason = str(err).splitlines()[0] if str(err) else type(err).__name__
+        raise CheckpointError(f"{path} cannot be read as a checkpoint (truncated or corrupted?): {reason}") from None
+    if not isinstance(checkpoint, dict) or not {"klalm", "state_dict"} <= checkpoint.keys():
+        raise CheckpointError(f"{path} is not a klalm-train checkpoint: it lacks the 'klalm' or 'state_dict' entry")
+    return checkpoint
+
+
+def _unsafe_globals(path: str | os.PathLike) -> str:
+    """The Python callables a checkpoint's pickle names beyond the safe set, read without unpickling anything."""
+    try:
+        names = torch.serialization.get_unsafe_globals_in_checkpoint(path)
+    except (RuntimeError, ValueError, OSError):  # not a zip checkpoint: the names cannot be listed safely
+        return "Python objects"
+    return ", ".join(names) if names else "Python objects"
 
 
 def checkpoint_step(path: Path) -> int:
@@ -124,8 +172,11 @@ class RollingCheckpoint(Callback):
             for stale in self.dirpath.glob(".step-*.ckpt.tmp"):  # left by a crash during an earlier save
                 _remove(stale)
         trainer.strategy.barrier("klalm_ckpt_prepare")
-        trainer.save_checkpoint(tmp, weights_only=False)  # every rank takes part (sharded strategies); rank 0 writes
+        # weights_only=False: the full training state (optimiser, loops, loader), not only the weights. Every rank
+        # takes part (sharded strategies); rank 0 writes.
+        trainer.save_checkpoint(tmp, weights_only=False)
         if trainer.is_global_zero:
+            _require_safe_contents(tmp)
             _fsync_tree(tmp)
             os.replace(tmp, final)
             _fsync_dir(self.dirpath)
@@ -140,6 +191,18 @@ class RollingCheckpoint(Callback):
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.last_saved_step = state_dict["last_saved_step"]
+
+
+def _require_safe_contents(path: Path) -> None:
+    """Refuses to publish a checkpoint that `load_checkpoint_file` would refuse (a klalm bug, caught at the save
+    rather than at the resume weeks later); reads only the pickle, not the tensors."""
+    unsafe = torch.serialization.get_unsafe_globals_in_checkpoint(path)
+    if unsafe:
+        _remove(path)
+        raise TypeError(
+            f"klalm wrote a checkpoint ({path.name}) that its safe loader would refuse: it holds {', '.join(unsafe)}; "
+            "store such state as tensors or plain Python data"
+        )
 
 
 def _remove(path: Path) -> None:
@@ -206,14 +269,20 @@ def load_model(path: str | os.PathLike) -> tuple[Any, Any]:
     return _load_lightning_checkpoint(path)
 
 
-def _load_lightning_checkpoint(path: Path) -> tuple[Any, Any]:
-    import hydra
+MODEL_BUILDER = "klalm.models.build_model"  # the one `_target_` a checkpoint's model config may name
 
-    checkpoint = torch.load(path, map_location="cpu", weights_only=False)
-    if "klalm" not in checkpoint:
-        raise KeyError(f"{path} has no 'klalm' entry: not a checkpoint written by klalm-train")
+
+def _load_lightning_checkpoint(path: Path) -> tuple[Any, Any]:
+    from klalm.models import build_model
+
+    checkpoint = load_checkpoint_file(path)
     meta = checkpoint["klalm"]
-    model = hydra.utils.instantiate(meta["model_config"], vocab_size=meta["vocab_size"])
+    config = dict(meta["model_config"])
+    # The config comes from the file: build through klalm's builder only, never through an arbitrary `_target_`.
+    if config.get("_target_") != MODEL_BUILDER:
+        raise CheckpointError(f"{path}: its model config names {config.get('_target_')!r}, not {MODEL_BUILDER}")
+    kwargs = {k: v for k, v in config.items() if not k.startswith("_")}
+    model = build_model(**{**kwargs, "vocab_size": meta["vocab_size"]})
     model.load_state_dict(model_state_from_checkpoint(checkpoint))
     tokenizer_dir = path.parent.parent / TOKENIZER_DIR
     return model.eval(), _load_tokenizer(tokenizer_dir)

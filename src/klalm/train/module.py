@@ -63,9 +63,12 @@ def rng_state() -> dict[str, Any]:
     """Every RNG a training step may draw from (python, numpy, torch CPU, and CUDA of this process's device).
 
     Only the current device's CUDA generator is saved (one device per rank), so a checkpoint written on N GPUs
-    restores on a machine with fewer.
+    restores on a machine with fewer. Everything is a tensor or plain Python data (numpy's key array becomes a
+    list of ints), so checkpoints load with `torch.load(..., weights_only=True)`.
     """
-    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    name, keys, pos, has_gauss, cached_gaussian = np.random.get_state()
+    numpy_state = (name, keys.tolist(), pos, has_gauss, cached_gaussian)
+    state = {"python": random.getstate(), "numpy": numpy_state, "torch": torch.get_rng_state()}
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state()
     return state
@@ -74,7 +77,8 @@ def rng_state() -> dict[str, Any]:
 def set_rng_state(state: dict[str, Any]) -> None:
     """Restores the RNGs saved by `rng_state` (CUDA: into the current device's generator)."""
     random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
+    name, keys, pos, has_gauss, cached_gaussian = state["numpy"]
+    np.random.set_state((name, np.asarray(keys, dtype=np.uint32), pos, has_gauss, cached_gaussian))
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state(state["cuda"])
