@@ -28,3 +28,13 @@ def test_sampling_is_seeded_restricted_to_top_k_and_keeps_global_rng():
     assert torch.equal(torch.get_rng_state(), state)
     assert torch.equal(a, sample_ids(model, prompt, max_new_tokens=8, temperature=0))  # top-1 = greedy
     assert torch.equal(b, c)
+
+
+def test_a_diverged_model_ends_the_sample_instead_of_the_run():
+    """Non-finite weights (a diverging KLA model's scan input check would raise on the CPU) stop the sample early."""
+    torch.manual_seed(0)
+    model = build_model("kla", preset="tiny", vocab_size=64).eval()
+    with torch.no_grad():
+        next(model.parameters()).fill_(float("nan"))
+    prompt = torch.tensor([[5, 6]])
+    assert torch.equal(sample_ids(model, prompt, max_new_tokens=4, temperature=1.0), prompt)

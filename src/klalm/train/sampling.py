@@ -6,10 +6,15 @@ the few dozen tokens of a progress sample and keeps this independent of each arc
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import torch
 from torch import nn
+
+from klalm.ops.checks import value_checks_suspended
+
+log = logging.getLogger(__name__)
 
 
 @torch.no_grad()
@@ -31,6 +36,10 @@ def sample_ids(
         temperature: softmax temperature; 0 picks the argmax (greedy).
         top_k: restrict sampling to the k most likely tokens; 0 keeps all.
         seed: seed of a private generator (the global RNGs are left untouched).
+
+    A model whose logits are not finite (a diverging run, whose steps the training loop skips and counts) ends the
+    sample early with a warning instead of ending the run; the decision follows the logits, so every rank of a
+    sharded model takes it alike.
     """
     if temperature < 0 or top_k < 0:
         raise ValueError(f"temperature={temperature} and top_k={top_k} must be ≥ 0")
@@ -39,7 +48,11 @@ def sample_ids(
     model.eval()
     ids = prompt_ids
     for _ in range(max_new_tokens):
-        logits = model(ids).logits[:, -1, :].float()  # [1, V]
+        with value_checks_suspended():
+            logits = model(ids).logits[:, -1, :].float()  # [1, V]
+        if not torch.isfinite(logits).all():
+            log.warning("sample stopped after %d tokens: the model's logits are not finite", ids.shape[1])
+            break
         if temperature == 0:
             next_id = logits.argmax(-1, keepdim=True)  # [1, 1]
         else:
