@@ -59,7 +59,8 @@ def test_crash_during_save_leaves_previous_checkpoints_intact(tmp_path):
         callback.save(FakeTrainer(20, fail=True))
     assert [p.name for p in list_checkpoints(tmp_path)] == ["step-00000010.ckpt"]
     assert _step_in(find_latest([tmp_path])) == 10  # the half-written file never got a final name
-    callback.save(FakeTrainer(30))  # the next save cleans up the stale temporary file
+    assert sorted(os.listdir(tmp_path / "checkpoints")) == ["step-00000010.ckpt"]  # nor stays behind
+    callback.save(FakeTrainer(30))
     assert sorted(os.listdir(tmp_path / "checkpoints")) == ["step-00000030.ckpt"]
 
 

@@ -35,14 +35,18 @@ from klalm.train.checkpoint import (
     export_hf,
     find_latest,
     load_checkpoint_file,
+    remove_stale_temporaries,
 )
 from klalm.train.module import LMModule
 from klalm.train.plots import plot_losses
+from klalm.train.rundir import fresh_run_name, is_global_rank_zero, lock_run_dir, unlock_run_dir
 
 log = logging.getLogger(__name__)
 
 # `${mul:a,b,...}`: products in configs, e.g. a token budget of N global batches (configs/debug/fast.yaml).
 OmegaConf.register_new_resolver("mul", lambda *factors: math.prod(factors), replace=True)
+# `${klalm_fresh_name:}`: this process's unique run folder name (configs/hydra/default.yaml).
+OmegaConf.register_new_resolver("klalm_fresh_name", fresh_run_name, replace=True)
 
 SIGTERM_EXIT_CODE = 143  # 128 + SIGTERM: what schedulers expect from a preempted job
 SUPPORTED_PRECISIONS = ("32-true", "32", "64-true", "bf16-mixed", "bf16-true")
@@ -130,11 +134,26 @@ def build_module(cfg: DictConfig, model: torch.nn.Module, vocab_size: int, world
 
 
 def run(cfg: DictConfig) -> dict[str, Any]:
-    """Trains one run as configured and returns its summary (also written to `<run_dir>/summary.json`)."""
+    """Trains one run as configured and returns its summary (also written to `<run_dir>/summary.json`).
+
+    The run holds its folder's lock throughout (`klalm.train.rundir`): a second run aimed at the same folder refuses
+    to start; the temporary files of a save that a kill cut short are removed under that lock.
+    """
     validate_config(cfg)
+    run_dir = Path(cfg.paths.run_dir)
+    lock_run_dir(run_dir)
+    try:
+        if is_global_rank_zero():
+            remove_stale_temporaries(run_dir)
+        return train(cfg, run_dir)
+    finally:
+        unlock_run_dir(run_dir)
+
+
+def train(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
+    """Builds data, model, trainer and module, fits (resuming as `cfg.resume` says) and finishes the run."""
     started = time.time()
     pl.seed_everything(cfg.seed, workers=True)
-    run_dir = Path(cfg.paths.run_dir)
     datamodule = hydra.utils.instantiate(cfg.data)
     tokenizer = datamodule.tokenizer
     vocab_size = len(tokenizer) if tokenizer is not None else datamodule.vocab_size

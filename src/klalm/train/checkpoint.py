@@ -100,13 +100,30 @@ def list_checkpoints(run_dir: Path) -> list[Path]:
 
 
 def find_latest(run_dirs: list[Path]) -> Path | None:
-    """The checkpoint with the highest step over several run directories (newest directory wins ties)."""
+    """The checkpoint with the highest step over several run directories (newest directory wins ties).
+
+    A file that vanishes while this looks (pruned by the run that writes it) is passed over.
+    """
     best: tuple[int, float, Path] | None = None
     for run_dir in run_dirs:
         for path in list_checkpoints(run_dir):
-            key = (checkpoint_step(path), path.stat().st_mtime, path)
+            try:
+                key = (checkpoint_step(path), path.stat().st_mtime, path)
+            except FileNotFoundError:
+                continue
             best = key if best is None or key[:2] > best[:2] else best
     return None if best is None else best[2]
+
+
+def remove_stale_temporaries(run_dir: Path) -> None:
+    """Deletes the temporary files that a save cut short by a kill left in `<run_dir>/checkpoints`.
+
+    Call this only as the folder's one writer (`klalm.train.rundir.lock_run_dir`): another live run's temporary
+    file is its save in progress.
+    """
+    for stale in sorted((Path(run_dir) / CKPT_DIR).glob(".step-*.tmp")):
+        log.warning("removing %s, left by a checkpoint save that did not finish", stale)
+        _remove(stale)
 
 
 class RollingCheckpoint(Callback):
@@ -169,15 +186,19 @@ class RollingCheckpoint(Callback):
         tmp = self.dirpath / f".step-{step:08d}.ckpt.tmp"
         if trainer.is_global_zero:
             self.dirpath.mkdir(parents=True, exist_ok=True)
-            for stale in self.dirpath.glob(".step-*.ckpt.tmp"):  # left by a crash during an earlier save
-                _remove(stale)
         trainer.strategy.barrier("klalm_ckpt_prepare")
-        # weights_only=False: the full training state (optimiser, loops, loader), not only the weights. Every rank
-        # takes part (sharded strategies); rank 0 writes.
-        trainer.save_checkpoint(tmp, weights_only=False)
+        try:
+            # weights_only=False: the full training state (optimiser, loops, loader), not only the weights. Every
+            # rank takes part (sharded strategies); rank 0 writes.
+            trainer.save_checkpoint(tmp, weights_only=False)
+            if trainer.is_global_zero:
+                _require_safe_contents(tmp)
+                _fsync_tree(tmp)
+        except BaseException:
+            if trainer.is_global_zero:
+                _remove(tmp)  # (a kill leaves it: the next run in this folder removes it)
+            raise
         if trainer.is_global_zero:
-            _require_safe_contents(tmp)
-            _fsync_tree(tmp)
             os.replace(tmp, final)
             _fsync_dir(self.dirpath)
             for old in list_checkpoints(self.dirpath.parent)[: -self.keep_last]:
@@ -198,7 +219,6 @@ def _require_safe_contents(path: Path) -> None:
     rather than at the resume weeks later); reads only the pickle, not the tensors."""
     unsafe = torch.serialization.get_unsafe_globals_in_checkpoint(path)
     if unsafe:
-        _remove(path)
         raise TypeError(
             f"klalm wrote a checkpoint ({path.name}) that its safe loader would refuse: it holds {', '.join(unsafe)}; "
             "store such state as tensors or plain Python data"
@@ -206,10 +226,14 @@ def _require_safe_contents(path: Path) -> None:
 
 
 def _remove(path: Path) -> None:
-    if path.is_dir():
-        shutil.rmtree(path)
-    elif path.exists():
-        path.unlink()
+    """Deletes a file or folder; one that is already gone is fine (readers may race with the pruning)."""
+    try:
+        if path.is_dir():
+            shutil.rmtree(path)
+        else:
+            path.unlink()
+    except FileNotFoundError:
+        pass
 
 
 def _fsync_tree(path: Path) -> None:
