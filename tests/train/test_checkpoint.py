@@ -1,5 +1,6 @@
 """Rolling checkpoints: atomic writes (a crash mid-save keeps every earlier checkpoint), keep-last-k, discovery."""
 
+import hashlib
 import os
 import time
 from pathlib import Path
@@ -50,6 +51,10 @@ def test_saves_keep_the_last_k_under_final_names(tmp_path):
     assert names == ["step-00000020.ckpt", "step-00000030.ckpt"]
     assert _step_in(tmp_path / "checkpoints" / "step-00000030.ckpt") == 30
     assert not [p for p in (tmp_path / "checkpoints").iterdir() if p.name.startswith(".")]
+    # each kept checkpoint has its sha256 beside it (`sha256sum -c` format); the pruned ones' went with them
+    assert sorted(p.name for p in (tmp_path / "checkpoints").glob("*.sha256")) == [f"{n}.sha256" for n in names]
+    digest = hashlib.sha256((tmp_path / "checkpoints" / names[1]).read_bytes()).hexdigest()
+    assert (tmp_path / "checkpoints" / f"{names[1]}.sha256").read_text() == f"{digest}  {names[1]}\n"
 
 
 def test_crash_during_save_leaves_previous_checkpoints_intact(tmp_path):
@@ -59,9 +64,9 @@ def test_crash_during_save_leaves_previous_checkpoints_intact(tmp_path):
         callback.save(FakeTrainer(20, fail=True))
     assert [p.name for p in list_checkpoints(tmp_path)] == ["step-00000010.ckpt"]
     assert _step_in(find_latest([tmp_path])) == 10  # the half-written file never got a final name
-    assert sorted(os.listdir(tmp_path / "checkpoints")) == ["step-00000010.ckpt"]  # nor stays behind
+    assert sorted(os.listdir(tmp_path / "checkpoints")) == ["step-00000010.ckpt", "step-00000010.ckpt.sha256"]
     callback.save(FakeTrainer(30))
-    assert sorted(os.listdir(tmp_path / "checkpoints")) == ["step-00000030.ckpt"]
+    assert sorted(os.listdir(tmp_path / "checkpoints")) == ["step-00000030.ckpt", "step-00000030.ckpt.sha256"]
 
 
 def test_periodic_and_sigterm_triggers(tmp_path):

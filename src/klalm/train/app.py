@@ -16,7 +16,6 @@ import logging
 import math
 import sys
 import time
-from glob import glob
 from pathlib import Path
 from typing import Any
 
@@ -28,17 +27,10 @@ from omegaconf import DictConfig, OmegaConf
 
 from klalm.train.budget import derive_budget
 from klalm.train.callbacks import StepMetrics
-from klalm.train.checkpoint import (
-    HF_DIR,
-    TOKENIZER_DIR,
-    RollingCheckpoint,
-    export_hf,
-    find_latest,
-    load_checkpoint_file,
-    remove_stale_temporaries,
-)
+from klalm.train.checkpoint import HF_DIR, TOKENIZER_DIR, RollingCheckpoint, export_hf, remove_stale_temporaries
 from klalm.train.module import LMModule
 from klalm.train.plots import plot_losses
+from klalm.train.resume import resolve_resume
 from klalm.train.rundir import fresh_run_name, is_global_rank_zero, lock_run_dir, unlock_run_dir
 
 log = logging.getLogger(__name__)
@@ -70,23 +62,6 @@ def validate_config(cfg: DictConfig) -> None:
             raise ValueError(f"{key}={value!r} is invalid: must be {expected}")
     if cfg.resume not in (None, "auto") and not Path(cfg.resume).exists():
         raise FileNotFoundError(f"resume={cfg.resume!r}: no such checkpoint file or run directory")
-
-
-def resolve_resume(resume: str | None, search_glob: str) -> str | None:
-    """The checkpoint to resume from: None (fresh run), "auto" (newest over `search_glob` dirs, or fresh), a path."""
-    if resume is None:
-        return None
-    if resume == "auto":
-        latest = find_latest(sorted(Path(p) for p in glob(search_glob)))
-        log.info("resume=auto: %s", f"resuming from {latest}" if latest else f"no checkpoint under {search_glob}")
-        return None if latest is None else str(latest)
-    path = Path(resume)
-    if path.is_dir():
-        latest = find_latest([path])
-        if latest is None:
-            raise FileNotFoundError(f"resume={resume!r}: the directory holds no checkpoints/step-*.ckpt")
-        return str(latest)
-    return str(path)
 
 
 def _instantiate_dict(group: DictConfig | None) -> list[Any]:
@@ -163,9 +138,7 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     trainer.fit_loop.epoch_loop.max_steps = module.budget.max_steps  # the token budget decides the length
     if trainer.is_global_zero and tokenizer is not None:
         tokenizer.save_pretrained(run_dir / TOKENIZER_DIR)
-    ckpt_path = resolve_resume(cfg.resume, cfg.paths.resume_glob)
-    if ckpt_path is not None:
-        load_checkpoint_file(ckpt_path, mmap=True)  # refuses an unsafe or unreadable file, naming it, before Lightning
+    ckpt_path = resolve_resume(cfg.resume, cfg.paths.resume_glob)  # verified: safe and intact
     try:
         trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path, weights_only=True)
     except SIGTERMException:
