@@ -25,7 +25,9 @@ class FakeTrainer(SimpleNamespace):
 
     def __init__(self, step, fail=False):
         connector = SimpleNamespace(received_sigterm=False)
-        super().__init__(global_step=step, is_global_zero=True, strategy=FakeStrategy(), _signal_connector=connector)
+        super().__init__(
+            global_step=step, is_global_zero=True, strategy=FakeStrategy(), _signal_connector=connector, loggers=[]
+        )
         self.fail = fail
 
     @property
@@ -36,7 +38,7 @@ class FakeTrainer(SimpleNamespace):
         if self.fail:
             Path(path).write_bytes(b"partial")
             raise OSError("disk full")
-        torch.save({"step": self.global_step}, path)
+        torch.save({"step": self.global_step, "state_dict": {}, "klalm": {}}, path)  # what verification looks for
 
 
 def _step_in(path):

@@ -30,15 +30,18 @@ from klalm.train.callbacks import StepMetrics
 from klalm.train.checkpoint import HF_DIR, TOKENIZER_DIR, RollingCheckpoint, export_hf, remove_stale_temporaries
 from klalm.train.module import LMModule
 from klalm.train.plots import plot_losses
-from klalm.train.resume import resolve_resume
+from klalm.train.resume import config_subdir, resolve_resume, run_dir_for
 from klalm.train.rundir import fresh_run_name, is_global_rank_zero, lock_run_dir, unlock_run_dir
 
 log = logging.getLogger(__name__)
 
 # `${mul:a,b,...}`: products in configs, e.g. a token budget of N global batches (configs/debug/fast.yaml).
 OmegaConf.register_new_resolver("mul", lambda *factors: math.prod(factors), replace=True)
-# `${klalm_fresh_name:}`: this process's unique run folder name (configs/hydra/default.yaml).
+# Run folders (configs/hydra/default.yaml): this process's unique new folder name, the folder a run (or a resume)
+# writes to, and where each start's config goes. Cached: Hydra and Lightning's launcher both resolve the run folder.
 OmegaConf.register_new_resolver("klalm_fresh_name", fresh_run_name, replace=True)
+OmegaConf.register_new_resolver("klalm_run_dir", run_dir_for, use_cache=True, replace=True)
+OmegaConf.register_new_resolver("klalm_config_subdir", config_subdir, replace=True)
 
 SIGTERM_EXIT_CODE = 143  # 128 + SIGTERM: what schedulers expect from a preempted job
 SUPPORTED_PRECISIONS = ("32-true", "32", "64-true", "bf16-mixed", "bf16-true")
@@ -71,7 +74,8 @@ def _instantiate_dict(group: DictConfig | None) -> list[Any]:
 
 def build_trainer(cfg: DictConfig) -> pl.Trainer:
     """The Lightning Trainer with klalm's callbacks and loggers; max_steps is set later from the token budget."""
-    callbacks = _instantiate_dict(cfg.callbacks)
+    # The checkpoint runs last at each step, after the metrics row and the sample of the step it saves.
+    callbacks = sorted(_instantiate_dict(cfg.callbacks), key=lambda c: isinstance(c, RollingCheckpoint))
     if not any(isinstance(c, StepMetrics) for c in callbacks):
         raise ValueError("callbacks.metrics (klalm.train.callbacks.StepMetrics) is required: it logs the loss")
     if not any(isinstance(c, RollingCheckpoint) for c in callbacks):

@@ -20,6 +20,7 @@ import lightning.pytorch as pl
 import torch
 from lightning.pytorch.callbacks import Callback, TQDMProgressBar
 
+from klalm.train.csv_logger import ContinuingCSVLogger
 from klalm.train.flops import peak_flops, train_flops_per_token
 from klalm.train.sampling import sample_text
 
@@ -52,6 +53,9 @@ class StepMetrics(Callback):
         elif self.peak_flops_per_device is None:
             log.info("MFU omitted on %s (peak rates are tabulated for GPUs only)", pl_module.device.type)
         log.info("training FLOPs per token: %.4g", self.flops_per_token)
+        for logger in trainer.loggers:  # rows a killed run wrote past the checkpoint are logged again from here
+            if isinstance(logger, ContinuingCSVLogger):
+                logger.drop_rows_after(trainer.global_step)
         self._reset_window(pl_module)
 
     def _reset_window(self, pl_module: pl.LightningModule) -> None:

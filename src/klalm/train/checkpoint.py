@@ -238,8 +238,14 @@ class RollingCheckpoint(Callback):
             self.save(trainer)
 
     def save(self, trainer: pl.Trainer) -> Path:
-        """Writes `step-<N>.ckpt` atomically (temporary name, then rename) and prunes old checkpoints."""
+        """Writes `step-<N>.ckpt` atomically (temporary name, then rename) and prunes old checkpoints.
+
+        The loggers are flushed first, so a kill after the save loses no metrics row of a step the checkpoint
+        covers (the app runs this callback after `StepMetrics`, which logs the step's row).
+        """
         step = trainer.global_step
+        for logger in trainer.loggers:
+            logger.save()
         final = self.dirpath / f"step-{step:08d}.ckpt"
         tmp, tmp_checksum = (self.dirpath / f".{p.name}.tmp" for p in (final, checksum_path(final)))
         if trainer.is_global_zero:

@@ -1,4 +1,4 @@
-"""What `resume=` resolves to: a checkpoint that passed verification, or a fresh start.
+"""What `resume=` resolves to: a checkpoint that passed verification (or a fresh start), and the run folder.
 
     resume=null         a fresh run
     resume=auto         the newest valid checkpoint of every earlier run with this run_name (`paths.resume_glob`),
@@ -9,6 +9,10 @@
 "Valid" is `klalm.train.checkpoint.verify_checkpoint`: the sha256 written at save time and a safe load. A newer
 checkpoint that fails (truncated by a full disk, corrupted, not a trusted klalm checkpoint) is skipped with a warning
 that names it and the reason, so a damaged newest file never makes every restart crash.
+
+resume=auto and resume=<run dir> continue in the run folder of the checkpoint they resume from (`run_dir_for`, the
+resolver behind `hydra.run.dir`), so one run keeps one metrics.csv, loss.png and samples.txt however often it is
+restarted; the config of each restart goes to `.hydra/resume-<time>_<hex>/`, next to the first start's `.hydra/`.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from glob import glob
 from pathlib import Path
 
 from klalm.train.checkpoint import newest_valid, verify_checkpoint
+from klalm.train.rundir import fresh_run_name
 
 log = logging.getLogger(__name__)
 
@@ -50,3 +55,32 @@ def _newest_valid_or_none(run_dirs: list[Path], what: str) -> Path | None:
         log.warning("%s: skipped %s", what, reason)
     log.info("%s: %s", what, f"resuming from {latest}" if latest else "no valid checkpoint, starting fresh")
     return latest
+
+
+def run_dir_for(base: str, resume: str | None, search_glob: str, run_id: str | None) -> str:
+    """The run folder (`hydra.run.dir`, through the resolver `klalm_run_dir`; see the module docstring).
+
+    Args:
+        base: `<log_dir>/<run_name>`, the parent of new run folders.
+        resume: the `resume` setting.
+        search_glob: `paths.resume_glob`, where resume=auto looks.
+        run_id: `$KLALM_RUN_ID` (set by launchers so that every rank names the same new folder) or None.
+
+    Returns:
+        The folder of the checkpoint resume=auto would resume from, the folder given as resume=<run dir>, or a new
+        folder `<base>/<run_id or fresh_run_name()>`. Every rank of a job reaches the same answer: it depends only on
+        the files, and nothing is written before every rank has resolved it.
+    """
+    if resume == "auto":
+        latest, _ = newest_valid(sorted(Path(p) for p in glob(search_glob)))
+        if latest is not None:
+            return str(latest.parent.parent)  # <run dir>/checkpoints/step-<N>.ckpt
+    elif resume is not None and Path(resume).is_dir():
+        return str(resume)
+    return f"{base}/{run_id or fresh_run_name()}"
+
+
+def config_subdir(resume: str | None) -> str:
+    """Where Hydra writes this start's config inside the run folder (`hydra.output_subdir`, resolver
+    `klalm_config_subdir`): `.hydra` for a fresh run; a resume (maybe into the same folder) must not overwrite it."""
+    return ".hydra" if resume is None else f".hydra/resume-{fresh_run_name()}"
