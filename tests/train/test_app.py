@@ -57,7 +57,8 @@ def test_resume_auto_continues_from_latest(tmp_path):
     first = compose_train([*TINY, *WITH_CKPT, "run_name=r", "callbacks.checkpoint.every_n_steps=1"],
                           tmp_path / "r" / "a")  # fmt: skip
     run(first)
-    longer = ["train.max_tokens=384", "resume=auto", "run_name=r", "callbacks.checkpoint.every_n_steps=1"]
+    longer = ["train.max_tokens=384", "resume=auto", "resume_allow_changes=true", "run_name=r",
+              "callbacks.checkpoint.every_n_steps=1"]  # fmt: skip
     summary = run(compose_train([*TINY, *WITH_CKPT, *longer], tmp_path / "r" / "b"))
     assert summary["steps"] == 6 and summary["tokens_seen"] == 384
     steps = [int(r["step"]) for r in _rows(tmp_path / "r" / "b") if r["train/loss"]]

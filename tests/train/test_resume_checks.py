@@ -83,3 +83,29 @@ def test_verification_reads_checksums_when_present(finished):
     _truncate(newest)
     latest, skipped = newest_valid([finished])
     assert latest is None and len(skipped) == 2 and all("truncated or corrupted" in s for s in skipped)
+
+
+@pytest.mark.parametrize(
+    ("changes", "named"),
+    [
+        (["train.max_tokens=384"], ["train.max_tokens 256 -> 384"]),
+        (["train.global_batch_tokens=128"], ["train.global_batch_tokens 64 -> 128"]),
+        (["optim.lr=0.002", "scheduler.warmup=0.5"], ["optim.lr 0.001 -> 0.002", "scheduler.warmup 0.02 -> 0.5"]),
+        (["data.seed=7"], ["data.seed 1234 -> 7"]),
+    ],
+    ids=["budget", "global-batch", "schedule", "data-order"],
+)
+def test_a_resume_refuses_changed_schedule_or_data_settings(finished, tmp_path, changes, named):
+    with pytest.raises(ValueError, match="resume_allow_changes=true") as info:
+        run(compose_train([*RUN, "resume=auto", *changes], tmp_path / "v" / "b"))
+    message = str(info.value)
+    assert all(n in message for n in named) and "\n" not in message, message
+    assert not (tmp_path / "v" / "b" / "checkpoints").exists()  # refused before any training
+
+
+def test_resume_allow_changes_accepts_them(finished, tmp_path, caplog):
+    with caplog.at_level(logging.WARNING):
+        summary = run(compose_train([*RUN, "resume=auto", "train.max_tokens=384", "resume_allow_changes=true"],
+                                    tmp_path / "v" / "b"))  # fmt: skip
+    assert summary["steps"] == 6 and _train_steps(tmp_path / "v" / "b") == [5, 6]
+    assert any("changed settings: train.max_tokens 256 -> 384" in r.getMessage() for r in caplog.records)

@@ -30,7 +30,7 @@ from klalm.train.callbacks import StepMetrics
 from klalm.train.checkpoint import HF_DIR, TOKENIZER_DIR, RollingCheckpoint, export_hf, remove_stale_temporaries
 from klalm.train.module import LMModule
 from klalm.train.plots import plot_losses
-from klalm.train.resume import config_subdir, resolve_resume, run_dir_for
+from klalm.train.resume import check_settings, config_subdir, resolve_resume, resume_settings, run_dir_for
 from klalm.train.rundir import fresh_run_name, is_global_rank_zero, lock_run_dir, unlock_run_dir
 
 log = logging.getLogger(__name__)
@@ -97,7 +97,11 @@ def build_module(cfg: DictConfig, model: torch.nn.Module, vocab_size: int, world
         budget.max_steps, budget.tokens_per_step, budget.accumulate, budget.micro_batch_size, budget.seq_len,
         budget.world_size,
     )  # fmt: skip
-    meta = {"model_config": OmegaConf.to_container(cfg.model, resolve=True), "vocab_size": vocab_size}
+    meta = {
+        "model_config": OmegaConf.to_container(cfg.model, resolve=True),
+        "vocab_size": vocab_size,
+        "resume_settings": resume_settings(cfg),
+    }
     return LMModule(
         model,
         optimizer=hydra.utils.instantiate(cfg.optim),
@@ -143,6 +147,8 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     if trainer.is_global_zero and tokenizer is not None:
         tokenizer.save_pretrained(run_dir / TOKENIZER_DIR)
     ckpt_path = resolve_resume(cfg.resume, cfg.paths.resume_glob)  # verified: safe and intact
+    if ckpt_path is not None:
+        check_settings(ckpt_path, module.meta["resume_settings"], cfg.resume_allow_changes)
     try:
         trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path, weights_only=True)
     except SIGTERMException:
