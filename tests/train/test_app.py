@@ -2,6 +2,7 @@
 
 import csv
 import json
+import logging
 import math
 
 import pytest
@@ -190,3 +191,18 @@ def test_mfu_and_optimizer_groups_follow_the_config(tmp_path):
     assert by_name["decay"]["weight_decay"] == 0.05 and by_name["no_decay"]["weight_decay"] == 0.0
     assert by_name["dynamics"]["initial_lr"] == pytest.approx(0.25 * by_name["decay"]["initial_lr"])
     assert by_name["dynamics"]["weight_decay"] == 0.0
+
+
+def test_skipped_records_reach_the_metrics_and_the_summary(tmp_path, shared_data, caplog):
+    corpus = tmp_path / "mixed.jsonl"
+    corpus.write_bytes(b'{"text": "a few good words of text here"}\n{"text": ""}\nnot json\n' * 40)
+    overrides = [*DOCS, "data=enwiki_local", f"data.data_root={shared_data}", f"data.source.paths={corpus}",
+                 f"data.val_source.paths={corpus}", "data.num_workers=0", "data.shuffle=false", "data.block_docs=8",
+                 "callbacks.sampler=null", "callbacks.checkpoint=null"]  # fmt: skip
+    with caplog.at_level(logging.WARNING):
+        summary = run(compose_train(overrides, tmp_path / "run"))
+    counts = summary["skipped_records"]
+    assert set(counts) == {"empty_document", "corrupt_json"} and min(counts.values()) > 0
+    column = [int(r["train/skipped_records"]) for r in _rows(tmp_path / "run") if r["train/loss"]]
+    assert column == sorted(column) and column[-1] == sum(counts.values())  # a running total, per logged step
+    assert any(f"skipped bad record at {corpus}:line 2: empty_document" in r.getMessage() for r in caplog.records)

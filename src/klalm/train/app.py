@@ -26,7 +26,7 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 from omegaconf import DictConfig, OmegaConf
 
 from klalm.train.budget import derive_budget
-from klalm.train.callbacks import StepMetrics
+from klalm.train.callbacks import StepMetrics, skipped_records
 from klalm.train.checkpoint import HF_DIR, TOKENIZER_DIR, RollingCheckpoint, export_hf, remove_stale_temporaries
 from klalm.train.module import LMModule
 from klalm.train.plots import plot_losses
@@ -165,6 +165,7 @@ def finish(cfg: DictConfig, trainer: pl.Trainer, module: LMModule, datamodule: A
     val = module.last_val if cfg.train.final_eval else {}
     if cfg.train.export_hf:
         export_hf(trainer, run_dir / HF_DIR, datamodule.tokenizer)
+    skipped = skipped_records(trainer)  # every rank takes part
     if not trainer.is_global_zero:
         return {}
     metrics = next(c for c in trainer.callbacks if isinstance(c, StepMetrics))
@@ -175,6 +176,7 @@ def finish(cfg: DictConfig, trainer: pl.Trainer, module: LMModule, datamodule: A
         "steps": trainer.global_step,
         "tokens_seen": module.tokens_seen,
         "skipped_steps": module.bad_steps_total,
+        "skipped_records": skipped,
         "val_loss": float(val["val/loss"]) if val else None,
         "val_ppl": float(val["val/ppl"]) if val else None,
         **{k: v for k, v in metrics.last_row.items() if k.startswith(("train/loss", "perf/"))},
