@@ -136,6 +136,9 @@ def run(cfg: DictConfig) -> dict[str, Any]:
 def train(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     """Builds data, model, trainer and module, fits (resuming as `cfg.resume` says) and finishes the run."""
     started = time.time()
+    ckpt_path = resolve_resume(cfg.resume, cfg.paths.resume_glob)  # verified: safe and intact
+    if ckpt_path is not None:  # before anything is built or written
+        check_settings(ckpt_path, resume_settings(cfg), cfg.resume_allow_changes)
     pl.seed_everything(cfg.seed, workers=True)
     datamodule = hydra.utils.instantiate(cfg.data)
     tokenizer = datamodule.tokenizer
@@ -146,9 +149,6 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     trainer.fit_loop.epoch_loop.max_steps = module.budget.max_steps  # the token budget decides the length
     if trainer.is_global_zero and tokenizer is not None:
         tokenizer.save_pretrained(run_dir / TOKENIZER_DIR)
-    ckpt_path = resolve_resume(cfg.resume, cfg.paths.resume_glob)  # verified: safe and intact
-    if ckpt_path is not None:
-        check_settings(ckpt_path, module.meta["resume_settings"], cfg.resume_allow_changes)
     try:
         trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path, weights_only=True)
     except SIGTERMException:
