@@ -8,7 +8,7 @@
 #   NNODES=2 NODE_RANK=0 MASTER_ADDR=10.0.0.1 KLALM_RUN_ID=job42 scripts/launch_torchrun.sh experiment=kla_180m
 #
 # Environment: NPROC_PER_NODE (default: number of GPUs), NNODES (1), NODE_RANK (0), MASTER_ADDR, MASTER_PORT
-# (29500), TRAINER (ddp | fsdp), KLALM_RUN_ID (run folder name shared by all ranks; default: launch time),
+# (29500), TRAINER (ddp | fsdp), KLALM_RUN_ID (run folder name shared by all ranks; default: launch time and PID),
 # PYTHON (default .venv/bin/python, else python). Every other argument is a Hydra override for klalm-train.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -30,7 +30,7 @@ else
   RDZV=(--standalone --nnodes 1)
 fi
 # Every rank composes the config itself; a shared run id keeps them in one run folder.
-export KLALM_RUN_ID=${KLALM_RUN_ID:-$(date +%Y-%m-%d_%H-%M-%S)}
+export KLALM_RUN_ID=${KLALM_RUN_ID:-$(date +%Y-%m-%d_%H-%M-%S)_$$}
 export NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0}
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-4}
 

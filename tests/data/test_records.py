@@ -5,6 +5,8 @@ from __future__ import annotations
 import bz2
 import gzip
 import json
+import logging
+import re
 from pathlib import Path
 
 import pyarrow as pa
@@ -13,7 +15,7 @@ import pytest
 import zstandard
 
 from klalm.data import BadRecordError, PackedTextDataset, build_source
-from klalm.data.records import BadRecordPolicy
+from klalm.data.records import BadRecordPolicy, expand_paths
 
 DOCS = ["first document, with some words", "second document\nspans lines", "third: ünïcödé ✓"]
 
@@ -103,6 +105,29 @@ def test_missing_file_and_bad_kind_and_policy(tmp_path: Path):
     (tmp_path / "x.csv").write_text("a,b\n")
     with pytest.raises(ValueError, match="unsupported file type"):
         _texts({"kind": "files", "paths": str(tmp_path / "x.csv")})
+
+
+def test_a_directory_as_data_path_gets_its_own_message(tmp_path: Path):
+    (tmp_path / "shards").mkdir()
+    (tmp_path / "shards" / "a.jsonl").write_text('{"text": "ok"}\n')
+    for pattern in (str(tmp_path / "shards"), str(tmp_path / "shard*")):
+        with pytest.raises(IsADirectoryError, match=re.escape(f"data path '{pattern}' names a directory")):
+            build_source({"kind": "files", "paths": pattern})
+    # a recursive glob's directories are passed over when it also matches files
+    assert expand_paths(str(tmp_path / "**")) == [tmp_path / "shards" / "a.jsonl"]
+
+
+def test_skipped_records_are_logged_a_few_times_per_reason(tmp_path: Path, caplog):
+    path = tmp_path / "bad.jsonl"
+    path.write_bytes(b'{"text": "ok"}\n{"text": ""}\n' * 5)
+    policy = BadRecordPolicy("skip")
+    with caplog.at_level(logging.WARNING):
+        [policy.accept(r) for r in build_source({"kind": "files", "paths": str(path)}).stream(0, 1)]
+    lines = [r.getMessage() for r in caplog.records]
+    assert dict(policy.counts) == {"empty_document": 5}
+    assert lines[:3] == [f"skipped bad record at {path}:line {n}: empty_document: field 'text' is empty or whitespace"
+                         for n in (2, 4, 6)]  # fmt: skip
+    assert len(lines) == 4 and "further empty_document records" in lines[3]
 
 
 def test_parquet_wrong_column_is_a_key_error(tmp_path: Path):

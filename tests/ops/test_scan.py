@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from klalm.ops import BACKENDS, KLAState, kla_scan, kla_step
-from klalm.ops.checks import value_checks_enabled
+from klalm.ops.checks import value_checks_enabled, value_checks_suspended
 from klalm.ops.parallel import kla_scan_torch
 from klalm.ops.reference import kla_scan_reference
 
@@ -283,6 +283,23 @@ def test_value_checks_switch(monkeypatch):
     assert not value_checks_enabled(torch.device("cuda"))
     monkeypatch.setenv("KLALM_CHECK_INPUTS", "1")
     assert value_checks_enabled(torch.device("cuda"))
+
+
+def test_training_suspends_the_default_value_checks(monkeypatch):
+    """Inside training a NaN input flows through (the step is skipped there); the debug switch still checks."""
+    monkeypatch.delenv("KLALM_CHECK_INPUTS", raising=False)
+    x = make_inputs(dtype=torch.float32)
+    x["v"][0, 3, 1] = float("nan")
+    args = [x[n] for n in NAMES[:6]]
+    for backend in ("torch", "reference"):
+        with pytest.raises(ValueError, match="v breaks the rule: all values finite"):
+            kla_scan(*args, backend=backend)
+        with value_checks_suspended():
+            y, _, _ = kla_scan(*args, backend=backend)
+        assert not torch.isfinite(y).all()
+    monkeypatch.setenv("KLALM_CHECK_INPUTS", "1")
+    with value_checks_suspended(), pytest.raises(ValueError, match="v breaks the rule"):
+        kla_scan(*args, backend="torch")
 
 
 @pytest.mark.gpu

@@ -44,12 +44,13 @@ def compose_train(overrides: list[str], run_dir: Path | None = None) -> DictConf
         return compose("train", overrides=overrides + extra)
 
 
-def train_cmd(overrides: list[str], run_dir: Path) -> list[str]:
-    """`python -m klalm.train <overrides>` writing into `run_dir`."""
-    return [sys.executable, "-m", "klalm.train", *overrides, f"hydra.run.dir={run_dir}"]
+def train_cmd(overrides: list[str], run_dir: Path | None) -> list[str]:
+    """`python -m klalm.train <overrides>` writing into `run_dir` (None: the folder klalm-train chooses)."""
+    folder = [] if run_dir is None else [f"hydra.run.dir={run_dir}"]
+    return [sys.executable, "-m", "klalm.train", *overrides, *folder]
 
 
-def run_train(overrides: list[str], run_dir: Path, timeout: float = 300) -> subprocess.CompletedProcess:
+def run_train(overrides: list[str], run_dir: Path | None, timeout: float = 300) -> subprocess.CompletedProcess:
     """Runs `klalm-train` to completion in a subprocess; fails the test with its output if it fails."""
     proc = subprocess.run(train_cmd(overrides, run_dir), env=RUN_ENV, capture_output=True, text=True, timeout=timeout)
     if proc.returncode != 0:

@@ -2,6 +2,7 @@
 
 import csv
 import json
+import logging
 import math
 
 import pytest
@@ -57,7 +58,8 @@ def test_resume_auto_continues_from_latest(tmp_path):
     first = compose_train([*TINY, *WITH_CKPT, "run_name=r", "callbacks.checkpoint.every_n_steps=1"],
                           tmp_path / "r" / "a")  # fmt: skip
     run(first)
-    longer = ["train.max_tokens=384", "resume=auto", "run_name=r", "callbacks.checkpoint.every_n_steps=1"]
+    longer = ["train.max_tokens=384", "resume=auto", "resume_allow_changes=true", "run_name=r",
+              "callbacks.checkpoint.every_n_steps=1"]  # fmt: skip
     summary = run(compose_train([*TINY, *WITH_CKPT, *longer], tmp_path / "r" / "b"))
     assert summary["steps"] == 6 and summary["tokens_seen"] == 384
     steps = [int(r["step"]) for r in _rows(tmp_path / "r" / "b") if r["train/loss"]]
@@ -184,7 +186,7 @@ def test_mfu_and_optimizer_groups_follow_the_config(tmp_path):
     expected = train_flops_per_token(model, 16) * float(row["perf/tokens_per_s"]) / 1e9
     assert float(row["perf/mfu"]) == pytest.approx(expected, rel=1e-6)
 
-    groups = torch.load(find_latest([run_dir]), weights_only=False)["optimizer_states"][0]["param_groups"]
+    groups = torch.load(find_latest([run_dir]), weights_only=True)["optimizer_states"][0]["param_groups"]
     by_name = {g["name"]: g for g in groups}
     assert by_name["decay"]["weight_decay"] == 0.05 and by_name["no_decay"]["weight_decay"] == 0.0
     assert by_name["dynamics"]["initial_lr"] == pytest.approx(0.25 * by_name["decay"]["initial_lr"])
@@ -202,3 +204,18 @@ def test_own_text_file_in_one_line_trains_and_exports(tmp_path, shared_data):
     assert summary["steps"] == 4 and summary["val_loss"] is None
     model, tokenizer = load_model(run_dir)
     assert len(tokenizer) == 300 and model.config.eos_token_id == tokenizer.eos_token_id
+
+
+def test_skipped_records_reach_the_metrics_and_the_summary(tmp_path, shared_data, caplog):
+    corpus = tmp_path / "mixed.jsonl"
+    corpus.write_bytes(b'{"text": "a few good words of text here"}\n{"text": ""}\nnot json\n' * 40)
+    overrides = [*DOCS, "data=enwiki_local", f"data.data_root={shared_data}", f"data.source.paths={corpus}",
+                 f"data.val_source.paths={corpus}", "data.num_workers=0", "data.shuffle=false", "data.block_docs=8",
+                 "callbacks.sampler=null", "callbacks.checkpoint=null"]  # fmt: skip
+    with caplog.at_level(logging.WARNING):
+        summary = run(compose_train(overrides, tmp_path / "run"))
+    counts = summary["skipped_records"]
+    assert set(counts) == {"empty_document", "corrupt_json"} and min(counts.values()) > 0
+    column = [int(r["train/skipped_records"]) for r in _rows(tmp_path / "run") if r["train/loss"]]
+    assert column == sorted(column) and column[-1] == sum(counts.values())  # a running total, per logged step
+    assert any(f"skipped bad record at {corpus}:line 2: empty_document" in r.getMessage() for r in caplog.records)

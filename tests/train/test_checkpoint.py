@@ -1,10 +1,13 @@
 """Rolling checkpoints: atomic writes (a crash mid-save keeps every earlier checkpoint), keep-last-k, discovery."""
 
+import hashlib
 import os
 import time
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+import torch
 
 from klalm.train.checkpoint import RollingCheckpoint, checkpoint_step, find_latest, list_checkpoints
 
@@ -22,7 +25,9 @@ class FakeTrainer(SimpleNamespace):
 
     def __init__(self, step, fail=False):
         connector = SimpleNamespace(received_sigterm=False)
-        super().__init__(global_step=step, is_global_zero=True, strategy=FakeStrategy(), _signal_connector=connector)
+        super().__init__(
+            global_step=step, is_global_zero=True, strategy=FakeStrategy(), _signal_connector=connector, loggers=[]
+        )
         self.fail = fail
 
     @property
@@ -30,10 +35,14 @@ class FakeTrainer(SimpleNamespace):
         return self._signal_connector.received_sigterm
 
     def save_checkpoint(self, path, weights_only=None):
-        with open(path, "wb") as handle:
-            handle.write(b"partial" if self.fail else f"step {self.global_step}".encode())
-            if self.fail:
-                raise OSError("disk full")
+        if self.fail:
+            Path(path).write_bytes(b"partial")
+            raise OSError("disk full")
+        torch.save({"step": self.global_step, "state_dict": {}, "klalm": {}}, path)  # what verification looks for
+
+
+def _step_in(path):
+    return torch.load(path, weights_only=True)["step"]
 
 
 def test_saves_keep_the_last_k_under_final_names(tmp_path):
@@ -42,8 +51,12 @@ def test_saves_keep_the_last_k_under_final_names(tmp_path):
         callback.save(FakeTrainer(step))
     names = [p.name for p in list_checkpoints(tmp_path)]
     assert names == ["step-00000020.ckpt", "step-00000030.ckpt"]
-    assert (tmp_path / "checkpoints" / "step-00000030.ckpt").read_bytes() == b"step 30"
+    assert _step_in(tmp_path / "checkpoints" / "step-00000030.ckpt") == 30
     assert not [p for p in (tmp_path / "checkpoints").iterdir() if p.name.startswith(".")]
+    # each kept checkpoint has its sha256 beside it (`sha256sum -c` format); the pruned ones' went with them
+    assert sorted(p.name for p in (tmp_path / "checkpoints").glob("*.sha256")) == [f"{n}.sha256" for n in names]
+    digest = hashlib.sha256((tmp_path / "checkpoints" / names[1]).read_bytes()).hexdigest()
+    assert (tmp_path / "checkpoints" / f"{names[1]}.sha256").read_text() == f"{digest}  {names[1]}\n"
 
 
 def test_crash_during_save_leaves_previous_checkpoints_intact(tmp_path):
@@ -52,9 +65,10 @@ def test_crash_during_save_leaves_previous_checkpoints_intact(tmp_path):
     with pytest.raises(OSError, match="disk full"):
         callback.save(FakeTrainer(20, fail=True))
     assert [p.name for p in list_checkpoints(tmp_path)] == ["step-00000010.ckpt"]
-    assert find_latest([tmp_path]).read_bytes() == b"step 10"  # the half-written file never got a final name
-    callback.save(FakeTrainer(30))  # the next save cleans up the stale temporary file
-    assert sorted(os.listdir(tmp_path / "checkpoints")) == ["step-00000030.ckpt"]
+    assert _step_in(find_latest([tmp_path])) == 10  # the half-written file never got a final name
+    assert sorted(os.listdir(tmp_path / "checkpoints")) == ["step-00000010.ckpt", "step-00000010.ckpt.sha256"]
+    callback.save(FakeTrainer(30))
+    assert sorted(os.listdir(tmp_path / "checkpoints")) == ["step-00000030.ckpt", "step-00000030.ckpt.sha256"]
 
 
 def test_periodic_and_sigterm_triggers(tmp_path):
@@ -83,3 +97,14 @@ def test_find_latest_prefers_highest_step_across_runs(tmp_path):
 def test_bad_settings_name_the_key(tmp_path, kwargs, key):
     with pytest.raises(ValueError, match=key):
         RollingCheckpoint(tmp_path, **kwargs)
+
+
+def test_a_checkpoint_the_safe_loader_would_refuse_is_never_published(tmp_path):
+    class Unsafe(FakeTrainer):
+        def save_checkpoint(self, path, weights_only=None):
+            torch.save({"step": self.global_step, "state": Path("not/plain/data")}, path)
+
+    callback = RollingCheckpoint(tmp_path / "checkpoints", every_n_steps=10, keep_last=2)
+    with pytest.raises(TypeError, match="safe loader would refuse.*PosixPath"):
+        callback.save(Unsafe(10))
+    assert list_checkpoints(tmp_path) == [] and os.listdir(tmp_path / "checkpoints") == []

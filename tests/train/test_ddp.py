@@ -37,7 +37,7 @@ def _steps(run_dir) -> list[str]:
 
 
 def _weights(run_dir) -> dict[str, torch.Tensor]:
-    return torch.load(find_latest([run_dir]), map_location="cpu", weights_only=False)["state_dict"]
+    return torch.load(find_latest([run_dir]), map_location="cpu", weights_only=True)["state_dict"]
 
 
 @pytest.mark.slow
@@ -99,5 +99,5 @@ def test_sigterm_under_ddp_saves_once_and_resumes_on_one_process(tmp_path):
 
     resumed = tmp_path / "pre" / "one"
     stop = checkpoint_step(saved[0]) + 2
-    run_train([*overrides, "resume=auto", f"train.max_tokens={stop * 128}"], resumed)
+    run_train([*overrides, "resume=auto", "resume_allow_changes=true", f"train.max_tokens={stop * 128}"], resumed)
     assert [int(s) for s in _steps(resumed)] == [stop - 1, stop]

@@ -32,7 +32,7 @@ def _losses(run_dir) -> dict[int, str]:
 
 
 def _weights(ckpt) -> dict[str, torch.Tensor]:
-    return torch.load(ckpt, map_location="cpu", weights_only=False)["state_dict"]
+    return torch.load(ckpt, map_location="cpu", weights_only=True)["state_dict"]
 
 
 @pytest.fixture(scope="module")

@@ -47,3 +47,13 @@ def test_sampling_stops_at_eos():
     first = int(greedy[0, 2])
     stopped = sample_ids(model, torch.tensor([[1, 2]]), max_new_tokens=6, temperature=0, eos_token_id=first)
     assert stopped.tolist() == [[1, 2, first]]
+
+
+def test_a_diverged_model_ends_the_sample_instead_of_the_run():
+    """Non-finite weights (a diverging KLA model's scan input check would raise on the CPU) stop the sample early."""
+    torch.manual_seed(0)
+    model = build_model("kla", preset="tiny", vocab_size=64).eval()
+    with torch.no_grad():
+        next(model.parameters()).fill_(float("nan"))
+    prompt = torch.tensor([[5, 6]])
+    assert torch.equal(sample_ids(model, prompt, max_new_tokens=4, temperature=1.0), prompt)

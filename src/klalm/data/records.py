@@ -16,12 +16,17 @@ import glob
 import gzip
 import io
 import json
+import logging
 import os
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, Literal
+
+log = logging.getLogger(__name__)
+
+LOGGED_SKIPS_PER_REASON = 3  # skipped records logged one by one per reason and consumer; the rest are only counted
 
 
 @dataclass(frozen=True)
@@ -47,7 +52,11 @@ class BadRecordError(ValueError):
 
 
 class BadRecordPolicy:
-    """Applies ``on_bad_record`` ("raise" | "skip") and counts skipped records by reason."""
+    """Applies ``on_bad_record`` ("raise" | "skip") and counts skipped records by reason.
+
+    Skips are logged (file, line, reason) for the first `LOGGED_SKIPS_PER_REASON` of each reason, then once more
+    to say that further ones are only counted; the training metrics and summary.json report the counts.
+    """
 
     def __init__(self, on_bad_record: Literal["raise", "skip"] = "raise", counts: dict[str, int] | None = None):
         if on_bad_record not in ("raise", "skip"):
@@ -65,6 +74,11 @@ class BadRecordPolicy:
                 "(set on_bad_record='skip' to skip and count such records)"
             )
         self.counts[record.problem] += 1
+        count = self.counts[record.problem]
+        if count <= LOGGED_SKIPS_PER_REASON:
+            log.warning("skipped bad record at %s: %s: %s", record.where, record.problem, record.detail)
+        if count == LOGGED_SKIPS_PER_REASON:
+            log.warning("further %s records are skipped without a log line (counted in the metrics)", record.problem)
         return False
 
 
@@ -115,6 +129,8 @@ def expand_paths(patterns: str | list[str]) -> list[Path]:
 
     Raises:
         FileNotFoundError: a pattern matches nothing, naming the pattern.
+        IsADirectoryError: a path names a directory, or a pattern matches only directories (a glob's directories
+            are passed over when it also matches files, as `data/**` does).
     """
     patterns = [patterns] if isinstance(patterns, str) else list(patterns)
     if not patterns:
@@ -125,7 +141,13 @@ def expand_paths(patterns: str | list[str]) -> list[Path]:
         matches = sorted(glob.glob(pattern, recursive=True))
         if not matches:
             raise FileNotFoundError(f"no file matches {pattern!r}")
-        for match in matches:
+        files = [m for m in matches if not os.path.isdir(m)]
+        if not files:
+            raise IsADirectoryError(
+                f"data path {pattern!r} names a directory ({matches[0]}), not files: name its files, e.g. "
+                f"'{matches[0]}/*.jsonl.gz'"
+            )
+        for match in files:
             seen.setdefault(Path(match), None)
     return list(seen)
 

@@ -5,21 +5,42 @@ p ≥ 0, everything finite, λ_0 > 0) reduce whole tensors to one boolean; on a 
 synchronisation, so they run on CPU tensors always and on CUDA tensors only when the environment
 variable `KLALM_CHECK_INPUTS=1` is set (a debug switch, never on in the training hot path).
 Every error is a ValueError that names the tensor and the rule it broke.
+
+Training switches the default value checks off (`value_checks_suspended`): there a non-finite input can only come
+from a diverging model, and it must reach the loss, where the training step skips and counts it on every device
+and for every architecture alike. `KLALM_CHECK_INPUTS=1` still checks inside training (to find the first bad value).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
+from contextvars import ContextVar
 
 import torch
 from torch import Tensor
 
 CHECK_ENV_VAR = "KLALM_CHECK_INPUTS"
+_suspended: ContextVar[bool] = ContextVar("klalm_value_checks_suspended", default=False)
 
 
-def value_checks_enabled(device: torch.device) -> bool:
-    """True on CPU, and on other devices when $KLALM_CHECK_INPUTS is "1"."""
-    return device.type == "cpu" or os.environ.get(CHECK_ENV_VAR, "0") == "1"
+@contextlib.contextmanager
+def value_checks_suspended() -> Iterator[None]:
+    """Within this context only `$KLALM_CHECK_INPUTS=1` turns value checks on (see the module docstring)."""
+    token = _suspended.set(True)
+    try:
+        yield
+    finally:
+        _suspended.reset(token)
+
+
+def value_checks_enabled(device: torch.device, force: bool = False) -> bool:
+    """Whether value checks run: always under $KLALM_CHECK_INPUTS=1; otherwise, outside
+    `value_checks_suspended`, on CPU tensors or when `force` (the reference backend)."""
+    if os.environ.get(CHECK_ENV_VAR, "0") == "1":
+        return True
+    return not _suspended.get() and (force or device.type == "cpu")
 
 
 def _check_float(name: str, x: Tensor, device: torch.device) -> None:
@@ -128,7 +149,7 @@ def check_inputs(
     step: bool = False,
     force_values: bool = False,
 ) -> None:
-    """Shape/dtype checks always; value checks on CPU, under $KLALM_CHECK_INPUTS=1, or when `force_values`.
+    """Shape/dtype checks always; value checks as `value_checks_enabled` decides.
 
     Args:
         state: a `KLAState` (lam, eta) or None.
@@ -137,5 +158,5 @@ def check_inputs(
     """
     lam0, eta0 = (None, None) if state is None else (state[0], state[1])
     check_shapes(v, lambda_v, k, q, a, p, lam0, eta0, step=step)
-    if force_values or value_checks_enabled(v.device):
+    if value_checks_enabled(v.device, force=force_values):
         check_values(v, lambda_v, k, q, a, p, lam0, eta0)

@@ -16,7 +16,6 @@ import json
 import logging
 import sys
 import time
-from glob import glob
 from pathlib import Path
 from typing import Any
 
@@ -28,10 +27,12 @@ from omegaconf import DictConfig, OmegaConf
 
 from klalm.config_checks import check_train_config
 from klalm.train.budget import derive_budget
-from klalm.train.callbacks import StepMetrics
-from klalm.train.checkpoint import HF_DIR, TOKENIZER_DIR, RollingCheckpoint, export_hf, find_latest
+from klalm.train.callbacks import StepMetrics, skipped_records
+from klalm.train.checkpoint import HF_DIR, TOKENIZER_DIR, RollingCheckpoint, export_hf, remove_stale_temporaries
 from klalm.train.module import LMModule
 from klalm.train.plots import plot_losses
+from klalm.train.resume import check_settings, resolve_resume, resume_settings
+from klalm.train.rundir import is_global_rank_zero, lock_run_dir, unlock_run_dir
 
 log = logging.getLogger(__name__)
 
@@ -55,23 +56,6 @@ _quiet_lightning()
 SIGTERM_EXIT_CODE = 143  # 128 + SIGTERM: what schedulers expect from a preempted job
 
 
-def resolve_resume(resume: str | None, search_glob: str) -> str | None:
-    """The checkpoint to resume from: None (fresh run), "auto" (newest over `search_glob` dirs, or fresh), a path."""
-    if resume is None:
-        return None
-    if resume == "auto":
-        latest = find_latest(sorted(Path(p) for p in glob(search_glob)))
-        log.info("resume=auto: %s", f"resuming from {latest}" if latest else f"no checkpoint under {search_glob}")
-        return None if latest is None else str(latest)
-    path = Path(resume)
-    if path.is_dir():
-        latest = find_latest([path])
-        if latest is None:
-            raise FileNotFoundError(f"resume={resume!r}: the directory holds no checkpoints/step-*.ckpt")
-        return str(latest)
-    return str(path)
-
-
 def _instantiate_dict(group: DictConfig | None) -> list[Any]:
     """Instantiates every entry of a {name: {_target_: ...}} group (callbacks, loggers); null entries are off."""
     return [hydra.utils.instantiate(entry) for entry in (group or {}).values() if entry is not None]
@@ -79,7 +63,8 @@ def _instantiate_dict(group: DictConfig | None) -> list[Any]:
 
 def build_trainer(cfg: DictConfig) -> pl.Trainer:
     """The Lightning Trainer with klalm's callbacks and loggers; max_steps is set later from the token budget."""
-    callbacks = _instantiate_dict(cfg.callbacks)
+    # The checkpoint runs last at each step, after the metrics row and the sample of the step it saves.
+    callbacks = sorted(_instantiate_dict(cfg.callbacks), key=lambda c: isinstance(c, RollingCheckpoint))
     if not any(isinstance(c, StepMetrics) for c in callbacks):
         raise ValueError("callbacks.metrics (klalm.train.callbacks.StepMetrics) is required: it logs the loss")
     if not any(isinstance(c, RollingCheckpoint) for c in callbacks):
@@ -101,7 +86,11 @@ def build_module(cfg: DictConfig, model: torch.nn.Module, vocab_size: int, world
         budget.max_steps, budget.tokens_per_step, budget.accumulate, budget.micro_batch_size, budget.seq_len,
         budget.world_size,
     )  # fmt: skip
-    meta = {"model_config": OmegaConf.to_container(cfg.model, resolve=True), "vocab_size": vocab_size}
+    meta = {
+        "model_config": OmegaConf.to_container(cfg.model, resolve=True),
+        "vocab_size": vocab_size,
+        "resume_settings": resume_settings(cfg),
+    }
     return LMModule(
         model,
         optimizer=hydra.utils.instantiate(cfg.optim),
@@ -117,11 +106,29 @@ def build_module(cfg: DictConfig, model: torch.nn.Module, vocab_size: int, world
 
 
 def run(cfg: DictConfig) -> dict[str, Any]:
-    """Trains one run as configured and returns its summary (also written to `<run_dir>/summary.json`)."""
+    """Trains one run as configured and returns its summary (also written to `<run_dir>/summary.json`).
+
+    The run holds its folder's lock throughout (`klalm.train.rundir`): a second run aimed at the same folder refuses
+    to start; the temporary files of a save that a kill cut short are removed under that lock.
+    """
     check_train_config(cfg)
-    started = time.time()
-    pl.seed_everything(cfg.seed, workers=True)
     run_dir = Path(cfg.paths.run_dir)
+    lock_run_dir(run_dir)
+    try:
+        if is_global_rank_zero():
+            remove_stale_temporaries(run_dir)
+        return train(cfg, run_dir)
+    finally:
+        unlock_run_dir(run_dir)
+
+
+def train(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
+    """Builds data, model, trainer and module, fits (resuming as `cfg.resume` says) and finishes the run."""
+    started = time.time()
+    ckpt_path = resolve_resume(cfg.resume, cfg.paths.resume_glob)  # verified: safe and intact
+    if ckpt_path is not None:  # before anything is built or written
+        check_settings(ckpt_path, resume_settings(cfg), cfg.resume_allow_changes)
+    pl.seed_everything(cfg.seed, workers=True)
     datamodule = hydra.utils.instantiate(cfg.data)
     tokenizer = datamodule.tokenizer
     vocab_size = len(tokenizer) if tokenizer is not None else datamodule.vocab_size
@@ -132,10 +139,8 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     trainer.fit_loop.epoch_loop.max_steps = module.budget.max_steps  # the token budget decides the length
     if trainer.is_global_zero and tokenizer is not None:
         tokenizer.save_pretrained(run_dir / TOKENIZER_DIR)
-    ckpt_path = resolve_resume(cfg.resume, cfg.paths.resume_glob)
     try:
-        # klalm checkpoints hold RNG states and the model config (python objects): load only files you trust.
-        trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path, weights_only=False)
+        trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path, weights_only=True)
     except SIGTERMException:
         log.warning("stopped by SIGTERM after step %d; resume with resume=auto", trainer.global_step)
         sys.exit(SIGTERM_EXIT_CODE)
@@ -150,6 +155,7 @@ def finish(cfg: DictConfig, trainer: pl.Trainer, module: LMModule, datamodule: A
     val = module.last_val if cfg.train.final_eval else {}
     if cfg.train.export_hf:
         export_hf(trainer, run_dir / HF_DIR, datamodule.tokenizer, max_length=cfg.data.seq_len)
+    skipped = skipped_records(trainer)  # every rank takes part
     if not trainer.is_global_zero:
         return {}
     metrics = next(c for c in trainer.callbacks if isinstance(c, StepMetrics))
@@ -160,6 +166,7 @@ def finish(cfg: DictConfig, trainer: pl.Trainer, module: LMModule, datamodule: A
         "steps": trainer.global_step,
         "tokens_seen": module.tokens_seen,
         "skipped_steps": module.bad_steps_total,
+        "skipped_records": skipped,
         "val_loss": float(val["val/loss"]) if val else None,
         "val_ppl": float(val["val/ppl"]) if val else None,
         **{k: v for k, v in metrics.last_row.items() if k.startswith(("train/loss", "perf/"))},

@@ -4,6 +4,7 @@
 wandb), straight through `logger.log_metrics`, so large counters such as tokens seen stay exact integers:
 
     train/loss, train/grad_norm, train/lr, train/skipped_steps        from LMModule.step_metrics
+    train/skipped_records          bad data records skipped so far (on_bad_record=skip), all ranks; text data only
     train/tokens_seen, perf/tokens_per_s, perf/tokens_per_s_per_device, perf/step_time_ms
     perf/mfu                       only on GPUs whose peak rate is known (flops.PEAK_BF16_FLOPS) or is configured
     perf/peak_mem_gb               CUDA only: peak allocated memory since the previous row, GiB
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -20,10 +22,24 @@ import lightning.pytorch as pl
 import torch
 from lightning.pytorch.callbacks import Callback, TQDMProgressBar
 
+from klalm.train.csv_logger import ContinuingCSVLogger
+from klalm.train.distributed import gather_objects
 from klalm.train.flops import peak_flops, train_flops_per_token
 from klalm.train.sampling import sample_text
 
 log = logging.getLogger(__name__)
+
+
+def skipped_records(trainer: pl.Trainer) -> dict[str, int] | None:
+    """Bad records skipped so far by every rank's training stream, per reason; None for data modules without
+    records (synthetic tokens). A collective under data parallelism: every rank must call it."""
+    count = getattr(trainer.datamodule, "skipped_records", None)
+    if count is None:
+        return None
+    totals: Counter[str] = Counter()
+    for counts in gather_objects(count()):
+        totals.update(counts)
+    return dict(totals)
 
 
 class StepMetrics(Callback):
@@ -52,6 +68,9 @@ class StepMetrics(Callback):
         elif self.peak_flops_per_device is None:
             log.info("MFU omitted on %s (peak rates are tabulated for GPUs only)", pl_module.device.type)
         log.info("training FLOPs per token: %.4g", self.flops_per_token)
+        for logger in trainer.loggers:  # rows a killed run wrote past the checkpoint are logged again from here
+            if isinstance(logger, ContinuingCSVLogger):
+                logger.drop_rows_after(trainer.global_step)
         self._reset_window(pl_module)
 
     def _reset_window(self, pl_module: pl.LightningModule) -> None:
@@ -76,6 +95,9 @@ class StepMetrics(Callback):
             "perf/tokens_per_s_per_device": tokens_per_s / trainer.world_size,
             "perf/step_time_ms": 1e3 * elapsed / self._window_steps,
         })  # fmt: skip
+        skipped = skipped_records(trainer)
+        if skipped is not None:
+            row["train/skipped_records"] = sum(skipped.values())
         if self.peak_flops_per_device:
             row["perf/mfu"] = self.flops_per_token * tokens_per_s / (self.peak_flops_per_device * trainer.world_size)
         if pl_module.device.type == "cuda":

@@ -6,14 +6,27 @@ and load with `klalm.train.checkpoint.load_model`. The sharding itself is applie
 through `shard_model`: each backbone block is one FSDP unit, the whole model the root unit. FSDP2 hooks the
 forward of every unit, so `LMModule`'s several micro-batch forwards inside one step each gather their parameters,
 and `set_requires_gradient_sync(False)` skips the reduce-scatter of all but the last micro-batch.
+
+`gather_objects` collects one Python object per rank (loader states for checkpoints, skipped-record counts for the
+metrics) under any data-parallel strategy.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+import torch
 from lightning.pytorch.strategies import ModelParallelStrategy
 from torch import nn
+
+
+def gather_objects(obj: Any) -> list[Any]:
+    """[obj of rank 0, obj of rank 1, ...]; [obj] without a process group (a collective: every rank must call it)."""
+    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+        return [obj]
+    out: list[Any] = [None] * torch.distributed.get_world_size()
+    torch.distributed.all_gather_object(out, obj)
+    return out
 
 
 def block_classes() -> tuple[type[nn.Module], ...]:

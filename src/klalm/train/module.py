@@ -2,12 +2,18 @@
 
 One `training_step` is one optimiser step: it pulls `accumulate` micro-batches from the loader itself
 (`dataloader_iter`), so checkpoints always fall on step boundaries and the saved loader position is exact.
-Optimisation is manual so that a step with a non-finite loss or gradient can be skipped on every rank at once:
+Optimisation is manual so that a step with a non-finite loss, gradient or parameter can be skipped on every rank
+at once:
 
     for each micro-batch: loss = CE(model(input_ids), labels); backward(loss / accumulate)  (DDP syncs on the last)
     grad_norm = global L2 norm (clipped to `grad_clip`)
-    non-finite loss or grad_norm on any rank → zero the grads, count, skip; `max_bad_steps` in a row → stop
+    non-finite loss, grad_norm or parameter on any rank → zero the grads, count, skip; `max_bad_steps` in a row →
+        stop with `NonFiniteLossError`, naming the learning rate
     otherwise → optimiser step, scheduler step
+
+Forward passes run with the ops' default value checks suspended (`klalm.ops.checks.value_checks_suspended`), so
+that a diverging KLA model reaches the same skip-and-count path as every other architecture instead of stopping in
+the scan's input check on CPUs.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.distributed.tensor import DTensor
 
+from klalm.ops.checks import value_checks_suspended
 from klalm.train.budget import TokenBudget
 from klalm.train.distributed import FSDPStrategy, block_classes, shard_model
 from klalm.train.optim import classify_parameters, param_groups
@@ -42,7 +49,7 @@ IGNORE_INDEX = -100
 
 
 class NonFiniteLossError(FloatingPointError):
-    """Raised after `max_bad_steps` consecutive optimiser steps with a non-finite loss or gradient."""
+    """Raised after `max_bad_steps` consecutive optimiser steps with a non-finite loss, gradient or parameter."""
 
 
 def lm_loss(logits: Tensor, labels: Tensor) -> tuple[Tensor, Tensor]:
@@ -65,9 +72,12 @@ def rng_state() -> dict[str, Any]:
     """Every RNG a training step may draw from (python, numpy, torch CPU, and CUDA of this process's device).
 
     Only the current device's CUDA generator is saved (one device per rank), so a checkpoint written on N GPUs
-    restores on a machine with fewer.
+    restores on a machine with fewer. Everything is a tensor or plain Python data (numpy's key array becomes a
+    list of ints), so checkpoints load with `torch.load(..., weights_only=True)`.
     """
-    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    name, keys, pos, has_gauss, cached_gaussian = np.random.get_state()
+    numpy_state = (name, keys.tolist(), pos, has_gauss, cached_gaussian)
+    state = {"python": random.getstate(), "numpy": numpy_state, "torch": torch.get_rng_state()}
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state()
     return state
@@ -76,10 +86,26 @@ def rng_state() -> dict[str, Any]:
 def set_rng_state(state: dict[str, Any]) -> None:
     """Restores the RNGs saved by `rng_state` (CUDA: into the current device's generator)."""
     random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
+    name, keys, pos, has_gauss, cached_gaussian = state["numpy"]
+    np.random.set_state((name, np.asarray(keys, dtype=np.uint32), pos, has_gauss, cached_gaussian))
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state(state["cuda"])
+
+
+def _global_norm(tensors: list[Tensor]) -> Tensor:
+    """L2 norm over a list of tensors, float32; FSDP2's sharded norms are combined over all ranks."""
+    total = torch.nn.utils.get_total_norm(tensors, norm_type=2.0)
+    if isinstance(total, DTensor):
+        total = total.full_tensor()
+    return total.float()
+
+
+def _all_finite(tensors: list[Tensor]) -> Tensor:
+    """Whether every element of this rank's tensors (local shards under FSDP2) is finite; a norm would overflow on
+    large finite weights. The step's reduction combines the ranks."""
+    local = [t.to_local() if isinstance(t, DTensor) else t for t in tensors]
+    return torch.stack([torch.isfinite(t).all() for t in local]).all()
 
 
 class LMModule(pl.LightningModule):
@@ -151,8 +177,9 @@ class LMModule(pl.LightningModule):
             self.model.compile()
 
     def forward(self, input_ids: Tensor) -> Tensor:
-        """Logits [B, T, V] for input_ids [B, T]."""
-        return self.model(input_ids).logits
+        """Logits [B, T, V] for input_ids [B, T]; non-finite values flow through to the loss (module docstring)."""
+        with value_checks_suspended():
+            return self.model(input_ids).logits
 
     def configure_optimizers(self) -> dict[str, Any]:
         base = self.optimizer_factory.keywords
@@ -183,9 +210,10 @@ class LMModule(pl.LightningModule):
             loss_sum += loss.detach()
         self.tokens_seen += self.budget.tokens_per_step
         grad_norm = self._clip_and_norm()
-        loss, any_bad = self._reduce_step(loss_sum / self.budget.accumulate, grad_norm)
+        params_finite = _all_finite(list(self.parameters()))
+        loss, any_bad = self._reduce_step(loss_sum / self.budget.accumulate, grad_norm, params_finite)
         if any_bad:
-            self._skip_step(optimizer, loss, grad_norm)
+            self._skip_step(optimizer, loss, grad_norm, params_finite, scheduler)
         else:
             self.bad_steps_in_row = 0
             optimizer.step()
@@ -205,35 +233,38 @@ class LMModule(pl.LightningModule):
     def _clip_and_norm(self) -> Tensor:
         """Global gradient L2 norm before clipping; with FSDP2 the sharded norms are combined over all ranks."""
         params = [p for p in self.parameters() if p.grad is not None]
-        total = torch.nn.utils.get_total_norm([p.grad for p in params], norm_type=2.0)
-        if isinstance(total, DTensor):
-            total = total.full_tensor()
+        total = _global_norm([p.grad for p in params])
         if self.grad_clip > 0:
             torch.nn.utils.clip_grads_with_norm_(params, self.grad_clip, total)
-        return total.float()
+        return total
 
-    def _reduce_step(self, local_loss: Tensor, grad_norm: Tensor) -> tuple[Tensor, bool]:
-        """Mean loss over ranks and whether any rank saw a non-finite loss or gradient (one collective)."""
-        bad = (~torch.isfinite(local_loss) | ~torch.isfinite(grad_norm)).float()
+    def _reduce_step(self, local_loss: Tensor, grad_norm: Tensor, params_finite: Tensor) -> tuple[Tensor, bool]:
+        """Mean loss over ranks and whether any rank saw a non-finite loss, gradient or parameter (one collective)."""
+        bad = (~torch.isfinite(local_loss) | ~torch.isfinite(grad_norm) | ~params_finite).float()
         stats = torch.stack([torch.nan_to_num(local_loss, nan=0.0, posinf=0.0, neginf=0.0), bad])
         stats = self.trainer.strategy.reduce(stats, reduce_op="sum")
         any_bad = bool(stats[1] > 0)
         loss = local_loss if any_bad else stats[0] / self.trainer.world_size
         return loss, any_bad
 
-    def _skip_step(self, optimizer: Any, loss: Tensor, grad_norm: Tensor) -> None:
+    def _skip_step(
+        self, optimizer: Any, loss: Tensor, grad_norm: Tensor, params_finite: Tensor, scheduler: Any
+    ) -> None:
         optimizer.zero_grad(set_to_none=True)
         self.bad_steps_total += 1
         self.bad_steps_in_row += 1
+        what = f"loss={loss.item():.4g}, grad_norm={grad_norm.item():.4g}"
+        what += "" if bool(params_finite) else ", non-finite parameters"
+        lr = f"lr {scheduler.get_last_lr()[0]:.3g} (optim.lr={self.optimizer_factory.keywords['lr']:g})"
         log.warning(
-            "non-finite step skipped (loss=%s, grad_norm=%s); %d in a row, %d in total",
-            loss.item(), grad_norm.item(), self.bad_steps_in_row, self.bad_steps_total,
+            "non-finite step skipped (%s at step %d, %s); %d in a row, %d in total",
+            what, self.global_step, lr, self.bad_steps_in_row, self.bad_steps_total,
         )  # fmt: skip
         if self.bad_steps_in_row >= self.max_bad_steps:
             raise NonFiniteLossError(
-                f"{self.bad_steps_in_row} consecutive optimiser steps had a non-finite loss or gradient (last loss="
-                f"{loss.item()}, grad_norm={grad_norm.item()}, step {self.global_step}); stopping. Lower optim.lr, "
-                f"check the data, or raise train.max_bad_steps."
+                f"{self.bad_steps_in_row} consecutive optimiser steps were non-finite (last: {what}, step "
+                f"{self.global_step}): the run diverged at {lr}; lower optim.lr, check the data, or raise "
+                "train.max_bad_steps"
             )
 
     def _log_step(self, loss: Tensor, grad_norm: Tensor, scheduler: Any) -> None:

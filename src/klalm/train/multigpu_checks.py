@@ -33,6 +33,7 @@ import torch
 from lightning.pytorch.callbacks import Callback
 
 from klalm.data.datamodule import TextDataModule
+from klalm.train.distributed import gather_objects
 
 log = logging.getLogger(__name__)
 
@@ -155,15 +156,6 @@ def reshard_loader_states(states: list[dict[str, Any]], world_size: int, rank: i
     return state
 
 
-def _gather_objects(obj: Any) -> list[Any]:
-    """[obj of rank 0, obj of rank 1, ...] (a collective: every rank must call it)."""
-    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
-        return [obj]
-    out: list[Any] = [None] * torch.distributed.get_world_size()
-    torch.distributed.all_gather_object(out, obj)
-    return out
-
-
 class RankLoaderStates(Callback):
     """Stores every rank's training-loader state in checkpoints and restores each rank's own on resume.
 
@@ -177,7 +169,7 @@ class RankLoaderStates(Callback):
         if datamodule is None:
             raise ValueError("callbacks.rank_loader_states needs a LightningDataModule (the run has none)")
         state = datamodule.state_dict().get("train_loader")
-        checkpoint[STATE_KEY] = {"world_size": trainer.world_size, "train_loader": _gather_objects(state)}
+        checkpoint[STATE_KEY] = {"world_size": trainer.world_size, "train_loader": gather_objects(state)}
 
     def on_load_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict) -> None:
         saved = checkpoint.get(STATE_KEY)

@@ -3,10 +3,16 @@ token is one O(1) step for the recurrent mixers and one KV-cache step for attent
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import torch
 from torch import nn
+from transformers import LogitsProcessor, LogitsProcessorList, StoppingCriteria, StoppingCriteriaList
+
+from klalm.ops.checks import value_checks_suspended
+
+log = logging.getLogger(__name__)
 
 
 @torch.no_grad()
@@ -30,6 +36,10 @@ def sample_ids(
         top_k: sample among the k most likely tokens; 0 keeps all.
         seed: seed of the sampling; the global RNGs are saved before and restored after (`torch.random.fork_rng`).
         eos_token_id: stop after this token (also used as the padding id generate asks for); None: never stop early.
+
+    A model whose logits are not finite (a diverging run, whose steps the training loop skips and counts) ends the
+    sample early with a warning instead of ending the run; the decision follows the logits, so every rank of a
+    sharded model takes it alike.
     """
     if temperature < 0 or top_k < 0:
         raise ValueError(f"temperature={temperature} and top_k={top_k} must be ≥ 0")
@@ -39,20 +49,50 @@ def sample_ids(
     devices = [prompt_ids.device] if prompt_ids.device.type == "cuda" else []
     was_training = model.training
     model.eval()
+    guard = _NonFiniteGuard()
     try:
-        with torch.random.fork_rng(devices=devices):
+        with torch.random.fork_rng(devices=devices), value_checks_suspended():
             torch.manual_seed(seed)
-            return model.generate(
+            ids = model.generate(
                 prompt_ids,
                 attention_mask=torch.ones_like(prompt_ids),
                 max_new_tokens=max_new_tokens,
                 eos_token_id=eos_token_id,
                 pad_token_id=eos_token_id,
                 use_cache=True,
+                logits_processor=LogitsProcessorList([guard.processor]),
+                stopping_criteria=StoppingCriteriaList([guard.stop]),
                 **options,
             )
     finally:
         model.train(was_training)
+    if guard.hit:  # the token drawn from the neutralised scores is not part of the sample
+        ids = ids[:, :-1]
+        log.warning("sample stopped after %d tokens: the model's logits are not finite", ids.shape[1])
+    return ids
+
+
+class _NonFiniteGuard:
+    """Ends generation at the first step whose logits are not finite: as a logits processor it replaces them by
+    zeros (so drawing the step's token cannot fail) and remembers it; as a stopping criterion it then stops.
+    `sample_ids` drops that step's token."""
+
+    def __init__(self) -> None:
+        self.hit = False
+        guard = self
+
+        class Scores(LogitsProcessor):
+            def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+                if torch.isfinite(scores).all():
+                    return scores
+                guard.hit = True
+                return torch.zeros_like(scores)
+
+        class Stop(StoppingCriteria):
+            def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor, **kwargs: Any) -> torch.Tensor:
+                return torch.full((input_ids.shape[0],), guard.hit, dtype=torch.bool, device=input_ids.device)
+
+        self.processor, self.stop = Scores(), Stop()
 
 
 def sample_text(model: nn.Module, tokenizer: Any, prompt: str, **kwargs: Any) -> str:

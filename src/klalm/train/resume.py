@@ -1,0 +1,132 @@
+"""What `resume=` resolves to: a checkpoint that passed verification (or a fresh start), and the run folder.
+
+    resume=null         a fresh run
+    resume=auto         the newest valid checkpoint of every earlier run with this run_name (`paths.resume_glob`),
+                        or a fresh run when there is none
+    resume=<run dir>    the newest valid checkpoint in that folder
+    resume=<file>       that checkpoint; if it fails verification the run stops, naming the file and why
+
+"Valid" is `klalm.train.checkpoint.verify_checkpoint`: the sha256 written at save time and a safe load. A newer
+checkpoint that fails (truncated by a full disk, corrupted, not a trusted klalm checkpoint) is skipped with a warning
+that names it and the reason, so a damaged newest file never makes every restart crash.
+
+A resume keeps the settings that fix the lr schedule and the data order (`RESUME_KEYS`, stored in every checkpoint):
+a changed token budget, global batch, optimiser, schedule or data setting is refused with one line naming the keys
+(`check_settings`), unless `resume_allow_changes=true`. Silently accepting them would stretch or cut the schedule
+mid-run or replay other data, and the optimiser's own values (lr, betas, weight decay) would come back from the
+checkpoint anyway, ignoring the new ones.
+
+resume=auto and resume=<run dir> continue in the run folder of the checkpoint they resume from
+(`klalm.train.rundir.run_dir_for`, the resolver behind `hydra.run.dir`), so one run keeps one metrics.csv, loss.png
+and samples.txt however often it is restarted; the config of each restart goes to `.hydra/resume-<time>_<hex>/`,
+next to the first start's `.hydra/`.
+"""
+
+from __future__ import annotations
+
+import logging
+from glob import glob
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from klalm.train.checkpoint import CheckpointError, load_checkpoint_file, newest_valid, verify_checkpoint
+
+log = logging.getLogger(__name__)
+
+# Config subtrees a resume must keep: the step count and tokens per step, the lr schedule, and the data order.
+RESUME_KEYS = (
+    "train.max_tokens",
+    "train.global_batch_tokens",
+    "train.dynamics_lr_scale",
+    "optim",
+    "scheduler",
+    "data.source",
+    "data.tokenizer",
+    "data.seq_len",
+    "data.seed",
+    "data.shuffle",
+    "data.block_docs",
+    "data.vocab_size",
+)
+
+
+def resolve_resume(resume: str | None, search_glob: str) -> Path | None:
+    """The verified checkpoint to resume from (None: a fresh run); see the module docstring.
+
+    Raises:
+        CheckpointError: an explicit file, or every checkpoint of an explicit run folder, fails verification.
+        FileNotFoundError: an explicit run folder holds no checkpoint.
+    """
+    if resume is None:
+        return None
+    if resume == "auto":
+        return _newest_valid_or_none(sorted(Path(p) for p in glob(search_glob)), f"resume=auto (over {search_glob})")
+    path = Path(resume)
+    if path.is_file():
+        verify_checkpoint(path)
+        return path
+    latest = _newest_valid_or_none([path], f"resume={resume}")
+    if latest is None:
+        raise FileNotFoundError(f"resume={resume!r}: the run folder holds no valid checkpoints/step-*.ckpt")
+    return latest
+
+
+def _newest_valid_or_none(run_dirs: list[Path], what: str) -> Path | None:
+    """The newest valid checkpoint over `run_dirs`, logging each one skipped on the way and the choice."""
+    latest, skipped = newest_valid(run_dirs)
+    for reason in skipped:
+        log.warning("%s: skipped %s", what, reason)
+    log.info("%s: %s", what, f"resuming from {latest}" if latest else "no valid checkpoint, starting fresh")
+    return latest
+
+
+def resume_settings(cfg: DictConfig) -> dict[str, Any]:
+    """The `RESUME_KEYS` of a config as flat `{"optim.lr": 0.001, ...}` plain data (absent keys: None)."""
+    flat: dict[str, Any] = {}
+    for key in RESUME_KEYS:
+        node = OmegaConf.select(cfg, key, default=None)
+        value = OmegaConf.to_container(node, resolve=True) if OmegaConf.is_config(node) else node
+        _flatten(key, value, flat)
+    return flat
+
+
+def _flatten(prefix: str, value: Any, out: dict[str, Any]) -> None:
+    if isinstance(value, dict) and value:
+        for key, item in value.items():
+            _flatten(f"{prefix}.{key}", item, out)
+    else:
+        out[prefix] = value
+
+
+def check_settings(ckpt_path: Path, current: dict[str, Any], allow_changes: bool) -> None:
+    """Refuses a resume whose `RESUME_KEYS` differ from those stored in the checkpoint (module docstring).
+
+    Raises:
+        ValueError: one line naming each changed key with its old and new value, unless `allow_changes` (then the
+            changes are logged as a warning).
+    """
+    saved = load_checkpoint_file(ckpt_path, mmap=True)["klalm"].get("resume_settings")
+    if saved is None:
+        if allow_changes:
+            return
+        raise CheckpointError(
+            f"{ckpt_path} records no resume settings (written by an older klalm), so its schedule and data order "
+            "cannot be checked; pass resume_allow_changes=true to resume it anyway"
+        )
+    absent = "(absent)"
+    changes = [
+        f"{key} {saved.get(key, absent)!r} -> {current.get(key, absent)!r}"
+        for key in sorted(saved.keys() | current.keys())
+        if saved.get(key, absent) != current.get(key, absent)
+    ]
+    if not changes:
+        return
+    if allow_changes:
+        log.warning("resume_allow_changes=true: resuming %s with changed settings: %s", ckpt_path, "; ".join(changes))
+        return
+    raise ValueError(
+        f"resume from {ckpt_path} changes {'; '.join(changes)}: that would silently change the lr schedule or the "
+        "data order of the run; keep the checkpoint's values, or pass resume_allow_changes=true to accept the change"
+    )

@@ -1,0 +1,144 @@
+"""Run folders: a name no other run gets, and one writer per folder.
+
+A fresh run folder is `<log_dir>/<run_name>/<time>_<6 hex digits>`: two runs started in the same second still get
+two folders. Launchers set `$KLALM_RUN_ID` instead, so that all ranks of one job (which compose their configs
+independently) share one folder.
+
+One writer: global rank 0 holds an exclusive `flock` on `<run_dir>/.klalm.lock` while it runs, and a second
+`klalm-train` aimed at the same folder refuses to start, naming the holder (the file records its pid, host and
+start). Two writers would interleave metrics.csv, app.log and samples.txt, overwrite each other's checkpoints and
+prune each other's files. The kernel drops the lock when its process dies, however it dies, so a lock left by a
+killed run is no obstacle; the next run finds the dead holder's record in the file and logs that it took over.
+A clean exit empties the file. Other ranks take no lock: they write nothing but their own log lines.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import functools
+import logging
+import os
+import secrets
+import socket
+import time
+from glob import glob
+from pathlib import Path
+from typing import Any
+
+from hydra.experimental.callback import Callback as HydraCallback
+from omegaconf import DictConfig
+
+log = logging.getLogger(__name__)
+
+LOCK_FILE = ".klalm.lock"
+# Environment variables that give a process's rank under torchrun, SLURM or Lightning's own launcher.
+_RANK_VARIABLES = ("RANK", "SLURM_PROCID", "NODE_RANK", "LOCAL_RANK")
+_held: dict[Path, int] = {}  # run folders this process holds: resolved path -> file descriptor of the lock file
+
+
+class RunDirInUseError(RuntimeError):
+    """Another live process writes to the run folder."""
+
+
+@functools.cache
+def fresh_run_name() -> str:
+    """`<time>_<6 hex digits>`, e.g. `2026-11-30_14-00-00_3fa2c1`; one value per process, so that every resolution of
+    `hydra.run.dir` in this process (Hydra's, Lightning's launcher's) names the same folder."""
+    return f"{time.strftime('%Y-%m-%d_%H-%M-%S')}_{secrets.token_hex(3)}"
+
+
+def is_global_rank_zero() -> bool:
+    """Whether this process is global rank 0, read from the launcher's environment (before any process group)."""
+    return all(int(os.environ.get(name, "0")) == 0 for name in _RANK_VARIABLES)
+
+
+def lock_run_dir(run_dir: str | Path) -> None:
+    """Makes this process the only writer of `run_dir` (global rank 0 only; a no-op where the lock is already held).
+
+    Raises:
+        RunDirInUseError: another live process holds the folder; the message names it and the folder.
+    """
+    path = Path(run_dir).resolve()
+    if path in _held or not is_global_rank_zero():
+        return
+    path.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as err:
+        holder = _read(fd)
+        os.close(fd)
+        if err.errno not in (errno.EAGAIN, errno.EACCES):  # ENOLCK, EOPNOTSUPP: a filesystem without locks
+            log.warning("run folder %s: file locks unsupported here (%s); one writer is not enforced", path, err)
+            return
+        raise RunDirInUseError(
+            f"run folder {path} is in use by another klalm-train ({holder or 'holder unknown'}); two writers would "
+            "corrupt its checkpoints and metrics: wait for that run to end, or choose another run_name or "
+            "hydra.run.dir"
+        ) from None
+    previous = _read(fd)
+    if previous:
+        log.warning("run folder %s: its previous writer (%s) ended without releasing it; taking over", path, previous)
+    record = f"pid {os.getpid()} on {socket.gethostname()} since {time.strftime('%Y-%m-%d %H:%M:%S')}"
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, record.encode(), 0)
+    _held[path] = fd
+
+
+def unlock_run_dir(run_dir: str | Path) -> None:
+    """Releases a folder locked by `lock_run_dir` in this process (emptying the record: a clean end)."""
+    fd = _held.pop(Path(run_dir).resolve(), None)
+    if fd is not None:
+        os.ftruncate(fd, 0)
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)
+
+
+def _read(fd: int) -> str:
+    return os.pread(fd, 4096, 0).decode(errors="replace").strip()
+
+
+class LockRunDir(HydraCallback):
+    """Hydra callback: takes the run folder's lock before Hydra writes `.hydra/` and `app.log` into it, so that a
+    refused second run cannot overwrite the first one's config record (single runs; sweep jobs lock in the app).
+
+    Hydra turns a callback's exception into a warning and carries on, so a refusal exits here, with its message.
+    """
+
+    def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
+        try:
+            lock_run_dir(config.hydra.run.dir)
+        except RunDirInUseError as err:
+            raise SystemExit(f"klalm-train: {err}") from None
+
+
+def run_dir_for(base: str, resume: str | None, search_glob: str, run_id: str | None) -> str:
+    """The run folder (`hydra.run.dir`, through the resolver `klalm_run_dir`; see the module docstring).
+
+    Args:
+        base: `<log_dir>/<run_name>`, the parent of new run folders.
+        resume: the `resume` setting.
+        search_glob: `paths.resume_glob`, where resume=auto looks.
+        run_id: `$KLALM_RUN_ID` (set by launchers so that every rank names the same new folder) or None.
+
+    Returns:
+        The folder of the checkpoint resume=auto would resume from, the folder given as resume=<run dir>, or a new
+        folder `<base>/<run_id or fresh_run_name()>`. Every rank of a job reaches the same answer: it depends only on
+        the files, and nothing is written before every rank has resolved it.
+    """
+    if resume == "auto":
+        from klalm.train.checkpoint import newest_valid  # torch: only when resuming, so composing a config stays light
+
+        latest, _ = newest_valid(sorted(Path(p) for p in glob(search_glob)))
+        if latest is not None:
+            return str(latest.parent.parent)  # <run dir>/checkpoints/step-<N>.ckpt
+    elif resume is not None and Path(resume).is_dir():
+        return str(resume)
+    return f"{base}/{run_id or fresh_run_name()}"
+
+
+def config_subdir(resume: str | None) -> str:
+    """Where Hydra writes this start's config inside the run folder (`hydra.output_subdir`, resolver
+    `klalm_config_subdir`): `.hydra` for a fresh run; a resume (maybe into the same folder) must not overwrite it."""
+    return ".hydra" if resume is None else f".hydra/resume-{fresh_run_name()}"

@@ -1,0 +1,44 @@
+"""Divergence is handled the same way for every architecture: a non-finite loss, gradient or parameter is a skipped
+and counted step, and `train.max_bad_steps` of them in a row end the run with an error naming the learning rate.
+The KLA scan's input checks (which raise on non-finite values on the CPU) must not stand in for this."""
+
+import logging
+
+import pytest
+import torch
+
+from klalm.models import ARCH_LAYOUTS
+from klalm.train import module as module_lib
+from klalm.train.app import run
+from klalm.train.module import NonFiniteLossError
+
+from .conftest import TINY, compose_train
+
+
+def _overrides(arch: str, *extra: str) -> list[str]:
+    return [o if o != "model=kla_tiny" else f"model={arch}_tiny" for o in TINY] + list(extra)
+
+
+@pytest.mark.parametrize("arch", sorted(ARCH_LAYOUTS))
+def test_a_diverging_run_is_skipped_counted_and_stopped_naming_the_lr(tmp_path, caplog, arch):
+    overrides = _overrides(arch, "optim.lr=1e30", "train.max_bad_steps=2", "train.max_tokens=1280")
+    with caplog.at_level(logging.WARNING), pytest.raises(NonFiniteLossError) as info:
+        run(compose_train(overrides, tmp_path / "run"))
+    message = str(info.value)
+    assert "2 consecutive optimiser steps" in message and "optim.lr=1e+30" in message and "\n" not in message
+    skipped = [r for r in caplog.records if "non-finite step skipped" in r.getMessage()]
+    assert len(skipped) == 2  # each bad step was counted before the run stopped
+
+
+def test_a_non_finite_parameter_is_a_bad_step(tmp_path, monkeypatch):
+    real = module_lib.LMModule.training_step
+
+    def poison_at_step_2(self, dataloader_iter):
+        if self.global_step == 2:
+            with torch.no_grad():
+                next(self.model.parameters()).view(-1)[0] = float("inf")
+        return real(self, dataloader_iter)
+
+    monkeypatch.setattr(module_lib.LMModule, "training_step", poison_at_step_2)
+    with pytest.raises(NonFiniteLossError, match=r"non-finite parameters.*step 2"):
+        run(compose_train(_overrides("gpt", "train.max_bad_steps=1"), tmp_path / "run"))

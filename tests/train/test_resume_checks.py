@@ -1,0 +1,111 @@
+"""resume verifies its checkpoint: a truncated or corrupted newest checkpoint is skipped (named, with the reason)
+and the run falls back to the newest valid one; an explicit file that fails is refused, naming it."""
+
+import csv
+import logging
+import os
+
+import pytest
+
+from klalm.train.app import run
+from klalm.train.checkpoint import CheckpointError, list_checkpoints, newest_valid, verify_checkpoint
+
+from .conftest import TINY, compose_train
+
+RUN = [*TINY, "run_name=v", "callbacks=default", "callbacks.sampler=null", "callbacks.progress=null",
+       "callbacks.checkpoint.every_n_steps=2", "callbacks.checkpoint.keep_last=2"]  # fmt: skip
+
+
+@pytest.fixture
+def finished(tmp_path):
+    """A finished 4-step run folder with checkpoints at steps 2 and 4."""
+    run_dir = tmp_path / "v" / "a"
+    run(compose_train(RUN, run_dir))
+    assert [p.name for p in list_checkpoints(run_dir)] == ["step-00000002.ckpt", "step-00000004.ckpt"]
+    return run_dir
+
+
+def _truncate(path):
+    os.truncate(path, path.stat().st_size // 2)
+
+
+def _truncate_without_checksum(path):
+    """A cut-short copy without its `.sha256`: the safe load sees it."""
+    _truncate(path)
+    (path.parent / f"{path.name}.sha256").unlink()
+
+
+def _flip_bytes(path):
+    """Same size, same zip structure, different tensor bytes: only the checksum sees it."""
+    data = bytearray(path.read_bytes())
+    middle = len(data) // 2
+    data[middle : middle + 64] = bytes(255 - b for b in data[middle : middle + 64])
+    path.write_bytes(bytes(data))
+
+
+def _train_steps(run_dir):
+    with open(run_dir / "csv" / "metrics.csv", newline="") as handle:
+        return [int(r["step"]) for r in csv.DictReader(handle) if r["train/loss"]]
+
+
+@pytest.mark.parametrize(
+    ("damage", "reason"),
+    [(_truncate, "sha256"), (_truncate_without_checksum, "truncated or corrupted"), (_flip_bytes, "sha256")],
+    ids=["truncated", "truncated-no-checksum", "flipped"],
+)
+def test_resume_auto_skips_a_damaged_newest_checkpoint(finished, tmp_path, caplog, damage, reason):
+    newest = finished / "checkpoints" / "step-00000004.ckpt"
+    damage(newest)
+    with caplog.at_level(logging.INFO):
+        summary = run(compose_train([*RUN, "resume=auto"], tmp_path / "v" / "b"))
+    skipped = [r.getMessage() for r in caplog.records if ": skipped " in r.getMessage()]
+    assert len(skipped) == 1 and str(newest) in skipped[0] and reason in skipped[0]
+    assert any("resuming from" in r.getMessage() and "step-00000002.ckpt" in r.getMessage() for r in caplog.records)
+    assert summary["steps"] == 4 and _train_steps(tmp_path / "v" / "b") == [3, 4]  # continued from step 2
+
+
+def test_an_explicit_damaged_checkpoint_is_refused_naming_it(finished, tmp_path):
+    newest = finished / "checkpoints" / "step-00000004.ckpt"
+    _flip_bytes(newest)
+    with pytest.raises(CheckpointError, match=f"{newest} does not match the sha256 in step-00000004.ckpt.sha256"):
+        run(compose_train([*RUN, f"resume={newest}"], tmp_path / "v" / "b"))
+
+
+def test_verification_reads_checksums_when_present(finished):
+    older, newest = list_checkpoints(finished)
+    verify_checkpoint(newest)
+    _flip_bytes(newest)
+    (newest.parent / f"{newest.name}.sha256").unlink()  # copied without its checksum: checked by loading only
+    verify_checkpoint(newest)
+    _truncate(older)
+    (older.parent / f"{older.name}.sha256").unlink()
+    assert newest_valid([finished]) == (newest, [])
+    _truncate(newest)
+    latest, skipped = newest_valid([finished])
+    assert latest is None and len(skipped) == 2 and all("truncated or corrupted" in s for s in skipped)
+
+
+@pytest.mark.parametrize(
+    ("changes", "named"),
+    [
+        (["train.max_tokens=384"], ["train.max_tokens 256 -> 384"]),
+        (["train.global_batch_tokens=128"], ["train.global_batch_tokens 64 -> 128"]),
+        (["optim.lr=0.002", "scheduler.warmup=0.5"], ["optim.lr 0.001 -> 0.002", "scheduler.warmup 0.02 -> 0.5"]),
+        (["data.seed=7"], ["data.seed 1234 -> 7"]),
+    ],
+    ids=["budget", "global-batch", "schedule", "data-order"],
+)
+def test_a_resume_refuses_changed_schedule_or_data_settings(finished, tmp_path, changes, named):
+    with pytest.raises(ValueError, match="resume_allow_changes=true") as info:
+        run(compose_train([*RUN, "resume=auto", *changes], tmp_path / "v" / "b"))
+    message = str(info.value)
+    assert all(n in message for n in named) and "\n" not in message, message
+    assert not (tmp_path / "v" / "b" / "checkpoints").exists()  # refused before any training
+
+
+def test_resume_allow_changes_accepts_them(finished, tmp_path, caplog):
+    with caplog.at_level(logging.WARNING):
+        summary = run(compose_train([*RUN, "resume=auto", "train.max_tokens=384", "resume_allow_changes=true"],
+                                    tmp_path / "v" / "b"))  # fmt: skip
+    assert summary["steps"] == 6 and _train_steps(tmp_path / "v" / "b") == [5, 6]
+    assert any("changed settings: train.max_tokens 256 -> 384" in r.getMessage() for r in caplog.records)
