@@ -83,6 +83,7 @@ TRAIN_RULES: tuple[Rule, ...] = (
     Rule("run_name", STR),
     Rule("seed", INT),
     Rule("resume", STR, nullable=True),
+    Rule("resume_allow_changes", BOOL),
     Rule("train.max_tokens", INT, check=positive, demand="> 0"),
     Rule("train.global_batch_tokens", INT, check=positive, demand="> 0"),
     Rule("train.grad_clip", NUMBER, check=non_negative, demand="≥ 0 (0 disables clipping)"),
