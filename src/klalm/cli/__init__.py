@@ -96,7 +96,7 @@ def lm_eval() -> None:
 
 
 def synthetic() -> None:
-    """`klalm-synthetic`: train archs on the synthetic benchmarks (A5, MQAR, MAD) and write tables and plots."""
+    """`klalm-synthetic`: run the synthetic benchmarks (A5, MQAR, MAD) block by block; report tables and plots."""
     from klalm.tasks.runner import main
 
     main()
@@ -110,7 +110,7 @@ def prepare_data() -> None:
 
 
 def study() -> None:
-    """`klalm-study`: the pretraining study (pack, stage, plan, sweep, train, collect, report), in blocks of GPU time."""
+    """`klalm-study`: the pretraining study (pack, stage, plan, sweep, train, collect, report) in blocks of GPU time."""
     from klalm.study.cli import main
 
     sys.exit(main())
