@@ -4,6 +4,7 @@ sections of docs/synthetic.md, and that the committed document is what the commi
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -90,3 +91,14 @@ def test_write_doc_fills_only_the_marked_sections(tmp_path):
         write_doc(plan, tmp_path / "empty", doc)
     with pytest.raises(FileNotFoundError, match="nowhere"):
         sections(plan, tmp_path / "nowhere", tmp_path, "")
+
+
+def test_docs_synthetic_md_is_what_the_committed_results_produce(tmp_path):
+    """No generated number in docs/synthetic.md is typed by hand or out of date: `report --doc` changes nothing."""
+    doc = tmp_path / "docs" / "synthetic.md"
+    doc.parent.mkdir()
+    shutil.copy(REPO / "docs" / "synthetic.md", doc)
+    write_doc(load_plan("full"), REPO / "results" / "synthetic", doc)
+    assert doc.read_text() == (REPO / "docs" / "synthetic.md").read_text()
+    for png in (tmp_path / "docs" / "img").glob("*.png"):
+        assert (REPO / "docs" / "img" / png.name).is_file(), png.name

@@ -250,3 +250,36 @@ def test_plan_verb_lists_units_with_estimates(tmp_path, capsys):
     assert "| a5 length=4 kla depth=1 d=128 lr=0.001 seeds=0,1,2 | ready |" in out
     assert "| a5 length=4 kla depth=2 d=128 lr=0.001 seeds=0,1,2 | waits |" in out
     assert Path(tmp_path).is_dir()
+
+
+def _documented_commands() -> list[list[str]]:
+    """Arguments of every `run_synthetic.py` / `klalm-synthetic` call in docs/synthetic.md and README.md."""
+    import re
+    import shlex
+
+    root = Path(__file__).resolve().parents[2]
+    calls = []
+    for doc in (root / "docs" / "synthetic.md", root / "README.md"):
+        for block in re.findall(r"^```bash\n(.*?)^```", doc.read_text(), re.M | re.S):
+            for line in block.replace("\\\n", " ").splitlines():
+                tokens = shlex.split(line.replace("$OUT", "/tmp/out").replace("<files_at>", "/tmp/back"), comments=True)
+                for i, token in enumerate(tokens):
+                    if token.endswith(("run_synthetic.py", "klalm-synthetic")):
+                        end = next((j for j in range(i + 1, len(tokens)) if tokens[j] in ("&&", "|", "2>&1", ";")),
+                                   len(tokens))  # fmt: skip
+                        calls.append(tokens[i + 1 : end])
+    return calls
+
+
+def test_every_documented_command_parses_and_its_plan_loads():
+    calls = _documented_commands()
+    assert len(calls) >= 8 and {c[0] for c in calls} == {"run", "plan", "report", "merge"}
+    for call in calls:
+        if "--help" in call:
+            with pytest.raises(SystemExit) as done:
+                parse_args(call)
+            assert done.value.code == 0
+            continue
+        args = parse_args(call)
+        if args.verb != "merge":
+            assert plan_units(apply_args(load_plan(args.plan), args)), call
