@@ -17,6 +17,7 @@ of one block and one seed) is used.
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import threading
 from pathlib import Path
@@ -41,6 +42,18 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
         except json.JSONDecodeError as err:
             raise ValueError(f"{path}:{number}: not a JSON row ({err.msg})") from err
     return rows
+
+
+def append_lines(path: Path, rows: list[dict[str, Any]]) -> None:
+    """Append rows as JSON lines in one write call, so a process killed meanwhile leaves no half line behind."""
+    data = "".join(json.dumps(row) + "\n" for row in rows).encode("utf-8")
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        written = os.write(fd, data)
+        while written < len(data):  # a regular file takes it in one go; this only guards the rare short write
+            written += os.write(fd, data[written:])
+    finally:
+        os.close(fd)
 
 
 def family_file(folder: Path, family: str) -> Path:
@@ -69,14 +82,13 @@ class Results:
     def record(self, outcome: UnitOutcome) -> None:
         """Append the rows and the rate of one unit."""
         with self._lock:
-            for row in outcome.rows:
-                family = row["family"]
-                with open(family_file(self.folder, family), "a", encoding="utf-8") as handle:
-                    handle.write(json.dumps(row) + "\n")
-                self.rows.setdefault(family, []).append(row)
-                self.keys.add(row_key(row))
-            with open(self.folder / RATES_FILE, "a", encoding="utf-8") as handle:
-                handle.write(json.dumps(outcome.rate) + "\n")
+            families = dict.fromkeys(row["family"] for row in outcome.rows)
+            for family in families:
+                rows = [row for row in outcome.rows if row["family"] == family]
+                append_lines(family_file(self.folder, family), rows)
+                self.rows.setdefault(family, []).extend(rows)
+                self.keys.update(row_key(row) for row in rows)
+            append_lines(self.folder / RATES_FILE, [outcome.rate])
             self.rates.append(outcome.rate)
 
 
@@ -128,8 +140,7 @@ def merge(source: Path, folder: Path, commit: str) -> dict[str, int]:
             if run.get("commit") == "unknown":
                 run["commit"] = commit
         if new:
-            with open(folder / path.name, "a", encoding="utf-8") as handle:
-                handle.writelines(json.dumps(r) + "\n" for r in new)
+            append_lines(folder / path.name, new)
         added[path.name] = len(new)
     return added
 
