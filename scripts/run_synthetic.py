@@ -1,9 +1,11 @@
-"""Train kla / gpt / mamba / gdn on the synthetic benchmarks (A5, MQAR, MAD-Lab); write tables and plots.
+"""Run the synthetic benchmarks (A5, MQAR, MAD-Lab) block by block into a results folder; tables and plots.
 
-    python scripts/run_synthetic.py --budget quick --out runs/synthetic_quick
+    python scripts/run_synthetic.py run --plan full --families a5 --results results/synthetic --time-budget-s 500
+    python scripts/run_synthetic.py plan --plan full --families a5 --results results/synthetic
+    python scripts/run_synthetic.py report --plan full --results results/synthetic --doc docs/synthetic.md
     python scripts/run_synthetic.py --help
 
-See klalm.tasks.runner and docs/synthetic.md.
+Same as `klalm-synthetic`; see klalm.tasks.runner and docs/synthetic.md.
 """
 
 from klalm.tasks.runner import main

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from klalm.study.report import fill, write_report
+from klalm.markdown import fill_sections
+from klalm.study.report import write_report
 from klalm.study.spec import load_spec
 
 REPO = Path(__file__).resolve().parents[2]
@@ -16,14 +17,14 @@ REPO = Path(__file__).resolve().parents[2]
 
 def test_fill_replaces_only_between_markers():
     text = "intro\n<!-- study:a -->\nold\n<!-- /study:a -->\nprose\n<!-- study:b -->\n<!-- /study:b -->\n"
-    filled = fill(text, {"a": "new a", "b": "new b\n"})
+    filled = fill_sections(text, {"a": "new a", "b": "new b\n"}, "study")
     assert (
         filled
         == "intro\n<!-- study:a -->\nnew a\n<!-- /study:a -->\nprose\n<!-- study:b -->\nnew b\n<!-- /study:b -->\n"
     )
-    assert fill(filled, {"a": "new a", "b": "new b"}) == filled  # idempotent
+    assert fill_sections(filled, {"a": "new a", "b": "new b"}, "study") == filled  # idempotent
     with pytest.raises(ValueError, match="study:c"):
-        fill(text, {"c": "x"})
+        fill_sections(text, {"c": "x"}, "study")
 
 
 def test_results_md_matches_the_committed_results(tmp_path):

@@ -1,8 +1,11 @@
-"""The synthetic-benchmark runner: budget files, command-line knobs, the A5 depth search and the report."""
+"""The synthetic grid: plan files, command-line knobs, the order and dependencies of units, time estimates, and
+blocks that run, resume and fail soft (in this process and in child processes, on the CPU)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
+from pathlib import Path
 
 import pytest
 
@@ -10,17 +13,20 @@ from klalm.tasks import MAD_TASKS
 from klalm.tasks.plans import (
     FAMILY_NAMES,
     A5Plan,
+    A5Stage,
+    Estimate,
     MADPlan,
     MQARPlan,
+    MQARStage,
     RunPlan,
-    TrainSettings,
     apply_args,
-    count_runs,
     load_plan,
-    parse_args,
+    plan_units,
 )
-from klalm.tasks.report import a5_min_blocks, write_report
-from klalm.tasks.runner import FAMILIES, Budget, run
+from klalm.tasks.results import Results, estimate_s, merge, read_jsonl
+from klalm.tasks.runner import Block, main, parse_args, solved_depths
+from klalm.tasks.train import TrainSettings
+from klalm.tasks.units import Unit
 
 TINY_MAD = {
     "mad_in_context_recall": {"length": 16},
@@ -32,147 +38,248 @@ TINY_MAD = {
 }
 
 
-@pytest.mark.parametrize("budget", ["quick", "full", "cpu"])
-def test_budget_files_load(budget):
-    plan = load_plan(budget)
+@pytest.mark.parametrize("name", ["quick", "full", "cpu"])
+def test_plan_files_load_and_expand(name):
+    plan = load_plan(name)
     assert plan.archs == ["kla", "gpt", "mamba", "gdn"] and plan.mad.tasks == list(MAD_TASKS)
-    assert count_runs(plan) > 0
+    units = plan_units(plan)
+    assert {u.family for u in units} == set(FAMILY_NAMES)
+    assert all(u.model_overrides["mixer_options"]["kla"]["block"] == "plain" for u in units if u.arch == "kla")
 
 
-def test_every_family_name_has_a_runner():
-    assert tuple(FAMILIES) == FAMILY_NAMES
-
-
-def test_full_budget_is_the_design_recipe():
+def test_full_plan_is_the_design_recipe_in_the_issue_order():
     plan = load_plan("full")
-    assert plan.a5.lengths == list(range(3, 21)) and plan.a5.depths == [1, 2, 3, 4] and len(plan.a5.seeds) == 5
-    assert (plan.a5.train.steps, plan.a5.train.batch_size, plan.a5.train.aux_batch_size) == (100_000, 256, 25)
-    assert [2048, 256] in plan.mqar.cells and plan.mqar.vocab == 8192 and plan.mqar.num_train == 100_000
-    assert plan.time_budget_s is None
+    a5 = plan.a5
+    recipe = (a5.train.steps, a5.train.batch_size, a5.train.aux_batch_size, a5.train.lr, a5.train.min_lr)
+    assert recipe == (100_000, 256, 25, 1e-3, 1e-5)
+    assert (a5.train.warmup, a5.train.weight_decay, a5.threshold, a5.criterion, a5.d_model) == (
+        0.1, 0.01, 0.9, "token", 128)  # fmt: skip
+    first = a5.stages[0]
+    assert (first.lengths, first.depths, len(first.seeds) >= 3) == ([4, 8, 12, 16, 20], [1, 2], True)
+    covered = {(n, d, s) for st in a5.stages for n in st.lengths for d in st.depths for s in st.seeds}
+    assert covered == {(n, d, s) for n in range(3, 21) for d in range(1, 5) for s in range(5)}
+    units = [u for u in plan_units(plan) if u.family == "a5"]
+    assert [(u.arch, u.task["length"], u.n_layers) for u in units[:5]] == [
+        ("kla", 4, 1), ("gpt", 4, 1), ("mamba", 4, 1), ("gdn", 4, 1), ("kla", 4, 2)]  # fmt: skip
+    assert units[0].seeds == [0, 1, 2] and units[0].stop == {"metric": "token_acc", "threshold": 0.9}
+    zoology, long = plan.mqar.stages
+    assert zoology.archs == ["kla", "gpt"] and zoology.cells == [[64, 4], [128, 8], [256, 16], [512, 64]]
+    assert zoology.depths == [2] and len(zoology.lrs) == 4 and min(zoology.d_models) >= 64
+    assert max(zoology.d_models) <= 256 and len(zoology.d_models) > 1
+    assert (long.archs, long.cells, long.depths) == (["kla"], [[2048, 256]], [1, 2])
 
 
-def test_bad_budget_keys_and_names_fail_clearly(tmp_path):
+def test_bad_plans_fail_clearly(tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text("a5:\n  lenghts: [3]\n")
     with pytest.raises(KeyError, match="lenghts"):
         load_plan(str(bad))
+    bad.write_text("a5:\n  stages: [{lengths: [3], depths: [1]}]\n")
+    with pytest.raises(KeyError, match=r"missing keys \['seeds'\] in .*a5.stages\[0\]"):
+        load_plan(str(bad))
     with pytest.raises(FileNotFoundError, match="quick"):
         load_plan("nope")
     with pytest.raises(KeyError, match="archs"):
-        apply_args(load_plan("quick"), parse_args(["--out", "x", "--archs", "gpt,transformer"]))
+        apply_args(load_plan("quick"), parse_args(["run", "--results", "x", "--archs", "gpt,transformer"]))
+    bad.write_text("a5:\n  train: {lr: 1.0e-3, min_lr: 1.0e-2}\n  stages: [{lengths: [3], depths: [1], seeds: [0]}]\n")
+    with pytest.raises(ValueError, match="min_lr"):
+        plan_units(load_plan(str(bad)))
 
 
-def test_command_line_knobs_override_the_budget():
-    args = parse_args(
-        [
-            "--out",
-            "x",
-            "--budget",
-            "quick",
-            "--archs",
-            "gpt",
-            "--steps",
-            "7",
-            "--seeds",
-            "1,2",
-            "--mqar-cells",
-            "64x4,128x8",
-            "--a5-lengths",
-            "5",
-            "--lrs",
-            "1e-3,3e-3",
-            "--time-budget-s",
-            "0",
-        ]
-    )
-    plan = apply_args(load_plan(args.budget), args)
-    assert plan.archs == ["gpt"] and plan.time_budget_s is None and plan.mad.epochs is None
+def test_command_line_knobs_replace_plan_values_in_every_stage(capsys):
+    args = parse_args(["run", "--results", "x", "--plan", "full", "--archs", "gpt,kla", "--steps", "7",
+                       "--seeds", "1,2", "--a5-lengths", "5", "--mqar-cells", "64x4", "--lrs", "1e-3",
+                       "--members", "1", "--time-budget-s", "0"])  # fmt: skip
+    plan = apply_args(load_plan(args.plan), args)
+    assert plan.archs == ["gpt", "kla"] and plan.members == 1 and plan.mad.epochs is None
     assert plan.a5.train.steps == plan.mqar.train.steps == plan.mad.train.steps == 7
-    assert plan.mqar.cells == [[64, 4], [128, 8]] and plan.a5.lengths == [5] and plan.mad.seeds == [1, 2]
-    assert plan.mqar.lrs == plan.mad.lrs == [1e-3, 3e-3]
+    units = plan_units(plan)
+    a5 = [u for u in units if u.family == "a5"]
+    assert len(a5) == 2 * 4 * 2 and {u.task["length"] for u in a5} == {5}  # archs x depths x seeds, stages merged
+    mqar = [u for u in units if u.family == "mqar"]
+    assert {u.task["length"] for u in mqar} == {64} and {u.train.lr for u in mqar} == {1e-3}
+    assert {u.arch for u in mqar} == {"gpt", "kla"}
+    with pytest.raises(SystemExit):
+        parse_args(["run", "--results", "x", "--mqar-cells", "64-4"])
+    assert "--mqar-cells: wants LENGTHxPAIRS items like 64x4,128x8; got '64-4'" in capsys.readouterr().err
 
 
-def test_budget_shares_time_between_runs():
-    budget = Budget(total_s=100.0, planned_runs=10)
-    assert 9.0 < budget.limit() <= 10.0
-    budget.finished(wall_s=12.0, train_s=10.0)  # 2 s overhead per run
-    budget.skip(4)
-    assert 100.0 / 5 - 2.0 - 1.0 < budget.limit() <= 100.0 / 5 - 2.0
-    assert Budget(None, 3).limit() is None
+def _rate(**changes):
+    rate = {"device": "H", "family": "a5", "arch": "kla", "d_model": 16, "n_layers": 1, "members": 1,
+            "procs_per_gpu": 1, "tokens_per_step": 40, "step_s": 0.01, "overhead_s": 10.0}  # fmt: skip
+    return {**rate, **changes}
 
 
-def test_a5_min_blocks_takes_the_first_solving_depth():
-    runs = [
-        {"arch": "kla", "length": 8, "n_layers": 1, "token_acc": 0.95, "seq_acc": 0.5},
-        {"arch": "gpt", "length": 8, "n_layers": 1, "token_acc": 0.40, "seq_acc": 0.0},
-        {"arch": "gpt", "length": 8, "n_layers": 2, "token_acc": 0.92, "seq_acc": 0.6},
-        {"arch": "gpt", "length": 16, "n_layers": 1, "token_acc": 0.10, "seq_acc": 0.0},
-    ]
-    plan = {"criterion": "token", "threshold": 0.9, "depths": [1, 2]}
-    assert a5_min_blocks(runs, plan) == {"kla": {8: (1, 0.95)}, "gpt": {8: (2, 0.92), 16: (None, 0.10)}}
-    assert a5_min_blocks(runs, {**plan, "criterion": "sequence"})["gpt"][8] == (None, 0.6)
+def _a5_unit(length=4, depth=1, seeds=(0,), steps=1000, arch="kla") -> Unit:
+    train = TrainSettings(steps=steps, batch_size=8, aux_batch_size=4)
+    stop = {"metric": "token_acc", "threshold": 0.9}
+    return Unit("a5", {"name": "a5", "length": length}, arch, depth, 16, {}, train, list(seeds), 64, None,
+                {"name": "a5", "length": 2}, 100, stop)  # fmt: skip
 
 
-def test_end_to_end_tiny_run_writes_tables_and_plots(tmp_path):
-    steps = TrainSettings(steps=2, batch_size=4, eval_batch_size=16, aux_batch_size=2)
+def test_estimates_are_upper_bounds_from_measured_rates_else_the_prior():
+    prior = Estimate(tokens_per_s={"kla": 4000.0}, overhead_s=5.0, safety=1.0)
+    unit = _a5_unit()  # 8 x 4 + 4 x 2 = 40 tokens per step
+    assert estimate_s(unit, [], "H", 1, prior) == (pytest.approx(5.0 + 1000 * 40 / 4000), "prior")
+    assert estimate_s(_a5_unit(depth=2, seeds=(0, 1)), [], "H", 3, prior)[0] == pytest.approx(5 + 1000 * 0.01 * 12)
+    assert estimate_s(unit, [_rate()], "H", 1, prior) == (pytest.approx(10.0 + 10.0), "measured (1 runs)")
+    bigger = _a5_unit(length=9, depth=2, seeds=(0, 1))  # 80 tokens, twice the depth, two seeds
+    assert estimate_s(bigger, [_rate()], "H", 1, prior)[0] == pytest.approx(10 + 1000 * 0.01 * 2 * 2 * 2)
+    rates = [_rate(), _rate(tokens_per_step=100, n_layers=2, members=2, step_s=0.02)]
+    assert estimate_s(bigger, rates, "H", 1, prior)[0] == pytest.approx(10 + 1000 * 0.02)  # the tighter bound wins
+    assert estimate_s(unit, [_rate(device="other")], "H", 1, prior)[1] == "prior"
+    assert estimate_s(unit, [_rate(procs_per_gpu=1)], "H", 2, prior)[0] == pytest.approx(10 + 1000 * 0.02)
+    with pytest.raises(KeyError, match="'gpt'"):
+        estimate_s(_a5_unit(arch="gpt"), [], "H", 1, prior)
+
+
+def _row(unit: Unit, seed: int, acc: float, **more) -> dict:
+    return {**unit.cell(), "seed": seed, "token_acc": acc, "seq_acc": 0.0, "steps": unit.train.steps, **more}
+
+
+def _tiny_plan(**changes) -> RunPlan:
+    train = TrainSettings(steps=20, batch_size=4, aux_batch_size=2, eval_batch_size=16)
     plan = RunPlan(
-        archs=["gpt"],
-        device="cpu",
-        model_overrides={"gpt": {"n_heads": 2}},
-        a5=A5Plan(d_model=16, lengths=[3, 4], depths=[1, 2], seeds=[0], threshold=0.0, num_test=8, train=steps),
-        mqar=MQARPlan(d_model=16, vocab=64, cells=[[16, 2]], lrs=[1e-3], num_train=16, num_test=8, train=steps),
-        mad=MADPlan(
-            d_model=16,
-            n_layers=1,
-            lrs=[1e-3],
-            weight_decays=[0.0],
-            task_settings=TINY_MAD,
-            max_train=8,
-            max_test=8,
-            epochs=None,
-            train=steps,
-        ),
-    )
-    results = run(plan, tmp_path)
-    families = [r["family"] for r in results["runs"]]
-    assert families.count("a5") == 2  # threshold 0: depth 1 solves each length, depth 2 is skipped
-    assert families.count("mqar") == 1 and families.count("mad") == 6
-    saved = json.loads((tmp_path / "results.json").read_text())
-    assert len(saved["runs"]) == 9 and saved["plan"]["a5"]["threshold"] == 0.0
-    markdown = (tmp_path / "results.md").read_text()
-    assert "| gpt | 1 (" in markdown and "L=16 K=2" in markdown and "selective_copy" in markdown
-    for png in ("a5_min_blocks.png", "mqar_accuracy.png", "mad_accuracy.png"):
-        assert (tmp_path / png).stat().st_size > 1000
+        archs=["gpt"], device="cpu", members=2, model_overrides={"gpt": {"n_heads": 2}},
+        estimate=Estimate(tokens_per_s={"gpt": 1e4, "kla": 1e4}, overhead_s=1.0),
+        a5=A5Plan(d_model=16, num_test=8, eval_every=10, train=train,
+                  stages=[A5Stage(lengths=[3], depths=[1, 2], seeds=[0, 1])]),
+        mqar=MQARPlan(vocab=64, num_train=16, num_test=8, train=train,
+                      stages=[MQARStage(["gpt"], [[16, 2]], [1], [16], [1e-3, 3e-3], [0])]),
+        mad=MADPlan(d_model=16, n_layers=1, lrs=[1e-3], weight_decays=[0.0], task_settings=TINY_MAD, max_train=8,
+                    max_test=8, epochs=None, train=train),
+    )  # fmt: skip
+    return dataclasses.replace(plan, **changes)
 
 
-def test_failed_and_skipped_runs_are_recorded_not_fatal(tmp_path, capsys):
-    steps = TrainSettings(steps=1, batch_size=2, eval_batch_size=8)
-    mqar = MQARPlan(d_model=16, vocab=64, cells=[[16, 2]], lrs=[1e-3], num_train=8, num_test=8, train=steps)
-    broken = RunPlan(archs=["gpt"], families=["mqar"], device="cpu", model_overrides={"gpt": {"bogus": 1}}, mqar=mqar)
-    results = run(broken, tmp_path / "broken")
-    assert "bogus" in results["runs"][0]["error"]
-    assert "Failed or skipped" in (tmp_path / "broken" / "results.md").read_text()
-    late = RunPlan(archs=["gpt"], families=["mqar"], device="cpu", time_budget_s=1e-9, mqar=mqar)
-    assert run(late, tmp_path / "late")["runs"][0]["skipped"] == "time budget exhausted"
+def _block(tmp_path, plan, budget=None, in_process=True) -> Block:
+    return Block(plan, Results(tmp_path, plan.families), "cpu", 0, in_process, budget, "abc")
 
 
-def _a5_run(arch, length, depth, acc, steps, planned=60):
-    return {"family": "a5", "arch": arch, "length": length, "n_layers": depth, "token_acc": acc, "seq_acc": 0.0,
-            "steps": steps, "planned_steps": planned}  # fmt: skip
+def test_a5_depths_wait_for_shallower_ones_and_stop_once_solved(tmp_path):
+    plan = _tiny_plan(families=["a5"], archs=["gpt", "kla"])
+    block = _block(tmp_path, plan)
+    gpt1, kla1, gpt2, kla2 = block.units
+    assert [s for _, s in block.states()] == ["ready", "ready", "waits", "waits"]
+    block.results.record(_outcome([_row(gpt1, 0, 0.95), _row(gpt1, 1, 0.2)]))  # gpt depth 1 solved
+    block.results.record(_outcome([_row(kla1, 0, 0.3)]))  # kla depth 1: seed 1 still missing
+    assert [s for _, s in block.states()] == ["done", "ready", "solved", "waits"]
+    assert block.free_seeds(kla1) == [1]
+    block.results.record(_outcome([_row(kla1, 1, 0.4)]))
+    assert [s for _, s in block.states()] == ["done", "done", "solved", "ready"]
+    assert list(solved_depths(block.results.rows["a5"]).values()) == [{1}]  # gpt depth 1 only
 
 
-@pytest.mark.parametrize("lengths", [[8], [4, 8, 16]])
-def test_report_marks_values_resting_on_runs_cut_short_by_the_time_budget(tmp_path, lengths):
-    runs = []
-    for length in lengths:
-        runs += [_a5_run("kla", length, 1, 0.95, 22), _a5_run("gpt", length, 1, 0.40, 60),
-                 _a5_run("gpt", length, 2, 0.50, 60)]  # fmt: skip
-    mqar = {"family": "mqar", "length": 64, "pairs": 4, "token_acc": 0.5, "planned_steps": 100}
-    runs += [{**mqar, "arch": "kla", "steps": 100}, {**mqar, "arch": "gpt", "steps": 40}]
-    plan = {"a5": {"criterion": "token", "threshold": 0.9, "depths": [1, 2]}}
-    markdown = write_report({"device_name": "cpu", "plan": plan, "runs": runs}, tmp_path)
-    assert "| kla |" + " 1 (95.0) † |" * len(lengths) + " 22 |" in markdown
-    assert "| gpt |" + " >2 (50.0) |" * len(lengths) + " 60 |" in markdown  # full runs: no mark
-    assert "| gpt | 50.0 † | 40 |" in markdown and "| kla | 50.0 | 100 |" in markdown
-    assert f"({len(lengths) + 1} of {len(runs)} runs;" in markdown
-    assert (tmp_path / "a5_min_blocks.png").stat().st_size > 1000
+def _outcome(rows):
+    from klalm.tasks.units import UnitOutcome
+
+    return UnitOutcome(rows, _rate(step_s=1e-3))
+
+
+def test_a_block_starts_only_what_fits_and_splits_seeds_to_fit(tmp_path):
+    plan = _tiny_plan(families=["a5"], estimate=Estimate(tokens_per_s={"gpt": 1.0}, overhead_s=1.0, safety=1.0))
+    block = _block(tmp_path, plan, budget=60.0)
+    unit = block.units[0]
+    assert block.fits(unit)  # unmeasured here: the prior says 20 x 24 s, but its overhead fits, so it may probe
+    measured = {**_rate(arch="gpt", device="cpu", tokens_per_step=unit.tokens_per_step(), step_s=1.5, overhead_s=1)}
+    block.results.rates.append(measured)  # 45 s left: one seed 1 + 20 x 1.5 s fits, two (no gain assumed) do not
+    assert block.fits(dataclasses.replace(unit, seeds=[0])) and not block.fits(unit)
+    assert block._claim().seeds == [0]
+    assert block._claim().seeds == [1]  # the other seed in another slot
+
+
+def test_block_runs_resumes_and_reports(tmp_path):
+    plan = _tiny_plan(a5=dataclasses.replace(_tiny_plan().a5, threshold=0.0))
+    block = _block(tmp_path, plan)
+    block.run()
+    a5 = read_jsonl(tmp_path / "a5.jsonl")
+    assert [(r["n_layers"], r["seed"], r["ended"]) for r in a5] == [(1, 0, "threshold"), (1, 1, "threshold")]
+    assert len(read_jsonl(tmp_path / "mqar.jsonl")) == 2 and len(read_jsonl(tmp_path / "mad.jsonl")) == 6
+    assert len(read_jsonl(tmp_path / "rates.jsonl")) == 1 + 2 + 6  # depth 2 was never run: depth 1 solved it
+    again = _block(tmp_path, plan)
+    again.run()
+    assert again.finished_rows == 0 and {s for _, s in again.states()} == {"done", "solved"}
+    assert len(read_jsonl(tmp_path / "rates.jsonl")) == 9
+
+
+def test_failed_units_are_reported_not_fatal(tmp_path, capsys):
+    plan_file = tmp_path / "plan.yaml"
+    plan_file.write_text(json.dumps({
+        "archs": ["gpt"], "families": ["mqar"], "device": "cpu", "model_overrides": {"gpt": {"bogus": 1}},
+        "estimate": {"tokens_per_s": {"gpt": 1e4}},
+        "mqar": {"vocab": 64, "num_train": 8, "num_test": 8, "train": {"steps": 2, "batch_size": 2},
+                 "stages": [{"archs": ["gpt"], "cells": [[16, 2]], "depths": [1], "d_models": [16], "lrs": [1e-3],
+                             "seeds": [0]}]},
+    }))  # fmt: skip
+    with pytest.raises(SystemExit, match="1 unit\\(s\\) failed"):
+        main(["run", "--plan", str(plan_file), "--results", str(tmp_path / "r"), "--in-process"])
+    assert not (tmp_path / "r" / "mqar.jsonl").exists()
+
+
+def test_units_run_in_child_processes_side_by_side(tmp_path):
+    plan = _tiny_plan(families=["mqar"], members=1, procs_per_gpu=2)
+    block = _block(tmp_path, plan, in_process=False)
+    assert block.slots == 2
+    block.run()
+    rows = read_jsonl(tmp_path / "mqar.jsonl")
+    assert sorted(r["train"]["lr"] for r in rows) == [1e-3, 3e-3] and not block.failed
+    assert all(r["procs_per_gpu"] == 2 for r in read_jsonl(tmp_path / "rates.jsonl"))
+    with pytest.raises(ValueError, match="one unit at a time"):
+        _block(tmp_path, plan, in_process=True)
+
+
+def test_merge_appends_only_new_rows_and_stamps_the_commit(tmp_path):
+    unit = _a5_unit()
+    mine, theirs = tmp_path / "mine", tmp_path / "theirs"
+    mine.mkdir(), theirs.mkdir()
+    (mine / "a5.jsonl").write_text(json.dumps(_row(unit, 0, 0.5, run={"commit": "old"})) + "\n")
+    rows = [_row(unit, 0, 0.5, run={"commit": "old"}), _row(unit, 1, 0.6, run={"commit": "unknown"})]
+    (theirs / "a5.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (theirs / "rates.jsonl").write_text(json.dumps(_rate(commit="unknown")) + "\n")
+    assert merge(theirs, mine, "abc123") == {"a5.jsonl": 1, "rates.jsonl": 1}
+    assert [r["run"]["commit"] for r in read_jsonl(mine / "a5.jsonl")] == ["old", "abc123"]
+    assert merge(theirs, mine, "abc123") == {"a5.jsonl": 0, "rates.jsonl": 0}  # nothing twice
+    (mine / "a5.jsonl").write_text("{not json\n")
+    with pytest.raises(ValueError, match="a5.jsonl:1"):
+        read_jsonl(mine / "a5.jsonl")
+
+
+def test_plan_verb_lists_units_with_estimates(tmp_path, capsys):
+    main(["plan", "--plan", "full", "--families", "a5", "--archs", "kla", "--results", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert "| a5 length=4 kla depth=1 d=128 lr=0.001 seeds=0,1,2 | ready |" in out
+    assert "| a5 length=4 kla depth=2 d=128 lr=0.001 seeds=0,1,2 | waits |" in out
+    assert Path(tmp_path).is_dir()
+
+
+def _documented_commands() -> list[list[str]]:
+    """Arguments of every `run_synthetic.py` / `klalm-synthetic` call in docs/synthetic.md and README.md."""
+    import re
+    import shlex
+
+    root = Path(__file__).resolve().parents[2]
+    calls = []
+    for doc in (root / "docs" / "synthetic.md", root / "README.md"):
+        for block in re.findall(r"^```bash\n(.*?)^```", doc.read_text(), re.M | re.S):
+            for line in block.replace("\\\n", " ").splitlines():
+                tokens = shlex.split(line.replace("$OUT", "/tmp/out").replace("<files_at>", "/tmp/back"), comments=True)
+                for i, token in enumerate(tokens):
+                    if token.endswith(("run_synthetic.py", "klalm-synthetic")):
+                        end = next((j for j in range(i + 1, len(tokens)) if tokens[j] in ("&&", "|", "2>&1", ";")),
+                                   len(tokens))  # fmt: skip
+                        calls.append(tokens[i + 1 : end])
+    return calls
+
+
+def test_every_documented_command_parses_and_its_plan_loads():
+    calls = _documented_commands()
+    assert len(calls) >= 8 and {c[0] for c in calls} == {"run", "plan", "report", "merge"}
+    for call in calls:
+        if "--help" in call:
+            with pytest.raises(SystemExit) as done:
+                parse_args(call)
+            assert done.value.code == 0
+            continue
+        args = parse_args(call)
+        if args.verb != "merge":
+            assert plan_units(apply_args(load_plan(args.plan), args)), call

@@ -1,9 +1,11 @@
-"""The synthetic-task training loop: its pieces against plain formulas, and tiny runs that beat chance."""
+"""The synthetic-task trainer on the CPU: the step function against a plain PyTorch loop, the device-tensor learning
+rate, members side by side, determinism by seed, stopping rules, and tiny runs that beat chance. (The same step
+captured as a CUDA graph is checked against eager in test_graph.py, on a GPU.)"""
 
 from __future__ import annotations
 
-import dataclasses
-import math
+import copy
+import time
 
 import pytest
 import torch
@@ -12,27 +14,24 @@ from torch import nn
 
 from klalm.models import build_model
 from klalm.tasks import make_task, materialize
+from klalm.tasks.readouts import wrap_readout
+from klalm.tasks.streams import FreshStream
 from klalm.tasks.train import (
-    FreshBatches,
-    SplitBatches,
+    GroupTrainer,
+    Member,
+    StopRule,
     TrainSettings,
     evaluate,
-    lr_at,
     masked_cross_entropy,
-    train,
-    wrap_readout,
+    train_group,
+    train_step,
 )
+from klalm.tasks.units import Execution, Unit, build_member, run_unit
+from klalm.train.optim import classify_parameters, cosine_multiplier, param_groups, warmup_cosine
 
 CPU = torch.device("cpu")
-
-
-def test_lr_schedule_warmup_then_cosine():
-    s = TrainSettings(lr=1e-3, min_lr=1e-5, warmup_frac=0.1)
-    assert lr_at(0.05, s) == pytest.approx(5e-4)
-    assert lr_at(0.1, s) == pytest.approx(1e-3)
-    assert lr_at(0.55, s) == pytest.approx(1e-5 + 0.5 * (1e-3 - 1e-5))
-    assert lr_at(1.0, s) == pytest.approx(1e-5)
-    assert lr_at(0.0, dataclasses.replace(s, warmup_frac=0.0)) == pytest.approx(1e-3)
+A5 = {"name": "a5", "length": 4}
+AUX = {"name": "a5", "length": 2}
 
 
 def test_masked_cross_entropy_matches_the_mean_over_scored_positions():
@@ -66,75 +65,151 @@ def test_evaluate_token_and_sequence_accuracy():
         evaluate(_Fixed(predictions), inputs[2:], labels[2:], batch_size=2, device=CPU)
 
 
-def test_batch_sources_cover_epochs_and_are_deterministic():
-    inputs, labels = torch.arange(10)[:, None], torch.arange(10)[:, None]
-    batches = SplitBatches(inputs, labels, batch_size=5, seed=0)
-    epoch = torch.cat([batches(step)[0] for step in range(2)]).flatten()
-    assert sorted(epoch.tolist()) == list(range(10))
-    task = make_task("a5", length=4)
-    a, b = FreshBatches(task, 3, seed=1, device=CPU), FreshBatches(task, 3, seed=1, device=CPU)
-    assert torch.equal(a(5)[0], b(5)[0]) and not torch.equal(a(5)[0], a(6)[0])
+def _unit(arch="gpt", seeds=(0,), steps=30, **train) -> Unit:
+    settings = TrainSettings(steps=steps, batch_size=8, aux_batch_size=4, lr=3e-3, warmup=0.2, eval_batch_size=64,
+                             **train)  # fmt: skip
+    overrides = {"n_heads": 2} if arch == "gpt" else {}
+    return Unit("a5", A5, arch, 1, 16, overrides, settings, list(seeds), 64, None, AUX, 10)
 
 
-def test_time_limit_stops_a_run():
-    task = make_task("a5", length=4)
-    module = wrap_readout(build_model("gpt", d_model=16, n_layers=1, n_heads=2, vocab_size=60), task, 16)
-    settings = TrainSettings(steps=10**6, batch_size=4, time_limit_s=0.5)
-    stats = train(module, FreshBatches(task, 4, 0, CPU), settings, CPU)
-    assert 0 < stats["steps"] < 10**6 and stats["train_time_s"] < 5 and math.isfinite(stats["final_loss"])
-
-
-def test_untimed_warmup_runs_every_batch_shape():
-    """The warm-up step (kernel compilation, untimed) sees the main and the auxiliary batch before step 0."""
-    task = make_task("a5", length=6)
-    module = wrap_readout(build_model("gpt", d_model=16, n_layers=1, n_heads=2, vocab_size=60), task, 16)
-    lengths = []
-    module.register_forward_pre_hook(lambda _, args: lengths.append(args[0].shape[1]))
-    aux = FreshBatches(make_task("a5", length=2), 4, 1, CPU)
-    train(module, FreshBatches(task, 4, 0, CPU), TrainSettings(steps=1, batch_size=4), CPU, aux_batch=aux)
-    assert lengths == [6, 2, 6, 2]  # warm-up: main, aux; then step 0: main, aux
-
-
-def _tiny_run(arch, task, steps, lr=3e-3, d_model=64, n_layers=2, batch=32, train_size=None, aux=None):
+@pytest.mark.parametrize("arch", ["gpt", "kla"])
+def test_train_step_equals_a_plain_pytorch_loop(arch):
+    """Device-tensor lr, counter, static buffers and capturable-style AdamW against float-lr AdamW + LambdaLR."""
+    unit = _unit(arch, steps=12, weight_decay=0.1, grad_clip=0.05)
+    member = build_member(unit, 0, CPU, None)
     torch.manual_seed(0)
-    model = build_model(arch, d_model=d_model, n_layers=n_layers, n_heads=4, vocab_size=task.vocab_size)
-    module = wrap_readout(model, task, d_model)
-    settings = TrainSettings(steps=steps, batch_size=batch, lr=lr, warmup_frac=0.05, weight_decay=0.0)
-    if train_size is None:
-        source = FreshBatches(task, batch, 0, CPU)
-    else:
-        source = SplitBatches(*materialize(task, train_size, 0, "train"), batch, 0)
-    aux_batch = None if aux is None else FreshBatches(aux, 8, 1, CPU)
-    train(module, source, settings, CPU, aux_batch=aux_batch)
-    return evaluate(module, *materialize(task, 256, 0, "test"), 256, CPU)
+    model = build_model(arch, d_model=16, n_layers=1, vocab_size=60, **unit.model_overrides)
+    oracle = wrap_readout(model, make_task(**A5), 16)
+    oracle.load_state_dict(member.module.state_dict())
+    groups = param_groups(list(oracle.named_parameters()), classify_parameters(oracle), lr=3e-3, weight_decay=0.1)
+    optimizer = torch.optim.AdamW(groups, betas=(0.9, 0.98), eps=1e-8, foreach=False)
+    schedule = warmup_cosine(optimizer, 12, warmup=0.2, min_lr_ratio=1e-5 / 3e-3)
+    streams = [FreshStream(make_task(**A5), 8, 0, 0, 12, CPU), FreshStream(make_task(**AUX), 4, 0, 1, 12, CPU)]
+    losses = []
+    for step in range(12):
+        train_step(member)
+        batches = [s.fill(torch.tensor(step)) for s in streams]
+        loss = sum(masked_cross_entropy(oracle(x), y) for x, y in batches)
+        optimizer.zero_grad()
+        loss.backward()
+        nn.utils.clip_grad_norm_(oracle.parameters(), 0.05)
+        optimizer.step()
+        schedule.step()
+        losses.append(loss.item())
+    torch.testing.assert_close(member.losses, torch.tensor(losses), rtol=1e-5, atol=1e-6)
+    for (name, got), want in zip(member.module.named_parameters(), oracle.parameters()):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6, msg=name)
+    assert member.step.item() == 12
+
+
+def test_the_lr_tensors_follow_the_schedule_group_by_group():
+    unit = _unit("kla", steps=20)
+    member = build_member(unit, 0, CPU, None)
+    kw = {"warmup_steps": 4, "total_steps": 20, "min_lr_ratio": 1e-5 / 3e-3}
+    assert {g["name"] for g in member.optimizer.param_groups} == {"decay", "no_decay", "dynamics"}
+    for step in range(20):
+        train_step(member)
+        for group in member.optimizer.param_groups:
+            assert isinstance(group["lr"], torch.Tensor) and group["lr"].dtype == torch.float32
+            assert group["lr"].item() == pytest.approx(3e-3 * cosine_multiplier(step, **kw), rel=1e-6)
+
+
+def test_members_side_by_side_train_as_they_would_alone():
+    together = GroupTrainer([build_member(_unit(), seed, CPU, None) for seed in (0, 1)], CPU)
+    together.advance(30)
+    for index, seed in enumerate((0, 1)):
+        alone = GroupTrainer([build_member(_unit(), seed, CPU, None)], CPU)
+        alone.advance(30)
+        assert torch.equal(together.members[index].losses, alone.members[0].losses), seed
+    assert not torch.equal(together.members[0].losses, together.members[1].losses)  # seeds differ
+
+
+def test_a_seed_trains_the_same_twice():
+    runs = []
+    for _ in range(2):
+        trainer = GroupTrainer([build_member(_unit("mamba"), 3, CPU, None)], CPU)
+        trainer.advance(10)
+        runs.append(trainer.members[0].losses[:10].clone())
+    assert torch.equal(*runs) and torch.isfinite(runs[0]).all()
+
+
+def test_capture_needs_cuda_and_steps_cannot_overrun():
+    members = [build_member(_unit(steps=5), 0, CPU, None)]
+    with pytest.raises(ValueError, match="CUDA"):
+        GroupTrainer(members, CPU, capture=True)
+    trainer = GroupTrainer(members, CPU)
+    trainer.advance(5)
+    with pytest.raises(ValueError, match="exceed the planned 5"):
+        trainer.advance(1)
+
+
+def _test_split(unit: Unit):
+    return materialize(make_task(**unit.task), unit.num_test, 0, "test")
+
+
+def test_train_group_evaluates_on_schedule_and_stops_at_the_threshold():
+    unit = _unit(seeds=(0, 1), steps=30)
+    trainer = GroupTrainer([build_member(unit, s, CPU, None) for s in unit.seeds], CPU)
+    result = train_group(trainer, _test_split(unit), eval_every=10)
+    assert result.ended == "steps" and result.steps == 30
+    assert [e["step"] for e in result.evals[0]] == [10, 20, 30]
+    assert result.step_s > 0 and len(result.final_loss) == 2
+    trainer = GroupTrainer([build_member(unit, s, CPU, None) for s in unit.seeds], CPU)
+    stopped = train_group(trainer, _test_split(unit), eval_every=10, stop=StopRule("token_acc", 0.0))
+    assert stopped.ended == "threshold" and stopped.steps == 10
+
+
+def test_train_group_gives_up_when_it_would_end_after_the_deadline():
+    unit = _unit(steps=2000)
+    trainer = GroupTrainer([build_member(unit, 0, CPU, None)], CPU)
+    result = train_group(trainer, _test_split(unit), eval_every=None, deadline=time.time() + 0.5)
+    assert result.ended == "deadline" and 0 < result.steps < 2000 and result.evals == [[]]
+
+
+def test_run_unit_rows_and_rate():
+    unit = _unit("gdn", seeds=(0, 2), steps=20)
+    outcome = run_unit(unit, CPU, Execution(commit="abc"))
+    assert [r["seed"] for r in outcome.rows] == [0, 2]
+    row = outcome.rows[0]
+    assert row["arch"] == "gdn" and row["steps"] == 20 and row["ended"] == "steps"
+    assert row["evals"][-1][0] == 20 and 0 <= row["token_acc"] <= 1 and 0 <= row["seq_acc"] <= 1
+    assert row["run"]["captured"] is False and row["run"]["members"] == 2 and row["run"]["commit"] == "abc"
+    assert outcome.rate["tokens_per_step"] == 8 * 4 + 4 * 2 and outcome.rate["step_s"] > 0
+    assert unit.key(0) != unit.key(2)
+    assert run_unit(_unit("kla"), CPU, Execution()).rows[0]["mixers"] == {"kla": {"block": "mamba", "d_state": 16}}
+    blocks = {"mixer_options": {"kla": {"block": "plain"}}}
+    plain = Unit("a5", A5, "kla", 1, 16, blocks, _unit().train, [0], 64, None, AUX, 10)
+    assert run_unit(plain, CPU, Execution()).rows[0]["mixers"]["kla"]["block"] == "plain"  # what ran is recorded
+
+
+def _tiny_run(task: dict, arch="gpt", steps=150, n_layers=2, num_train=None, aux=None, batch=32, lr=3e-3):
+    settings = TrainSettings(steps=steps, batch_size=batch, lr=lr, warmup=0.05, weight_decay=0.0,
+                             aux_batch_size=8 if aux else 0)  # fmt: skip
+    unit = Unit("x", task, arch, n_layers, 64, {"n_heads": 4}, settings, [0], 256, num_train, aux, None)
+    return run_unit(unit, CPU, Execution()).rows[0]
 
 
 def test_a5_short_length_beats_chance():
     """Length 3 (chance 1/60 per token); the first position is a copy, the others need the group product."""
-    task = make_task("a5", length=3)
-    metrics = _tiny_run("gpt", task, steps=150, aux=make_task("a5", length=2))
-    assert metrics["token_acc"] > 0.3, metrics
+    assert _tiny_run({"name": "a5", "length": 3}, aux=AUX)["token_acc"] > 0.3
 
 
 def test_mqar_tiny_beats_chance():
     """Vocabulary 64 (32 values: chance ~3 %), 2 pairs in 16 tokens."""
-    task = make_task("mqar", length=16, num_pairs=2, vocab=64)
-    metrics = _tiny_run("gpt", task, steps=200, train_size=4096)
-    assert metrics["token_acc"] > 0.15, metrics
+    task = {"name": "mqar", "length": 16, "num_pairs": 2, "vocab": 64}
+    assert _tiny_run(task, steps=200, num_train=4096)["token_acc"] > 0.15
 
 
 def test_mad_memorization_beats_chance():
     """A fixed map of 15 keys (vocab 32); chance 1/16."""
-    task = make_task("mad_memorization", vocab=32, length=8)
-    metrics = _tiny_run("gpt", task, steps=150, n_layers=1, train_size=512)
-    assert metrics["token_acc"] > 0.3, metrics
+    row = _tiny_run({"name": "mad_memorization", "vocab": 32, "length": 8}, n_layers=1, num_train=512)
+    assert row["token_acc"] > 0.3
 
 
 def test_mad_compression_decoder_beats_chance():
     """The last-position decoder readout: 4 tokens over 7 symbols (chance 1/7 for the data positions)."""
-    task = make_task("mad_compression", vocab=8, length=4)
-    metrics = _tiny_run("gpt", task, steps=150, n_layers=1, train_size=2048)
-    assert metrics["token_acc"] > 0.45, metrics  # chance: 3/4 x 1/7 + 1/4 (the fixed last token) ~ 0.36
+    row = _tiny_run({"name": "mad_compression", "vocab": 8, "length": 4}, n_layers=1, num_train=2048)
+    assert row["token_acc"] > 0.45  # chance: 3/4 x 1/7 + 1/4 (the fixed last token) ~ 0.36
 
 
 def test_last_position_decoder_reads_the_lm_hidden_state():
@@ -149,3 +224,11 @@ def test_last_position_decoder_reads_the_lm_hidden_state():
     changed = inputs.clone()
     changed[:, 0] = (changed[:, 0] + 1) % 7
     assert not torch.allclose(module(changed), logits)  # the output depends on earlier tokens
+
+
+def test_member_moves_its_module_and_reads_the_settings():
+    module = wrap_readout(build_model("gpt", d_model=16, n_layers=1, n_heads=2, vocab_size=60), make_task(**A5), 16)
+    member = Member(copy.deepcopy(module), [], TrainSettings(steps=7), CPU, seed=5)
+    assert member.losses.shape == (7,) and member.step.item() == 0 and member.seed == 5
+    with pytest.raises(ValueError, match="min_lr"):
+        Member(module, [], TrainSettings(lr=1e-3, min_lr=1e-2), CPU, seed=0)

@@ -9,6 +9,7 @@ from klalm.models import build_model
 from klalm.train.optim import (
     classify_parameters,
     cosine_multiplier,
+    cosine_multiplier_tensor,
     param_groups,
     warmup_cosine,
     warmup_stable_decay,
@@ -66,6 +67,27 @@ def test_cosine_schedule_shape():
     assert cosine_multiplier(109, **kw) == pytest.approx(0.1)
     values = [cosine_multiplier(s, **kw) for s in range(10, 110)]
     assert all(a >= b for a, b in zip(values, values[1:]))
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {"warmup_steps": 10, "total_steps": 110, "min_lr_ratio": 0.1},
+        {"warmup_steps": 0, "total_steps": 37, "min_lr_ratio": 0.0},
+        {"warmup_steps": 1000, "total_steps": 10_000, "min_lr_ratio": 0.01},  # the A5 recipe, shortened 10x
+        {"warmup_steps": 3, "total_steps": 4, "min_lr_ratio": 1.0},
+    ],
+    ids=["w10-t110", "w0-t37", "w1000-t10000", "w3-t4"],
+)
+def test_tensor_cosine_schedule_equals_the_float_one_step_by_step(kw):
+    """The device-tensor schedule of the captured synthetic trainer against `cosine_multiplier`, every step."""
+    steps = torch.arange(kw["total_steps"])
+    tensor = cosine_multiplier_tensor(steps, **kw)
+    expected = torch.tensor([cosine_multiplier(int(s), **kw) for s in steps], dtype=torch.float64)
+    assert tensor.dtype == torch.float64
+    torch.testing.assert_close(tensor, expected, rtol=1e-13, atol=1e-15)
+    one = cosine_multiplier_tensor(torch.tensor(kw["total_steps"] - 1), **kw)  # a 0-d counter, as the trainer's
+    assert one.shape == () and one.item() == pytest.approx(expected[-1].item(), rel=1e-13)
 
 
 @pytest.mark.parametrize("shape", ["linear", "1-sqrt", "cosine"])

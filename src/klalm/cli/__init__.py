@@ -96,7 +96,7 @@ def lm_eval() -> None:
 
 
 def synthetic() -> None:
-    """`klalm-synthetic`: train archs on the synthetic benchmarks (A5, MQAR, MAD) and write tables and plots."""
+    """`klalm-synthetic`: run the synthetic benchmarks (A5, MQAR, MAD) block by block; report tables and plots."""
     from klalm.tasks.runner import main
 
     main()

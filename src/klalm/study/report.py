@@ -12,13 +12,13 @@ from __future__ import annotations
 import csv
 import json
 import math
-import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from omegaconf import OmegaConf
 
+from klalm.markdown import fill_sections
 from klalm.study import results
 from klalm.study.spec import Spec
 
@@ -269,20 +269,11 @@ SECTIONS: dict[str, Callable[[Spec, list[dict[str, Any]]], str]] = {
 }
 
 
-def fill(text: str, sections: dict[str, str]) -> str:
-    """Replaces each ``<!-- study:NAME -->…<!-- /study:NAME -->`` block's content; fails on a missing marker."""
-    for name, body in sections.items():
-        pattern = re.compile(rf"(<!-- study:{name} -->\n).*?(<!-- /study:{name} -->)", re.DOTALL)
-        if not pattern.search(text):
-            raise ValueError(f"the document lacks the markers <!-- study:{name} --> … <!-- /study:{name} -->")
-        text = pattern.sub(lambda m, body=body: m.group(1) + body.rstrip("\n") + "\n" + m.group(2), text)
-    return text
-
-
 def write_report(spec: Spec, doc: Path) -> str:
     """Regenerates the sections of `doc` (which must exist with its markers) and the plot; returns a summary."""
     runs = _runs(spec)
-    text = fill(doc.read_text(encoding="utf-8"), {name: build(spec, runs) for name, build in SECTIONS.items()})
+    sections = {name: build(spec, runs) for name, build in SECTIONS.items()}
+    text = fill_sections(doc.read_text(encoding="utf-8"), sections, "study")
     doc.write_text(text, encoding="utf-8")
     if runs:
         plot_val_curves(spec, runs, doc.parent / PLOT)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+from collections.abc import Callable
 
 import torch
 from torch import Tensor
@@ -51,19 +52,21 @@ def _multiplication_table() -> Tensor:
 MULTIPLICATION_TABLE = _multiplication_table()
 
 
-def prefix_products(tokens: Tensor) -> Tensor:
+def prefix_products(tokens: Tensor, table: Tensor = MULTIPLICATION_TABLE, out: Tensor | None = None) -> Tensor:
     """Running products y_t = x_t ∘ y_{t-1} of token sequences.
 
     Args:
         tokens: int64 [N, L], A5 tokens in [0, 60).
+        table: MULTIPLICATION_TABLE on the tokens' device.
+        out: int64 [N, L] to write the products into (None: a new tensor).
 
     Returns:
-        int64 [N, L], the token of the product of each prefix.
+        int64 [N, L], the token of the product of each prefix (`out` when given).
     """
-    products = torch.empty_like(tokens)
+    products = torch.empty_like(tokens) if out is None else out
     products[:, 0] = tokens[:, 0]
     for t in range(1, tokens.shape[1]):
-        products[:, t] = MULTIPLICATION_TABLE[tokens[:, t], products[:, t - 1]]
+        products[:, t] = table[tokens[:, t], products[:, t - 1]]
     return products
 
 
@@ -92,3 +95,9 @@ class A5Task(SyntheticTask):
     def sample(self, num_examples: int, generator: torch.Generator, split: Split = "test") -> tuple[Tensor, Tensor]:
         tokens = torch.randint(GROUP_ORDER, (num_examples, self.length), generator=generator)  # [N, L]
         return tokens, prefix_products(tokens)
+
+    @staticmethod
+    def labeler(device: torch.device | str) -> Callable[[Tensor, Tensor], Tensor]:
+        """labels(tokens [N, L], out [N, L]) -> out: the prefix products, computed on `device` (for FreshStream)."""
+        table = MULTIPLICATION_TABLE.to(device)
+        return lambda tokens, out: prefix_products(tokens, table, out)

@@ -1,51 +1,79 @@
-"""Plans of the synthetic-benchmark runner: the dataclasses a budget YAML fills, and the command-line knobs.
+"""Plans of the synthetic benchmarks: the dataclasses a plan YAML fills, the command-line knobs, and the ordered list
+of units (klalm.tasks.units.Unit) a plan asks for.
 
-A budget is a YAML file in configs/synthetic/ (`quick`, `full`, `cpu`) or a path; every key is checked against these
-dataclasses (an unknown key raises KeyError naming it), and the command-line knobs of `parse_args` override it.
+A plan is a YAML file in configs/synthetic/ (`full`, `quick`, `cpu`) or a path; every key is checked against these
+dataclasses (an unknown key raises KeyError naming it and the valid ones). A5 and MQAR list their work in stages,
+run in order: a stage's units come before the next stage's, and within A5 a depth waits for the shallower depths
+of its (arch, length) and is dropped once a shallower depth (or another seed of the same depth) solved the cell.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import itertools
+import math
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
 from omegaconf import OmegaConf
 
-from klalm.tasks import MAD_TASKS
+from klalm.tasks import MAD_TASKS, make_task
 from klalm.tasks.train import TrainSettings
+from klalm.tasks.units import Unit
 
 FAMILY_NAMES = ("a5", "mqar", "mad")
+A5_AUX_LENGTH = 2  # SLiCE: a batch of length-2 sequences joins every A5 step
+CRITERIA = {"token": "token_acc", "sequence": "seq_acc"}  # A5 "solved" metric -> evaluate()'s key
+
+
+@dataclasses.dataclass
+class A5Stage:
+    """A5 cells of one stage: lengths x depths x the plan's archs, each with these seeds."""
+
+    lengths: list[int]
+    depths: list[int]
+    seeds: list[int]
 
 
 @dataclasses.dataclass
 class A5Plan:
-    """A5 grid: lengths x depths (tried in increasing order) x seeds, at width d_model."""
+    """A5: the minimum depth per (arch, length) at which any seed reaches `threshold` held-out accuracy.
+
+    A run stops at the first evaluation where a seed reaches the threshold (the cell is then solved).
+    """
 
     d_model: int = 128
-    lengths: list[int] = dataclasses.field(default_factory=lambda: list(range(3, 21)))
-    depths: list[int] = dataclasses.field(default_factory=lambda: [1, 2, 3, 4])
-    seeds: list[int] = dataclasses.field(default_factory=lambda: [0, 1, 2, 3, 4])
     criterion: str = "token"  # "token": per-token accuracy; "sequence": whole-sequence accuracy (Merrill)
     threshold: float = 0.9
     num_test: int = 2000
+    eval_every: int = 1000
+    stages: list[A5Stage] = dataclasses.field(default_factory=list)
     train: TrainSettings = dataclasses.field(default_factory=TrainSettings)
 
 
 @dataclasses.dataclass
-class MQARPlan:
-    """MQAR grid: (length, pairs) cells x learning rates x seeds; the best lr is reported."""
+class MQARStage:
+    """MQAR cells of one stage: archs x (length, pairs) cells x depths x widths x learning rates, with these seeds."""
 
-    d_model: int = 128
-    n_layers: int = 2
+    archs: list[str]
+    cells: list[list[int]]
+    depths: list[int]
+    d_models: list[int]
+    lrs: list[float]
+    seeds: list[int]
+
+
+@dataclasses.dataclass
+class MQARPlan:
+    """MQAR: held-out accuracy at the query positions; the best learning rate of each cell is reported."""
+
     vocab: int = 8192
-    cells: list[list[int]] = dataclasses.field(default_factory=lambda: [[64, 4], [128, 8], [256, 16], [512, 64]])
-    lrs: list[float] = dataclasses.field(default_factory=lambda: [1e-4, 4.6e-4, 2.2e-3, 1e-2])
-    seeds: list[int] = dataclasses.field(default_factory=lambda: [0])
     num_train: int = 100_000
     num_test: int = 3_000
+    eval_every: int | None = None
+    stages: list[MQARStage] = dataclasses.field(default_factory=list)
     train: TrainSettings = dataclasses.field(default_factory=TrainSettings)
 
 
@@ -63,55 +91,146 @@ class MADPlan:
     max_train: int | None = None  # cap on each task's training-set size (None: MAD's sizes)
     max_test: int | None = None  # cap on each task's test-set size (None: MAD's 1,280)
     epochs: float | None = 200  # steps = epochs x train size / batch size (None: train.steps)
+    eval_every: int | None = None
     train: TrainSettings = dataclasses.field(default_factory=TrainSettings)
 
 
 @dataclasses.dataclass
+class Estimate:
+    """The prior of the runner's time estimates, used until this device has measured a unit of the same kind."""
+
+    tokens_per_s: dict[str, float] = dataclasses.field(default_factory=dict)  # arch -> one block, one seed
+    overhead_s: float = 40.0  # per unit: process start, data, build, warm-up, capture, final evaluation
+    safety: float = 1.15  # estimates are multiplied by this
+
+
+@dataclasses.dataclass
 class RunPlan:
-    """Everything one invocation runs."""
+    """Everything one invocation may run, and how."""
 
     archs: list[str] = dataclasses.field(default_factory=lambda: ["kla", "gpt", "mamba", "gdn"])
-    families: list[str] = dataclasses.field(default_factory=lambda: ["a5", "mqar", "mad"])
-    time_budget_s: float | None = None
-    device: str = "auto"
+    families: list[str] = dataclasses.field(default_factory=lambda: list(FAMILY_NAMES))
+    time_budget_s: float | None = None  # wall-clock budget of one invocation; units that would end later wait
+    device: str = "auto"  # auto: cuda if available, else cpu
+    members: int = 1  # seeds trained side by side in one process (one CUDA graph)
+    procs_per_gpu: int = 1  # units running at once on each GPU, one process each
     model_overrides: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)  # arch -> build_model kwargs
+    estimate: Estimate = dataclasses.field(default_factory=Estimate)
     a5: A5Plan = dataclasses.field(default_factory=A5Plan)
     mqar: MQARPlan = dataclasses.field(default_factory=MQARPlan)
     mad: MADPlan = dataclasses.field(default_factory=MADPlan)
 
 
+_NESTED = {"train": TrainSettings, "a5": A5Plan, "mqar": MQARPlan, "mad": MADPlan, "estimate": Estimate}
+_STAGES = {"a5": A5Stage, "mqar": MQARStage}
+
+
 def _build(cls: type, values: dict[str, Any], where: str) -> Any:
-    """A plan dataclass from a dict; unknown keys raise KeyError naming them and the valid ones."""
+    """A plan dataclass from a dict; unknown or missing keys raise KeyError naming them and the valid ones."""
     names = {f.name: f for f in dataclasses.fields(cls)}
     unknown = sorted(set(values) - set(names))
     if unknown:
         raise KeyError(f"unknown keys {unknown} in {where}; valid: {sorted(names)}")
-    nested = {"train": TrainSettings, "a5": A5Plan, "mqar": MQARPlan, "mad": MADPlan}
-    kwargs = {
-        key: _build(nested[key], value, f"{where}.{key}") if key in nested else value for key, value in values.items()
-    }
+    required = [n for n, f in names.items() if f.default is f.default_factory is dataclasses.MISSING]
+    missing = sorted(set(required) - set(values))
+    if missing:
+        raise KeyError(f"missing keys {missing} in {where}")
+    kwargs = {}
+    for key, value in values.items():
+        if key in _NESTED:
+            value = _build(_NESTED[key], value, f"{where}.{key}")
+        elif key == "stages":
+            family = where.rsplit(".", 1)[-1]
+            value = [_build(_STAGES[family], stage, f"{where}.stages[{i}]") for i, stage in enumerate(value)]
+        kwargs[key] = value
     return cls(**kwargs)
 
 
-def load_plan(budget: str) -> RunPlan:
-    """The RunPlan of a budget name (configs/synthetic/<name>.yaml) or of a YAML path."""
-    path = Path(budget)
-    if not path.suffix:
-        path = Path(str(resources.files("klalm.configs") / "synthetic" / f"{budget}.yaml"))
+def plan_dir() -> Path:
+    return Path(str(resources.files("klalm.configs") / "synthetic"))
+
+
+def load_plan(name: str) -> RunPlan:
+    """The RunPlan of a plan name (configs/synthetic/<name>.yaml) or of a YAML path."""
+    path = Path(name) if Path(name).suffix else plan_dir() / f"{name}.yaml"
     if not path.is_file():
-        names = sorted(p.stem for p in Path(str(resources.files("klalm.configs") / "synthetic")).glob("*.yaml"))
-        raise FileNotFoundError(f"budget {budget!r}: no file {path}; budgets: {names}, or a YAML path")
+        names = sorted(p.stem for p in plan_dir().glob("*.yaml"))
+        raise FileNotFoundError(f"plan {name!r}: no file {path}; plans: {names}, or a YAML path")
     return _build(RunPlan, OmegaConf.to_container(OmegaConf.load(path), resolve=True), str(path))
 
 
-def count_runs(plan: RunPlan) -> int:
-    """Runs a plan makes at most (A5 cells stop early when solved)."""
-    per_family = {
-        "a5": len(plan.a5.lengths) * len(plan.a5.depths) * len(plan.a5.seeds),
-        "mqar": len(plan.mqar.cells) * len(plan.mqar.lrs) * len(plan.mqar.seeds),
-        "mad": len(plan.mad.tasks) * len(plan.mad.lrs) * len(plan.mad.weight_decays) * len(plan.mad.seeds),
-    }
-    return len(plan.archs) * sum(per_family[f] for f in plan.families)
+# ------------------------------------------------------------------------------------------------- units of a plan
+
+
+def _seed_groups(seeds: list[int], members: int) -> list[list[int]]:
+    return [seeds[i : i + members] for i in range(0, len(seeds), members)]
+
+
+def a5_units(plan: RunPlan) -> list[Unit]:
+    """Stage by stage; within a stage length by length, depth by depth, arch by arch."""
+    a5, units = plan.a5, []
+    aux = {"name": "a5", "length": A5_AUX_LENGTH} if a5.train.aux_batch_size > 0 else None
+    stop = {"metric": CRITERIA[a5.criterion], "threshold": a5.threshold}
+    for stage in a5.stages:
+        for length, depth, arch in itertools.product(stage.lengths, stage.depths, plan.archs):
+            for seeds in _seed_groups(stage.seeds, plan.members):
+                task = {"name": "a5", "length": length}
+                units.append(Unit("a5", task, arch, depth, a5.d_model, plan.model_overrides.get(arch, {}), a5.train,
+                                  seeds, a5.num_test, None, aux, a5.eval_every, stop))  # fmt: skip
+    return units
+
+
+def mqar_units(plan: RunPlan) -> list[Unit]:
+    """Stage by stage; within a stage cell by cell, then depth, width, arch, learning rate."""
+    mqar, units = plan.mqar, []
+    for stage in mqar.stages:
+        archs = [a for a in stage.archs if a in plan.archs]
+        for (length, pairs), depth, d_model, arch, lr in itertools.product(
+            stage.cells, stage.depths, stage.d_models, archs, stage.lrs
+        ):
+            task = {"name": "mqar", "length": length, "num_pairs": pairs, "vocab": mqar.vocab}
+            train = dataclasses.replace(mqar.train, lr=lr)
+            for seeds in _seed_groups(stage.seeds, plan.members):
+                units.append(Unit("mqar", task, arch, depth, d_model, plan.model_overrides.get(arch, {}), train, seeds,
+                                  mqar.num_test, mqar.num_train, None, mqar.eval_every))  # fmt: skip
+    return units
+
+
+def mad_units(plan: RunPlan) -> list[Unit]:
+    """Task by task; then learning rate, weight decay, arch."""
+    mad, units = plan.mad, []
+    for name in mad.tasks:
+        settings = mad.task_settings.get(name, {})
+        task = make_task(name, **settings)
+        num_train = min(task.num_train, mad.max_train or task.num_train)
+        num_test = min(task.num_test, mad.max_test or task.num_test)
+        steps = mad.train.steps if mad.epochs is None else math.ceil(mad.epochs * num_train / mad.train.batch_size)
+        for lr, weight_decay, arch in itertools.product(mad.lrs, mad.weight_decays, plan.archs):
+            train = dataclasses.replace(mad.train, lr=lr, weight_decay=weight_decay, steps=steps)
+            for seeds in _seed_groups(mad.seeds, plan.members):
+                units.append(Unit("mad", {"name": name, **settings}, arch, mad.n_layers, mad.d_model,
+                                  plan.model_overrides.get(arch, {}), train, seeds, num_test, num_train, None,
+                                  mad.eval_every))  # fmt: skip
+    return units
+
+
+FAMILIES = {"a5": a5_units, "mqar": mqar_units, "mad": mad_units}
+
+
+def plan_units(plan: RunPlan) -> list[Unit]:
+    """Every unit of the plan's families in priority order; a unit listed twice (by overlapping stages) once."""
+    units, seen = [], set()
+    for family in plan.families:
+        for unit in FAMILIES[family](plan):
+            key = tuple(unit.key(seed) for seed in unit.seeds)
+            if key not in seen:
+                unit.train.schedule()  # raises ValueError on a bad lr / warmup before anything runs
+                seen.add(key)
+                units.append(unit)
+    return units
+
+
+# ------------------------------------------------------------------------------------------------- command line
 
 
 def _ints(text: str) -> list[int]:
@@ -123,59 +242,58 @@ def _cells(text: str) -> list[list[int]]:
     try:
         return [[int(v) for v in cell.split("x")] for cell in text.split(",") if cell]
     except ValueError as err:
-        raise ValueError(f"--mqar-cells wants LENGTHxPAIRS items like 64x4,128x8; got {text!r}") from err
+        raise argparse.ArgumentTypeError(f"wants LENGTHxPAIRS items like 64x4,128x8; got {text!r}") from err
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(
-        description="Train archs on the synthetic benchmarks; write tables and plots.",
-        formatter_class=argparse.RawTextHelpFormatter,
-    )
-    p.add_argument("--out", required=True, type=Path, help="output directory (results.json, results.md, PNGs)")
-    p.add_argument("--budget", default="full", help="configs/synthetic/<name>.yaml (quick, full) or a YAML path")
+def add_plan_args(p: argparse.ArgumentParser) -> None:
+    """The knobs that change a plan (each replaces the value in every stage of the plan)."""
+    p.add_argument("--plan", default="full", help="configs/synthetic/<name>.yaml (full, quick, cpu) or a YAML path")
     p.add_argument("--archs", help="comma-separated archs for build_model, e.g. kla,gpt,mamba,gdn,gpt_kla")
     p.add_argument("--families", help="comma-separated subset of a5,mqar,mad")
-    p.add_argument("--steps", type=int, help="max optimiser steps of every run (MAD: replaces epochs)")
-    p.add_argument("--seeds", type=_ints, help="seeds of every family, e.g. 0,1,2")
+    p.add_argument("--steps", type=int, help="optimiser steps of every run (MAD: replaces epochs)")
+    p.add_argument("--seeds", type=_ints, help="seeds of every stage, e.g. 0,1,2")
     p.add_argument("--lrs", help="learning rates of mqar and mad, e.g. 1e-3,3e-3")
-    p.add_argument("--time-budget-s", type=float, help="wall-clock budget of the whole run, seconds (0: none)")
-    p.add_argument("--device", help="auto, cpu, cuda, cuda:1, ...")
+    p.add_argument("--device", help="auto, cpu, cuda")
+    p.add_argument("--members", type=int, help="seeds trained side by side in one process (one CUDA graph)")
+    p.add_argument("--procs-per-gpu", type=int, help="units running at once on each GPU, one process each")
     p.add_argument("--a5-lengths", type=_ints, help="A5 sequence lengths, e.g. 4,8,16")
-    p.add_argument("--a5-depths", type=_ints, help="A5 depths to try in increasing order, e.g. 1,2,3,4")
-    p.add_argument("--a5-criterion", choices=["token", "sequence"], help="A5 'solved' metric")
+    p.add_argument("--a5-depths", type=_ints, help="A5 depths, e.g. 1,2")
+    p.add_argument("--a5-criterion", choices=sorted(CRITERIA), help="A5 'solved' metric")
     p.add_argument("--mqar-cells", type=_cells, help="MQAR LENGTHxPAIRS cells, e.g. 64x4,128x8,256x16")
     p.add_argument("--mad-tasks", help=f"comma-separated subset of {','.join(MAD_TASKS)}")
-    return p.parse_args(argv)
 
 
 def apply_args(plan: RunPlan, args: argparse.Namespace) -> RunPlan:
-    """Command-line knobs on top of a budget's plan."""
+    """Command-line knobs on top of a plan; then `validate`."""
+    for name in ("device", "members", "procs_per_gpu"):
+        if getattr(args, name) is not None:
+            setattr(plan, name, getattr(args, name))
     if args.archs is not None:
         plan.archs = args.archs.split(",")
     if args.families is not None:
         plan.families = args.families.split(",")
-    if args.device is not None:
-        plan.device = args.device
-    if args.time_budget_s is not None:
-        plan.time_budget_s = args.time_budget_s or None
-    for family in (plan.a5, plan.mqar, plan.mad):
-        if args.steps is not None:
-            family.train.steps = args.steps
-        if args.seeds is not None:
-            family.seeds = args.seeds
     if args.steps is not None:
+        for family in (plan.a5, plan.mqar, plan.mad):
+            family.train.steps = args.steps
         plan.mad.epochs = None
-    if args.lrs is not None:
-        plan.mqar.lrs = plan.mad.lrs = [float(x) for x in args.lrs.split(",")]
-    knobs = {
-        "a5_lengths": (plan.a5, "lengths"),
-        "a5_depths": (plan.a5, "depths"),
-        "a5_criterion": (plan.a5, "criterion"),
-        "mqar_cells": (plan.mqar, "cells"),
+    stage_knobs = {
+        "seeds": [*plan.a5.stages, *plan.mqar.stages, plan.mad],
+        "a5_lengths": plan.a5.stages,
+        "a5_depths": plan.a5.stages,
+        "mqar_cells": plan.mqar.stages,
+        "lrs": [*plan.mqar.stages, plan.mad],
     }
-    for arg, (target, field) in knobs.items():
-        if getattr(args, arg) is not None:
-            setattr(target, field, getattr(args, arg))
+    for knob, targets in stage_knobs.items():
+        value = getattr(args, knob)
+        if value is None:
+            continue
+        if knob == "lrs":
+            value = [float(x) for x in value.split(",")]
+        field = knob.removeprefix("a5_").removeprefix("mqar_")
+        for target in targets:
+            setattr(target, field, list(value))
+    if args.a5_criterion is not None:
+        plan.a5.criterion = args.a5_criterion
     if args.mad_tasks is not None:
         plan.mad.tasks = args.mad_tasks.split(",")
     validate(plan)
@@ -183,19 +301,27 @@ def apply_args(plan: RunPlan, args: argparse.Namespace) -> RunPlan:
 
 
 def validate(plan: RunPlan) -> None:
-    """Fail before any training on names that cannot run."""
+    """Fail before any training on names and values that cannot run."""
     from klalm.models import ARCH_LAYOUTS
 
+    mqar_archs = [a for stage in plan.mqar.stages for a in stage.archs]
     checks = {
         "archs": (plan.archs, ARCH_LAYOUTS),
+        "mqar.stages[].archs": (mqar_archs, ARCH_LAYOUTS),
         "families": (plan.families, FAMILY_NAMES),
         "mad.tasks": (plan.mad.tasks, MAD_TASKS),
         "mad.task_settings": (list(plan.mad.task_settings), MAD_TASKS),
-        "a5.criterion": ([plan.a5.criterion], ("token", "sequence")),
+        "a5.criterion": ([plan.a5.criterion], CRITERIA),
+        "model_overrides": (list(plan.model_overrides), ARCH_LAYOUTS),
+        "estimate.tokens_per_s": (list(plan.estimate.tokens_per_s), ARCH_LAYOUTS),
     }
     for key, (values, valid) in checks.items():
         bad = [v for v in values if v not in valid]
         if bad:
             raise KeyError(f"{key}: unknown {bad}; valid: {sorted(valid)}")
-    if sorted(plan.a5.depths) != list(plan.a5.depths):
-        raise ValueError(f"a5.depths must be increasing, got {plan.a5.depths}")
+    for key in ("members", "procs_per_gpu"):
+        if getattr(plan, key) < 1:
+            raise ValueError(f"{key}={getattr(plan, key)} must be >= 1")
+    for i, stage in enumerate(plan.a5.stages):
+        if any(n < 1 for n in stage.lengths) or any(d < 1 for d in stage.depths):
+            raise ValueError(f"a5.stages[{i}]: lengths and depths must be >= 1, got {stage.lengths}, {stage.depths}")

@@ -1,52 +1,36 @@
-"""Tables (Markdown) and plots (PNG) of a synthetic-benchmark run, from its results.json content.
+"""Tables (Markdown) and plots (PNG) of the synthetic benchmarks, made from a results folder and the plan.
 
-- A5: the minimum number of blocks at which any seed reaches the threshold, per length and arch
-  (">D" = not solved up to the deepest tried depth D); in brackets the best held-out accuracy of that cell.
-- MQAR: best held-out accuracy (over learning rates and seeds) per (length, pairs) cell and arch.
-- MAD: best held-out accuracy per task and arch, and the mean over tasks.
+The plan says which (cell, seed)s should exist and the results folder which do, so an unfinished cell is shown as
+unfinished, never as a result:
 
-Every table has a `steps` column (the optimiser steps each arch's runs took, min-max) and marks with † a value that
-rests on a run the time budget stopped before its planned steps, so a short run is never read as a full one.
+- A5, minimum depth per (arch, length): `d` = some seed of depth d reached the threshold and every shallower depth
+  finished all its seeds without; `≤d` = solved at d while a shallower depth is unfinished; `>D` = every planned
+  depth up to D finished unsolved; `>k …` = depths up to k finished unsolved and the next is unfinished (`…` when
+  k = 0); `not run` = no run of the cell has finished. In brackets the best held-out accuracy of the cell.
+- MQAR: best held-out accuracy over learning rates and seeds per (arch, depth, width) and (length, pairs) cell, the
+  best lr in brackets, `(k/n)` when only k of the cell's n planned runs have finished.
+- MAD: best accuracy over learning rates, weight decays and seeds per task, `(k/n)` likewise.
 """
 
 from __future__ import annotations
 
-from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-import matplotlib
+from klalm.markdown import fill_sections
+from klalm.tasks.plans import CRITERIA, RunPlan, plan_units
+from klalm.tasks.results import Results
+from klalm.tasks.units import Unit, row_key
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402  (after choosing the headless backend)
-
-Runs = list[dict[str, Any]]
-
-
-def _archs(runs: Runs) -> list[str]:
-    return list(dict.fromkeys(r["arch"] for r in runs))
-
-
-def _pct(value: float | None) -> str:
-    return "-" if value is None else f"{100 * value:.1f}"
+Row = dict[str, Any]
+Figure = tuple[Path, str]  # (PNG file to write, its path as the Markdown links it)
+# family -> (run rows of each planned unit): unit, {seed: row or None}
+Planned = list[tuple[Unit, dict[int, Row | None]]]
 
 
-CUT_SHORT = "†"
-
-
-def cut_short(run: dict[str, Any]) -> bool:
-    """The time budget ended the run before its planned steps."""
-    return run["steps"] < run.get("planned_steps", run["steps"])
-
-
-def _mark(text: str, runs: Runs) -> str:
-    """`text`, marked with CUT_SHORT when any of `runs` (the runs behind it) was cut short."""
-    return f"{text} {CUT_SHORT}" if any(cut_short(r) for r in runs) else text
-
-
-def _steps(runs: Runs) -> str:
-    steps = sorted(r["steps"] for r in runs)
-    return str(steps[0]) if steps[0] == steps[-1] else f"{steps[0]}-{steps[-1]}"
+def planned(plan: RunPlan, rows: list[Row], family: str) -> Planned:
+    index = {row_key(r): r for r in rows}
+    return [(u, {s: index.get(u.key(s)) for s in u.seeds}) for u in plan_units(plan) if u.family == family]
 
 
 def _table(header: list[str], rows: list[list[str]]) -> str:
@@ -54,168 +38,232 @@ def _table(header: list[str], rows: list[list[str]]) -> str:
     return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in rows])
 
 
-def a5_min_blocks(runs: Runs, a5_plan: dict) -> dict[str, dict[int, tuple[int | None, float]]]:
-    """arch -> length -> (minimum solving depth or None, best metric value seen in that cell)."""
-    metric = {"token": "token_acc", "sequence": "seq_acc"}[a5_plan["criterion"]]
-    cells: dict[str, dict[int, tuple[int | None, float]]] = defaultdict(dict)
-    for arch in _archs(runs):
-        mine = [r for r in runs if r["arch"] == arch]
-        for length in sorted({r["length"] for r in mine}):
-            cell = [r for r in mine if r["length"] == length]
-            solved = [r["n_layers"] for r in cell if r[metric] >= a5_plan["threshold"]]
-            cells[arch][length] = (min(solved) if solved else None, max(r[metric] for r in cell))
-    return cells
+def _pct(value: float) -> str:
+    return f"{100 * value:.1f}"
 
 
-def best_by(runs: Runs, key: str) -> dict[str, dict[Any, float]]:
-    """arch -> runs[key] value -> best token accuracy over the other settings (lr, wd, seed)."""
-    best: dict[str, dict[Any, float]] = defaultdict(dict)
-    for r in runs:
-        cell = r[key] if not isinstance(r[key], list) else tuple(r[key])
-        best[r["arch"]][cell] = max(best[r["arch"]].get(cell, 0.0), r["token_acc"])
-    return best
+def _done(runs: dict[int, Row | None]) -> list[Row]:
+    return [r for r in runs.values() if r is not None]
 
 
-def a5_section(runs: Runs, a5_plan: dict, out_dir: Path) -> str:
-    cells = a5_min_blocks(runs, a5_plan)
-    deepest = max(a5_plan["depths"])
-    lengths = sorted({r["length"] for r in runs})
-    rows = []
-    for arch, per_length in cells.items():
-        row = [arch]
-        for n in lengths:
-            cell = per_length.get(n)
-            behind = [r for r in runs if r["arch"] == arch and r["length"] == n]
-            row.append("-" if cell is None else _mark(f"{cell[0] or f'>{deepest}'} ({_pct(cell[1])})", behind))
-        rows.append(row + [_steps([r for r in runs if r["arch"] == arch])])
-    short = {(r["arch"], r["length"]) for r in runs if cut_short(r)}
-    _plot_a5(cells, lengths, deepest, a5_plan, short, out_dir / "a5_min_blocks.png")
-    header = ["arch"] + [f"L={n}" for n in lengths] + ["steps"]
-    criterion = f"{a5_plan['criterion']} accuracy >= {100 * a5_plan['threshold']:.0f}%"
-    return f"### A5: minimum blocks ({criterion}; best accuracy % in brackets)\n\n" + _table(header, rows)
+# ------------------------------------------------------------------------------------------------------------ A5
 
 
-def _plot_a5(cells: dict, lengths: list[int], deepest: int, a5_plan: dict, short: set, path: Path) -> None:
-    """Minimum blocks per arch: grouped bars at each length (so one length reads as well as many), a hatched bar up
-    to the "not solved" line where no tried depth reached the threshold, the best accuracy written on each bar
-    (with † where a run behind it was cut short by the time budget)."""
-    archs = list(cells)
+def a5_grid(plan: RunPlan, rows: list[Row]) -> dict[str, dict[int, dict[int, tuple[int, list[Row]]]]]:
+    """arch -> length -> depth -> (planned seeds, finished rows)."""
+    grid: dict[str, dict[int, dict[int, tuple[int, list[Row]]]]] = {}
+    for unit, runs in planned(plan, rows, "a5"):
+        cell = grid.setdefault(unit.arch, {}).setdefault(unit.task["length"], {})
+        seeds, done = cell.get(unit.n_layers, (0, []))
+        cell[unit.n_layers] = (seeds + len(runs), done + _done(runs))
+    return grid
+
+
+def min_depth(depths: dict[int, tuple[int, list[Row]]], metric: str, threshold: float) -> tuple[str, str]:
+    """(text, state) of one (arch, length): state is solved, unsolved, unfinished or open (see the module doc)."""
+    lower_complete, highest_unsolved = True, 0
+    for depth in sorted(depths):
+        seeds, done = depths[depth]
+        if any(r[metric] >= threshold for r in done):
+            return (str(depth) if lower_complete else f"≤{depth}"), "solved"
+        complete = len(done) == seeds
+        if complete and lower_complete:
+            highest_unsolved = depth
+        lower_complete = lower_complete and complete
+    if lower_complete:
+        return f">{max(depths)}", "unsolved"
+    if not any(done for _, done in depths.values()):
+        return "not run", "open"
+    return (f">{highest_unsolved} …" if highest_unsolved else "…"), "unfinished"
+
+
+def a5_section(plan: RunPlan, rows: list[Row], figure: Figure | None) -> str:
+    metric, threshold = CRITERIA[plan.a5.criterion], plan.a5.threshold
+    grid = a5_grid(plan, rows)
+    lengths = sorted({length for per_arch in grid.values() for length in per_arch})
+    table, cells = [], {}
+    for arch, per_length in grid.items():
+        line = [arch]
+        for length in lengths:
+            if length not in per_length:
+                line.append("")
+                continue
+            text, state = min_depth(per_length[length], metric, threshold)
+            done = [r for _, rs in per_length[length].values() for r in rs]
+            cells[arch, length] = (text, state)
+            line.append(text + (f" ({_pct(max(r[metric] for r in done))})" if done else ""))
+        table.append(line)
+    criterion = f"{plan.a5.criterion} accuracy ≥ {100 * threshold:.0f} %"
+    parts = [
+        f"A5, minimum blocks ({criterion}; best accuracy % in brackets):",
+        _table(["arch"] + [f"L={n}" for n in lengths], table),
+        "A5 runs (finished seeds / planned, seeds that reached the threshold, best accuracies %, steps):",
+        a5_runs_table(grid, metric, threshold),
+    ]
+    if figure is not None and rows:
+        plot_a5(cells, lengths, max(d for a in grid.values() for c in a.values() for d in c), plan, figure[0])
+        parts.append(f"![A5 minimum blocks]({figure[1]})")
+    return "\n\n".join(parts)
+
+
+def a5_runs_table(grid: dict, metric: str, threshold: float) -> str:
+    lines = []
+    for arch, per_length in grid.items():
+        for length, per_depth in sorted(per_length.items()):
+            for depth, (seeds, done) in sorted(per_depth.items()):
+                if not done:
+                    continue
+                solved = ",".join(str(r["seed"]) for r in done if r[metric] >= threshold) or "none"
+                steps = sorted(r["steps"] for r in done)
+                lines.append([arch, str(length), str(depth), f"{len(done)}/{seeds}", solved,
+                              _pct(max(r["token_acc"] for r in done)), _pct(max(r["seq_acc"] for r in done)),
+                              f"{steps[0]}" if steps[0] == steps[-1] else f"{steps[0]}-{steps[-1]}"])  # fmt: skip
+    if not lines:
+        return "(none finished yet)"
+    return _table(["arch", "L", "blocks", "seeds", "solved by", "token acc", "seq acc", "steps"], lines)
+
+
+BAR_STYLES = {"solved": (None, 1.0), "unsolved": ("//", 0.35), "unfinished": ("..", 0.15), "open": ("..", 0.08)}
+
+
+def plot_a5(cells: dict, lengths: list[int], deepest: int, plan: RunPlan, path: Path) -> None:
+    """Grouped bars per length: solid at the minimum depth, hatched up to "not solved", light where unfinished."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    archs = list(dict.fromkeys(arch for arch, _ in cells))
     width = 0.8 / max(len(archs), 1)
-    crowded = len(archs) * len(lengths) > 12  # then the accuracies stand upright above their bars
     fig, ax = plt.subplots(figsize=(min(12.0, max(6.0, 1.5 + len(lengths) * (0.3 + 0.25 * len(archs)))), 4.5))
     for i, arch in enumerate(archs):
         for j, length in enumerate(lengths):
-            if length not in cells[arch]:
+            if (arch, length) not in cells:
                 continue
-            depth, best = cells[arch][length]
+            text, state = cells[arch, length]
             x = j + (i - (len(archs) - 1) / 2) * width
-            solved = depth is not None
-            ax.bar(x, depth if solved else deepest + 1, width, color=f"C{i}", hatch=None if solved else "//",
-                   alpha=1.0 if solved else 0.35, label=arch if j == 0 else None)  # fmt: skip
-            label = f"{100 * best:.0f}%" + (f" {CUT_SHORT}" if (arch, length) in short else "")
-            top = (depth if solved else deepest + 1) + 0.05
-            ax.annotate(label, (x, top), ha="center", va="bottom", fontsize=7, rotation=90 if crowded else 0)
+            height = int(text.lstrip("≤")) if state == "solved" else deepest + 1
+            hatch, alpha = BAR_STYLES[state]
+            ax.bar(x, height, width, color=f"C{i}", hatch=hatch, alpha=alpha, label=arch if j == 0 else None)
+            ax.annotate(text, (x, height + 0.05), ha="center", va="bottom", fontsize=7, rotation=90)
     ax.axhline(deepest + 0.5, color="grey", lw=0.8, ls=":")
     ax.set_xticks(range(len(lengths)), [f"L={n}" for n in lengths])
-    ax.set_yticks(range(1, deepest + 2), [*map(str, range(1, deepest + 1)), f"not solved\n(<= {deepest})"])
-    ax.set_ylim(0, deepest + (2.0 if crowded else 1.6))
+    ax.set_yticks(range(1, deepest + 2), [*map(str, range(1, deepest + 1)), f"not solved\n(≤ {deepest})"])
+    ax.set_ylim(0, deepest + 2.2)
     ax.set(xlabel="sequence length", ylabel="minimum blocks")
-    ax.set_title(f"A5: min blocks reaching {100 * a5_plan['threshold']:.0f}% ({a5_plan['criterion']} acc)", fontsize=10)
+    title = f"A5: fewest blocks reaching {100 * plan.a5.threshold:.0f}% ({plan.a5.criterion} acc); dotted: unfinished"
+    ax.set_title(title, fontsize=10)
     ax.legend(fontsize=8, ncols=len(archs), loc="upper center", bbox_to_anchor=(0.5, -0.14), frameon=False)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
 
 
-def mqar_section(runs: Runs, out_dir: Path) -> str:
-    best = best_by([{**r, "cell": (r["length"], r["pairs"])} for r in runs], "cell")
-    cells = sorted({(r["length"], r["pairs"]) for r in runs})
-    rows = []
-    for arch, per in best.items():
-        mine = [r for r in runs if r["arch"] == arch]
-        behind = {c: [r for r in mine if (r["length"], r["pairs"]) == c] for c in cells}
-        rows.append([arch] + [_mark(_pct(per.get(c)), behind[c]) for c in cells] + [_steps(mine)])
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for arch, per in best.items():
-        xs = [c for c in cells if c in per]
-        ax.plot([c[0] for c in xs], [100 * per[c] for c in xs], marker="o", label=arch)
-    ax.set_xscale("log", base=2)
-    ax.set(
-        xlabel="sequence length (pairs grow with it)",
-        ylabel="accuracy (%)",
-        ylim=(0, 101),
-        title="MQAR: held-out accuracy at query positions",
-    )
-    ax.set_xticks([c[0] for c in cells], [f"{n}\nK={k}" for n, k in cells])
-    ax.minorticks_off()
-    ax.legend()
+# ------------------------------------------------------------------------------------------------------------ MQAR
+
+
+def best_runs(plan: RunPlan, rows: list[Row], family: str, row_of, column_of) -> dict:
+    """(row label, column label) -> (finished rows, planned runs) over a family's planned units."""
+    cells: dict[tuple[str, str], tuple[list[Row], int]] = {}
+    for unit, runs in planned(plan, rows, family):
+        key = (row_of(unit), column_of(unit))
+        done, count = cells.get(key, ([], 0))
+        cells[key] = (done + _done(runs), count + len(runs))
+    return cells
+
+
+def _best_text(done: list[Row], count: int, with_lr: bool) -> str:
+    if not done:
+        return "not run"
+    best = max(done, key=lambda r: r["token_acc"])
+    text = _pct(best["token_acc"]) + (f" (lr {best['train']['lr']:g})" if with_lr else "")
+    return text + ("" if len(done) == count else f" ({len(done)}/{count})")
+
+
+def _grid_table(cells: dict, first: str, with_lr: bool) -> str:
+    rows_, columns = list(dict.fromkeys(r for r, _ in cells)), list(dict.fromkeys(c for _, c in cells))
+    lines = [[r] + [_best_text(*cells[r, c], with_lr) if (r, c) in cells else "" for c in columns] for r in rows_]
+    return _table([first, *columns], lines)
+
+
+def _blocks(n: int) -> str:
+    return f"{n} block" + ("s" if n != 1 else "")
+
+
+def mqar_section(plan: RunPlan, rows: list[Row], figure: Figure | None) -> str:
+    cells = best_runs(plan, rows, "mqar", lambda u: f"{u.arch}, {_blocks(u.n_layers)}, d={u.d_model}",
+                      lambda u: f"L={u.task['length']} K={u.task['num_pairs']}")  # fmt: skip
+    text = "MQAR, held-out accuracy % at the query positions (best over learning rates and seeds):\n\n"
+    text += _grid_table(cells, "model", with_lr=True)
+    if figure is not None and rows:
+        plot_lines(cells, "MQAR: best held-out accuracy", figure[0])
+        text += f"\n\n![MQAR accuracy]({figure[1]})"
+    return text
+
+
+def plot_lines(cells: dict, title: str, path: Path) -> None:
+    """Accuracy per column (x, categorical) for each row label that has a finished run."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    labels, columns = list(dict.fromkeys(r for r, _ in cells)), list(dict.fromkeys(c for _, c in cells))
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for label in labels:
+        points = [(i, max(r["token_acc"] for r in cells[label, c][0])) for i, c in enumerate(columns)
+                  if (label, c) in cells and cells[label, c][0]]  # fmt: skip
+        if points:
+            ax.plot([p[0] for p in points], [100 * p[1] for p in points], marker="o", label=label)
+    ax.set_xticks(range(len(columns)), columns, rotation=20)
+    ax.set(ylabel="accuracy (%)", ylim=(0, 101), title=title)
+    ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(out_dir / "mqar_accuracy.png", dpi=120)
+    fig.savefig(path, dpi=120)
     plt.close(fig)
-    header = ["arch"] + [f"L={n} K={k}" for n, k in cells] + ["steps"]
-    return "### MQAR: accuracy % (best learning rate)\n\n" + _table(header, rows)
 
 
-def mad_section(runs: Runs, out_dir: Path) -> str:
-    best = best_by(runs, "task")
-    tasks = list(dict.fromkeys(r["task"] for r in runs))
-    rows = []
-    for arch, per in best.items():
-        mine = [r for r in runs if r["arch"] == arch]
-        values = [per.get(t) for t in tasks]
-        mean = sum(values) / len(values) if None not in values else None
-        marked = [_mark(_pct(v), [r for r in mine if r["task"] == t]) for v, t in zip(values, tasks)]
-        rows.append([arch] + marked + [_mark(_pct(mean), mine), _steps(mine)])
-    fig, ax = plt.subplots(figsize=(8, 4))
-    width = 0.8 / max(len(best), 1)
-    for i, (arch, per) in enumerate(best.items()):
-        ax.bar([t + i * width for t in range(len(tasks))], [100 * per.get(t, 0.0) for t in tasks], width, label=arch)
-    ax.set_xticks(
-        [t + 0.4 - width / 2 for t in range(len(tasks))], [t.removeprefix("mad_") for t in tasks], rotation=20
-    )
-    ax.set(ylabel="accuracy (%)", ylim=(0, 101), title="MAD-Lab: held-out accuracy (best lr/wd)")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(out_dir / "mad_accuracy.png", dpi=120)
-    plt.close(fig)
-    header = ["arch"] + [t.removeprefix("mad_") for t in tasks] + ["mean", "steps"]
-    return "### MAD-Lab: accuracy % (best lr x wd)\n\n" + _table(header, rows)
+# ------------------------------------------------------------------------------------------------------------ MAD
 
 
-def problems_section(runs: Runs) -> str:
-    """Failed and skipped runs, one line each."""
-    lines = [
-        f"- {r['family']} {r['arch']} "
-        + " ".join(f"{k}={r[k]}" for k in ("length", "pairs", "task", "n_layers") if k in r)
-        + f": {r.get('error') or r.get('skipped')}"
-        for r in runs
-    ]
-    return "### Failed or skipped runs\n\n" + "\n".join(lines)
+def mad_section(plan: RunPlan, rows: list[Row], figure: Figure | None) -> str:
+    cells = best_runs(plan, rows, "mad", lambda u: u.arch, lambda u: u.task["name"].removeprefix("mad_"))
+    text = "MAD-Lab, held-out accuracy % (best over learning rates, weight decays and seeds):\n\n"
+    text += _grid_table(cells, "arch", with_lr=False)
+    if figure is not None and rows:
+        plot_lines(cells, "MAD-Lab: best held-out accuracy", figure[0])
+        text += f"\n\n![MAD accuracy]({figure[1]})"
+    return text
 
 
-def write_report(results: dict, out_dir: Path) -> str:
-    """Write results.md and the PNGs into out_dir; returns the Markdown."""
-    problems = [r for r in results["runs"] if "error" in r or "skipped" in r]
-    runs = [r for r in results["runs"] if r not in problems]
-    wall = f", {results['wall_s']:.0f} s" if "wall_s" in results else ""
-    parts = [f"## Synthetic benchmarks ({results['device_name']}, {len(runs)} runs{wall})"]
-    families = {
-        "a5": lambda rs: a5_section(rs, results["plan"]["a5"], out_dir),
-        "mqar": lambda rs: mqar_section(rs, out_dir),
-        "mad": lambda rs: mad_section(rs, out_dir),
-    }
-    for family, section in families.items():
-        mine = [r for r in runs if r["family"] == family]
-        if mine:
-            parts.append(section(mine))
-    if problems:
-        parts.append(problems_section(problems))
-    short = [r for r in runs if cut_short(r)]
-    if short:
-        parts.append(
-            f"{CUT_SHORT} rests on a run that the time budget stopped before its planned steps ({len(short)} of "
-            f"{len(runs)} runs; `steps` gives each arch's steps, min-max): compare such values with care."
-        )
-    markdown = "\n\n".join(parts) + "\n"
-    (out_dir / "results.md").write_text(markdown)
+SECTIONS = {"a5": a5_section, "mqar": mqar_section, "mad": mad_section}
+
+
+def sections(plan: RunPlan, folder: Path, image_dir: Path, link_prefix: str) -> dict[str, str]:
+    """family -> Markdown section, for the plan's families; plots go to image_dir/synthetic_<family>.png and are
+    linked as link_prefix + that name."""
+    if not folder.is_dir():
+        raise FileNotFoundError(f"results folder {folder} does not exist")
+    results = Results(folder, plan.families)
+    out = {}
+    for family in plan.families:
+        name = f"synthetic_{family}.png"
+        out[family] = SECTIONS[family](plan, results.rows[family], (image_dir / name, link_prefix + name))
+    return out
+
+
+def write_doc(plan: RunPlan, folder: Path, doc: Path) -> str:
+    """Rewrite the <!-- synthetic:FAMILY --> sections of `doc` (plots in doc's img/ folder); returns a summary."""
+    image_dir = doc.parent / "img"
+    image_dir.mkdir(exist_ok=True)
+    filled = fill_sections(doc.read_text(encoding="utf-8"), sections(plan, folder, image_dir, "img/"), "synthetic")
+    doc.write_text(filled, encoding="utf-8")
+    return f"{doc}: sections {', '.join(plan.families)} from {folder}"
+
+
+def write_folder(plan: RunPlan, folder: Path, out: Path) -> str:
+    """results.md (every section) and the plots in `out`; returns the Markdown."""
+    out.mkdir(parents=True, exist_ok=True)
+    markdown = "\n\n".join(f"## {family}\n\n{text}" for family, text in sections(plan, folder, out, "").items()) + "\n"
+    (out / "results.md").write_text(markdown)
     return markdown

@@ -1,258 +1,321 @@
-"""Train every architecture on the synthetic benchmarks and write tables and plots.
+"""Run a synthetic plan in blocks of GPU time, whole units only, resuming from the results folder.
 
-    python scripts/run_synthetic.py --budget quick --out runs/synthetic         # ~6 min on one H200
-    python scripts/run_synthetic.py --budget full --out runs/a5 --families a5 --archs kla,gpt --a5-lengths 8,16
+    klalm-synthetic run --plan full --families a5 --results results/synthetic --time-budget-s 500
+    klalm-synthetic plan --plan full --families a5 --results results/synthetic     # what is done, what is left
+    klalm-synthetic report --plan full --results results/synthetic --doc docs/synthetic.md
+    klalm-synthetic merge --from <copy of a results folder> --results results/synthetic
 
-A budget is a YAML file in configs/synthetic/ (`quick`, `full`, `cpu`) or a path, read into the dataclasses of
-`klalm.tasks.plans`; command-line knobs override it. Families:
-- a5: for each arch and length, depths are tried in increasing order and the first depth at which any seed reaches
-  the threshold (held-out per-token accuracy, or whole-sequence with `criterion: sequence`) is recorded; the
-  remaining depths of that cell are skipped.
-- mqar: each (length, pairs) cell with `n_layers` blocks, the best accuracy over the learning rates and seeds.
-- mad: each of the six MAD tasks, the best accuracy over learning rates x weight decays x seeds.
-With `time_budget_s`, the whole program (data, builds, training, evaluation) aims to finish within that many
-seconds: every run gets an equal share of what is left, minus the median measured per-run overhead.
+A block walks the plan's units in order (klalm.tasks.plans) and starts each unit that is ready and fits: its
+(cell, seed)s have no row yet; for A5, every shallower depth of its (arch, length) listed before it has finished
+without solving the cell, and no depth up to its own has solved it; and its estimated time (klalm.tasks.results)
+ends before the block's deadline. A unit of a kind this device has never measured starts whenever its prior
+overhead fits, and gives up by itself (no rows, only its measured rate) once its rate says it would end too late,
+so every kind gets measured. Slots run units side by side: `procs_per_gpu` child processes on each GPU, each
+training `members` seeds in one CUDA graph; a finished unit's rows are appended at once.
 """
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import json
-import math
-import statistics
+import logging
+import os
+import subprocess
 import sys
+import tempfile
+import threading
 import time
-import traceback
 from pathlib import Path
-from typing import Any
 
 import torch
 
-from klalm.tasks import make_task
-from klalm.tasks.a5 import A5Task
-from klalm.tasks.base import SyntheticTask, materialize
-from klalm.tasks.plans import RunPlan, apply_args, count_runs, load_plan, parse_args
-from klalm.tasks.report import write_report
-from klalm.tasks.train import FreshBatches, SplitBatches, TrainSettings, evaluate, train, wrap_readout
+from klalm.tasks.plans import RunPlan, add_plan_args, apply_args, load_plan, plan_units
+from klalm.tasks.results import Results, estimate_s, merge
+from klalm.tasks.units import CELL_FIELDS, Execution, Unit, UnitOutcome, run_unit
 
-DATA_SEED = 0  # every arch trains and tests on the same fixed splits
-A5_AUX_LENGTH = 2  # SLiCE: a batch of length-2 sequences joins every A5 step
-MIN_RUN_TRAIN_S = 1.0  # a run always gets at least this much training time, seconds
-BUDGET_GRACE_FRAC = 0.1  # runs start until the deadline plus this fraction of the budget; later ones are skipped
+log = logging.getLogger("klalm.synthetic")
+
+MARGIN_S = 15.0  # units must end this long before the deadline (rows written, processes gone)
+PROBE_S = 30.0  # an unmeasured unit starts only with its prior overhead plus this many seconds left
 
 
-class Budget:
-    """Shares a wall-clock budget between the runs still planned (None: no limit)."""
-
-    def __init__(self, total_s: float | None, planned_runs: int):
-        self.deadline = None if total_s is None else time.perf_counter() + total_s
-        self.grace_s = 0.0 if total_s is None else BUDGET_GRACE_FRAC * total_s
-        self.remaining_runs, self.overheads = planned_runs, []
-
-    def expired(self) -> bool:
-        """True once the deadline plus a grace period has passed: later runs are skipped, not squeezed."""
-        return self.deadline is not None and time.perf_counter() > self.deadline + self.grace_s
-
-    def limit(self) -> float | None:
-        """Training seconds for the next run."""
-        if self.deadline is None:
-            return None
-        overhead = statistics.median(self.overheads) if self.overheads else 0.0  # robust to one-off compiles
-        share = (self.deadline - time.perf_counter()) / max(self.remaining_runs, 1)
-        return max(share - overhead, MIN_RUN_TRAIN_S)
-
-    def finished(self, wall_s: float, train_s: float) -> None:
-        self.overheads.append(max(wall_s - train_s, 0.0))
-        self.remaining_runs -= 1
-
-    def skip(self, runs: int) -> None:
-        self.remaining_runs -= runs
+def _depth_group(unit: Unit) -> str:
+    """A5: the unit's cell without its depth (the column of the minimum-depth figure)."""
+    return json.dumps({k: v for k, v in unit.cell().items() if k != "n_layers"}, sort_keys=True)
 
 
-@dataclasses.dataclass
-class RunSpec:
-    """One training run: what to build, how to train it, on what data."""
-
-    family: str
-    arch: str
-    task: SyntheticTask
-    n_layers: int
-    d_model: int
-    settings: TrainSettings
-    seed: int
-    test: tuple[torch.Tensor, torch.Tensor]  # the held-out split, [N, L] each
-    train_split: tuple[torch.Tensor, torch.Tensor] | None = None  # None: a fresh batch at every step
-    aux_task: SyntheticTask | None = None  # A5: the length-2 auxiliary batch
-    tags: dict[str, Any] = dataclasses.field(default_factory=dict)  # recorded with the result (length, task, ...)
+def _row_depth_group(row: dict) -> str:
+    return json.dumps({k: row[k] for k in CELL_FIELDS if k != "n_layers"}, sort_keys=True)
 
 
-class Session:
-    """Device, data caches, budget and the list of results (written to results.json after every run)."""
-
-    def __init__(self, plan: RunPlan, out_dir: Path):
-        self.plan, self.out_dir = plan, out_dir
-        self.device = torch.device(
-            ("cuda" if torch.cuda.is_available() else "cpu") if plan.device == "auto" else plan.device
-        )
-        self.records: list[dict[str, Any]] = []
-        self.budget = Budget(plan.time_budget_s, count_runs(plan))
-        self._splits: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
-        out_dir.mkdir(parents=True, exist_ok=True)
-        print(f"[synthetic] device {self.device}, {self.budget.remaining_runs} runs planned, out {out_dir}", flush=True)
-
-    def split(self, task: SyntheticTask, num_examples: int, split: str) -> tuple[torch.Tensor, torch.Tensor]:
-        """A fixed split on the device, generated once per (task, size, split)."""
-        key = (task, num_examples, split)
-        if key not in self._splits:
-            inputs, labels = materialize(task, num_examples, DATA_SEED, split)
-            self._splits[key] = (inputs.to(self.device), labels.to(self.device))
-        return self._splits[key]
-
-    def run(self, spec: RunSpec) -> dict:
-        """Build, train and evaluate one model; record the result (or the error, or the skip) and return it.
-
-        A run that raises is recorded with its error and the grid goes on (one broken arch must not lose the
-        other archs' results); `main` exits non-zero if any run failed.
-        """
-        settings = spec.settings
-        record = {
-            "family": spec.family,
-            "arch": spec.arch,
-            "seed": spec.seed,
-            "n_layers": spec.n_layers,
-            "d_model": spec.d_model,
-            "lr": settings.lr,
-            "weight_decay": settings.weight_decay,
-            **spec.tags,
-        }
-        shown = " ".join(f"{k}={v}" for k, v in record.items() if k not in ("family", "arch"))
-        start = time.perf_counter()
-        if self.budget.expired():
-            record["skipped"] = "time budget exhausted"
-            self.budget.skip(1)
-        else:
-            try:
-                record.update(self._train_and_evaluate(spec))
-            except Exception as err:  # recorded and printed here, a non-zero exit in main
-                traceback.print_exc()
-                record["error"] = f"{type(err).__name__}: {err}"
-            self.budget.finished(time.perf_counter() - start, record.get("train_time_s", 0.0))
-        self.records.append(record)
-        (self.out_dir / "results.json").write_text(json.dumps(self.results(), indent=1))
-        outcome = record.get("error") or record.get("skipped")
-        if outcome is None:
-            outcome = (
-                f"steps={record['steps']} train={record['train_time_s']:.1f}s loss={record['final_loss']:.3f} "
-                f"acc={record['token_acc']:.3f} seq_acc={record['seq_acc']:.3f}"
-            )
-        print(f"[{spec.family} {spec.arch} {shown}] {outcome}", flush=True)
-        return record
-
-    def _train_and_evaluate(self, spec: RunSpec) -> dict[str, Any]:
-        from klalm.models import build_model  # lazy: the model zoo is heavy to import
-
-        torch.manual_seed(spec.seed)
-        overrides = self.plan.model_overrides.get(spec.arch, {})
-        vocab, d_model = spec.task.vocab_size, spec.d_model
-        model = build_model(spec.arch, d_model=d_model, n_layers=spec.n_layers, vocab_size=vocab, **overrides)
-        module = wrap_readout(model, spec.task, d_model).to(self.device)
-        settings = dataclasses.replace(spec.settings, time_limit_s=self.budget.limit())
-        if spec.train_split is not None:
-            next_batch = SplitBatches(*spec.train_split, settings.batch_size, spec.seed)
-        else:
-            next_batch = FreshBatches(spec.task, settings.batch_size, spec.seed, self.device)
-        aux = None
-        if spec.aux_task is not None and settings.aux_batch_size > 0:
-            aux = FreshBatches(spec.aux_task, settings.aux_batch_size, spec.seed + 10_000, self.device)
-        stats = train(module, next_batch, settings, self.device, aux_batch=aux)
-        metrics = evaluate(module, *spec.test, settings.eval_batch_size, self.device)
-        return {**metrics, **stats, "params": sum(p.numel() for p in module.parameters())}
-
-    def results(self) -> dict:
-        return {
-            "plan": dataclasses.asdict(self.plan),
-            "device": str(self.device),
-            "device_name": torch.cuda.get_device_name() if self.device.type == "cuda" else "cpu",
-            "runs": self.records,
-        }
+def solved_depths(rows: list[dict]) -> dict[str, set[int]]:
+    """A5 rows -> depth group -> depths at which some seed reached its stop threshold."""
+    solved: dict[str, set[int]] = {}
+    for row in rows:
+        if row["stop"] is not None and row[row["stop"]["metric"]] >= row["stop"]["threshold"]:
+            solved.setdefault(_row_depth_group(row), set()).add(row["n_layers"])
+    return solved
 
 
-def run_a5(session: Session, arch: str) -> None:
-    """Minimum depth per length (see `a5_min_depth`)."""
-    for length in session.plan.a5.lengths:
-        a5_min_depth(session, arch, A5Task(length=length))
+class Block:
+    """One invocation's work: which units run, in which slot, until the deadline.
 
-
-def a5_min_depth(session: Session, arch: str, task: A5Task) -> int | None:
-    """Try depths in increasing order; return the first one that any seed solves (None: none does).
-
-    The rest of the cell (later seeds and depths) is skipped once a run solves it.
+    Args:
+        plan: the plan (after command-line knobs).
+        results: the results folder.
+        device: "cuda" or "cpu".
+        gpus: GPUs to use (0 on the CPU).
+        in_process: run units in this process (one slot only; a CUDA error then ends the block).
+        time_budget_s: this block's wall-clock budget from now (None: no deadline).
+        commit: recorded with every row.
     """
-    plan = session.plan.a5
-    metric = {"token": "token_acc", "sequence": "seq_acc"}[plan.criterion]
-    test, aux_task = session.split(task, plan.num_test, "test"), A5Task(length=A5_AUX_LENGTH)
-    tried, cell_runs = 0, len(plan.depths) * len(plan.seeds)
-    for depth in plan.depths:
-        for seed in plan.seeds:
-            tags = {"length": task.length}
-            spec = RunSpec("a5", arch, task, depth, plan.d_model, plan.train, seed, test, None, aux_task, tags)
-            tried += 1
-            if session.run(spec).get(metric, -1.0) >= plan.threshold:
-                session.budget.skip(cell_runs - tried)
-                return depth
-    return None
+
+    def __init__(self, plan: RunPlan, results: Results, device: str, gpus: int, in_process: bool,
+                 time_budget_s: float | None, commit: str) -> None:  # fmt: skip
+        self.plan, self.results, self.device, self.gpus = plan, results, device, gpus
+        self.slots = max(gpus, 1) * plan.procs_per_gpu
+        if in_process and self.slots > 1:
+            raise ValueError(f"--in-process runs one unit at a time, but {self.slots} slots were asked for")
+        self.in_process = in_process
+        self.device_name = torch.cuda.get_device_name(0) if device == "cuda" else "cpu"
+        self.deadline = None if time_budget_s is None else time.time() + time_budget_s
+        self.execution = Execution(procs_per_gpu=plan.procs_per_gpu, commit=commit)
+        self.units = plan_units(plan)
+        self.running: list[Unit] = []
+        self.failed: list[tuple[Unit, str]] = []
+        self._busy: set[str] = set()  # keys of the (cell, seed)s running or failed in this block
+        self._failed: set[str] = set()
+        self.finished_rows = 0
+        self._told: set[int] = set()
+        self._cond = threading.Condition()
+
+    # -- choosing ---------------------------------------------------------------------------------------------------
+
+    def free_seeds(self, unit: Unit) -> list[int]:
+        """Seeds of `unit` with no row, not running and not failed in this block."""
+        return [s for s in unit.seeds if not self.results.finished(unit, s) and unit.key(s) not in self._busy]
+
+    def states(self) -> list[tuple[Unit, str]]:
+        """Every unit with its state: done, solved (A5, skipped), running, failed, waits, or ready."""
+        solved = solved_depths(self.results.rows.get("a5", []))
+        unfinished: dict[str, set[int]] = {}
+        out = []
+        for unit in self.units:
+            group = _depth_group(unit) if unit.family == "a5" else None
+            left = [s for s in unit.seeds if not self.results.finished(unit, s)]
+            if not left:
+                state = "done"
+            elif group is not None and any(d <= unit.n_layers for d in solved.get(group, ())):
+                state = "solved"
+            elif not self.free_seeds(unit):
+                state = "failed" if any(unit.key(s) in self._failed for s in left) else "running"
+            elif group is not None and any(d < unit.n_layers for d in unfinished.get(group, ())):
+                state = "waits"
+            else:
+                state = "ready"
+            if group is not None and state not in ("done", "solved"):
+                unfinished.setdefault(group, set()).add(unit.n_layers)
+            out.append((unit, state))
+        return out
+
+    def estimate(self, unit: Unit) -> tuple[float, str]:
+        return estimate_s(unit, self.results.rates, self.device_name, self.plan.procs_per_gpu, self.plan.estimate)
+
+    def fits(self, unit: Unit) -> bool:
+        """Whether the unit may start now: its estimate ends before the deadline, or its kind is unmeasured here and
+        its prior overhead fits (then it gives up by itself if its measured rate says it would end too late)."""
+        if self.deadline is None:
+            return True
+        left = self.deadline - MARGIN_S - time.time()
+        seconds, source = self.estimate(unit)
+        return seconds <= left or (source == "prior" and self.plan.estimate.overhead_s + PROBE_S <= left)
+
+    def _claim(self) -> Unit | None:
+        """The next unit to start (its free seeds, as many as fit), or None when nothing can start in this block."""
+        with self._cond:
+            while True:
+                for unit, state in self.states():
+                    if state != "ready":
+                        continue
+                    free = self.free_seeds(unit)
+                    for count in range(len(free), 0, -1):
+                        part = dataclasses.replace(unit, seeds=free[:count])
+                        if self.fits(part):
+                            self.running.append(part)
+                            self._busy.update(part.key(s) for s in part.seeds)
+                            return part
+                    if id(unit) not in self._told:
+                        self._told.add(id(unit))
+                        seconds, source = self.estimate(dataclasses.replace(unit, seeds=free[:1]))
+                        log.info("%s: est. %.0f s with one seed (%s): left for a later block", unit.label(), seconds,
+                                 source)  # fmt: skip
+                if not self.running:
+                    return None
+                self._cond.wait()
+
+    # -- running ----------------------------------------------------------------------------------------------------
+
+    def _execute(self, unit: Unit, slot: int) -> UnitOutcome:
+        deadline = None if self.deadline is None else self.deadline - MARGIN_S
+        if self.in_process:
+            return run_unit(unit, torch.device(self.device), self.execution, deadline)
+        env = dict(os.environ)
+        if self.device == "cpu" and self.slots > 1:  # the slots share the cores instead of each spinning on all
+            env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // self.slots))
+        if self.device == "cuda":
+            visible = env.get("CUDA_VISIBLE_DEVICES", ",".join(map(str, range(self.gpus)))).split(",")
+            env["CUDA_VISIBLE_DEVICES"] = visible[slot // self.plan.procs_per_gpu]
+        with tempfile.TemporaryDirectory() as tmp:
+            unit_file, out_file = Path(tmp) / "unit.json", Path(tmp) / "outcome.json"
+            unit_file.write_text(json.dumps(dataclasses.asdict(unit)))
+            execution = json.dumps(dataclasses.asdict(self.execution))
+            command = [sys.executable, "-m", "klalm.tasks.units", "--unit", str(unit_file), "--out", str(out_file),
+                       "--device", self.device, "--execution", execution]  # fmt: skip
+            if deadline is not None:
+                command += ["--deadline", repr(deadline)]
+            code = subprocess.call(command, env=env)
+            if code != 0:
+                raise RuntimeError(f"the unit's process exited with code {code}")
+            return UnitOutcome(**json.loads(out_file.read_text()))
+
+    def _slot(self, slot: int) -> None:
+        while (unit := self._claim()) is not None:
+            seconds, source = self.estimate(unit)
+            log.info("slot %d: %s (est. %.0f s, %s)", slot, unit.label(), seconds, source)
+            started = time.perf_counter()
+            try:
+                outcome = self._execute(unit, slot)
+                wall_s = time.perf_counter() - started
+                outcome.rate["wall_s"] = wall_s
+                outcome.rate["overhead_s"] = wall_s - outcome.rate["train_s"]
+                self.results.record(outcome)
+                log.info("slot %d: %s: %s in %.0f s", slot, unit.label(), _summary(outcome), wall_s)
+            except Exception as err:  # one broken unit must not end the block; main exits non-zero
+                log.exception("slot %d: %s failed", slot, unit.label())
+                outcome, failure = None, f"{type(err).__name__}: {err}"
+            with self._cond:
+                self.running.remove(unit)
+                keys = {unit.key(s) for s in unit.seeds}
+                if outcome is None:
+                    self.failed.append((unit, failure))
+                    self._failed |= keys
+                else:
+                    self._busy -= keys
+                    self.finished_rows += len(outcome.rows)
+                self._cond.notify_all()
+
+    def run(self) -> None:
+        """Run units until none can start; then log what is left."""
+        log.info("%d units in the plan, %d slot(s) on %s (%s), deadline in %s", len(self.units), self.slots,
+                 self.device, self.device_name,
+                 "none" if self.deadline is None else f"{self.deadline - time.time():.0f} s")  # fmt: skip
+        threads = [threading.Thread(target=self._slot, args=(i,)) for i in range(self.slots)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        counts: dict[str, int] = {}
+        for _, state in self.states():
+            counts[state] = counts.get(state, 0) + 1
+        log.info("block done: %d rows written; units by state: %s", self.finished_rows, counts)
 
 
-def run_mqar(session: Session, arch: str) -> None:
-    plan = session.plan.mqar
-    for length, pairs in plan.cells:
-        task = make_task("mqar", length=length, num_pairs=pairs, vocab=plan.vocab)
-        train_split, test = session.split(task, plan.num_train, "train"), session.split(task, plan.num_test, "test")
-        for lr in plan.lrs:
-            settings = dataclasses.replace(plan.train, lr=lr)
-            for seed in plan.seeds:
-                spec = RunSpec("mqar", arch, task, plan.n_layers, plan.d_model, settings, seed, test, train_split)
-                session.run(dataclasses.replace(spec, tags={"length": length, "pairs": pairs}))
+def _summary(outcome: UnitOutcome) -> str:
+    if not outcome.rows:
+        return f"gave up at the deadline ({outcome.rate['step_s'] * 1e3:.2f} ms/step measured)"
+    accs = " ".join(f"s{r['seed']}={r['token_acc']:.3f}/{r['seq_acc']:.3f}" for r in outcome.rows)
+    row = outcome.rows[0]
+    return f"{row['steps']} steps ({row['ended']}), token/seq acc {accs}"
 
 
-def run_mad(session: Session, arch: str) -> None:
-    plan = session.plan.mad
-    for name in plan.tasks:
-        task = make_task(name, **plan.task_settings.get(name, {}))
-        num_train = min(task.num_train, plan.max_train or task.num_train)
-        num_test = min(task.num_test, plan.max_test or task.num_test)
-        train_split, test = session.split(task, num_train, "train"), session.split(task, num_test, "test")
-        steps = plan.train.steps if plan.epochs is None else math.ceil(plan.epochs * num_train / plan.train.batch_size)
-        for lr in plan.lrs:
-            for weight_decay in plan.weight_decays:
-                settings = dataclasses.replace(plan.train, lr=lr, weight_decay=weight_decay, steps=steps)
-                for seed in plan.seeds:
-                    spec = RunSpec("mad", arch, task, plan.n_layers, plan.d_model, settings, seed, test, train_split)
-                    session.run(dataclasses.replace(spec, tags={"task": name}))
+def plan_table(block: Block) -> str:
+    """Markdown: every unit with its state and estimated seconds (pending seconds summed per slot)."""
+    lines = ["| unit | state | est. s | rate from |", "| --- | --- | ---: | --- |"]
+    pending = 0.0
+    for unit, state in block.states():
+        seconds, source = block.estimate(unit)
+        if state in ("ready", "waits"):
+            pending += seconds
+        lines.append(f"| {unit.label()} | {state} | {seconds:.0f} | {source} |")
+    lines.append("")
+    lines.append(f"pending (ready or waiting): {pending / 60:.1f} unit-minutes at these estimates, at most (A5 depths")
+    lines.append("that a shallower solve makes unnecessary are dropped as the grid goes)")
+    return "\n".join(lines)
 
 
-FAMILIES = {"a5": run_a5, "mqar": run_mqar, "mad": run_mad}
+# ------------------------------------------------------------------------------------------------- command line
 
 
-def run(plan: RunPlan, out_dir: Path) -> dict:
-    """Run every family for every arch (family by family, so partial results compare archs); write the report."""
-    session = Session(plan, out_dir)
-    start = time.perf_counter()
-    for family in plan.families:
-        for arch in plan.archs:
-            FAMILIES[family](session, arch)
-    results = session.results()
-    results["wall_s"] = time.perf_counter() - start
-    (out_dir / "results.json").write_text(json.dumps(results, indent=1))
-    print(write_report(results, out_dir), flush=True)
-    print(f"[synthetic] done in {results['wall_s']:.0f} s; results in {out_dir}", flush=True)
-    return results
+def _resolve_device(plan: RunPlan) -> str:
+    if plan.device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if plan.device not in ("cuda", "cpu"):
+        raise ValueError(f"device={plan.device!r}: valid are auto, cuda, cpu (pick GPUs with CUDA_VISIBLE_DEVICES)")
+    return plan.device
+
+
+def _commit() -> str:
+    if "KLALM_COMMIT" in os.environ:
+        return os.environ["KLALM_COMMIT"]
+    try:
+        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True)
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return out.stdout.strip()
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="klalm-synthetic", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    verbs = p.add_subparsers(dest="verb", required=True)
+    for verb, text in (("run", "run one block of the plan"), ("plan", "list the plan's units: state, estimate")):
+        cmd = verbs.add_parser(verb, help=text)
+        add_plan_args(cmd)
+        cmd.add_argument("--results", type=Path, required=True, help="results folder (a5.jsonl, rates.jsonl, ...)")
+        cmd.add_argument("--time-budget-s", type=float, help="this block's wall-clock seconds (0: no deadline)")
+        cmd.add_argument("--gpus", type=int, help="GPUs to use (default: every visible one)")
+        if verb == "run":
+            cmd.add_argument("--in-process", action="store_true", help="run units in this process (one slot)")
+    report = verbs.add_parser("report", help="tables and plots from a results folder")
+    add_plan_args(report)
+    report.add_argument("--results", type=Path, required=True, help="results folder")
+    where = report.add_mutually_exclusive_group(required=True)
+    where.add_argument("--doc", type=Path, help="Markdown file whose <!-- synthetic:NAME --> sections are rewritten")
+    where.add_argument("--out", type=Path, help="folder for results.md and the plots")
+    merged = verbs.add_parser("merge", help="append another results folder's new rows to this one")
+    merged.add_argument("--from", dest="source", type=Path, required=True, help="the folder that came back")
+    merged.add_argument("--results", type=Path, required=True, help="the committed results folder")
+    merged.add_argument("--commit", default=None, help="commit recorded where rows say 'unknown' (default: HEAD)")
+    return p.parse_args(argv)
+
+
+def _block(args: argparse.Namespace, plan: RunPlan) -> Block:
+    device = _resolve_device(plan)
+    gpus = args.gpus if args.gpus is not None else (torch.cuda.device_count() if device == "cuda" else 0)
+    budget = args.time_budget_s if args.time_budget_s is not None else plan.time_budget_s
+    results = Results(args.results, plan.families)
+    return Block(plan, results, device, gpus, getattr(args, "in_process", False), budget or None, _commit())
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Entry point of scripts/run_synthetic.py."""
+    """Entry point of `klalm-synthetic` and scripts/run_synthetic.py."""
+    from klalm.tasks.report import write_doc, write_folder  # lazy: matplotlib
+
+    logging.basicConfig(level=logging.INFO, format="[synthetic %(asctime)s] %(message)s", datefmt="%H:%M:%S")
     args = parse_args(argv)
-    results = run(apply_args(load_plan(args.budget), args), args.out)
-    failed = [r for r in results["runs"] if "error" in r]
-    if failed:
-        sys.exit(f"[synthetic] {len(failed)} run(s) failed; see the errors above and in results.json")
+    if args.verb == "merge":
+        print(json.dumps(merge(args.source, args.results, args.commit or _commit())))
+        return
+    plan = apply_args(load_plan(args.plan), args)
+    if args.verb == "report":
+        print(write_doc(plan, args.results, args.doc) if args.doc else write_folder(plan, args.results, args.out))
+        return
+    block = _block(args, plan)
+    if args.verb == "plan":
+        print(plan_table(block))
+        return
+    block.run()
+    if block.failed:
+        lines = "\n".join(f"  {unit.label()}: {error}" for unit, error in block.failed)
+        sys.exit(f"[synthetic] {len(block.failed)} unit(s) failed:\n{lines}")

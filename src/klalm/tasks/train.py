@@ -1,27 +1,44 @@
-"""A plain torch training loop for the synthetic tasks: AdamW, warmup + cosine, bf16 autocast on CUDA,
-cross-entropy on the scored positions only, and held-out accuracy.
+"""The synthetic-task trainer: one step function, run eagerly on the CPU and captured once as a CUDA graph on a GPU.
 
-Budgets: a run stops after `steps` optimiser steps or after `time_limit_s` seconds of training, whichever comes
-first. The learning-rate schedule follows the run's progress p = max(step / steps, elapsed / time_limit), so a
-time-limited run still warms up and decays fully. One untimed forward/backward runs first so that kernel
-compilation (Triton JIT) is not charged to the time limit.
+Small models are launch-bound: a step of a one-block model at d_model 128 is a few hundred tiny kernels, and eager
+PyTorch spends most of the step launching them. So the whole step (data, forward, backward, gradient clipping,
+AdamW, learning rate) is written without a single host synchronisation, over state that lives on the device:
+
+- the step counter is a 0-d int64 tensor that the step advances;
+- the batch is made on the device into static buffers from that counter (`klalm.tasks.streams`);
+- the learning rate of each parameter group is a device tensor, set from the counter by
+  `klalm.train.optim.cosine_multiplier_tensor` (the warmup + cosine of the Lightning trainer, value for value);
+- AdamW runs with `capturable=True` (on CUDA) and reads those tensors;
+- the loss of every step is written into a device buffer at the counter.
+
+`GroupTrainer` runs `train_step` for one or more members (one model per seed, each with its own data streams): on
+CUDA it warms up on a side stream, captures one step of every member in one graph (each member on its own stream,
+so their kernels can overlap) and replays it; on the CPU (or with capture off) it calls the same function eagerly.
+Evaluation runs outside the graph, between replays (`train_group`).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
 import time
-from collections.abc import Callable
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from klalm.tasks.base import IGNORE_INDEX, SyntheticTask, chunk_generator
+from klalm.tasks.base import IGNORE_INDEX
+from klalm.train.optim import (
+    check_schedule,
+    classify_parameters,
+    cosine_multiplier_tensor,
+    param_groups,
+    warmup_steps_of,
+)
 
-Batch = tuple[Tensor, Tensor]
-LOSS_EVERY = 10  # steps between logged (device-synchronising) loss values
+WARMUP_STEPS = 3  # eager steps on a side stream before capture (optimizer state, kernel compilation, autotuning)
+CHECK_EVERY = 250  # steps between host checks of the clock when no evaluation falls sooner (each is one sync)
+FINAL_LOSS_STEPS = 50  # `final_loss` is the mean loss of this many last steps
 
 
 @dataclasses.dataclass
@@ -29,97 +46,45 @@ class TrainSettings:
     """Optimisation settings of one run.
 
     Args:
-        steps: maximum optimiser steps.
+        steps: optimiser steps (fewer when the run stops early at its accuracy threshold).
         batch_size: sequences per step.
         lr: peak learning rate.
-        min_lr: learning rate at the end of the cosine.
-        warmup_frac: fraction of the run spent in linear warmup.
-        weight_decay: AdamW decoupled weight decay of matrices (not of embeddings, norms, biases, or
-            parameters marked `_no_weight_decay`).
+        min_lr: learning rate at the end of the cosine (absolute; the schedule's min_lr_ratio is min_lr / lr).
+        warmup: linear warmup: a fraction of `steps` if < 1, else a step count (the scheduler config's `warmup`).
+        weight_decay: AdamW decoupled weight decay of the "decay" group (klalm.train.optim.classify_parameters:
+            matrices, not embeddings, norms, biases or parameters marked `_no_weight_decay`).
+        betas: AdamW's moment decay rates.
+        eps: AdamW's denominator epsilon.
         grad_clip: global gradient-norm clip (0 disables).
         aux_batch_size: A5 only: sequences of length 2 added at every step (SLiCE); 0 disables.
         eval_batch_size: sequences per evaluation forward.
-        time_limit_s: wall-clock limit of the training loop, seconds (None: steps only).
     """
 
     steps: int = 1000
     batch_size: int = 64
     lr: float = 1e-3
     min_lr: float = 1e-5
-    warmup_frac: float = 0.1
+    warmup: float = 0.1
     weight_decay: float = 0.01
+    betas: tuple[float, float] = (0.9, 0.98)
+    eps: float = 1e-8
     grad_clip: float = 1.0
     aux_batch_size: int = 0
     eval_batch_size: int = 256
-    time_limit_s: float | None = None
+
+    def schedule(self) -> dict[str, float]:
+        """Keyword arguments of `cosine_multiplier(_tensor)`; raises ValueError naming a bad setting."""
+        if self.lr <= 0 or not 0 <= self.min_lr <= self.lr:
+            raise ValueError(f"train.lr={self.lr} must be > 0 and train.min_lr={self.min_lr} in [0, lr]")
+        warmup_steps = warmup_steps_of(self.warmup, self.steps)
+        check_schedule(self.steps, warmup_steps, self.min_lr / self.lr)
+        return {"warmup_steps": warmup_steps, "total_steps": self.steps, "min_lr_ratio": self.min_lr / self.lr}
 
 
-class LastPositionDecoder(nn.Module):
-    """MAD's compression readout: rebuild L tokens from the LM's final hidden state at the last position.
+class Stream(Protocol):
+    """A source of training batches on the device (klalm.tasks.streams)."""
 
-    The LM's final (normed) hidden states are captured from the input of its output embedding, so any model with
-    `get_output_embeddings()` works. Decoder (MAD's AutoEncoder): h_last + sinusoidal position embedding of each
-    output slot -> [LayerNorm, Linear, GELU] x 2 -> LayerNorm -> Linear(D, V).
-
-    Args:
-        model: a causal LM (forward(input_ids).logits, get_output_embeddings()).
-        d_model: D, the LM's hidden width.
-        seq_len: L, output slots.
-        vocab_size: V, output classes.
-    """
-
-    def __init__(self, model: nn.Module, d_model: int, seq_len: int, vocab_size: int):
-        super().__init__()
-        head = model.get_output_embeddings()
-        if head is None:
-            raise ValueError(f"{type(model).__name__} has no output embedding to read hidden states from")
-        self.model = model
-        self._hidden: Tensor | None = None
-        head.register_forward_pre_hook(self._capture)
-        self.register_buffer("positions", _sincos(seq_len, d_model), persistent=False)  # [L, D]
-        layers = [m for _ in range(2) for m in (nn.LayerNorm(d_model), nn.Linear(d_model, d_model), nn.GELU())]
-        self.decoder = nn.Sequential(*layers, nn.LayerNorm(d_model), nn.Linear(d_model, vocab_size))
-
-    def _capture(self, module: nn.Module, args: tuple[Tensor, ...]) -> None:
-        self._hidden = args[0]
-
-    def forward(self, input_ids: Tensor) -> Tensor:
-        """input_ids [B, L] -> logits [B, L, V] for the L reconstructed tokens."""
-        self.model(input_ids)
-        last = self._hidden[:, -1]  # [B, D]
-        self._hidden = None
-        return self.decoder(last[:, None, :] + self.positions.to(last.dtype))  # [B, L, V]
-
-
-def _sincos(length: int, dim: int) -> Tensor:
-    """Sinusoidal position embeddings [length, dim] (sin in even, cos in odd columns)."""
-    pos = torch.arange(length, dtype=torch.float32)[:, None]  # [L, 1]
-    freq = torch.exp(torch.arange(0, dim, 2, dtype=torch.float32) * (-math.log(10_000.0) / dim))  # [D/2]
-    table = torch.zeros(length, dim)
-    table[:, 0::2] = torch.sin(pos * freq)
-    table[:, 1::2] = torch.cos(pos * freq)[:, : dim // 2]
-    return table
-
-
-class TokenReadout(nn.Module):
-    """The usual readout: the LM's logits at every position."""
-
-    def __init__(self, model: nn.Module):
-        super().__init__()
-        self.model = model
-
-    def forward(self, input_ids: Tensor) -> Tensor:
-        """input_ids [B, L] -> logits [B, L, V]."""
-        return self.model(input_ids).logits
-
-
-def wrap_readout(model: nn.Module, task: SyntheticTask, d_model: int) -> nn.Module:
-    """The module to train for `task`: the LM itself, or the LM plus MAD's last-position decoder."""
-    readouts: dict[str, Callable[[], nn.Module]] = {
-        "token": lambda: TokenReadout(model),
-        "last_position": lambda: LastPositionDecoder(model, d_model, task.seq_len, task.vocab_size),
-    }
-    return readouts[task.readout]()
+    def fill(self, step: Tensor) -> tuple[Tensor, Tensor]: ...
 
 
 def masked_cross_entropy(logits: Tensor, labels: Tensor) -> Tensor:
@@ -127,108 +92,136 @@ def masked_cross_entropy(logits: Tensor, labels: Tensor) -> Tensor:
     return F.cross_entropy(logits.float().flatten(0, 1), labels.flatten(), ignore_index=IGNORE_INDEX)
 
 
-class SplitBatches:
-    """Random minibatches of a fixed split, one shuffled epoch after another (on the split's device)."""
-
-    def __init__(self, inputs: Tensor, labels: Tensor, batch_size: int, seed: int):
-        self.inputs, self.labels, self.batch_size = inputs, labels, min(batch_size, inputs.shape[0])
-        self.generator = torch.Generator().manual_seed(seed)
-        self._order, self._cursor = torch.empty(0, dtype=torch.long), 0
-
-    def __call__(self, step: int) -> Batch:
-        if self._cursor + self.batch_size > self._order.numel():
-            self._order, self._cursor = torch.randperm(self.inputs.shape[0], generator=self.generator), 0
-        rows = self._order[self._cursor : self._cursor + self.batch_size].to(self.inputs.device)
-        self._cursor += self.batch_size
-        return self.inputs[rows], self.labels[rows]
+def autocast(device: torch.device) -> torch.autocast:
+    """bf16 autocast on CUDA (off elsewhere); no weight cache, which a captured graph must not keep."""
+    return torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda", cache_enabled=False)
 
 
-class FreshBatches:
-    """A new batch of a task at every step (batch of step s = chunk s of the train split): infinite data."""
+def make_optimizer(module: nn.Module, settings: TrainSettings, device: torch.device) -> torch.optim.AdamW:
+    """AdamW over klalm.train.optim's parameter groups, each group's lr a 0-d float32 tensor on `device`.
 
-    def __init__(self, task: SyntheticTask, batch_size: int, seed: int, device: torch.device):
-        self.task, self.batch_size, self.seed, self.device = task, batch_size, seed, device
-
-    def __call__(self, step: int) -> Batch:
-        inputs, labels = self.task.sample(self.batch_size, chunk_generator(self.seed, "train", step), "train")
-        return inputs.to(self.device), labels.to(self.device)
-
-
-def _optimizer(module: nn.Module, settings: TrainSettings) -> torch.optim.AdamW:
-    embeddings = {id(m.weight) for m in module.modules() if isinstance(m, nn.Embedding)}
-    decay, no_decay = [], []
-    for param in module.parameters():
-        plain = param.ndim < 2 or id(param) in embeddings or getattr(param, "_no_weight_decay", False)
-        (no_decay if plain else decay).append(param)
-    groups = [{"params": decay, "weight_decay": settings.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-    return torch.optim.AdamW(groups, lr=settings.lr, betas=(0.9, 0.98))
+    CUDA: capturable=True (state and lr read on the device, so a graph can replay the step) with the foreach
+    kernels. Elsewhere capturable is unsupported and the single-tensor path is the one that takes a tensor lr.
+    """
+    groups = param_groups(
+        list(module.named_parameters()), classify_parameters(module), lr=settings.lr, weight_decay=settings.weight_decay
+    )
+    for group in groups:
+        group["base_lr"] = group["lr"]
+        group["lr"] = torch.tensor(group["lr"], dtype=torch.float32, device=device)
+    cuda = device.type == "cuda"
+    return torch.optim.AdamW(groups, betas=tuple(settings.betas), eps=settings.eps, capturable=cuda, foreach=cuda)
 
 
-def lr_at(progress: float, settings: TrainSettings) -> float:
-    """Learning rate at run progress p in [0, 1]: linear warmup, then cosine from lr to min_lr."""
-    if progress < settings.warmup_frac:
-        return settings.lr * max(progress / settings.warmup_frac, 1e-3)
-    decay = (progress - settings.warmup_frac) / max(1.0 - settings.warmup_frac, 1e-9)
-    return settings.min_lr + 0.5 * (settings.lr - settings.min_lr) * (1 + math.cos(math.pi * min(decay, 1.0)))
-
-
-def _loss(module: nn.Module, batches: list[Batch], device: torch.device) -> Tensor:
-    """Sum over batches of each batch's mean masked cross-entropy, under bf16 autocast on CUDA."""
-    with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
-        return sum(masked_cross_entropy(module(inputs), labels) for inputs, labels in batches)
-
-
-def train(
-    module: nn.Module,
-    next_batch: Callable[[int], Batch],
-    settings: TrainSettings,
-    device: torch.device,
-    aux_batch: Callable[[int], Batch] | None = None,
-) -> dict[str, float]:
-    """Train `module` in place.
+class Member:
+    """One model in training: module, optimiser, data streams and its device-side step counter and loss log.
 
     Args:
-        module: maps input_ids [B, L] to logits [B, L, V] (see `wrap_readout`).
-        next_batch: step -> (input_ids [B, L], labels [B, L]) on `device`.
+        module: maps input_ids [B, L] to logits [B, L, V] (klalm.tasks.readouts.wrap_readout); moved to `device`.
+        streams: the batches of every step; the step loss is the sum of each stream's mean masked cross-entropy.
         settings: optimisation settings.
-        device: where the module lives.
-        aux_batch: optional second batch per step (A5's length-2 sequences); its mean loss is added.
-
-    Returns:
-        {"steps", "planned_steps", "train_time_s", "final_loss"}: steps taken (fewer than planned_steps when the time
-        limit ended the run) and the loss as the mean of the last 5 logged steps (one every LOSS_EVERY).
+        device: where everything lives.
+        seed: the seed this member was built and fed with (a label for results).
     """
-    optimizer = _optimizer(module, settings)
-    module.train()
-    warmup = [next_batch(0)] + ([aux_batch(0)] if aux_batch is not None else [])
-    _loss(module, warmup, device).backward()  # untimed: compiles kernels for both batch shapes
-    optimizer.zero_grad(set_to_none=True)
-    losses: list[float] = []
-    start, step, progress = time.perf_counter(), 0, 0.0
-    while progress < 1.0:
-        for group in optimizer.param_groups:
-            group["lr"] = lr_at(progress, settings)
-        batches = [next_batch(step)] + ([aux_batch(step)] if aux_batch is not None else [])
-        loss = _loss(module, batches, device)
-        loss.backward()
-        if settings.grad_clip > 0:
-            nn.utils.clip_grad_norm_(module.parameters(), settings.grad_clip)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        if step % LOSS_EVERY == 0:
-            losses.append(float(loss.detach()))  # a device sync, so only every LOSS_EVERY steps
-        step += 1
-        elapsed = time.perf_counter() - start
-        progress = step / settings.steps
-        if settings.time_limit_s is not None:
-            progress = max(progress, elapsed / settings.time_limit_s)
-    tail = losses[-5:]
-    return {
-        "steps": step,
-        "planned_steps": settings.steps,
-        "train_time_s": time.perf_counter() - start,
-        "final_loss": sum(tail) / len(tail),
-    }
+
+    def __init__(self, module: nn.Module, streams: list[Stream], settings: TrainSettings, device: torch.device,
+                 seed: int) -> None:  # fmt: skip
+        self.module, self.streams, self.settings = module.to(device), streams, settings
+        self.device, self.seed = device, seed
+        self.module.train()
+        self.params = [p for p in self.module.parameters() if p.requires_grad]
+        self.optimizer = make_optimizer(self.module, settings, device)
+        self.schedule = settings.schedule()
+        self.step = torch.zeros((), dtype=torch.long, device=device)
+        self.losses = torch.full((settings.steps,), float("nan"), device=device)  # [steps] float32
+
+
+def train_step(member: Member) -> None:
+    """One optimiser step of `member` with no host synchronisation (so CUDA can capture it).
+
+    lr ← base lr × cosine_multiplier(step); batch ← streams at step; loss = Σ streams' mean masked CE (bf16
+    autocast on CUDA); backward; clip the global gradient norm; AdamW; losses[step] ← loss; step += 1.
+    """
+    multiplier = cosine_multiplier_tensor(member.step, **member.schedule)
+    for group in member.optimizer.param_groups:
+        group["lr"].copy_(multiplier * group["base_lr"])
+    batches = [stream.fill(member.step) for stream in member.streams]
+    member.optimizer.zero_grad(set_to_none=True)
+    with autocast(member.device):
+        loss = sum(masked_cross_entropy(member.module(inputs), labels) for inputs, labels in batches)
+    loss.backward()
+    if member.settings.grad_clip > 0:
+        nn.utils.clip_grad_norm_(member.params, member.settings.grad_clip)
+    member.optimizer.step()
+    member.losses.index_copy_(0, member.step.view(1), loss.detach().float().view(1))
+    member.step.add_(1)
+
+
+class GroupTrainer:
+    """Steps every member once per `advance` step: a CUDA graph replay, or `train_step` called eagerly.
+
+    Args:
+        members: the models trained side by side (same settings, so the same number of steps).
+        device: where they live.
+        capture: capture the step as a CUDA graph (default: on CUDA devices). On CUDA, each member runs on its own
+            stream, eager or captured.
+    """
+
+    def __init__(self, members: list[Member], device: torch.device, capture: bool | None = None) -> None:
+        self.members, self.device = members, device
+        self.capture = device.type == "cuda" if capture is None else capture
+        if self.capture and device.type != "cuda":
+            raise ValueError(f"CUDA graph capture needs a CUDA device, got {device}")
+        cuda = device.type == "cuda"
+        self.member_streams = [torch.cuda.Stream(device) for _ in members] if cuda else None
+        self.graph: torch.cuda.CUDAGraph | None = None
+        self.steps_done = 0
+
+    def _step_all(self) -> None:
+        if self.member_streams is None:
+            for member in self.members:
+                train_step(member)
+            return
+        origin = torch.cuda.current_stream(self.device)
+        for member, stream in zip(self.members, self.member_streams):
+            stream.wait_stream(origin)
+            with torch.cuda.stream(stream):
+                train_step(member)
+        for stream in self.member_streams:
+            origin.wait_stream(stream)
+
+    def prepare(self) -> None:
+        """CUDA capture: WARMUP_STEPS eager steps on a side stream (real steps of the run), then capture one step.
+
+        Without capture (or with too few steps left for the warm-up and one replay) there is nothing to prepare.
+        """
+        if not self.capture or self.steps_done + WARMUP_STEPS >= self.members[0].settings.steps:
+            return
+        side = torch.cuda.Stream(self.device)
+        side.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(side):
+            for _ in range(WARMUP_STEPS):
+                self._step_all()
+        torch.cuda.current_stream(self.device).wait_stream(side)
+        self.steps_done += WARMUP_STEPS
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph):
+            self._step_all()  # recorded, not run: the counters stay where the warm-up left them
+
+    def advance(self, steps: int) -> None:
+        """Run `steps` more steps of every member (asynchronously on CUDA)."""
+        if self.steps_done + steps > self.members[0].settings.steps:
+            raise ValueError(f"{self.steps_done} + {steps} steps exceed the planned {self.members[0].settings.steps}")
+        for _ in range(steps):
+            if self.graph is not None:
+                self.graph.replay()
+            else:
+                self._step_all()
+        self.steps_done += steps
+
+    def synchronize(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
 
 
 @torch.no_grad()
@@ -249,7 +242,7 @@ def evaluate(module: nn.Module, inputs: Tensor, labels: Tensor, batch_size: int,
     correct = total = seq_correct = seq_total = 0
     for lo in range(0, inputs.shape[0], batch_size):
         x, y = inputs[lo : lo + batch_size].to(device), labels[lo : lo + batch_size].to(device)
-        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
+        with autocast(device):
             predictions = module(x).argmax(-1)  # [B, L]
         scored = y != IGNORE_INDEX
         hits = (predictions == y) & scored
@@ -262,3 +255,81 @@ def evaluate(module: nn.Module, inputs: Tensor, labels: Tensor, batch_size: int,
     if total == 0:
         raise ValueError("the test split has no scored positions (every label is -100)")
     return {"token_acc": correct / total, "seq_acc": seq_correct / max(seq_total, 1), "scored_tokens": total}
+
+
+@dataclasses.dataclass
+class StopRule:
+    """Stop the whole group at the first evaluation where any member's `metric` reaches `threshold`."""
+
+    metric: str  # "token_acc" or "seq_acc"
+    threshold: float
+
+
+@dataclasses.dataclass
+class GroupResult:
+    """What `train_group` did.
+
+    ended: "steps" (all planned steps), "threshold" (a member reached the stop rule) or "deadline" (the
+    projected end passed the deadline, so the run was abandoned unfinished). evals[i] lists member i's
+    evaluations as {"step", "loss" (mean since the previous evaluation), **evaluate()}.
+    """
+
+    ended: str
+    steps: int
+    evals: list[list[dict]]
+    final_loss: list[float]
+    setup_s: float
+    train_s: float
+    step_s: float  # seconds per step (of the group) in the timed loop, evaluations included
+
+
+def train_group(
+    trainer: GroupTrainer,
+    test: tuple[Tensor, Tensor],
+    *,
+    eval_every: int | None,
+    stop: StopRule | None = None,
+    deadline: float | None = None,
+) -> GroupResult:
+    """Train every member of `trainer` to its planned steps, evaluating on `test` every `eval_every` steps and at
+    the end; stop early by `stop`; give up as soon as the measured rate says the run would end after `deadline`
+    (a time.time() value).
+    """
+    members, total = trainer.members, trainer.members[0].settings.steps
+    started = time.perf_counter()
+    trainer.prepare()
+    trainer.synchronize()
+    loop_start, loop_first = time.perf_counter(), trainer.steps_done
+    setup_s = loop_start - started
+    evals: list[list[dict]] = [[] for _ in members]
+    ended, last_eval, eval_s = "steps", 0, 0.0
+    while True:
+        due = total if not eval_every else min(total, (trainer.steps_done // eval_every + 1) * eval_every)
+        trainer.advance(min(due, trainer.steps_done + CHECK_EVERY) - trainer.steps_done)
+        trainer.synchronize()
+        step = trainer.steps_done
+        if step == due:
+            eval_start = time.perf_counter()
+            for member, log in zip(members, evals):
+                loss = float(member.losses[last_eval:step].mean())
+                log.append({"step": step, "loss": loss, **_evaluate_member(member, test)})
+            eval_s, last_eval = time.perf_counter() - eval_start, step
+            if stop is not None and any(log[-1][stop.metric] >= stop.threshold for log in evals):
+                ended = "threshold"
+                break
+        if step == total:
+            break
+        per_step = (time.perf_counter() - loop_start) / (step - loop_first)
+        if deadline is not None and time.time() + (total - step) * per_step + eval_s > deadline:
+            ended = "deadline"
+            break
+    train_s = time.perf_counter() - loop_start
+    step = trainer.steps_done
+    tail = slice(max(0, step - FINAL_LOSS_STEPS), step)
+    final_loss = [float(m.losses[tail].mean()) for m in members]
+    step_s = train_s / max(step - loop_first, 1)
+    return GroupResult(ended, step, evals, final_loss, setup_s, train_s, step_s)
+
+
+def _evaluate_member(member: Member, test: tuple[Tensor, Tensor]) -> dict:
+    return evaluate(member.module, *test, member.settings.eval_batch_size, member.device)

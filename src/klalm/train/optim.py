@@ -7,7 +7,9 @@ fewer than two dimensions (norm gains, biases, scalars) and every embedding tabl
 
 Schedules are multipliers of the base lr, built as `LambdaLR`s so their state is a step count and resumes exactly:
 
-- `warmup_cosine`: linear warmup from 0, cosine decay to `min_lr_ratio` at the last step.
+- `warmup_cosine`: linear warmup from 0, cosine decay to `min_lr_ratio` at the last step. `cosine_multiplier_tensor`
+  computes the same multiplier from a step held in a device tensor, so a training step captured as a CUDA graph
+  (klalm.tasks.train) runs its schedule without the host.
 - `warmup_stable_decay` (WSD): linear warmup, constant, then a decay over the final `decay_frac` of the run
   ("linear" or "1-sqrt") to `min_lr_ratio`.
 """
@@ -19,7 +21,7 @@ from collections.abc import Callable
 from functools import partial
 
 import torch
-from torch import nn
+from torch import Tensor, nn
 from torch.optim.lr_scheduler import LambdaLR
 
 # Prefixes inserted by wrappers (torch.compile, activation checkpointing, FSDP) that are not part of a parameter's name.
@@ -95,7 +97,13 @@ def param_groups(
     ]
 
 
-def _check_schedule(total_steps: int, warmup_steps: int, min_lr_ratio: float) -> None:
+def warmup_steps_of(warmup: float, total_steps: int) -> int:
+    """`warmup` < 1 is a fraction of the run, ≥ 1 a step count."""
+    return int(round(warmup * total_steps)) if warmup < 1 else int(warmup)
+
+
+def check_schedule(total_steps: int, warmup_steps: int, min_lr_ratio: float) -> None:
+    """Raise ValueError naming the scheduler key that is out of range."""
     if total_steps <= 0:
         raise ValueError(f"scheduler total_steps must be positive, got {total_steps}")
     if not 0 <= warmup_steps < total_steps:
@@ -104,17 +112,29 @@ def _check_schedule(total_steps: int, warmup_steps: int, min_lr_ratio: float) ->
         raise ValueError(f"scheduler.min_lr_ratio={min_lr_ratio} must be in [0, 1]")
 
 
-def _warmup_steps(warmup: float, total_steps: int) -> int:
-    """`warmup` < 1 is a fraction of the run, ≥ 1 a step count."""
-    return int(round(warmup * total_steps)) if warmup < 1 else int(warmup)
-
-
 def cosine_multiplier(step: int, *, warmup_steps: int, total_steps: int, min_lr_ratio: float) -> float:
     """lr multiplier at `step` (0-based) of linear warmup then cosine decay to `min_lr_ratio`."""
     if step < warmup_steps:
         return (step + 1) / warmup_steps
     progress = min(1.0, (step - warmup_steps) / max(1, total_steps - 1 - warmup_steps))
     return min_lr_ratio + (1 - min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+def cosine_multiplier_tensor(step: Tensor, *, warmup_steps: int, total_steps: int, min_lr_ratio: float) -> Tensor:
+    """`cosine_multiplier` of a step held in an integer tensor, in float64 on the step's device, without a host sync.
+
+    Args:
+        step: 0-based optimiser step, an integer tensor of any shape (a 0-d counter in the synthetic trainer).
+        warmup_steps, total_steps, min_lr_ratio: as in `cosine_multiplier`.
+
+    Returns:
+        float64 tensor shaped like `step`.
+    """
+    step = step.to(torch.float64)
+    warm = (step + 1) / max(warmup_steps, 1)
+    progress = ((step - warmup_steps) / max(1, total_steps - 1 - warmup_steps)).clamp(max=1.0)
+    decay = min_lr_ratio + (1 - min_lr_ratio) * 0.5 * (1 + torch.cos(math.pi * progress))
+    return torch.where(step < warmup_steps, warm, decay)
 
 
 def wsd_multiplier(
@@ -148,8 +168,8 @@ def warmup_cosine(
         warmup: warmup length: a fraction of `total_steps` if < 1, else a step count.
         min_lr_ratio: final lr as a fraction of the peak.
     """
-    warmup_steps = _warmup_steps(warmup, total_steps)
-    _check_schedule(total_steps, warmup_steps, min_lr_ratio)
+    warmup_steps = warmup_steps_of(warmup, total_steps)
+    check_schedule(total_steps, warmup_steps, min_lr_ratio)
     fn = partial(cosine_multiplier, warmup_steps=warmup_steps, total_steps=total_steps, min_lr_ratio=min_lr_ratio)
     return LambdaLR(optimizer, fn)
 
@@ -177,8 +197,8 @@ def warmup_stable_decay(
         raise KeyError(f"scheduler.shape={shape!r} is unknown; valid: {sorted(DECAY_SHAPES)}")
     if not 0 < decay_frac <= 1:
         raise ValueError(f"scheduler.decay_frac={decay_frac} must be in (0, 1]")
-    warmup_steps = _warmup_steps(warmup, total_steps)
-    _check_schedule(total_steps, warmup_steps, min_lr_ratio)
+    warmup_steps = warmup_steps_of(warmup, total_steps)
+    check_schedule(total_steps, warmup_steps, min_lr_ratio)
     decay_steps = max(1, min(total_steps - warmup_steps, int(round(decay_frac * total_steps))))
     fn = partial(
         wsd_multiplier,

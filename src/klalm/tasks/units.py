@@ -1,0 +1,223 @@
+"""A unit of synthetic work: one cell (task, arch, depth, width, recipe) trained with one or more seeds side by side,
+and the function that runs it (in the runner's process, or in a child: `python -m klalm.tasks.units`).
+
+Every seed of a unit gives one result row: the cell's fields, the seed, the held-out accuracies and how the run
+went. A row's key (`row_key`) is its cell plus its seed, so a finished (task, arch, length, depth, seed) is found
+again whatever unit it ran in. A unit that gives up because it would end after the deadline returns no rows, only
+its measured rate.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from klalm.tasks import make_task, materialize
+from klalm.tasks.readouts import wrap_readout
+from klalm.tasks.streams import FreshStream, SplitStream
+from klalm.tasks.train import GroupResult, GroupTrainer, Member, StopRule, TrainSettings, train_group
+
+DATA_SEED = 0  # every arch and seed trains (split tasks) and is tested on the same fixed splits
+MAIN_STREAM, AUX_STREAM = 0, 1  # stream ids of FreshStream under a seed
+
+
+@dataclasses.dataclass
+class Unit:
+    """One cell and the seeds trained together on it.
+
+    Args:
+        family: "a5", "mqar" or "mad" (which results file its rows go to).
+        task: make_task's name and settings, e.g. {"name": "a5", "length": 12}.
+        arch: build_model's arch.
+        n_layers: blocks (the depth of the A5 figure).
+        d_model: width.
+        model_overrides: further build_model keyword arguments of this arch (e.g. the KLA block).
+        train: optimisation settings.
+        seeds: one member per seed (model init and data order).
+        num_test: held-out examples (split "test" under DATA_SEED).
+        num_train: size of the fixed training split (under DATA_SEED); None: fresh batches at every step (A5).
+        aux_task: A5: make_task spec of the auxiliary batch (length 2), train.aux_batch_size sequences per step.
+        eval_every: steps between held-out evaluations (None: at the end only).
+        stop: stop early when a member's metric reaches a threshold: {"metric": ..., "threshold": ...}.
+    """
+
+    family: str
+    task: dict[str, Any]
+    arch: str
+    n_layers: int
+    d_model: int
+    model_overrides: dict[str, Any]
+    train: TrainSettings
+    seeds: list[int]
+    num_test: int
+    num_train: int | None = None
+    aux_task: dict[str, Any] | None = None
+    eval_every: int | None = None
+    stop: dict[str, Any] | None = None
+
+    def cell(self) -> dict[str, Any]:
+        """The unit without its seeds, as JSON values."""
+        fields = json.loads(json.dumps(dataclasses.asdict(self)))
+        del fields["seeds"]
+        return fields
+
+    def key(self, seed: int) -> str:
+        return row_key({**self.cell(), "seed": seed})
+
+    def tokens_per_step(self) -> int:
+        """Tokens one member trains on per step (the main batch and the auxiliary one)."""
+        main = min(self.train.batch_size, self.num_train or self.train.batch_size) * make_task(**self.task).seq_len
+        aux = self.train.aux_batch_size * make_task(**self.aux_task).seq_len if self.aux_task else 0
+        return main + aux
+
+    def label(self) -> str:
+        settings = " ".join(f"{k}={v}" for k, v in self.task.items() if k != "name")
+        return f"{self.task['name']} {settings} {self.arch} depth={self.n_layers} d={self.d_model} " \
+               f"lr={self.train.lr:g} seeds={','.join(map(str, self.seeds))}"  # fmt: skip
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> Unit:
+        return cls(**{**values, "train": TrainSettings(**values["train"])})
+
+
+CELL_FIELDS = tuple(f.name for f in dataclasses.fields(Unit) if f.name != "seeds")
+
+
+def row_key(row: dict[str, Any]) -> str:
+    """The identity of a result row: its cell's fields and its seed, as canonical JSON."""
+    return json.dumps({name: row[name] for name in (*CELL_FIELDS, "seed")}, sort_keys=True)
+
+
+@dataclasses.dataclass
+class Execution:
+    """How a unit is run (recorded with its rows and rate, and matched by the time estimates)."""
+
+    procs_per_gpu: int = 1  # units running at once on each GPU (one process each)
+    commit: str = "unknown"
+
+
+def build_member(unit: Unit, seed: int, device: torch.device, split: tuple | None) -> Member:
+    """The model (initialised on the CPU under `seed`, so the same on every device) and its data streams."""
+    from klalm.models import build_model  # lazy: the model zoo is heavy to import
+
+    task, settings = make_task(**unit.task), unit.train
+    torch.manual_seed(seed)
+    model = build_model(unit.arch, d_model=unit.d_model, n_layers=unit.n_layers, vocab_size=task.vocab_size,
+                        **unit.model_overrides)  # fmt: skip
+    if split is None:
+        streams = [FreshStream(task, settings.batch_size, seed, MAIN_STREAM, settings.steps, device)]
+    else:
+        streams = [SplitStream(*split, settings.batch_size, seed, settings.steps)]
+    if unit.aux_task is not None and settings.aux_batch_size > 0:
+        aux = make_task(**unit.aux_task)
+        streams.append(FreshStream(aux, settings.aux_batch_size, seed, AUX_STREAM, settings.steps, device))
+    return Member(wrap_readout(model, task, unit.d_model), streams, settings, device, seed)
+
+
+def mixer_settings(module: torch.nn.Module) -> dict[str, Any]:
+    """What ran, read from the built model: for KLA layers the block and state size."""
+    from klalm.models.mixers.kla import KLAMixer
+
+    kla = [m for m in module.modules() if isinstance(m, KLAMixer)]
+    return {"kla": {"block": kla[0].block, "d_state": kla[0].d_state}} if kla else {}
+
+
+def run_record(device: torch.device, captured: bool, members: int, execution: Execution) -> dict[str, Any]:
+    """How and where a unit ran (part of its rows and its rate)."""
+    return {
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "captured": captured,
+        "members": members,
+        **dataclasses.asdict(execution),
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "torch": torch.__version__,
+    }
+
+
+def rate_record(unit: Unit, run: dict[str, Any], step_s: float, train_s: float, overhead_s: float,
+                ended: str) -> dict[str, Any]:  # fmt: skip
+    """One line of rates.jsonl: what klalm.tasks.results.estimate_s reads."""
+    return {
+        **run,
+        **{name: getattr(unit, name) for name in ("family", "arch", "n_layers", "d_model")},
+        "tokens_per_step": unit.tokens_per_step(),
+        "step_s": step_s,
+        "train_s": train_s,
+        "overhead_s": overhead_s,  # the runner replaces it with its own measure (process start included)
+        "ended": ended,
+    }
+
+
+@dataclasses.dataclass
+class UnitOutcome:
+    """Rows of a finished unit (none when it gave up at the deadline) and the rate it measured."""
+
+    rows: list[dict[str, Any]]
+    rate: dict[str, Any]
+
+
+def run_unit(unit: Unit, device: torch.device, execution: Execution, deadline: float | None = None) -> UnitOutcome:
+    """Build, train and evaluate every seed of `unit` side by side (see klalm.tasks.train.train_group)."""
+    started = time.perf_counter()
+    task = make_task(**unit.task)
+    test = tuple(t.to(device) for t in materialize(task, unit.num_test, DATA_SEED, "test"))
+    split = None
+    if unit.num_train is not None:
+        split = tuple(t.to(device) for t in materialize(task, unit.num_train, DATA_SEED, "train"))
+    members = [build_member(unit, seed, device, split) for seed in unit.seeds]
+    trainer = GroupTrainer(members, device)
+    stop = None if unit.stop is None else StopRule(**unit.stop)
+    result = train_group(trainer, test, eval_every=unit.eval_every, stop=stop, deadline=deadline)
+    wall_s = time.perf_counter() - started
+    common = run_record(device, trainer.graph is not None, len(unit.seeds), execution)
+    rate = rate_record(unit, common, result.step_s, result.train_s, wall_s - result.train_s, result.ended)
+    if result.ended == "deadline":
+        return UnitOutcome([], rate)
+    params = sum(p.numel() for p in members[0].module.parameters())
+    rows = [_row(unit, member, result, i, params, common, wall_s) for i, member in enumerate(members)]
+    return UnitOutcome(rows, rate)
+
+
+def _row(unit: Unit, member: Member, result: GroupResult, index: int, params: int, common: dict, wall_s: float):
+    evals = result.evals[index]
+    timing = {"setup_s": result.setup_s, "train_s": result.train_s, "step_s": result.step_s, "wall_s": wall_s}
+    return {
+        **unit.cell(),
+        "seed": member.seed,
+        "steps": result.steps,
+        "planned_steps": unit.train.steps,
+        "ended": result.ended,
+        "token_acc": evals[-1]["token_acc"],
+        "seq_acc": evals[-1]["seq_acc"],
+        "final_loss": result.final_loss[index],
+        "evals": [[e["step"], round(e["loss"], 5), e["token_acc"], e["seq_acc"]] for e in evals],
+        "params": params,
+        "mixers": mixer_settings(member.module),
+        "run": {**common, **timing},
+    }
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Child-process entry: run one unit (JSON file) and write its outcome (JSON file)."""
+    p = argparse.ArgumentParser(description="Run one unit of synthetic work (used by the grid runner).")
+    p.add_argument("--unit", type=Path, required=True, help="JSON: the Unit")
+    p.add_argument("--out", type=Path, required=True, help="JSON written: {'rows': [...], 'rate': {...}}")
+    p.add_argument("--device", default="cuda", help="torch device (the runner sets CUDA_VISIBLE_DEVICES)")
+    p.add_argument("--deadline", type=float, help="time.time() after which the unit must not end")
+    p.add_argument("--execution", default="{}", help="JSON of Execution's fields")
+    args = p.parse_args(argv)
+    unit = Unit.from_dict(json.loads(args.unit.read_text()))
+    outcome = run_unit(unit, torch.device(args.device), Execution(**json.loads(args.execution)), args.deadline)
+    args.out.write_text(json.dumps(dataclasses.asdict(outcome)))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,83 @@
+"""The synthetic training step captured as a CUDA graph against the same step run eagerly (CUDA only; skipped
+without a GPU). The CPU tests of the step itself are in test_training.py."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from klalm.tasks import make_task, materialize
+from klalm.tasks.streams import FreshStream, SplitStream
+from klalm.tasks.train import WARMUP_STEPS, GroupTrainer, StopRule, TrainSettings, train_group
+from klalm.tasks.units import Execution, Unit, build_member, run_unit
+
+pytestmark = pytest.mark.gpu
+CUDA = torch.device("cuda")
+STEPS = 40
+PLAIN = {"mixer_options": {"kla": {"block": "plain"}}}
+
+
+def _unit(arch: str, seeds=(0,), steps: int = STEPS, depth: int = 1) -> Unit:
+    train = TrainSettings(steps=steps, batch_size=64, aux_batch_size=8, lr=1e-3, warmup=0.1, eval_batch_size=256)
+    overrides = PLAIN if arch == "kla" else {}
+    return Unit("a5", {"name": "a5", "length": 8}, arch, depth, 128, overrides, train, list(seeds), 256, None,
+                {"name": "a5", "length": 2}, 10, {"metric": "token_acc", "threshold": 0.9})  # fmt: skip
+
+
+def _losses(unit: Unit, capture: bool, steps: int) -> list[torch.Tensor]:
+    trainer = GroupTrainer([build_member(unit, s, CUDA, None) for s in unit.seeds], CUDA, capture=capture)
+    trainer.prepare()
+    trainer.advance(steps - trainer.steps_done)
+    trainer.synchronize()
+    assert (trainer.graph is not None) == capture
+    assert all(m.step.item() == steps for m in trainer.members)  # the graph advanced the device counter
+    return [m.losses[:steps].cpu() for m in trainer.members]
+
+
+@pytest.mark.parametrize("arch", ["kla", "gpt", "mamba", "gdn"])
+def test_captured_training_gives_the_eager_losses(arch):
+    """Steps 0-2 run eagerly (the warm-up), steps 3.. are graph replays; the same numbers as eager up to the
+    reduction-order noise of bf16 kernels."""
+    unit = _unit(arch)
+    eager, captured = _losses(unit, False, STEPS)[0], _losses(unit, True, STEPS)[0]
+    assert torch.isfinite(captured).all()
+    torch.testing.assert_close(captured[:WARMUP_STEPS], eager[:WARMUP_STEPS], rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(captured, eager, rtol=2e-3, atol=2e-3)
+    assert captured[-5:].mean() < captured[:5].mean()  # it trains
+
+
+def test_members_in_one_graph_give_each_seeds_eager_losses():
+    """Two seeds in one graph (one stream each) against each seed trained eagerly alone."""
+    together = _losses(_unit("kla", seeds=(0, 1)), True, STEPS)
+    for seed, losses in zip((0, 1), together):
+        alone = _losses(_unit("kla", seeds=(seed,)), False, STEPS)[0]
+        torch.testing.assert_close(losses, alone, rtol=2e-3, atol=2e-3)
+    assert not torch.allclose(together[0], together[1])
+
+
+def test_device_data_equals_cpu_data():
+    a5 = make_task("a5", length=12)
+    on_gpu, on_cpu = (FreshStream(a5, 32, 3, 1, 100, device) for device in (CUDA, torch.device("cpu")))
+    for step in (0, 1, 99):
+        gpu_batch = [t.cpu() for t in on_gpu.fill(torch.tensor(step, device=CUDA))]
+        cpu_batch = on_cpu.fill(torch.tensor(step))
+        assert all(torch.equal(g, c) for g, c in zip(gpu_batch, cpu_batch))
+    split = materialize(make_task("mqar", length=64, num_pairs=4), 100, 0, "train")
+    gpu_split = SplitStream(*(t.to(CUDA) for t in split), 16, 5, 20)
+    cpu_split = SplitStream(*split, 16, 5, 20)
+    assert torch.equal(gpu_split.fill(torch.tensor(7, device=CUDA))[0].cpu(), cpu_split.fill(torch.tensor(7))[0])
+
+
+def test_train_group_on_cuda_evaluates_between_replays_and_stops():
+    unit = _unit("gpt", steps=60)
+    trainer = GroupTrainer([build_member(unit, 0, CUDA, None)], CUDA)
+    test = tuple(t.to(CUDA) for t in materialize(make_task("a5", length=8), 256, 0, "test"))
+    result = train_group(trainer, test, eval_every=20, stop=StopRule("token_acc", 0.0))
+    assert trainer.graph is not None and result.ended == "threshold" and result.steps == 20
+
+
+def test_run_unit_on_cuda_records_a_captured_run():
+    outcome = run_unit(_unit("kla", seeds=(0, 1), steps=30), CUDA, Execution(commit="test"))
+    assert [r["seed"] for r in outcome.rows] == [0, 1]
+    assert all(r["run"]["captured"] and r["mixers"]["kla"]["block"] == "plain" for r in outcome.rows)
+    assert outcome.rate["step_s"] > 0 and outcome.rate["device"] == torch.cuda.get_device_name(CUDA)

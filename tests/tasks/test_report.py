@@ -1,0 +1,104 @@
+"""klalm.tasks.report: minimum-depth readings (unfinished cells shown as such), MQAR's partial cells, the generated
+sections of docs/synthetic.md, and that the committed document is what the committed results produce."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from klalm.tasks.plans import A5Stage, load_plan, plan_units
+from klalm.tasks.report import min_depth, sections, write_doc, write_folder
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _runs(*accs):
+    return [{"token_acc": a} for a in accs]
+
+
+@pytest.mark.parametrize(
+    ("depths", "expected"),
+    [
+        ({1: (3, _runs(0.2, 0.95)), 2: (3, [])}, ("1", "solved")),
+        ({1: (3, _runs(0.2, 0.3, 0.1)), 2: (3, _runs(0.5, 0.91))}, ("2", "solved")),
+        ({1: (3, _runs(0.2)), 2: (3, _runs(0.91))}, ("≤2", "solved")),  # depth 1 unfinished
+        ({1: (3, _runs(0.2, 0.3, 0.1)), 2: (3, _runs(0.5, 0.5, 0.5))}, (">2", "unsolved")),
+        ({1: (3, _runs(0.2, 0.3, 0.1)), 2: (3, _runs(0.5)), 3: (3, [])}, (">1 …", "unfinished")),
+        ({1: (3, _runs(0.2)), 2: (3, [])}, ("…", "unfinished")),
+        ({1: (3, []), 2: (3, [])}, ("not run", "open")),
+        ({1: (3, _runs(0.9))}, ("1", "solved")),  # the threshold itself counts
+    ],
+    ids=["d1", "d2", "le2", "gt2", "gt1-open", "open-partial", "not-run", "at-threshold"],
+)
+def test_min_depth_readings(depths, expected):
+    assert min_depth(depths, "token_acc", 0.9) == expected
+
+
+def _plan():
+    plan = load_plan("full")
+    plan.families, plan.archs = ["a5", "mqar"], ["kla", "gpt"]
+    plan.a5.stages = [A5Stage(lengths=[4, 8], depths=[1, 2], seeds=[0, 1, 2])]
+    return plan
+
+
+def _write(folder: Path, family: str, rows: list[dict]) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / f"{family}.jsonl", "a") as handle:
+        handle.writelines(json.dumps(r) + "\n" for r in rows)
+
+
+def _row(unit, seed, acc):
+    return {**unit.cell(), "seed": seed, "token_acc": acc, "seq_acc": acc / 2, "steps": 500}
+
+
+def test_sections_show_results_and_unfinished_cells(tmp_path):
+    plan = _plan()
+    units = plan_units(plan)
+    kla4 = next(u for u in units if (u.arch, u.task.get("length"), u.n_layers) == ("kla", 4, 1))
+    gpt4 = [u for u in units if u.family == "a5" and u.arch == "gpt" and u.task["length"] == 4]
+    mqar = [u for u in units if u.family == "mqar" and u.arch == "kla" and u.task["length"] == 64][:3]
+    _write(tmp_path, "a5", [_row(kla4, 0, 0.97), _row(kla4, 1, 0.4), _row(kla4, 2, 0.3)])
+    _write(tmp_path, "a5", [_row(gpt4[0], s, 0.2) for s in range(3)] + [_row(gpt4[1], 0, 0.5)])
+    _write(tmp_path, "mqar", [_row(u, 0, acc) for u, acc in zip(mqar, (0.1, 0.6, 0.3))])
+    text = sections(plan, tmp_path, tmp_path, "")
+    assert "| kla | 1 (97.0) | not run |" in text["a5"]
+    assert "| gpt | >1 … (50.0) | not run |" in text["a5"]
+    assert "| kla | 4 | 1 | 3/3 | 0 | 97.0 | 48.5 | 500 |" in text["a5"]
+    assert "| gpt | 4 | 2 | 1/3 | none | 50.0 | 25.0 | 500 |" in text["a5"]
+    lr = mqar[1].train.lr
+    assert f"| kla, 2 blocks, d=64 | 60.0 (lr {lr:g}) (3/4) | not run | not run | not run |" in text["mqar"]
+    assert "| gpt, 2 blocks, d=64 | not run |" in text["mqar"] and "L=2048 K=256" in text["mqar"]
+    assert (tmp_path / "synthetic_a5.png").stat().st_size > 1000
+    markdown = write_folder(plan, tmp_path, tmp_path / "out")
+    assert "## a5" in markdown and (tmp_path / "out" / "synthetic_mqar.png").is_file()
+
+
+def test_write_doc_fills_only_the_marked_sections(tmp_path):
+    plan = _plan()
+    doc = tmp_path / "doc.md"
+    doc.write_text("prose\n<!-- synthetic:a5 -->\nSTALE\n<!-- /synthetic:a5 -->\nmiddle\n"
+                   "<!-- synthetic:mqar -->\n<!-- /synthetic:mqar -->\nend\n")  # fmt: skip
+    (tmp_path / "empty").mkdir()
+    write_doc(plan, tmp_path / "empty", doc)
+    text = doc.read_text()
+    assert text.startswith("prose\n<!-- synthetic:a5 -->\nA5, minimum blocks") and "middle\n" in text
+    assert "STALE" not in text and "| kla | not run | not run |" in text and text.endswith("end\n")
+    plan.families = ["a5", "mad"]
+    with pytest.raises(ValueError, match="synthetic:mad"):
+        write_doc(plan, tmp_path / "empty", doc)
+    with pytest.raises(FileNotFoundError, match="nowhere"):
+        sections(plan, tmp_path / "nowhere", tmp_path, "")
+
+
+def test_docs_synthetic_md_is_what_the_committed_results_produce(tmp_path):
+    """No generated number in docs/synthetic.md is typed by hand or out of date: `report --doc` changes nothing."""
+    doc = tmp_path / "docs" / "synthetic.md"
+    doc.parent.mkdir()
+    shutil.copy(REPO / "docs" / "synthetic.md", doc)
+    write_doc(load_plan("full"), REPO / "results" / "synthetic", doc)
+    assert doc.read_text() == (REPO / "docs" / "synthetic.md").read_text()
+    for png in (tmp_path / "docs" / "img").glob("*.png"):
+        assert (REPO / "docs" / "img" / png.name).is_file(), png.name
