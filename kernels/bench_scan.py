@@ -228,7 +228,7 @@ TUNE = [dict(), dict(chunk=32), dict(chunk=64), dict(num_stages=3, unroll=2), di
 
 def run_tune() -> None:
     """Time the Triton kernels over launch configs at the main size."""
-    from klalm.kernels.mobius_scan_fwd import ScanConfig
+    from klalm.kernels.common import ScanConfig
 
     configs = [ScanConfig(**overrides) for overrides in TUNE]
     rows = [[f"kla {tuple(c)}"] + bench_kla_row("triton", MAIN, c)[2:] for c in configs]

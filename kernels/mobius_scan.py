@@ -14,33 +14,13 @@ import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
+from klalm.kernels.common import ScanConfig, check_config, check_kernel_device, check_offsets
 from klalm.kernels.mobius_scan_bwd import mobius_scan_bwd
-from klalm.kernels.mobius_scan_fwd import ScanConfig, check_config, interpreting, mobius_scan_fwd
+from klalm.kernels.mobius_scan_fwd import mobius_scan_fwd
 from klalm.ops.checks import check_inputs
 from klalm.ops.reference import KLAState
 
 MAX_STATE_SIZE = 64
-KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-
-
-def check_kernel_device(tensors: dict[str, Tensor]) -> None:
-    """Raise ValueError unless all tensors share one device the Triton kernels can run on."""
-    devices = {name: t.device for name, t in tensors.items()}
-    first = next(iter(devices.values()))
-    for name, device in devices.items():
-        if device != first:
-            raise ValueError(f"{name} is on {device} but the other inputs are on {first}")
-    if first.type != "cuda" and not interpreting():
-        raise ValueError(f"the Triton kernels need CUDA tensors (got {first}); set TRITON_INTERPRET=1 to run on CPU")
-    for name, t in tensors.items():
-        if t.dtype not in KERNEL_DTYPES:
-            raise ValueError(f"{name} has dtype {t.dtype}; the Triton kernels take {KERNEL_DTYPES}")
-
-
-def check_offsets(length: int, channels: int, state_size: int) -> None:
-    """The kernels index one batch row with int32 offsets (t·M, t·S): raise ValueError if L·max(M, S) ≥ 2^31."""
-    if length * max(channels, state_size) >= 2**31:
-        raise ValueError(f"L·M = {length}·{channels} is too large for the kernels' int32 offsets; split the sequence")
 
 
 class _MobiusScan(torch.autograd.Function):

@@ -29,13 +29,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from klalm.kernels.mobius_scan_fwd import (
-    ScanConfig,
-    _filter_step,
-    _load_step,
-    interpreting,
-    to_kernel_layout,
-)
+from klalm.kernels.common import ScanConfig, interpreting, to_kernel_layout
+from klalm.kernels.mobius_scan_fwd import _filter_step, _load_step
 
 
 @triton.jit

@@ -18,79 +18,19 @@ time (see mobius_scan_bwd.py).
 
 from __future__ import annotations
 
-import os
-from typing import NamedTuple
-
 import torch
 import triton
 import triton.language as tl
 from torch import Tensor
 
-
-def interpreting() -> bool:
-    """True under Triton's CPU interpreter (TRITON_INTERPRET=1), where inline PTX is unavailable."""
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
-
-
-class ScanConfig(NamedTuple):
-    """Launch parameters of the forward and backward kernels (defaults: fastest forward+backward measured, H200).
-
-    block_m, bwd_block_m: channels per program (BM, a power of two) in the forward and the backward;
-    chunk: steps between saved states (the backward recomputes one chunk at a time);
-    num_warps, num_stages / bwd_num_warps, bwd_num_stages: Triton launch options of the forward / backward
-    (stages of the load pipeline);
-    unroll / bwd_unroll: time steps per unrolled loop body (lets the scheduler overlap independent work of
-    several steps).
-    """
-
-    block_m: int = 32
-    chunk: int = 32
-    num_warps: int = 1
-    num_stages: int = 4
-    unroll: int = 4
-    bwd_block_m: int = 16
-    bwd_num_warps: int = 1
-    bwd_num_stages: int = 3
-    bwd_unroll: int = 2
-
-
-def check_config(config: ScanConfig) -> None:
-    """Raise ValueError naming the first ScanConfig field that the kernels cannot use."""
-    for name in ("block_m", "bwd_block_m", "num_warps", "bwd_num_warps"):
-        value = getattr(config, name)
-        if value < 1 or value & (value - 1):
-            raise ValueError(f"ScanConfig.{name}={value} must be a power of two")
-    for name in ("chunk", "num_stages", "unroll", "bwd_num_stages", "bwd_unroll"):
-        if getattr(config, name) < 1:
-            raise ValueError(f"ScanConfig.{name}={getattr(config, name)} must be >= 1")
-
-
-def to_kernel_layout(x: Tensor | None) -> Tensor | None:
-    """[..., M, S] -> contiguous [..., S, M] (channels contiguous, as the kernels read state-shaped tensors)."""
-    return None if x is None else x.transpose(-1, -2).contiguous()
-
-
-def from_kernel_layout(x: Tensor | None) -> Tensor | None:
-    """[..., S, M] -> contiguous [..., M, S]."""
-    return None if x is None else x.transpose(-1, -2).contiguous()
-
-
-@triton.jit
-def _rcp(x, FAST_RCP: tl.constexpr):
-    """1/x; with FAST_RCP one MUFU.RCP (rcp.approx.ftz, ≤ 1 ulp; x here is ≥ 1 or a state), else IEEE-style division."""
-    if FAST_RCP:
-        return tl.inline_asm_elementwise(
-            "rcp.approx.ftz.f32 $0, $1;", "=f,f", [x], dtype=tl.float32, is_pure=True, pack=1
-        )
-    else:
-        return 1.0 / x
+from klalm.kernels.common import ScanConfig, interpreting, rcp
 
 
 @triton.jit
 def _filter_step(b_P, b_mu, b_a, b_a2, b_p, b_phi, b_r, FAST_RCP: tl.constexpr):
     """One predict+update step in covariance form; returns (P_t, μ_t, P'_t, i_t), each [S_PAD, BM]."""
     b_Pp = b_a2 * b_P + b_p
-    b_i = _rcp(1.0 + b_phi * b_Pp, FAST_RCP)
+    b_i = rcp(1.0 + b_phi * b_Pp, FAST_RCP)
     return b_Pp * b_i, b_i * (b_a * b_mu + b_r * b_Pp), b_Pp, b_i
 
 

@@ -4,8 +4,8 @@ Oracle: `klalm.ops.selective_scan.selective_scan_reference` (same arguments and 
 
     h_t = exp(Δ_t·A) ⊙ h_{t-1} + (Δ_t·u_t) ⊗ B_t        y_t = h_t · C_t + D ⊙ u_t
 
-The machinery is the KLA scan's (mobius_scan_fwd.py): one program per batch row and BM channels,
-the [N_PAD, BM] state in registers, time walked in order with the loads pipelined, the state saved
+The machinery is the KLA scan's (mobius_scan_fwd.py; shared helpers in common.py): one program per batch row
+and BM channels, the [N_PAD, BM] state in registers, time walked in order with the loads pipelined, the state saved
 every CHUNK steps. The backward recomputes each chunk's states into a per-program scratch buffer and
 runs the reverse recursion gh_{t-1} = exp(Δ_t·A)·gh_t, with gh_t += gy_t·C_t at each step; dB and dC
 (sums over m) leave one [N] row per (program, t) in a [B, M/BM, L, N] buffer, dA and dD are summed
@@ -20,8 +20,14 @@ import triton.language as tl
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
-from klalm.kernels.mobius_scan import check_kernel_device, check_offsets
-from klalm.kernels.mobius_scan_fwd import ScanConfig, check_config, from_kernel_layout, to_kernel_layout
+from klalm.kernels.common import (
+    ScanConfig,
+    check_config,
+    check_kernel_device,
+    check_offsets,
+    from_kernel_layout,
+    to_kernel_layout,
+)
 
 MAX_STATE_SIZE = 64
 DEFAULT_CONFIG = ScanConfig(  # fastest fwd and fwd+bwd measured on an H200 (kernels/NOTES.md)

@@ -11,9 +11,9 @@ import torch
 import torch.nn.functional as F
 
 from klalm.kernels import mobius_scan
+from klalm.kernels.common import ScanConfig
 from klalm.kernels.mobius_scan import kla_scan_triton
 from klalm.kernels.mobius_scan_bwd import mobius_scan_bwd
-from klalm.kernels.mobius_scan_fwd import ScanConfig
 from klalm.ops.checks import CHECK_ENV_VAR
 from klalm.ops.reference import KLAState, kla_scan_reference
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from klalm.kernels.mobius_scan_fwd import ScanConfig
+from klalm.kernels.common import ScanConfig
 from klalm.kernels.selective_scan import DEFAULT_CONFIG, selective_scan_triton
 from klalm.ops.selective_scan import selective_scan_reference
 

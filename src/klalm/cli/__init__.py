@@ -110,7 +110,7 @@ def prepare_data() -> None:
 
 
 def study() -> None:
-    """`klalm-study`: the pretraining study (pack, stage, plan, sweep, train, collect, report), in blocks of GPU time."""
+    """`klalm-study`: the pretraining study (pack, stage, plan, sweep, train, collect, report) in blocks of GPU time."""
     from klalm.study.cli import main
 
     sys.exit(main())

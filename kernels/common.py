@@ -1,0 +1,97 @@
+"""What the Triton scans share (mobius_scan_*.py for KLA, selective_scan.py for Mamba): the launch configuration,
+the device/dtype/size checks, the state layout, and the `@triton.jit` reciprocal.
+
+Nothing here knows a filter's math; each scan's kernels and their oracle live in their own files.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import NamedTuple
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+def interpreting() -> bool:
+    """True under Triton's CPU interpreter (TRITON_INTERPRET=1), where inline PTX is unavailable."""
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+class ScanConfig(NamedTuple):
+    """Launch parameters of a scan's forward and backward kernels (defaults: fastest KLA forward+backward measured
+    on an H200, kernels/NOTES.md).
+
+    block_m, bwd_block_m: channels per program (BM, a power of two) in the forward and the backward;
+    chunk: steps between saved states (the backward recomputes one chunk at a time);
+    num_warps, num_stages / bwd_num_warps, bwd_num_stages: Triton launch options of the forward / backward
+    (stages of the load pipeline);
+    unroll / bwd_unroll: time steps per unrolled loop body (lets the scheduler overlap independent work of
+    several steps).
+    """
+
+    block_m: int = 32
+    chunk: int = 32
+    num_warps: int = 1
+    num_stages: int = 4
+    unroll: int = 4
+    bwd_block_m: int = 16
+    bwd_num_warps: int = 1
+    bwd_num_stages: int = 3
+    bwd_unroll: int = 2
+
+
+def check_config(config: ScanConfig) -> None:
+    """Raise ValueError naming the first ScanConfig field that the kernels cannot use."""
+    for name in ("block_m", "bwd_block_m", "num_warps", "bwd_num_warps"):
+        value = getattr(config, name)
+        if value < 1 or value & (value - 1):
+            raise ValueError(f"ScanConfig.{name}={value} must be a power of two")
+    for name in ("chunk", "num_stages", "unroll", "bwd_num_stages", "bwd_unroll"):
+        if getattr(config, name) < 1:
+            raise ValueError(f"ScanConfig.{name}={getattr(config, name)} must be >= 1")
+
+
+def check_kernel_device(tensors: dict[str, Tensor]) -> None:
+    """Raise ValueError unless all tensors share one device the Triton kernels can run on, in a dtype they take."""
+    devices = {name: t.device for name, t in tensors.items()}
+    first = next(iter(devices.values()))
+    for name, device in devices.items():
+        if device != first:
+            raise ValueError(f"{name} is on {device} but the other inputs are on {first}")
+    if first.type != "cuda" and not interpreting():
+        raise ValueError(f"the Triton kernels need CUDA tensors (got {first}); set TRITON_INTERPRET=1 to run on CPU")
+    for name, t in tensors.items():
+        if t.dtype not in KERNEL_DTYPES:
+            raise ValueError(f"{name} has dtype {t.dtype}; the Triton kernels take {KERNEL_DTYPES}")
+
+
+def check_offsets(length: int, channels: int, state_size: int) -> None:
+    """The kernels index one batch row with int32 offsets (t·M, t·S): raise ValueError if L·max(M, S) ≥ 2^31."""
+    if length * max(channels, state_size) >= 2**31:
+        raise ValueError(f"L·M = {length}·{channels} is too large for the kernels' int32 offsets; split the sequence")
+
+
+def to_kernel_layout(x: Tensor | None) -> Tensor | None:
+    """[..., M, S] -> contiguous [..., S, M] (channels contiguous, as the kernels read state-shaped tensors)."""
+    return None if x is None else x.transpose(-1, -2).contiguous()
+
+
+def from_kernel_layout(x: Tensor | None) -> Tensor | None:
+    """[..., S, M] -> contiguous [..., M, S]."""
+    return None if x is None else x.transpose(-1, -2).contiguous()
+
+
+@triton.jit
+def rcp(x, FAST_RCP: tl.constexpr):
+    """1/x; with FAST_RCP one MUFU.RCP (rcp.approx.ftz, ≤ 1 ulp; x here is ≥ 1 or a state), else IEEE-style division."""
+    if FAST_RCP:
+        return tl.inline_asm_elementwise(
+            "rcp.approx.ftz.f32 $0, $1;", "=f,f", [x], dtype=tl.float32, is_pure=True, pack=1
+        )
+    else:
+        return 1.0 / x
