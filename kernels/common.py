@@ -1,5 +1,5 @@
 """What the Triton scans share (mobius_scan_*.py for KLA, selective_scan.py for Mamba): the launch configuration,
-the device/dtype/size checks, the state layout, and the `@triton.jit` reciprocal.
+the time-parallel split, the device/dtype/size checks, the state layout, and the `@triton.jit` reciprocal.
 
 Nothing here knows a filter's math; each scan's kernels and their oracle live in their own files.
 """
@@ -31,7 +31,9 @@ class ScanConfig(NamedTuple):
     num_warps, num_stages / bwd_num_warps, bwd_num_stages: Triton launch options of the forward / backward
     (stages of the load pipeline);
     unroll / bwd_unroll: time steps per unrolled loop body (lets the scheduler overlap independent work of
-    several steps).
+    several steps);
+    segment: steps per time-parallel segment, a multiple of chunk; 0 lets `segment_chunks` choose, a value ≥ L
+    walks the whole sequence in one segment (the sequential kernels).
     """
 
     block_m: int = 32
@@ -43,6 +45,7 @@ class ScanConfig(NamedTuple):
     bwd_num_warps: int = 1
     bwd_num_stages: int = 3
     bwd_unroll: int = 2
+    segment: int = 0
 
 
 def check_config(config: ScanConfig) -> None:
@@ -54,6 +57,32 @@ def check_config(config: ScanConfig) -> None:
     for name in ("chunk", "num_stages", "unroll", "bwd_num_stages", "bwd_unroll"):
         if getattr(config, name) < 1:
             raise ValueError(f"ScanConfig.{name}={getattr(config, name)} must be >= 1")
+    if config.segment < 0 or config.segment % config.chunk:
+        raise ValueError(
+            f"ScanConfig.segment={config.segment} must be 0 or a positive multiple of chunk={config.chunk}"
+        )
+
+
+# The time-parallel split (kernels/NOTES.md, "Time-parallel scan"). Both numbers are first guesses from the sequential
+# kernels' measurements, for the GPU session to tune (`python kernels/bench_scan.py --lengths`): the sequential walk ran
+# at its best per token with B·M·S ≥ 196,608 chains (B8 M1536 S16 on an H200; fewer chains left the GPU idle), so the
+# split aims for that many (chain, segment) pairs; a segment shorter than MIN_SEGMENT_STEPS would spend more on its
+# summary and on the carry between segments than the extra parallelism gains.
+PARALLEL_MIN_CHAINS = 196_608
+MIN_SEGMENT_STEPS = 256
+
+
+def segment_chunks(batch: int, length: int, channels: int, state_size: int, config: ScanConfig) -> int:
+    """Chunks per time-parallel segment; a result ≥ ceil(L / chunk) means one segment (the sequential walk).
+
+    `config.segment` > 0 fixes the segment length (in steps); 0 cuts L into the fewest segments that give
+    PARALLEL_MIN_CHAINS (b, m, s, segment) chains, none shorter than MIN_SEGMENT_STEPS.
+    """
+    if config.segment:
+        return config.segment // config.chunk
+    wanted = triton.cdiv(PARALLEL_MIN_CHAINS, batch * channels * state_size)
+    n_segments = min(wanted, max(1, length // MIN_SEGMENT_STEPS))
+    return triton.cdiv(triton.cdiv(length, config.chunk), n_segments)
 
 
 def check_kernel_device(tensors: dict[str, Tensor]) -> None:

@@ -1,4 +1,4 @@
-"""Forward Triton kernel of the KLA scan (oracle: `klalm.ops.reference.kla_scan_reference`).
+"""Forward Triton kernels of the KLA scan (oracle: `klalm.ops.reference.kla_scan_reference`).
 
 The filter of shared/DESIGN.md §1 runs here in covariance form, which is the same map as the
 information form (λ = 1/P, η = μ/P) but needs one reciprocal per (b, t, m, s) instead of two:
@@ -9,11 +9,30 @@ information form (λ = 1/P, η = μ/P) but needs one reciprocal per (b, t, m, s)
     μ_t  = i_t·(a·μ_{t-1} + r_t·P'_t)        (= η_t/λ_t)
     y_t  = Σ_s q_t·μ_t        y_var_t = Σ_s q_t²·P_t
 
-One program owns one batch row and BM channels; its [S_PAD, BM] state lives in registers (the layout
-is Triton's; kernels/NOTES.md records what it chose) and walks time in order. Loads of step t+1.. are
-prefetched into shared memory by Triton's software pipeliner (`num_stages`). Every CHUNK steps the
-program saves its state, which is all the backward needs to recompute the states of one chunk at a
-time (see mobius_scan_bwd.py).
+`_kla_fwd_kernel`: one program owns one batch row, BM channels and one time segment; its [S_PAD, BM] state
+lives in registers (the layout is Triton's; kernels/NOTES.md records what it chose) and walks the segment in
+order. Loads of step t+1.. are prefetched into shared memory by Triton's software pipeliner (`num_stages`).
+Every CHUNK steps the program saves its state, which is all the backward needs to recompute the states of one
+chunk at a time (see mobius_scan_bwd.py).
+
+Time-parallel split. With one segment (the whole of L) the kernel above is the sequential scan. When B·M·S is
+too small to fill the GPU, L is cut into segments of a whole number of chunks (`common.segment_chunks`), and
+two small kernels first find every segment's start state:
+
+1. `_kla_fwd_summary_kernel`, one program per (b, m-block, segment): the segment's map from its start state to
+   its end state. In homogeneous coordinates (x, w, z) with λ = x/z and η = w/z one step is linear,
+
+       z' = p·x + a²·z        x' = x + φ·z'        w' = a·w + r·z'
+
+   (z' = z·d_t, so x'/z' = λ/d_t + φ and w'/z' = (a/d_t)·η + r), so a segment is the product of its steps'
+   3×3 matrices. The w column of every product is (0, Tww, 0), so 7 numbers per (b, m, s) hold it:
+
+       λ_end = (Txx·λ + Txz) / (Tzx·λ + Tzz)          η_end = (Twx·λ + Tww·η + Twz) / (Tzx·λ + Tzz)
+
+   A matrix and its multiples are the same map, so the product is divided after every step by
+   Txx + Txz + Tzx + Tzz (all four ≥ 0: nothing overflows, and what underflows is negligible against them).
+2. `_kla_fwd_carry_kernel`, one program per (b, m-block): applies the segment maps in order from the initial
+   state and writes every segment's start (λ, η), which `_kla_fwd_kernel` then reads as its initial state.
 """
 
 from __future__ import annotations
@@ -23,7 +42,9 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from klalm.kernels.common import ScanConfig, interpreting, rcp
+from klalm.kernels.common import ScanConfig, interpreting, rcp, segment_chunks
+
+SUMMARY_SIZE = tl.constexpr(7)  # numbers per (b, m, s) of a segment's forward map: Txx, Txz, Tzx, Tzz, Twx, Tww, Twz
 
 
 @triton.jit
@@ -48,11 +69,12 @@ def _load_step(p_v, p_lv, p_k, p_q, m_m, m_s):
 def _kla_fwd_kernel(
     v_ptr, lam_v_ptr, k_ptr, q_ptr, a_ptr, p_ptr, lam0_ptr, eta0_ptr,
     y_ptr, y_var_ptr, lam_out_ptr, eta_out_ptr, ckpt_P_ptr, ckpt_mu_ptr,
-    L, M, S, n_chunks,
+    L, M, S, n_chunks, seg_chunks,
     BM: tl.constexpr, S_PAD: tl.constexpr, CHUNK: tl.constexpr, NUM_STAGES: tl.constexpr, UNROLL: tl.constexpr,
     HAS_INIT: tl.constexpr, PRIOR: tl.constexpr, SAVE_CKPT: tl.constexpr, FAST_RCP: tl.constexpr,
 ):  # fmt: skip
-    i_b = tl.program_id(0).to(tl.int64)
+    i_b, i_seg = tl.program_id(0).to(tl.int64), tl.program_id(2)
+    n_seg = tl.num_programs(2)
     o_m = tl.program_id(1) * BM + tl.arange(0, BM)  # [BM]
     o_s = tl.arange(0, S_PAD)  # [S_PAD]
     m_m, m_s = o_m < M, o_s < S
@@ -61,9 +83,10 @@ def _kla_fwd_kernel(
     b_a = tl.load(a_ptr + o_ms, mask=m_sm, other=1.0).to(tl.float32)
     b_p = tl.load(p_ptr + o_ms, mask=m_sm, other=0.0).to(tl.float32)
     b_a2 = b_a * b_a
-    if HAS_INIT:
-        b_lam0 = tl.load(lam0_ptr + i_b * M * S + o_ms, mask=m_sm, other=1.0).to(tl.float32)
-        b_eta0 = tl.load(eta0_ptr + i_b * M * S + o_ms, mask=m_sm, other=0.0).to(tl.float32)
+    if HAS_INIT:  # [B, n_seg, M, S]: the caller's initial state (one segment) or every segment's start
+        o_init = (i_b * n_seg + i_seg) * M * S + o_ms
+        b_lam0 = tl.load(lam0_ptr + o_init, mask=m_sm, other=1.0).to(tl.float32)
+        b_eta0 = tl.load(eta0_ptr + o_init, mask=m_sm, other=0.0).to(tl.float32)
         b_P = 1.0 / b_lam0
         b_mu = b_eta0 * b_P
     else:
@@ -71,7 +94,10 @@ def _kla_fwd_kernel(
         b_mu = tl.zeros([S_PAD, BM], tl.float32)
     o_ckpt = (i_b * n_chunks * S + o_s[:, None]) * M + o_m[None, :]  # [S_PAD, BM] into [B, NC, S, M]
     o_bm, o_bs = i_b * L * M + o_m, i_b * L * S + o_s  # [BM], [S_PAD] at t = 0
-    for i_c in range(n_chunks):
+    c1 = (i_seg + 1) * seg_chunks
+    if c1 > n_chunks:
+        c1 = n_chunks
+    for i_c in range(i_seg * seg_chunks, c1):
         if SAVE_CKPT:
             o_c = o_ckpt + i_c * S * M
             tl.store(ckpt_P_ptr + o_c, b_P, mask=m_sm)
@@ -93,9 +119,118 @@ def _kla_fwd_kernel(
             b_yv = tl.sum((b_q * b_q)[:, None] * b_var, axis=0)  # [BM]
             tl.store(y_ptr + o_tm, b_y.to(y_ptr.dtype.element_ty), mask=m_m)
             tl.store(y_var_ptr + o_tm, b_yv.to(y_var_ptr.dtype.element_ty), mask=m_m)
-    b_lam = 1.0 / b_P
-    tl.store(lam_out_ptr + i_b * M * S + o_ms, b_lam, mask=m_sm)
-    tl.store(eta_out_ptr + i_b * M * S + o_ms, b_mu * b_lam, mask=m_sm)
+    if i_seg == n_seg - 1:
+        b_lam = 1.0 / b_P
+        tl.store(lam_out_ptr + i_b * M * S + o_ms, b_lam, mask=m_sm)
+        tl.store(eta_out_ptr + i_b * M * S + o_ms, b_mu * b_lam, mask=m_sm)
+
+
+@triton.jit
+def _kla_fwd_summary_kernel(
+    v_ptr, lam_v_ptr, k_ptr, a_ptr, p_ptr, sum_ptr,
+    L, M, S, seg_steps,
+    BM: tl.constexpr, S_PAD: tl.constexpr, NUM_STAGES: tl.constexpr, UNROLL: tl.constexpr, FAST_RCP: tl.constexpr,
+):  # fmt: skip
+    """The map of segment i_seg (every segment but the last) as 7 numbers per (b, m, s) (module docstring)."""
+    i_b, i_seg = tl.program_id(0).to(tl.int64), tl.program_id(2)
+    n_seg = tl.num_programs(2) + 1
+    o_m = tl.program_id(1) * BM + tl.arange(0, BM)  # [BM]
+    o_s = tl.arange(0, S_PAD)  # [S_PAD]
+    m_m, m_s = o_m < M, o_s < S
+    m_sm = m_s[:, None] & m_m[None, :]  # [S_PAD, BM]
+    o_ms = o_m[None, :] * S + o_s[:, None]  # [S_PAD, BM] into [M, S]
+    b_a = tl.load(a_ptr + o_ms, mask=m_sm, other=1.0).to(tl.float32)
+    b_p = tl.load(p_ptr + o_ms, mask=m_sm, other=0.0).to(tl.float32)
+    b_a2 = b_a * b_a
+    b_xx = tl.full([S_PAD, BM], 1.0, tl.float32)  # the identity map
+    b_xz = tl.zeros([S_PAD, BM], tl.float32)
+    b_zx = tl.zeros([S_PAD, BM], tl.float32)
+    b_zz = tl.full([S_PAD, BM], 1.0, tl.float32)
+    b_wx = tl.zeros([S_PAD, BM], tl.float32)
+    b_ww = tl.full([S_PAD, BM], 1.0, tl.float32)
+    b_wz = tl.zeros([S_PAD, BM], tl.float32)
+    o_bm, o_bs = i_b * L * M + o_m, i_b * L * S + o_s  # [BM], [S_PAD] at t = 0
+    for t in tl.range(i_seg * seg_steps, (i_seg + 1) * seg_steps, num_stages=NUM_STAGES, loop_unroll_factor=UNROLL):
+        o_tm, o_ts = o_bm + t * M, o_bs + t * S
+        b_v, b_lv, b_k, _ = _load_step(v_ptr + o_tm, lam_v_ptr + o_tm, k_ptr + o_ts, k_ptr + o_ts, m_m, m_s)
+        b_phi = b_lv[None, :] * (b_k * b_k)[:, None]  # [S_PAD, BM]
+        b_r = (b_v * b_lv)[None, :] * b_k[:, None]  # [S_PAD, BM]
+        b_zx = b_p * b_xx + b_a2 * b_zx  # the step's matrix times the running product, z row first
+        b_zz = b_p * b_xz + b_a2 * b_zz
+        b_xx += b_phi * b_zx
+        b_xz += b_phi * b_zz
+        b_wx = b_a * b_wx + b_r * b_zx
+        b_wz = b_a * b_wz + b_r * b_zz
+        b_ww = b_a * b_ww
+        b_n = rcp(b_xx + b_xz + b_zx + b_zz, FAST_RCP)
+        b_xx, b_xz, b_zx, b_zz = b_xx * b_n, b_xz * b_n, b_zx * b_n, b_zz * b_n
+        b_wx, b_ww, b_wz = b_wx * b_n, b_ww * b_n, b_wz * b_n
+    o_sum = (i_b * n_seg + i_seg) * SUMMARY_SIZE * S * M + o_s[:, None] * M + o_m[None, :]  # [B, n_seg, 7, S, M]
+    tl.store(sum_ptr + o_sum, b_xx, mask=m_sm)
+    tl.store(sum_ptr + o_sum + S * M, b_xz, mask=m_sm)
+    tl.store(sum_ptr + o_sum + 2 * S * M, b_zx, mask=m_sm)
+    tl.store(sum_ptr + o_sum + 3 * S * M, b_zz, mask=m_sm)
+    tl.store(sum_ptr + o_sum + 4 * S * M, b_wx, mask=m_sm)
+    tl.store(sum_ptr + o_sum + 5 * S * M, b_ww, mask=m_sm)
+    tl.store(sum_ptr + o_sum + 6 * S * M, b_wz, mask=m_sm)
+
+
+@triton.jit
+def _kla_fwd_carry_kernel(
+    sum_ptr, lam0_ptr, eta0_ptr, start_lam_ptr, start_eta_ptr,
+    M, S, n_seg,
+    BM: tl.constexpr, S_PAD: tl.constexpr, HAS_INIT: tl.constexpr,
+):  # fmt: skip
+    """Every segment's start (λ, η), [B, n_seg, M, S]: the initial state carried through the segment maps in order."""
+    i_b = tl.program_id(0).to(tl.int64)
+    o_m = tl.program_id(1) * BM + tl.arange(0, BM)  # [BM]
+    o_s = tl.arange(0, S_PAD)  # [S_PAD]
+    m_sm = (o_s < S)[:, None] & (o_m < M)[None, :]  # [S_PAD, BM]
+    o_ms = o_m[None, :] * S + o_s[:, None]  # [S_PAD, BM] into [M, S]
+    o_sm = o_s[:, None] * M + o_m[None, :]  # [S_PAD, BM] into [S, M]
+    if HAS_INIT:
+        b_lam = tl.load(lam0_ptr + i_b * M * S + o_ms, mask=m_sm, other=1.0).to(tl.float32)
+        b_eta = tl.load(eta0_ptr + i_b * M * S + o_ms, mask=m_sm, other=0.0).to(tl.float32)
+    else:
+        b_lam = tl.full([S_PAD, BM], 1.0, tl.float32)
+        b_eta = tl.zeros([S_PAD, BM], tl.float32)
+    o_start = i_b * n_seg * M * S + o_ms
+    tl.store(start_lam_ptr + o_start, b_lam, mask=m_sm)
+    tl.store(start_eta_ptr + o_start, b_eta, mask=m_sm)
+    for i_seg in range(n_seg - 1):
+        p_sum = sum_ptr + (i_b * n_seg + i_seg) * SUMMARY_SIZE * S * M + o_sm
+        b_xx = tl.load(p_sum, mask=m_sm, other=1.0)
+        b_xz = tl.load(p_sum + S * M, mask=m_sm, other=0.0)
+        b_zx = tl.load(p_sum + 2 * S * M, mask=m_sm, other=0.0)
+        b_zz = tl.load(p_sum + 3 * S * M, mask=m_sm, other=1.0)
+        b_wx = tl.load(p_sum + 4 * S * M, mask=m_sm, other=0.0)
+        b_ww = tl.load(p_sum + 5 * S * M, mask=m_sm, other=1.0)
+        b_wz = tl.load(p_sum + 6 * S * M, mask=m_sm, other=0.0)
+        b_inv = 1.0 / (b_zx * b_lam + b_zz)
+        b_lam, b_eta = (b_xx * b_lam + b_xz) * b_inv, (b_wx * b_lam + b_ww * b_eta + b_wz) * b_inv
+        o_start += M * S
+        tl.store(start_lam_ptr + o_start, b_lam, mask=m_sm)
+        tl.store(start_eta_ptr + o_start, b_eta, mask=m_sm)
+
+
+def _segment_starts(v, lambda_v, k, a, p, lam0, eta0, seg_steps: int, n_seg: int, config: ScanConfig):
+    """Start (λ, η) of every time segment, each [B, n_seg, M, S] float32 (summary and carry kernels)."""
+    batch, length, channels = v.shape
+    state_size = k.shape[-1]
+    n_mb, s_pad = triton.cdiv(channels, config.block_m), triton.next_power_of_2(state_size)
+    summary = v.new_empty(batch, n_seg, SUMMARY_SIZE.value, state_size, channels, dtype=torch.float32)
+    _kla_fwd_summary_kernel[(batch, n_mb, n_seg - 1)](
+        v, lambda_v, k, a, p, summary, length, channels, state_size, seg_steps,
+        BM=config.block_m, S_PAD=s_pad, NUM_STAGES=config.num_stages, UNROLL=config.unroll,
+        FAST_RCP=not interpreting(), num_warps=config.num_warps,
+    )  # fmt: skip
+    start_lam = v.new_empty(batch, n_seg, channels, state_size, dtype=torch.float32)
+    start_eta = torch.empty_like(start_lam)
+    _kla_fwd_carry_kernel[(batch, n_mb)](
+        summary, lam0, eta0, start_lam, start_eta, channels, state_size, n_seg,
+        BM=config.block_m, S_PAD=s_pad, HAS_INIT=lam0 is not None, num_warps=config.num_warps,
+    )  # fmt: skip
+    return start_lam, start_eta
 
 
 def mobius_scan_fwd(
@@ -111,17 +246,22 @@ def mobius_scan_fwd(
     config: ScanConfig,
     save_ckpt: bool,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor | None, Tensor | None]:
-    """Launch the forward kernel on contiguous inputs (checked by the caller).
+    """Launch the forward kernels on contiguous inputs (checked by the caller).
 
     Shapes: v, lambda_v [B, L, M]; k, q [B, L, S]; a, p [M, S]; lam0, eta0 [B, M, S] or None (fresh).
-    The kernel reads and writes state-shaped tensors once per program in their own [.., M, S] layout; only the
-    chunk states, touched every chunk, are stored channel-contiguous.
+    The kernels read and write state-shaped tensors once per program in their own [.., M, S] layout; only the
+    chunk states, touched every chunk, are stored channel-contiguous. Time segments (`common.segment_chunks`)
+    run in parallel from start states found by the summary and carry kernels.
     Returns y, y_var [B, L, M] in v's dtype; final λ, η [B, M, S] float32; and, when `save_ckpt`, the
     states (P, μ) before every chunk, each [B, NC, S, M] float32 with NC = ceil(L / chunk), else None.
     """
     batch, length, channels = v.shape
     state_size = k.shape[-1]
     n_chunks = triton.cdiv(length, config.chunk)
+    seg_chunks = segment_chunks(batch, length, channels, state_size, config)
+    n_seg = triton.cdiv(n_chunks, seg_chunks)
+    if n_seg > 1:
+        lam0, eta0 = _segment_starts(v, lambda_v, k, a, p, lam0, eta0, seg_chunks * config.chunk, n_seg, config)
     y, y_var = torch.empty_like(v), torch.empty_like(v)
     lam = v.new_empty(batch, channels, state_size, dtype=torch.float32)
     eta = torch.empty_like(lam)
@@ -129,10 +269,10 @@ def mobius_scan_fwd(
     if save_ckpt:
         ckpt_P = v.new_empty(batch, n_chunks, state_size, channels, dtype=torch.float32)
         ckpt_mu = torch.empty_like(ckpt_P)
-    grid = (batch, triton.cdiv(channels, config.block_m))
+    grid = (batch, triton.cdiv(channels, config.block_m), n_seg)
     _kla_fwd_kernel[grid](
         v, lambda_v, k, q, a, p, lam0, eta0, y, y_var, lam, eta, ckpt_P, ckpt_mu,
-        length, channels, state_size, n_chunks,
+        length, channels, state_size, n_chunks, seg_chunks,
         BM=config.block_m, S_PAD=triton.next_power_of_2(state_size), CHUNK=config.chunk,
         NUM_STAGES=config.num_stages, UNROLL=config.unroll,
         HAS_INIT=lam0 is not None, PRIOR=decode_from_prior, SAVE_CKPT=save_ckpt,

@@ -1,4 +1,5 @@
-"""kla_scan_triton against the sequential float64 reference: every output and every gradient by name.
+"""kla_scan_triton against the sequential float64 reference: every output and every gradient by name, for the
+sequential walk (one time segment) and the time-parallel split (several segments, `ScanConfig.segment`).
 
 Tiny shapes run under the Triton interpreter on the CPU (see conftest.py); the `gpu` tests run the
 compiled kernels at real sizes.
@@ -10,8 +11,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from klalm.kernels import mobius_scan
-from klalm.kernels.common import ScanConfig
+from klalm.kernels import common, mobius_scan
+from klalm.kernels.common import ScanConfig, segment_chunks
 from klalm.kernels.mobius_scan import kla_scan_triton
 from klalm.kernels.mobius_scan_bwd import mobius_scan_bwd
 from klalm.ops.checks import CHECK_ENV_VAR
@@ -20,6 +21,8 @@ from klalm.ops.reference import KLAState, kla_scan_reference
 NAMES = ("v", "lambda_v", "k", "q", "a", "p", "lam0", "eta0")
 OUTPUTS = ("y", "y_var", "lam", "eta")
 TINY = ScanConfig(block_m=4, chunk=4, num_stages=2, unroll=2, bwd_block_m=8, bwd_num_stages=2, bwd_unroll=2)
+SEGMENTS = TINY._replace(segment=8)  # time-parallel: segments of two chunks
+CONFIGS = [pytest.param(TINY, id="sequential"), pytest.param(SEGMENTS, id="segments")]
 
 
 def rel_err(x: torch.Tensor, ref: torch.Tensor) -> float:
@@ -51,7 +54,7 @@ def run_both(x: dict, use_init: bool, prior: bool, config: ScanConfig, dtype=tor
     Only the outputs named in `used` enter the loss (the others get no gradient, as when a model ignores them).
     """
     names = NAMES if use_init else NAMES[:6]
-    ours = {n: x[n].to(dtype).requires_grad_() for n in names}
+    ours = {n: x[n].detach().to(dtype, copy=True).requires_grad_() for n in names}  # fresh leaves per call
     ref = {n: ours[n].detach().double().requires_grad_() for n in names}
     weights = None
     results = []
@@ -74,23 +77,91 @@ CASES = [
     pytest.param(37, 3, True, True, id="L37-S3-init-prior"),
     pytest.param(9, 16, True, False, id="L9-S16-init"),
     pytest.param(6, 5, False, True, id="L6-S5-prior"),
+    pytest.param(16, 4, True, True, id="L16-S4-init-prior"),  # segments end exactly at L
 ]
 
 
-@pytest.mark.parametrize("length,state,use_init,prior", CASES)
-def test_scan_matches_reference(device, length, state, use_init, prior):
-    x = make_inputs(2, length, 6, state, device)  # M=6 is not a multiple of block_m=4
-    (outs, grads), (ref_outs, ref_grads) = run_both(x, use_init, prior, TINY)
+def assert_matches(outs, grads, ref_outs, ref_grads, out_tol=1e-5, grad_tol=1e-4):
     for name, ref in ref_outs.items():
-        assert rel_err(outs[name], ref) <= 1e-5, f"output {name}: rel err {rel_err(outs[name], ref):.2e}"
+        assert rel_err(outs[name], ref) <= out_tol, f"output {name}: rel err {rel_err(outs[name], ref):.2e}"
     for name, ref in ref_grads.items():
         assert grads[name] is not None, f"no gradient for {name}"
-        assert rel_err(grads[name], ref) <= 1e-4, f"d{name}: rel err {rel_err(grads[name], ref):.2e}"
+        assert rel_err(grads[name], ref) <= grad_tol, f"d{name}: rel err {rel_err(grads[name], ref):.2e}"
 
 
+@pytest.mark.parametrize("config", CONFIGS)
+@pytest.mark.parametrize("length,state,use_init,prior", CASES)
+def test_scan_matches_reference(device, length, state, use_init, prior, config):
+    x = make_inputs(2, length, 6, state, device)  # M=6 is not a multiple of block_m=4
+    ours, ref = run_both(x, use_init, prior, config)
+    assert_matches(*ours, *ref)
+
+
+@pytest.mark.parametrize(
+    "length", [pytest.param(261, id="L261"), pytest.param(4099, id="L4099", marks=pytest.mark.slow)]
+)
+def test_long_sequence_time_parallel(device, length):
+    """L not a multiple of the chunk or the segment: segments of 64 steps against the reference."""
+    x = make_inputs(1, length, 4, 3, device, seed=11)
+    ours, ref = run_both(x, True, False, TINY._replace(chunk=16, segment=64, unroll=4, bwd_unroll=4))
+    assert_matches(*ours, *ref)
+
+
+@pytest.mark.parametrize("config", CONFIGS)
+def test_extreme_values(device, config):
+    """Λ up to 1e4 with p up to 0.5 (a segment's map grows by ~(1 + p·φ) per step and must be renormalised) and
+    decays down to 0.01 (its gains vanish), float32 against float64."""
+    x = make_inputs(2, 70, 6, 4, device, seed=13)
+    g = torch.Generator().manual_seed(14)
+    x["lambda_v"] = 10.0 ** (4 * torch.rand(x["lambda_v"].shape, generator=g)).to(device)
+    x["p"] = 0.5 * torch.rand(x["p"].shape, generator=g).to(device)
+    x["a"] = 0.01 + 0.99 * torch.rand(x["a"].shape, generator=g).to(device)
+    ours, ref = run_both(x, True, True, config._replace(segment=32 if config.segment else 0))
+    assert_matches(*ours, *ref)
+
+
+@pytest.mark.parametrize("config", CONFIGS)
+def test_state_carried_across_calls(device, config):
+    """Two calls, the second starting from the first's final state, equal one call over the whole sequence, with
+    gradients flowing back through the carried state (every input of the first call gets its gradient)."""
+    x = make_inputs(2, 29, 6, 5, device, seed=12)
+    names = NAMES[:6]
+    ours = {n: x[n].clone().requires_grad_() for n in names}
+    ref = {n: x[n].double().requires_grad_() for n in names}
+    results = []
+    for fn, inp, kwargs in ((kla_scan_triton, ours, {"config": config}), (kla_scan_reference, ref, {})):
+        first = [inp[n][:, :13] if inp[n].dim() == 3 else inp[n] for n in names]
+        second = [inp[n][:, 13:] if inp[n].dim() == 3 else inp[n] for n in names]
+        y1, yv1, state = fn(*first, **kwargs)
+        y2, yv2, state = fn(*second, state, **kwargs)
+        y, y_var = torch.cat([y1, y2], 1), torch.cat([yv1, yv2], 1)
+        g = torch.Generator().manual_seed(3)
+        w = [torch.randn(t.shape, generator=g, dtype=torch.float64) for t in (y, y_var, state.lam, state.eta)]
+        loss = sum((t.double() * wt).sum() for t, wt in zip((y, y_var, state.lam, state.eta), w))
+        loss.backward()
+        results.append(({"y": y, "y_var": y_var, "lam": state.lam, "eta": state.eta}, {n: inp[n].grad for n in names}))
+    assert_matches(*results[0], *results[1])
+
+
+def test_segment_rule(monkeypatch):
+    """Automatic split: one segment when B·M·S fills the GPU or L is short, else enough segments for
+    PARALLEL_MIN_CHAINS chains, none shorter than MIN_SEGMENT_STEPS; a set `segment` wins."""
+    monkeypatch.setattr(common, "PARALLEL_MIN_CHAINS", 1000)
+    monkeypatch.setattr(common, "MIN_SEGMENT_STEPS", 100)
+    config = ScanConfig(chunk=10)
+    assert segment_chunks(10, 1000, 10, 10, config) == 100  # 1000 chains: one segment of all 100 chunks
+    assert segment_chunks(1, 1000, 10, 10, config) == 10  # 100 chains: 10 segments of 10 chunks
+    assert segment_chunks(1, 1000, 5, 10, config) == 10  # 50 chains want 20 segments; at most 1000 // 100
+    assert segment_chunks(1, 150, 1, 1, config) == 15  # too short to split
+    assert segment_chunks(1, 1000, 1, 1, config._replace(segment=30)) == 3
+    with pytest.raises(ValueError, match="segment=25"):
+        kla_scan_triton(*(make_inputs(1, 4, 4, 3, "cpu")[n] for n in NAMES[:6]), config=ScanConfig(segment=25))
+
+
+@pytest.mark.parametrize("config", CONFIGS)
 @pytest.mark.parametrize("used", [("y",), ("y", "eta"), ("y_var", "lam")], ids="+".join)
 @pytest.mark.parametrize("prior", [False, True], ids=["posterior", "prior"])
-def test_unused_outputs(device, used, prior, monkeypatch):
+def test_unused_outputs(device, used, prior, config, monkeypatch):
     """Outputs the loss ignores (y_var in training, the final state) get None cotangents; the kernel skips them."""
     seen = {}
 
@@ -100,7 +171,7 @@ def test_unused_outputs(device, used, prior, monkeypatch):
 
     monkeypatch.setattr(mobius_scan, "mobius_scan_bwd", spy)
     x = make_inputs(2, 11, 6, 5, device, seed=9)
-    (_, grads), (_, ref_grads) = run_both(x, True, prior, TINY, used=used)
+    (_, grads), (_, ref_grads) = run_both(x, True, prior, config, used=used)
     cotangent = {"y_var": "gyv", "lam": "glam", "eta": "geta"}
     assert {seen[g] is None for o, g in cotangent.items() if o not in used} <= {True}
     assert {seen[g] is None for o, g in cotangent.items() if o in used} <= {False}
@@ -114,9 +185,9 @@ def test_unused_outputs(device, used, prior, monkeypatch):
 @pytest.mark.parametrize("batch,length,channels,state", [(1, 5, 1, 1), (1, 3, 3, 64)], ids=["M1-S1", "S64"])
 def test_edge_sizes(device, batch, length, channels, state):
     x = make_inputs(batch, length, channels, state, device, seed=8)
-    (outs, grads), (ref_outs, ref_grads) = run_both(x, True, True, TINY)
-    assert all(rel_err(outs[n], r) <= 1e-5 for n, r in ref_outs.items())
-    assert all(rel_err(grads[n], r) <= 1e-4 for n, r in ref_grads.items())
+    for config in (TINY, TINY._replace(segment=4)):  # one-chunk segments
+        ours, ref = run_both(x, True, True, config)
+        assert_matches(*ours, *ref)
 
 
 def test_bf16_inputs(device):
@@ -143,13 +214,14 @@ def test_no_grad_and_empty(device):
     assert y0.shape == (1, 0, 4) and torch.equal(state0.lam, x["lam0"])
 
 
-def test_backward_is_deterministic(device):
+@pytest.mark.parametrize("config", CONFIGS)
+def test_backward_is_deterministic(device, config):
     """No atomics: two backward passes give bitwise-equal gradients."""
-    x = make_inputs(2, 9, 6, 16, device, seed=7)
+    x = make_inputs(2, 19, 6, 16, device, seed=7)
     grads = []
     for _ in range(2):
         leaves = [x[n].clone().requires_grad_() for n in NAMES[:6]]
-        y, y_var, state = kla_scan_triton(*leaves, config=TINY)
+        y, y_var, state = kla_scan_triton(*leaves, config=config)
         (y.sum() + (y_var * y_var).sum() + state.eta.sum()).backward()
         grads.append([t.grad for t in leaves])
     assert all(torch.equal(g0, g1) for g0, g1 in zip(*grads))

@@ -39,7 +39,7 @@ def make_inputs(batch, length, channels, n_state, device, seed=0) -> dict[str, t
 def run_both(x: dict, names: tuple[str, ...], config: ScanConfig, dtype=torch.float32, use_h=True):
     """Forward+backward of the kernel (inputs in `dtype`) and of the float64 reference on the same values;
     with use_h=False the loss ignores the final state (its cotangent is None, as in training)."""
-    ours = {n: x[n].to(dtype).requires_grad_() for n in names}
+    ours = {n: x[n].detach().to(dtype, copy=True).requires_grad_() for n in names}  # fresh leaves per call
     ref = {n: ours[n].detach().double().requires_grad_() for n in names}
     g = torch.Generator().manual_seed(1)
     w_y = torch.randn(x["u"].shape, generator=g).to(x["u"].device, torch.float64)
