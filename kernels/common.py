@@ -1,5 +1,6 @@
 """What the Triton scans share (mobius_scan_*.py for KLA, selective_scan.py for Mamba): the launch configuration,
-the time-parallel split, the device/dtype/size checks, the state layout, and the `@triton.jit` reciprocal.
+the time-parallel split, the device/dtype/size checks, the state layout, and the `@triton.jit` helpers (reciprocal,
+row loads that read 16-bit inputs in pairs).
 
 Nothing here knows a filter's math; each scan's kernels and their oracle live in their own files.
 """
@@ -54,6 +55,9 @@ def check_config(config: ScanConfig) -> None:
         value = getattr(config, name)
         if value < 1 or value & (value - 1):
             raise ValueError(f"ScanConfig.{name}={value} must be a power of two")
+    for name in ("block_m", "bwd_block_m"):
+        if getattr(config, name) < 2:
+            raise ValueError(f"ScanConfig.{name}={getattr(config, name)} must be >= 2 (16-bit rows are read in pairs)")
     for name in ("chunk", "num_stages", "unroll", "bwd_num_stages", "bwd_unroll"):
         if getattr(config, name) < 1:
             raise ValueError(f"ScanConfig.{name}={getattr(config, name)} must be >= 1")
@@ -105,6 +109,11 @@ def check_offsets(length: int, channels: int, state_size: int) -> None:
         raise ValueError(f"L·M = {length}·{channels} is too large for the kernels' int32 offsets; split the sequence")
 
 
+def state_pad(state_size: int) -> int:
+    """S_PAD: the state size rounded up to a power of two, at least 2 (16-bit rows are read in pairs)."""
+    return max(2, triton.next_power_of_2(state_size))
+
+
 def to_kernel_layout(x: Tensor | None) -> Tensor | None:
     """[..., M, S] -> contiguous [..., S, M] (channels contiguous, as the kernels read state-shaped tensors)."""
     return None if x is None else x.transpose(-1, -2).contiguous()
@@ -124,3 +133,45 @@ def rcp(x, FAST_RCP: tl.constexpr):
         )
     else:
         return 1.0 / x
+
+
+# 16-bit inputs. Triton's software pipeliner prefetches a load only when each thread reads at least 32 bits; at the
+# kernels' widths (a row of BM = 32 channels or S = 16 states spread over one warp) a bf16/fp16 row gives each
+# thread one 16-bit element, so those loads were not prefetched and stalled the time loop (bf16 v, k, q: forward
+# 1.415 ms against 0.615 ms with fp32 inputs, H200, issue numbers in kernels/NOTES.md). A 16-bit tensor whose rows
+# have an even length is therefore passed as its int32 view and every row is read as words of two elements, split
+# in registers exactly (a bf16 is the high half of a float32; an fp16 is converted).
+PLAIN = tl.constexpr(0)  # the tensor itself, any float dtype, one element per lane
+BF16_PAIRS = tl.constexpr(1)  # int32 view of a bfloat16 tensor
+FP16_PAIRS = tl.constexpr(2)  # int32 view of a float16 tensor
+_PAIRED = {torch.bfloat16: BF16_PAIRS.value, torch.float16: FP16_PAIRS.value}
+
+
+def as_rows(x: Tensor | None) -> tuple[Tensor | None, int]:
+    """(what a kernel reads, its load format): the int32 view of a contiguous 16-bit tensor whose last dimension and
+    storage offset are even (two elements per word), else x itself (PLAIN)."""
+    if x is None or x.dtype not in _PAIRED or x.shape[-1] % 2 or x.storage_offset() % 2 or not x.is_contiguous():
+        return x, PLAIN.value
+    return x.view(torch.int32), _PAIRED[x.dtype]
+
+
+@triton.jit
+def load_row(ptr, start, limit, N: tl.constexpr, FMT: tl.constexpr):
+    """Elements [start, start + N) of a flat tensor as float32 [N]; positions ≥ limit read 0.
+
+    ptr is the tensor (FMT PLAIN) or its int32 view (BF16_PAIRS, FP16_PAIRS; start and limit are even);
+    start and limit count elements in both cases.
+    """
+    if FMT == PLAIN:
+        o = start + tl.arange(0, N)
+        return tl.load(ptr + o, mask=o < limit, other=0.0).to(tl.float32)
+    else:
+        o = start // 2 + tl.arange(0, N // 2)  # words
+        w = tl.load(ptr + o, mask=o < limit // 2, other=0)
+        if FMT == BF16_PAIRS:  # element 2j is the low half of word j (little-endian)
+            lo = (w << 16).to(tl.float32, bitcast=True)
+            hi = (w & -65536).to(tl.float32, bitcast=True)
+        else:
+            lo = w.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+            hi = (w >> 16).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+        return tl.interleave(lo, hi)

@@ -45,7 +45,15 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from klalm.kernels.common import ScanConfig, interpreting, segment_chunks, to_kernel_layout
+from klalm.kernels.common import (
+    ScanConfig,
+    as_rows,
+    interpreting,
+    load_row,
+    segment_chunks,
+    state_pad,
+    to_kernel_layout,
+)
 from klalm.kernels.mobius_scan_fwd import _filter_step, _load_step
 
 CARRY_SIZE = tl.constexpr(2)  # adjoint (gμ, gP) arriving at a segment's last state
@@ -99,10 +107,13 @@ def _kla_bwd_kernel(
     BM: tl.constexpr, S_PAD: tl.constexpr, CHUNK: tl.constexpr, NUM_STAGES: tl.constexpr, UNROLL: tl.constexpr,
     HAS_INIT: tl.constexpr, PRIOR: tl.constexpr, HAS_GYV: tl.constexpr, HAS_GSTATE: tl.constexpr,
     HAS_CARRY: tl.constexpr, FAST_RCP: tl.constexpr,
+    V_FMT: tl.constexpr, LV_FMT: tl.constexpr, K_FMT: tl.constexpr, Q_FMT: tl.constexpr, GY_FMT: tl.constexpr,
+    GYV_FMT: tl.constexpr,
 ):  # fmt: skip
     i_b, i_mb, i_seg = tl.program_id(0).to(tl.int64), tl.program_id(1), tl.program_id(2)
     n_mb, n_seg = tl.num_programs(1), tl.num_programs(2)
-    o_m = i_mb * BM + tl.arange(0, BM)  # [BM]
+    m0 = i_mb * BM
+    o_m = m0 + tl.arange(0, BM)  # [BM]
     o_s = tl.arange(0, S_PAD)  # [S_PAD]
     m_m, m_s = o_m < M, o_s < S
     m_sm = m_s[:, None] & m_m[None, :]  # [S_PAD, BM]
@@ -127,7 +138,6 @@ def _kla_bwd_kernel(
     i_prog = (i_b * n_mb + i_mb) * n_seg + i_seg
     o_scr = (i_prog * CHUNK * S_PAD + o_s[:, None]) * BM + tl.arange(0, BM)[None, :]  # [S_PAD, BM]
     o_part = (i_b * n_mb + i_mb) * L * S + o_s  # [S_PAD] into [B, NMB, L, S] at t = 0
-    o_bm, o_bs = i_b * L * M + o_m, i_b * L * S + o_s  # [BM], [S_PAD] at t = 0
     c1 = (i_seg + 1) * seg_chunks
     if c1 > n_chunks:
         c1 = n_chunks
@@ -141,8 +151,10 @@ def _kla_bwd_kernel(
         for t in tl.range(t0, t1, num_stages=NUM_STAGES, loop_unroll_factor=UNROLL):  # recompute the chunk's states
             tl.store(scr_P_ptr + o_scr + (t - t0) * S_PAD * BM, b_P)
             tl.store(scr_mu_ptr + o_scr + (t - t0) * S_PAD * BM, b_mu)
-            o_tm, o_ts = o_bm + t * M, o_bs + t * S
-            b_v, b_lv, b_k, _ = _load_step(v_ptr + o_tm, lam_v_ptr + o_tm, k_ptr + o_ts, k_ptr + o_ts, m_m, m_s)
+            row_m, row_s = (i_b * L + t) * M, (i_b * L + t) * S
+            b_v, b_lv, b_k, _ = _load_step(
+                v_ptr, lam_v_ptr, k_ptr, k_ptr, row_m, row_s, m0, M, S, BM, S_PAD, V_FMT, LV_FMT, K_FMT, K_FMT
+            )
             b_phi = b_lv[None, :] * (b_k * b_k)[:, None]
             b_r = (b_v * b_lv)[None, :] * b_k[:, None]
             b_P, b_mu, _, _ = _filter_step(b_P, b_mu, b_a, b_a2, b_p, b_phi, b_r, FAST_RCP)
@@ -153,15 +165,17 @@ def _kla_bwd_kernel(
             t = t1 - 1 - j
             b_Pm = tl.load(scr_P_ptr + o_scr + (t - t0) * S_PAD * BM)
             b_mum = tl.load(scr_mu_ptr + o_scr + (t - t0) * S_PAD * BM)
-            o_tm, o_ts = o_bm + t * M, o_bs + t * S
-            b_v, b_lv, b_k, b_q = _load_step(v_ptr + o_tm, lam_v_ptr + o_tm, k_ptr + o_ts, q_ptr + o_ts, m_m, m_s)
-            b_gy = tl.load(gy_ptr + o_tm, mask=m_m, other=0.0).to(tl.float32)
+            row_m, row_s = (i_b * L + t) * M, (i_b * L + t) * S
+            b_v, b_lv, b_k, b_q = _load_step(
+                v_ptr, lam_v_ptr, k_ptr, q_ptr, row_m, row_s, m0, M, S, BM, S_PAD, V_FMT, LV_FMT, K_FMT, Q_FMT
+            )
+            b_gy = load_row(gy_ptr, row_m + m0, row_m + M, BM, GY_FMT)
             b_phi = b_lv[None, :] * (b_k * b_k)[:, None]  # [S_PAD, BM]
             b_r = (b_v * b_lv)[None, :] * b_k[:, None]  # [S_PAD, BM]
             b_P, b_mu, b_Pp, b_i = _filter_step(b_Pm, b_mum, b_a, b_a2, b_p, b_phi, b_r, FAST_RCP)
             b_gmu, b_ga, b_dq = _mean_readout_adjoint(b_gmu, b_ga, b_mu, b_a, b_q, b_gy, PRIOR)
             if HAS_GYV:  # y_var was used
-                b_gyv = tl.load(gyv_ptr + o_tm, mask=m_m, other=0.0).to(tl.float32)
+                b_gyv = load_row(gyv_ptr, row_m + m0, row_m + M, BM, GYV_FMT)
                 b_gP, b_ga2, b_gp, b_dq = _var_readout_adjoint(
                     b_gP, b_ga2, b_gp, b_dq, b_P, b_a2, b_p, b_q, b_gyv, PRIOR
                 )
@@ -179,8 +193,8 @@ def _kla_bwd_kernel(
             b_dv = b_lv * tl.sum(b_kgr, axis=0)  # [BM]
             b_dlv = tl.sum(b_k[:, None] * b_k[:, None] * b_gphi + b_v[None, :] * b_kgr, axis=0)
             b_dk = tl.sum(b_lv[None, :] * (2.0 * b_k[:, None] * b_gphi + b_v[None, :] * b_gr), axis=1)  # [S_PAD]
-            tl.store(dv_ptr + o_tm, b_dv.to(dv_ptr.dtype.element_ty), mask=m_m)
-            tl.store(dlv_ptr + o_tm, b_dlv.to(dlv_ptr.dtype.element_ty), mask=m_m)
+            tl.store(dv_ptr + row_m + o_m, b_dv.to(dv_ptr.dtype.element_ty), mask=m_m)
+            tl.store(dlv_ptr + row_m + o_m, b_dlv.to(dlv_ptr.dtype.element_ty), mask=m_m)
             tl.store(dk_ptr + o_part + t * S, b_dk, mask=m_s)
             tl.store(dq_ptr + o_part + t * S, tl.sum(b_dq, axis=1), mask=m_s)
         tl.debug_barrier()
@@ -200,11 +214,14 @@ def _kla_bwd_summary_kernel(
     L, M, S, n_chunks, seg_chunks,
     BM: tl.constexpr, S_PAD: tl.constexpr, CHUNK: tl.constexpr, NUM_STAGES: tl.constexpr, UNROLL: tl.constexpr,
     PRIOR: tl.constexpr, HAS_GYV: tl.constexpr, FAST_RCP: tl.constexpr,
+    V_FMT: tl.constexpr, LV_FMT: tl.constexpr, K_FMT: tl.constexpr, Q_FMT: tl.constexpr, GY_FMT: tl.constexpr,
+    GYV_FMT: tl.constexpr,
 ):  # fmt: skip
     """The reverse map of segment i_seg (every segment but the first): Q and Σ Q_t·e_t (module docstring)."""
     i_b, i_seg = tl.program_id(0).to(tl.int64), tl.program_id(2) + 1
     n_seg = tl.num_programs(2) + 1
-    o_m = tl.program_id(1) * BM + tl.arange(0, BM)  # [BM]
+    m0 = tl.program_id(1) * BM
+    o_m = m0 + tl.arange(0, BM)  # [BM]
     o_s = tl.arange(0, S_PAD)  # [S_PAD]
     m_m, m_s = o_m < M, o_s < S
     m_sm = m_s[:, None] & m_m[None, :]  # [S_PAD, BM]
@@ -223,11 +240,12 @@ def _kla_bwd_summary_kernel(
     t1 = (i_seg + 1) * seg_chunks * CHUNK
     if t1 > L:
         t1 = L
-    o_bm, o_bs = i_b * L * M + o_m, i_b * L * S + o_s  # [BM], [S_PAD] at t = 0
     for t in tl.range(i_seg * seg_chunks * CHUNK, t1, num_stages=NUM_STAGES, loop_unroll_factor=UNROLL):
-        o_tm, o_ts = o_bm + t * M, o_bs + t * S
-        b_v, b_lv, b_k, b_q = _load_step(v_ptr + o_tm, lam_v_ptr + o_tm, k_ptr + o_ts, q_ptr + o_ts, m_m, m_s)
-        b_gy = tl.load(gy_ptr + o_tm, mask=m_m, other=0.0).to(tl.float32)
+        row_m, row_s = (i_b * L + t) * M, (i_b * L + t) * S
+        b_v, b_lv, b_k, b_q = _load_step(
+            v_ptr, lam_v_ptr, k_ptr, q_ptr, row_m, row_s, m0, M, S, BM, S_PAD, V_FMT, LV_FMT, K_FMT, Q_FMT
+        )
+        b_gy = load_row(gy_ptr, row_m + m0, row_m + M, BM, GY_FMT)
         b_phi = b_lv[None, :] * (b_k * b_k)[:, None]  # [S_PAD, BM]
         b_r = (b_v * b_lv)[None, :] * b_k[:, None]  # [S_PAD, BM]
         b_P, b_mu, _, b_i = _filter_step(b_P, b_mu, b_a, b_a2, b_p, b_phi, b_r, FAST_RCP)
@@ -242,7 +260,7 @@ def _kla_bwd_summary_kernel(
         b_smu += b_q11 * b_e
         b_sP += b_q21 * b_e
         if HAS_GYV:
-            b_gyv = tl.load(gyv_ptr + o_tm, mask=m_m, other=0.0).to(tl.float32)
+            b_gyv = load_row(gyv_ptr, row_m + m0, row_m + M, BM, GYV_FMT)
             b_eP = (b_q * b_q)[:, None] * b_gyv[None, :]  # e_t, P part
             if PRIOR:
                 b_eP = b_a2 * b_eP
@@ -288,24 +306,23 @@ def _kla_bwd_carry_kernel(
             b_gmu, b_gP = b_q11 * b_gmu + b_smu, b_q21 * b_gmu + b_q22 * b_gP + b_sP
 
 
-def _adjoint_carry(saved, gy, gyv, glam, geta, decode_from_prior, config, seg_chunks, n_seg, a_t, p_t):
-    """(gμ, gP) arriving at every time segment's last state, [B, n_seg, 2, S, M] float32 (summary and carry)."""
-    v, lambda_v, k, q, _, _, _, _, lam, eta, ckpt_P, ckpt_mu = saved
-    batch, length, channels = v.shape
-    state_size, s_pad = k.shape[-1], triton.next_power_of_2(k.shape[-1])
-    n_mb = triton.cdiv(channels, config.bwd_block_m)
-    summary = v.new_empty(batch, n_seg, ADJOINT_SUMMARY_SIZE.value, state_size, channels, dtype=torch.float32)
+def _adjoint_carry(rows, a_t, p_t, ckpt_P, ckpt_mu, lam, eta, glam, geta, seg_chunks, n_seg, launch):
+    """(gμ, gP) arriving at every time segment's last state, [B, n_seg, 2, S, M] float32 (summary and carry).
+
+    rows: (v, lambda_v, k, q, gy, gyv) as the kernels read them (`common.as_rows`); launch: the constexprs and
+    launch options the backward kernels share.
+    """
+    batch, n_chunks, state_size, channels = ckpt_P.shape
+    n_mb, length = triton.cdiv(channels, launch["BM"]), rows[4].shape[1]
+    summary = lam.new_empty(batch, n_seg, ADJOINT_SUMMARY_SIZE.value, state_size, channels)
     _kla_bwd_summary_kernel[(batch, n_mb, n_seg - 1)](
-        v, lambda_v, k, q, a_t, p_t, ckpt_P, ckpt_mu, gy, gyv, summary,
-        length, channels, state_size, ckpt_P.shape[1], seg_chunks,
-        BM=config.bwd_block_m, S_PAD=s_pad, CHUNK=config.chunk, NUM_STAGES=config.bwd_num_stages,
-        UNROLL=config.bwd_unroll, PRIOR=decode_from_prior, HAS_GYV=gyv is not None, FAST_RCP=not interpreting(),
-        num_warps=config.bwd_num_warps,
+        *rows[:4], a_t, p_t, ckpt_P, ckpt_mu, *rows[4:], summary,
+        length, channels, state_size, n_chunks, seg_chunks, **launch,
     )  # fmt: skip
-    carry = v.new_empty(batch, n_seg, CARRY_SIZE.value, state_size, channels, dtype=torch.float32)
+    carry = lam.new_empty(batch, n_seg, CARRY_SIZE.value, state_size, channels)
     _kla_bwd_carry_kernel[(batch, n_mb)](
         summary, lam, eta, glam, geta, carry, channels, state_size, n_seg,
-        BM=config.bwd_block_m, S_PAD=s_pad, HAS_GSTATE=glam is not None, num_warps=config.bwd_num_warps,
+        BM=launch["BM"], S_PAD=launch["S_PAD"], HAS_GSTATE=glam is not None, num_warps=launch["num_warps"],
     )  # fmt: skip
     return carry
 
@@ -332,7 +349,7 @@ def mobius_scan_bwd(
     """
     v, lambda_v, k, q, a, p, lam0, eta0, lam, eta, ckpt_P, ckpt_mu = saved
     batch, length, channels = v.shape
-    state_size, s_pad = k.shape[-1], triton.next_power_of_2(k.shape[-1])
+    state_size, s_pad = k.shape[-1], state_pad(k.shape[-1])
     n_chunks = ckpt_P.shape[1]
     seg_chunks = segment_chunks(batch, length, channels, state_size, config)
     n_seg = triton.cdiv(n_chunks, seg_chunks)
@@ -353,17 +370,21 @@ def mobius_scan_bwd(
         glam = torch.zeros_like(lam) if glam is None else glam.contiguous()  # autograd may pass expanded tensors
         geta = torch.zeros_like(eta) if geta is None else geta.contiguous()
     a_t, p_t = to_kernel_layout(a), to_kernel_layout(p)  # [S, M]: read channel-contiguous, as the hot loop wants
+    rows, formats = zip(*(as_rows(x) for x in (v, lambda_v, k, q, gy, gyv)))
+    launch = dict(
+        BM=config.bwd_block_m, S_PAD=s_pad, CHUNK=config.chunk, NUM_STAGES=config.bwd_num_stages,
+        UNROLL=config.bwd_unroll, PRIOR=decode_from_prior, HAS_GYV=gyv is not None, FAST_RCP=not interpreting(),
+        **dict(zip(("V_FMT", "LV_FMT", "K_FMT", "Q_FMT", "GY_FMT", "GYV_FMT"), formats)),
+        num_warps=config.bwd_num_warps,
+    )  # fmt: skip
     carry = None
     if n_seg > 1:
-        carry = _adjoint_carry(saved, gy, gyv, glam, geta, decode_from_prior, config, seg_chunks, n_seg, a_t, p_t)
+        carry = _adjoint_carry(rows, a_t, p_t, ckpt_P, ckpt_mu, lam, eta, glam, geta, seg_chunks, n_seg, launch)
     _kla_bwd_kernel[(batch, n_mb, n_seg)](
-        v, lambda_v, k, q, a_t, p_t, lam0, eta0, ckpt_P, ckpt_mu, lam, eta, gy, gyv, glam, geta,
+        *rows[:4], a_t, p_t, lam0, eta0, ckpt_P, ckpt_mu, lam, eta, *rows[4:], glam, geta,
         carry, dv, dlv, dk_part, dq_part, da_part, dp_part, dlam0, deta0, scr_P, scr_mu,
         length, channels, state_size, n_chunks, seg_chunks,
-        BM=config.bwd_block_m, S_PAD=s_pad, CHUNK=config.chunk, NUM_STAGES=config.bwd_num_stages,
-        UNROLL=config.bwd_unroll,
-        HAS_INIT=lam0 is not None, PRIOR=decode_from_prior, HAS_GYV=gyv is not None, HAS_GSTATE=has_gstate,
-        HAS_CARRY=carry is not None, FAST_RCP=not interpreting(), num_warps=config.bwd_num_warps,
+        HAS_INIT=lam0 is not None, HAS_GSTATE=has_gstate, HAS_CARRY=carry is not None, **launch,
     )  # fmt: skip
     dk, dq = dk_part.sum(1).to(k.dtype), dq_part.sum(1).to(q.dtype)
     da, dp = da_part.sum((0, 1)).to(a.dtype), dp_part.sum((0, 1)).to(p.dtype)

@@ -42,7 +42,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from klalm.kernels.common import ScanConfig, interpreting, rcp, segment_chunks
+from klalm.kernels.common import ScanConfig, as_rows, interpreting, load_row, rcp, segment_chunks, state_pad
 
 SUMMARY_SIZE = tl.constexpr(7)  # numbers per (b, m, s) of a segment's forward map: Txx, Txz, Tzx, Tzz, Twx, Tww, Twz
 
@@ -56,12 +56,17 @@ def _filter_step(b_P, b_mu, b_a, b_a2, b_p, b_phi, b_r, FAST_RCP: tl.constexpr):
 
 
 @triton.jit
-def _load_step(p_v, p_lv, p_k, p_q, m_m, m_s):
-    """Load one step's v, Λ [BM] and k, q [S_PAD] as float32 from pointer blocks (padding reads 0)."""
-    b_v = tl.load(p_v, mask=m_m, other=0.0).to(tl.float32)
-    b_lv = tl.load(p_lv, mask=m_m, other=0.0).to(tl.float32)
-    b_k = tl.load(p_k, mask=m_s, other=0.0).to(tl.float32)
-    b_q = tl.load(p_q, mask=m_s, other=0.0).to(tl.float32)
+def _load_step(
+    v_ptr, lam_v_ptr, k_ptr, q_ptr, row_m, row_s, m0, M, S,
+    BM: tl.constexpr, S_PAD: tl.constexpr,
+    V_FMT: tl.constexpr, LV_FMT: tl.constexpr, K_FMT: tl.constexpr, Q_FMT: tl.constexpr,
+):  # fmt: skip
+    """One step's v, Λ [BM] (channels m0..) and k, q [S_PAD] as float32, padding 0; row_m, row_s: element offsets
+    of the step's [M] and [S] rows; *_FMT: each tensor's `common.load_row` format."""
+    b_v = load_row(v_ptr, row_m + m0, row_m + M, BM, V_FMT)
+    b_lv = load_row(lam_v_ptr, row_m + m0, row_m + M, BM, LV_FMT)
+    b_k = load_row(k_ptr, row_s, row_s + S, S_PAD, K_FMT)
+    b_q = load_row(q_ptr, row_s, row_s + S, S_PAD, Q_FMT)
     return b_v, b_lv, b_k, b_q
 
 
@@ -72,10 +77,12 @@ def _kla_fwd_kernel(
     L, M, S, n_chunks, seg_chunks,
     BM: tl.constexpr, S_PAD: tl.constexpr, CHUNK: tl.constexpr, NUM_STAGES: tl.constexpr, UNROLL: tl.constexpr,
     HAS_INIT: tl.constexpr, PRIOR: tl.constexpr, SAVE_CKPT: tl.constexpr, FAST_RCP: tl.constexpr,
+    V_FMT: tl.constexpr, LV_FMT: tl.constexpr, K_FMT: tl.constexpr, Q_FMT: tl.constexpr,
 ):  # fmt: skip
     i_b, i_seg = tl.program_id(0).to(tl.int64), tl.program_id(2)
     n_seg = tl.num_programs(2)
-    o_m = tl.program_id(1) * BM + tl.arange(0, BM)  # [BM]
+    m0 = tl.program_id(1) * BM
+    o_m = m0 + tl.arange(0, BM)  # [BM]
     o_s = tl.arange(0, S_PAD)  # [S_PAD]
     m_m, m_s = o_m < M, o_s < S
     m_sm = m_s[:, None] & m_m[None, :]  # [S_PAD, BM]
@@ -93,7 +100,6 @@ def _kla_fwd_kernel(
         b_P = tl.full([S_PAD, BM], 1.0, tl.float32)
         b_mu = tl.zeros([S_PAD, BM], tl.float32)
     o_ckpt = (i_b * n_chunks * S + o_s[:, None]) * M + o_m[None, :]  # [S_PAD, BM] into [B, NC, S, M]
-    o_bm, o_bs = i_b * L * M + o_m, i_b * L * S + o_s  # [BM], [S_PAD] at t = 0
     c1 = (i_seg + 1) * seg_chunks
     if c1 > n_chunks:
         c1 = n_chunks
@@ -106,8 +112,10 @@ def _kla_fwd_kernel(
         if t1 > L:
             t1 = L
         for t in tl.range(i_c * CHUNK, t1, num_stages=NUM_STAGES, loop_unroll_factor=UNROLL):
-            o_tm, o_ts = o_bm + t * M, o_bs + t * S
-            b_v, b_lv, b_k, b_q = _load_step(v_ptr + o_tm, lam_v_ptr + o_tm, k_ptr + o_ts, q_ptr + o_ts, m_m, m_s)
+            row_m, row_s = (i_b * L + t) * M, (i_b * L + t) * S
+            b_v, b_lv, b_k, b_q = _load_step(
+                v_ptr, lam_v_ptr, k_ptr, q_ptr, row_m, row_s, m0, M, S, BM, S_PAD, V_FMT, LV_FMT, K_FMT, Q_FMT
+            )
             b_phi = b_lv[None, :] * (b_k * b_k)[:, None]  # [S_PAD, BM]
             b_r = (b_v * b_lv)[None, :] * b_k[:, None]  # [S_PAD, BM]
             b_P, b_mu, _, _ = _filter_step(b_P, b_mu, b_a, b_a2, b_p, b_phi, b_r, FAST_RCP)
@@ -117,8 +125,8 @@ def _kla_fwd_kernel(
                 b_mean, b_var = b_mu, b_P
             b_y = tl.sum(b_q[:, None] * b_mean, axis=0)  # [BM]
             b_yv = tl.sum((b_q * b_q)[:, None] * b_var, axis=0)  # [BM]
-            tl.store(y_ptr + o_tm, b_y.to(y_ptr.dtype.element_ty), mask=m_m)
-            tl.store(y_var_ptr + o_tm, b_yv.to(y_var_ptr.dtype.element_ty), mask=m_m)
+            tl.store(y_ptr + row_m + o_m, b_y.to(y_ptr.dtype.element_ty), mask=m_m)
+            tl.store(y_var_ptr + row_m + o_m, b_yv.to(y_var_ptr.dtype.element_ty), mask=m_m)
     if i_seg == n_seg - 1:
         b_lam = 1.0 / b_P
         tl.store(lam_out_ptr + i_b * M * S + o_ms, b_lam, mask=m_sm)
@@ -130,11 +138,13 @@ def _kla_fwd_summary_kernel(
     v_ptr, lam_v_ptr, k_ptr, a_ptr, p_ptr, sum_ptr,
     L, M, S, seg_steps,
     BM: tl.constexpr, S_PAD: tl.constexpr, NUM_STAGES: tl.constexpr, UNROLL: tl.constexpr, FAST_RCP: tl.constexpr,
+    V_FMT: tl.constexpr, LV_FMT: tl.constexpr, K_FMT: tl.constexpr,
 ):  # fmt: skip
     """The map of segment i_seg (every segment but the last) as 7 numbers per (b, m, s) (module docstring)."""
     i_b, i_seg = tl.program_id(0).to(tl.int64), tl.program_id(2)
     n_seg = tl.num_programs(2) + 1
-    o_m = tl.program_id(1) * BM + tl.arange(0, BM)  # [BM]
+    m0 = tl.program_id(1) * BM
+    o_m = m0 + tl.arange(0, BM)  # [BM]
     o_s = tl.arange(0, S_PAD)  # [S_PAD]
     m_m, m_s = o_m < M, o_s < S
     m_sm = m_s[:, None] & m_m[None, :]  # [S_PAD, BM]
@@ -149,10 +159,11 @@ def _kla_fwd_summary_kernel(
     b_wx = tl.zeros([S_PAD, BM], tl.float32)
     b_ww = tl.full([S_PAD, BM], 1.0, tl.float32)
     b_wz = tl.zeros([S_PAD, BM], tl.float32)
-    o_bm, o_bs = i_b * L * M + o_m, i_b * L * S + o_s  # [BM], [S_PAD] at t = 0
     for t in tl.range(i_seg * seg_steps, (i_seg + 1) * seg_steps, num_stages=NUM_STAGES, loop_unroll_factor=UNROLL):
-        o_tm, o_ts = o_bm + t * M, o_bs + t * S
-        b_v, b_lv, b_k, _ = _load_step(v_ptr + o_tm, lam_v_ptr + o_tm, k_ptr + o_ts, k_ptr + o_ts, m_m, m_s)
+        row_m, row_s = (i_b * L + t) * M, (i_b * L + t) * S
+        b_v, b_lv, b_k, _ = _load_step(
+            v_ptr, lam_v_ptr, k_ptr, k_ptr, row_m, row_s, m0, M, S, BM, S_PAD, V_FMT, LV_FMT, K_FMT, K_FMT
+        )
         b_phi = b_lv[None, :] * (b_k * b_k)[:, None]  # [S_PAD, BM]
         b_r = (b_v * b_lv)[None, :] * b_k[:, None]  # [S_PAD, BM]
         b_zx = b_p * b_xx + b_a2 * b_zx  # the step's matrix times the running product, z row first
@@ -217,12 +228,13 @@ def _segment_starts(v, lambda_v, k, a, p, lam0, eta0, seg_steps: int, n_seg: int
     """Start (λ, η) of every time segment, each [B, n_seg, M, S] float32 (summary and carry kernels)."""
     batch, length, channels = v.shape
     state_size = k.shape[-1]
-    n_mb, s_pad = triton.cdiv(channels, config.block_m), triton.next_power_of_2(state_size)
+    n_mb, s_pad = triton.cdiv(channels, config.block_m), state_pad(state_size)
+    (v, v_fmt), (lambda_v, lv_fmt), (k, k_fmt) = as_rows(v), as_rows(lambda_v), as_rows(k)
     summary = v.new_empty(batch, n_seg, SUMMARY_SIZE.value, state_size, channels, dtype=torch.float32)
     _kla_fwd_summary_kernel[(batch, n_mb, n_seg - 1)](
         v, lambda_v, k, a, p, summary, length, channels, state_size, seg_steps,
         BM=config.block_m, S_PAD=s_pad, NUM_STAGES=config.num_stages, UNROLL=config.unroll,
-        FAST_RCP=not interpreting(), num_warps=config.num_warps,
+        FAST_RCP=not interpreting(), V_FMT=v_fmt, LV_FMT=lv_fmt, K_FMT=k_fmt, num_warps=config.num_warps,
     )  # fmt: skip
     start_lam = v.new_empty(batch, n_seg, channels, state_size, dtype=torch.float32)
     start_eta = torch.empty_like(start_lam)
@@ -270,13 +282,14 @@ def mobius_scan_fwd(
         ckpt_P = v.new_empty(batch, n_chunks, state_size, channels, dtype=torch.float32)
         ckpt_mu = torch.empty_like(ckpt_P)
     grid = (batch, triton.cdiv(channels, config.block_m), n_seg)
+    (v, v_fmt), (lambda_v, lv_fmt), (k, k_fmt), (q, q_fmt) = (as_rows(x) for x in (v, lambda_v, k, q))
     _kla_fwd_kernel[grid](
         v, lambda_v, k, q, a, p, lam0, eta0, y, y_var, lam, eta, ckpt_P, ckpt_mu,
         length, channels, state_size, n_chunks, seg_chunks,
-        BM=config.block_m, S_PAD=triton.next_power_of_2(state_size), CHUNK=config.chunk,
+        BM=config.block_m, S_PAD=state_pad(state_size), CHUNK=config.chunk,
         NUM_STAGES=config.num_stages, UNROLL=config.unroll,
         HAS_INIT=lam0 is not None, PRIOR=decode_from_prior, SAVE_CKPT=save_ckpt,
-        FAST_RCP=not interpreting(),
+        FAST_RCP=not interpreting(), V_FMT=v_fmt, LV_FMT=lv_fmt, K_FMT=k_fmt, Q_FMT=q_fmt,
         num_warps=config.num_warps,
     )  # fmt: skip
     return y, y_var, lam, eta, ckpt_P, ckpt_mu

@@ -190,8 +190,51 @@ def test_edge_sizes(device, batch, length, channels, state):
         assert_matches(*ours, *ref)
 
 
+# One unit in the last place of a 16-bit float relative to the value: 7 stored mantissa bits in bfloat16, 10 in float16
+ULP = {torch.bfloat16: 2.0**-7, torch.float16: 2.0**-10}
+NARROW = ("v", "k", "q")  # what the KLA layer hands the scan in 16 bits under autocast
+
+
+def run_kernel(inputs: dict, config: ScanConfig, cotangent_dtype: torch.dtype):
+    """Outputs and gradients of kla_scan_triton (with an initial state) under fixed cotangents rounded to
+    `cotangent_dtype`, so runs in different input dtypes see the same values."""
+    leaves = {n: t.detach().clone().requires_grad_() for n, t in inputs.items()}
+    y, y_var, state = kla_scan_triton(
+        *(leaves[n] for n in NAMES[:6]), KLAState(leaves["lam0"], leaves["eta0"]), config=config
+    )
+    outs = {"y": y, "y_var": y_var, "lam": state.lam, "eta": state.eta}
+    g = torch.Generator().manual_seed(4)
+    w = {n: torch.randn(o.shape, generator=g).to(cotangent_dtype).to(o.device) for n, o in outs.items()}
+    torch.autograd.backward(list(outs.values()), [w[n].to(o.dtype) for n, o in outs.items()])
+    return outs, {n: t.grad for n, t in leaves.items()}
+
+
+@pytest.mark.parametrize("config", CONFIGS)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("channels,state", [(6, 4), (5, 3)], ids=["even-widths", "odd-widths"])
+def test_16bit_inputs_give_the_float32_result(device, dtype, channels, state, config):
+    """v, k, q in 16 bits (Λ, a, p and the state in float32, as the KLA layer under autocast) give the result of
+    the same values in float32: y, y_var, dv, dk, dq come back in the 16-bit dtype within one unit in its last
+    place; the state and the other gradients are float32 and agree to 1e-6. Even widths are read as int32 pairs
+    (`common.load_row`), odd ones element by element."""
+    x = make_inputs(2, 11, channels, state, device, seed=2)
+    low = {n: x[n].to(dtype) if n in NARROW else x[n] for n in NAMES}
+    (outs, grads), (outs32, grads32) = (
+        run_kernel(inp, config, dtype) for inp in (low, {n: t.float() for n, t in low.items()})
+    )
+    for name in ("y", "y_var"):
+        assert outs[name].dtype == dtype
+        torch.testing.assert_close(outs[name].float(), outs32[name], rtol=ULP[dtype], atol=1e-6)
+    for name in ("lam", "eta"):
+        torch.testing.assert_close(outs[name], outs32[name], rtol=1e-6, atol=1e-7)
+    for name in NAMES:
+        assert grads[name].dtype == low[name].dtype, name
+        tol = (ULP[dtype], 1e-6) if name in NARROW else (1e-6, 1e-7)
+        torch.testing.assert_close(grads[name].float(), grads32[name], rtol=tol[0], atol=tol[1], msg=name)
+
+
 def test_bf16_inputs(device):
-    """bf16 in, float32 compute: outputs and grads come back in bf16, within bf16 rounding of the reference."""
+    """All inputs bf16, float32 compute: outputs and grads come back in bf16, within bf16 rounding of the reference."""
     x = make_inputs(1, 9, 4, 16, device, seed=3)
     (outs, grads), (ref_outs, ref_grads) = run_both(x, True, False, TINY, dtype=torch.bfloat16)
     assert outs["y"].dtype == torch.bfloat16 and grads["v"].dtype == torch.bfloat16
@@ -257,12 +300,14 @@ def test_reference_gradcheck():
 
 
 OTHER = ScanConfig(block_m=16, chunk=64, num_stages=3, unroll=8, bwd_block_m=32, bwd_num_stages=4, bwd_unroll=8)
+GPU_CONFIGS = [ScanConfig(), OTHER, ScanConfig(segment=512), OTHER._replace(segment=256)]
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("config", [ScanConfig(), OTHER], ids=str)
+@pytest.mark.parametrize("config", GPU_CONFIGS, ids=str)
 def test_gpu_real_size(config):
-    """B=2, L=2048, M=1536, S=16 forward and every gradient against the float64 reference on the GPU."""
+    """B=2, L=2048, M=1536, S=16 forward and every gradient against the float64 reference on the GPU (one segment,
+    or 4 and 8 time-parallel segments)."""
     x = make_inputs(2, 2048, 1536, 16, "cuda", seed=5)
     (outs, grads), (ref_outs, ref_grads) = run_both(x, True, False, config)
     errors = {f"out {n}": rel_err(outs[n], r) for n, r in ref_outs.items()}
@@ -277,3 +322,34 @@ def test_gpu_prior_bf16():
     (outs, grads), (ref_outs, ref_grads) = run_both(x, False, True, ScanConfig(), dtype=torch.bfloat16)
     assert all(rel_err(outs[n], r) <= 1e-2 for n, r in ref_outs.items())
     assert all(rel_err(grads[n], r) <= 2e-2 for n, r in ref_grads.items())
+
+
+@pytest.mark.gpu
+def test_gpu_long_sequence_small_batch():
+    """B=1, L=16384, M=512, S=16 (the automatic split runs 24 segments of 704 steps) against the float64 reference."""
+    assert segment_chunks(1, 16384, 512, 16, ScanConfig()) * ScanConfig().chunk == 704
+    x = make_inputs(1, 16384, 512, 16, "cuda", seed=7)
+    (outs, grads), (ref_outs, ref_grads) = run_both(x, True, False, ScanConfig(), used=("y", "eta"))
+    errors = {f"out {n}": rel_err(outs[n], r) for n, r in ref_outs.items()}
+    errors |= {f"d{n}": rel_err(grads[n], r) for n, r in ref_grads.items() if r is not None}
+    print({n: f"{e:.1e}" for n, e in errors.items()})
+    assert all(e <= (1e-5 if n.startswith("out") else 1e-4) for n, e in errors.items()), errors
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("config", [ScanConfig(), ScanConfig(segment=256)], ids=["auto", "segments256"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+def test_gpu_16bit_inputs_real_size(dtype, config):
+    """The kla_45m scan (B16 L2048 M1024 S16, v, k, q in 16 bits) against the same values in float32."""
+    x = make_inputs(16, 2048, 1024, 16, "cuda", seed=8)
+    low = {n: x[n].to(dtype) if n in NARROW else x[n] for n in NAMES}
+    (outs, grads), (outs32, grads32) = (
+        run_kernel(inp, config, dtype) for inp in (low, {n: t.float() for n, t in low.items()})
+    )
+    for name in outs:
+        tol = ULP[dtype] if outs[name].dtype == dtype else 1e-5
+        torch.testing.assert_close(outs[name].float(), outs32[name], rtol=tol, atol=1e-5, msg=name)
+    for name in NAMES:
+        assert grads[name].dtype == low[name].dtype, name
+        tol = ULP[dtype] if name in NARROW else 1e-5
+        torch.testing.assert_close(grads[name].float(), grads32[name], rtol=tol, atol=1e-5, msg=name)
