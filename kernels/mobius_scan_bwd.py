@@ -54,7 +54,7 @@ from klalm.kernels.common import (
     state_pad,
     to_kernel_layout,
 )
-from klalm.kernels.mobius_scan_fwd import _filter_step, _load_step
+from klalm.kernels.mobius_scan_fwd import _filter_step, _load_step, _precision, _precision_slope
 
 CARRY_SIZE = tl.constexpr(2)  # adjoint (gμ, gP) arriving at a segment's last state
 ADJOINT_SUMMARY_SIZE = tl.constexpr(5)  # Q11, Q21, Q22 and the summed injections Σ Q_t·e_t of a segment's reverse map
@@ -103,10 +103,10 @@ def _kla_bwd_kernel(
     v_ptr, lam_v_ptr, k_ptr, q_ptr, a_ptr, p_ptr, lam0_ptr, eta0_ptr,
     ckpt_P_ptr, ckpt_mu_ptr, lam_out_ptr, eta_out_ptr, gy_ptr, gyv_ptr, glam_ptr, geta_ptr,
     carry_ptr, dv_ptr, dlv_ptr, dk_ptr, dq_ptr, da_ptr, dp_ptr, dlam0_ptr, deta0_ptr, scr_P_ptr, scr_mu_ptr,
-    L, M, S, n_chunks, seg_chunks,
+    L, M, S, n_chunks, seg_chunks, floor,
     BM: tl.constexpr, S_PAD: tl.constexpr, CHUNK: tl.constexpr, NUM_STAGES: tl.constexpr, UNROLL: tl.constexpr,
     HAS_INIT: tl.constexpr, PRIOR: tl.constexpr, HAS_GYV: tl.constexpr, HAS_GSTATE: tl.constexpr,
-    HAS_CARRY: tl.constexpr, FAST_RCP: tl.constexpr,
+    HAS_CARRY: tl.constexpr, FAST_RCP: tl.constexpr, LOGVAR: tl.constexpr,
     V_FMT: tl.constexpr, LV_FMT: tl.constexpr, K_FMT: tl.constexpr, Q_FMT: tl.constexpr, GY_FMT: tl.constexpr,
     GYV_FMT: tl.constexpr,
 ):  # fmt: skip
@@ -155,6 +155,8 @@ def _kla_bwd_kernel(
             b_v, b_lv, b_k, _ = _load_step(
                 v_ptr, lam_v_ptr, k_ptr, k_ptr, row_m, row_s, m0, M, S, BM, S_PAD, V_FMT, LV_FMT, K_FMT, K_FMT
             )
+            if LOGVAR:
+                b_lv = _precision(b_lv, floor)
             b_phi = b_lv[None, :] * (b_k * b_k)[:, None]
             b_r = (b_v * b_lv)[None, :] * b_k[:, None]
             b_P, b_mu, _, _ = _filter_step(b_P, b_mu, b_a, b_a2, b_p, b_phi, b_r, FAST_RCP)
@@ -166,9 +168,12 @@ def _kla_bwd_kernel(
             b_Pm = tl.load(scr_P_ptr + o_scr + (t - t0) * S_PAD * BM)
             b_mum = tl.load(scr_mu_ptr + o_scr + (t - t0) * S_PAD * BM)
             row_m, row_s = (i_b * L + t) * M, (i_b * L + t) * S
-            b_v, b_lv, b_k, b_q = _load_step(
+            b_v, b_x, b_k, b_q = _load_step(
                 v_ptr, lam_v_ptr, k_ptr, q_ptr, row_m, row_s, m0, M, S, BM, S_PAD, V_FMT, LV_FMT, K_FMT, Q_FMT
             )
+            b_lv = b_x
+            if LOGVAR:
+                b_lv = _precision(b_x, floor)
             b_gy = load_row(gy_ptr, row_m + m0, row_m + M, BM, GY_FMT)
             b_phi = b_lv[None, :] * (b_k * b_k)[:, None]  # [S_PAD, BM]
             b_r = (b_v * b_lv)[None, :] * b_k[:, None]  # [S_PAD, BM]
@@ -192,6 +197,8 @@ def _kla_bwd_kernel(
             b_kgr = b_k[:, None] * b_gr  # [S_PAD, BM]
             b_dv = b_lv * tl.sum(b_kgr, axis=0)  # [BM]
             b_dlv = tl.sum(b_k[:, None] * b_k[:, None] * b_gphi + b_v[None, :] * b_kgr, axis=0)
+            if LOGVAR:  # d/d log σ²
+                b_dlv = b_dlv * _precision_slope(b_x, b_lv)
             b_dk = tl.sum(b_lv[None, :] * (2.0 * b_k[:, None] * b_gphi + b_v[None, :] * b_gr), axis=1)  # [S_PAD]
             tl.store(dv_ptr + row_m + o_m, b_dv.to(dv_ptr.dtype.element_ty), mask=m_m)
             tl.store(dlv_ptr + row_m + o_m, b_dlv.to(dlv_ptr.dtype.element_ty), mask=m_m)
@@ -211,9 +218,9 @@ def _kla_bwd_kernel(
 @triton.jit
 def _kla_bwd_summary_kernel(
     v_ptr, lam_v_ptr, k_ptr, q_ptr, a_ptr, p_ptr, ckpt_P_ptr, ckpt_mu_ptr, gy_ptr, gyv_ptr, sum_ptr,
-    L, M, S, n_chunks, seg_chunks,
+    L, M, S, n_chunks, seg_chunks, floor,
     BM: tl.constexpr, S_PAD: tl.constexpr, CHUNK: tl.constexpr, NUM_STAGES: tl.constexpr, UNROLL: tl.constexpr,
-    PRIOR: tl.constexpr, HAS_GYV: tl.constexpr, FAST_RCP: tl.constexpr,
+    PRIOR: tl.constexpr, HAS_GYV: tl.constexpr, FAST_RCP: tl.constexpr, LOGVAR: tl.constexpr,
     V_FMT: tl.constexpr, LV_FMT: tl.constexpr, K_FMT: tl.constexpr, Q_FMT: tl.constexpr, GY_FMT: tl.constexpr,
     GYV_FMT: tl.constexpr,
 ):  # fmt: skip
@@ -245,6 +252,8 @@ def _kla_bwd_summary_kernel(
         b_v, b_lv, b_k, b_q = _load_step(
             v_ptr, lam_v_ptr, k_ptr, q_ptr, row_m, row_s, m0, M, S, BM, S_PAD, V_FMT, LV_FMT, K_FMT, Q_FMT
         )
+        if LOGVAR:
+            b_lv = _precision(b_lv, floor)
         b_gy = load_row(gy_ptr, row_m + m0, row_m + M, BM, GY_FMT)
         b_phi = b_lv[None, :] * (b_k * b_k)[:, None]  # [S_PAD, BM]
         b_r = (b_v * b_lv)[None, :] * b_k[:, None]  # [S_PAD, BM]
@@ -306,7 +315,7 @@ def _kla_bwd_carry_kernel(
             b_gmu, b_gP = b_q11 * b_gmu + b_smu, b_q21 * b_gmu + b_q22 * b_gP + b_sP
 
 
-def _adjoint_carry(rows, a_t, p_t, ckpt_P, ckpt_mu, lam, eta, glam, geta, seg_chunks, n_seg, launch):
+def _adjoint_carry(rows, a_t, p_t, ckpt_P, ckpt_mu, lam, eta, glam, geta, seg_chunks, n_seg, floor, launch):
     """(gμ, gP) arriving at every time segment's last state, [B, n_seg, 2, S, M] float32 (summary and carry).
 
     rows: (v, lambda_v, k, q, gy, gyv) as the kernels read them (`common.as_rows`); launch: the constexprs and
@@ -317,7 +326,7 @@ def _adjoint_carry(rows, a_t, p_t, ckpt_P, ckpt_mu, lam, eta, glam, geta, seg_ch
     summary = lam.new_empty(batch, n_seg, ADJOINT_SUMMARY_SIZE.value, state_size, channels)
     _kla_bwd_summary_kernel[(batch, n_mb, n_seg - 1)](
         *rows[:4], a_t, p_t, ckpt_P, ckpt_mu, *rows[4:], summary,
-        length, channels, state_size, n_chunks, seg_chunks, **launch,
+        length, channels, state_size, n_chunks, seg_chunks, floor, **launch,
     )  # fmt: skip
     carry = lam.new_empty(batch, n_seg, CARRY_SIZE.value, state_size, channels)
     _kla_bwd_carry_kernel[(batch, n_mb)](
@@ -335,8 +344,12 @@ def mobius_scan_bwd(
     geta: Tensor | None,
     decode_from_prior: bool,
     config: ScanConfig,
+    precision_floor: float | None = None,
 ) -> tuple[Tensor, ...]:
     """Launch the backward kernels and finish the reductions over batch, channel blocks and time segments.
+
+    With `precision_floor` the forward read lambda_v as log σ² (Λ = 1/(softplus(log σ²) + precision_floor)), and
+    its gradient is d/d log σ².
 
     Args:
         saved: (v, lambda_v, k, q, a, p, lam0, eta0, lam, eta, ckpt_P, ckpt_mu) from the forward, contiguous;
@@ -371,19 +384,22 @@ def mobius_scan_bwd(
         geta = torch.zeros_like(eta) if geta is None else geta.contiguous()
     a_t, p_t = to_kernel_layout(a), to_kernel_layout(p)  # [S, M]: read channel-contiguous, as the hot loop wants
     rows, formats = zip(*(as_rows(x) for x in (v, lambda_v, k, q, gy, gyv)))
+    formats = dict(zip(("V_FMT", "LV_FMT", "K_FMT", "Q_FMT", "GY_FMT", "GYV_FMT"), formats))
     launch = dict(
         BM=config.bwd_block_m, S_PAD=s_pad, CHUNK=config.chunk, NUM_STAGES=config.bwd_num_stages,
         UNROLL=config.bwd_unroll, PRIOR=decode_from_prior, HAS_GYV=gyv is not None, FAST_RCP=not interpreting(),
-        **dict(zip(("V_FMT", "LV_FMT", "K_FMT", "Q_FMT", "GY_FMT", "GYV_FMT"), formats)),
+        LOGVAR=precision_floor is not None, **formats,
         num_warps=config.bwd_num_warps,
     )  # fmt: skip
     carry = None
     if n_seg > 1:
-        carry = _adjoint_carry(rows, a_t, p_t, ckpt_P, ckpt_mu, lam, eta, glam, geta, seg_chunks, n_seg, launch)
+        carry = _adjoint_carry(
+            rows, a_t, p_t, ckpt_P, ckpt_mu, lam, eta, glam, geta, seg_chunks, n_seg, precision_floor or 0.0, launch
+        )
     _kla_bwd_kernel[(batch, n_mb, n_seg)](
         *rows[:4], a_t, p_t, lam0, eta0, ckpt_P, ckpt_mu, lam, eta, *rows[4:], glam, geta,
         carry, dv, dlv, dk_part, dq_part, da_part, dp_part, dlam0, deta0, scr_P, scr_mu,
-        length, channels, state_size, n_chunks, seg_chunks,
+        length, channels, state_size, n_chunks, seg_chunks, precision_floor or 0.0,
         HAS_INIT=lam0 is not None, HAS_GSTATE=has_gstate, HAS_CARRY=carry is not None, **launch,
     )  # fmt: skip
     dk, dq = dk_part.sum(1).to(k.dtype), dq_part.sum(1).to(q.dtype)

@@ -56,6 +56,26 @@ def _filter_step(b_P, b_mu, b_a, b_a2, b_p, b_phi, b_r, FAST_RCP: tl.constexpr):
 
 
 @triton.jit
+def _precision(b_x, floor):
+    """Λ = 1/(softplus(x) + floor) from log σ² = x, float32 (oracle: `klalm.ops.reference.precision_from_logvar`).
+
+    softplus(x) = max(x, 0) + log(1 + u) with u = exp(−|x|) ∈ (0, 1]; log(1 + u) is computed as
+    log(w)·u/(w − 1) with w = 1 + u (exact to a few ulp even where w rounds to 1).
+    """
+    b_u = tl.exp(-tl.abs(b_x))
+    b_w = 1.0 + b_u
+    b_log1p = tl.where(b_w == 1.0, b_u, tl.log(b_w) * (b_u / tl.where(b_w == 1.0, 1.0, b_w - 1.0)))
+    return 1.0 / (tl.maximum(b_x, 0.0) + b_log1p + floor)
+
+
+@triton.jit
+def _precision_slope(b_x, b_lv):
+    """dΛ/dx of Λ = 1/(softplus(x) + floor): −Λ²·sigmoid(x), sigmoid written so that exp never overflows."""
+    b_u = tl.exp(-tl.abs(b_x))
+    return -b_lv * b_lv * tl.where(b_x >= 0.0, 1.0, b_u) / (1.0 + b_u)
+
+
+@triton.jit
 def _load_step(
     v_ptr, lam_v_ptr, k_ptr, q_ptr, row_m, row_s, m0, M, S,
     BM: tl.constexpr, S_PAD: tl.constexpr,
@@ -74,10 +94,10 @@ def _load_step(
 def _kla_fwd_kernel(
     v_ptr, lam_v_ptr, k_ptr, q_ptr, a_ptr, p_ptr, lam0_ptr, eta0_ptr,
     y_ptr, y_var_ptr, lam_out_ptr, eta_out_ptr, ckpt_P_ptr, ckpt_mu_ptr,
-    L, M, S, n_chunks, seg_chunks,
+    L, M, S, n_chunks, seg_chunks, floor,
     BM: tl.constexpr, S_PAD: tl.constexpr, CHUNK: tl.constexpr, NUM_STAGES: tl.constexpr, UNROLL: tl.constexpr,
     HAS_INIT: tl.constexpr, PRIOR: tl.constexpr, SAVE_CKPT: tl.constexpr, FAST_RCP: tl.constexpr,
-    V_FMT: tl.constexpr, LV_FMT: tl.constexpr, K_FMT: tl.constexpr, Q_FMT: tl.constexpr,
+    LOGVAR: tl.constexpr, V_FMT: tl.constexpr, LV_FMT: tl.constexpr, K_FMT: tl.constexpr, Q_FMT: tl.constexpr,
 ):  # fmt: skip
     i_b, i_seg = tl.program_id(0).to(tl.int64), tl.program_id(2)
     n_seg = tl.num_programs(2)
@@ -116,6 +136,8 @@ def _kla_fwd_kernel(
             b_v, b_lv, b_k, b_q = _load_step(
                 v_ptr, lam_v_ptr, k_ptr, q_ptr, row_m, row_s, m0, M, S, BM, S_PAD, V_FMT, LV_FMT, K_FMT, Q_FMT
             )
+            if LOGVAR:  # the tensor holds log σ²
+                b_lv = _precision(b_lv, floor)
             b_phi = b_lv[None, :] * (b_k * b_k)[:, None]  # [S_PAD, BM]
             b_r = (b_v * b_lv)[None, :] * b_k[:, None]  # [S_PAD, BM]
             b_P, b_mu, _, _ = _filter_step(b_P, b_mu, b_a, b_a2, b_p, b_phi, b_r, FAST_RCP)
@@ -136,9 +158,9 @@ def _kla_fwd_kernel(
 @triton.jit
 def _kla_fwd_summary_kernel(
     v_ptr, lam_v_ptr, k_ptr, a_ptr, p_ptr, sum_ptr,
-    L, M, S, seg_steps,
+    L, M, S, seg_steps, floor,
     BM: tl.constexpr, S_PAD: tl.constexpr, NUM_STAGES: tl.constexpr, UNROLL: tl.constexpr, FAST_RCP: tl.constexpr,
-    V_FMT: tl.constexpr, LV_FMT: tl.constexpr, K_FMT: tl.constexpr,
+    LOGVAR: tl.constexpr, V_FMT: tl.constexpr, LV_FMT: tl.constexpr, K_FMT: tl.constexpr,
 ):  # fmt: skip
     """The map of segment i_seg (every segment but the last) as 7 numbers per (b, m, s) (module docstring)."""
     i_b, i_seg = tl.program_id(0).to(tl.int64), tl.program_id(2)
@@ -164,6 +186,8 @@ def _kla_fwd_summary_kernel(
         b_v, b_lv, b_k, _ = _load_step(
             v_ptr, lam_v_ptr, k_ptr, k_ptr, row_m, row_s, m0, M, S, BM, S_PAD, V_FMT, LV_FMT, K_FMT, K_FMT
         )
+        if LOGVAR:
+            b_lv = _precision(b_lv, floor)
         b_phi = b_lv[None, :] * (b_k * b_k)[:, None]  # [S_PAD, BM]
         b_r = (b_v * b_lv)[None, :] * b_k[:, None]  # [S_PAD, BM]
         b_zx = b_p * b_xx + b_a2 * b_zx  # the step's matrix times the running product, z row first
@@ -224,7 +248,7 @@ def _kla_fwd_carry_kernel(
         tl.store(start_eta_ptr + o_start, b_eta, mask=m_sm)
 
 
-def _segment_starts(v, lambda_v, k, a, p, lam0, eta0, seg_steps: int, n_seg: int, config: ScanConfig):
+def _segment_starts(v, lambda_v, k, a, p, lam0, eta0, seg_steps: int, n_seg: int, config: ScanConfig, floor):
     """Start (λ, η) of every time segment, each [B, n_seg, M, S] float32 (summary and carry kernels)."""
     batch, length, channels = v.shape
     state_size = k.shape[-1]
@@ -232,9 +256,10 @@ def _segment_starts(v, lambda_v, k, a, p, lam0, eta0, seg_steps: int, n_seg: int
     (v, v_fmt), (lambda_v, lv_fmt), (k, k_fmt) = as_rows(v), as_rows(lambda_v), as_rows(k)
     summary = v.new_empty(batch, n_seg, SUMMARY_SIZE.value, state_size, channels, dtype=torch.float32)
     _kla_fwd_summary_kernel[(batch, n_mb, n_seg - 1)](
-        v, lambda_v, k, a, p, summary, length, channels, state_size, seg_steps,
+        v, lambda_v, k, a, p, summary, length, channels, state_size, seg_steps, floor or 0.0,
         BM=config.block_m, S_PAD=s_pad, NUM_STAGES=config.num_stages, UNROLL=config.unroll,
-        FAST_RCP=not interpreting(), V_FMT=v_fmt, LV_FMT=lv_fmt, K_FMT=k_fmt, num_warps=config.num_warps,
+        FAST_RCP=not interpreting(), LOGVAR=floor is not None, V_FMT=v_fmt, LV_FMT=lv_fmt, K_FMT=k_fmt,
+        num_warps=config.num_warps,
     )  # fmt: skip
     start_lam = v.new_empty(batch, n_seg, channels, state_size, dtype=torch.float32)
     start_eta = torch.empty_like(start_lam)
@@ -257,10 +282,12 @@ def mobius_scan_fwd(
     decode_from_prior: bool,
     config: ScanConfig,
     save_ckpt: bool,
+    precision_floor: float | None = None,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor | None, Tensor | None]:
     """Launch the forward kernels on contiguous inputs (checked by the caller).
 
     Shapes: v, lambda_v [B, L, M]; k, q [B, L, S]; a, p [M, S]; lam0, eta0 [B, M, S] or None (fresh).
+    With `precision_floor`, lambda_v holds log σ² and the kernels use Λ = 1/(softplus(log σ²) + precision_floor).
     The kernels read and write state-shaped tensors once per program in their own [.., M, S] layout; only the
     chunk states, touched every chunk, are stored channel-contiguous. Time segments (`common.segment_chunks`)
     run in parallel from start states found by the summary and carry kernels.
@@ -273,7 +300,8 @@ def mobius_scan_fwd(
     seg_chunks = segment_chunks(batch, length, channels, state_size, config)
     n_seg = triton.cdiv(n_chunks, seg_chunks)
     if n_seg > 1:
-        lam0, eta0 = _segment_starts(v, lambda_v, k, a, p, lam0, eta0, seg_chunks * config.chunk, n_seg, config)
+        seg_steps = seg_chunks * config.chunk
+        lam0, eta0 = _segment_starts(v, lambda_v, k, a, p, lam0, eta0, seg_steps, n_seg, config, precision_floor)
     y, y_var = torch.empty_like(v), torch.empty_like(v)
     lam = v.new_empty(batch, channels, state_size, dtype=torch.float32)
     eta = torch.empty_like(lam)
@@ -285,11 +313,12 @@ def mobius_scan_fwd(
     (v, v_fmt), (lambda_v, lv_fmt), (k, k_fmt), (q, q_fmt) = (as_rows(x) for x in (v, lambda_v, k, q))
     _kla_fwd_kernel[grid](
         v, lambda_v, k, q, a, p, lam0, eta0, y, y_var, lam, eta, ckpt_P, ckpt_mu,
-        length, channels, state_size, n_chunks, seg_chunks,
+        length, channels, state_size, n_chunks, seg_chunks, precision_floor or 0.0,
         BM=config.block_m, S_PAD=state_pad(state_size), CHUNK=config.chunk,
         NUM_STAGES=config.num_stages, UNROLL=config.unroll,
         HAS_INIT=lam0 is not None, PRIOR=decode_from_prior, SAVE_CKPT=save_ckpt,
-        FAST_RCP=not interpreting(), V_FMT=v_fmt, LV_FMT=lv_fmt, K_FMT=k_fmt, Q_FMT=q_fmt,
+        FAST_RCP=not interpreting(), LOGVAR=precision_floor is not None,
+        V_FMT=v_fmt, LV_FMT=lv_fmt, K_FMT=k_fmt, Q_FMT=q_fmt,
         num_warps=config.num_warps,
     )  # fmt: skip
     return y, y_var, lam, eta, ckpt_P, ckpt_mu

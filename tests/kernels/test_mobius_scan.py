@@ -16,7 +16,7 @@ from klalm.kernels.common import ScanConfig, segment_chunks
 from klalm.kernels.mobius_scan import kla_scan_triton
 from klalm.kernels.mobius_scan_bwd import mobius_scan_bwd
 from klalm.ops.checks import CHECK_ENV_VAR
-from klalm.ops.reference import KLAState, kla_scan_reference
+from klalm.ops.reference import KLAState, kla_scan_reference, precision_from_logvar
 
 NAMES = ("v", "lambda_v", "k", "q", "a", "p", "lam0", "eta0")
 OUTPUTS = ("y", "y_var", "lam", "eta")
@@ -48,17 +48,29 @@ def make_inputs(batch, length, channels, state, device, seed=0) -> dict[str, tor
     return {name: t.to(device) for name, t in x.items()}
 
 
-def run_both(x: dict, use_init: bool, prior: bool, config: ScanConfig, dtype=torch.float32, used=OUTPUTS):
+def reference_from_logvar(floor: float):
+    """The float64 oracle of `precision_floor`: the reference scan fed Λ = precision_from_logvar(lambda_v, floor)."""
+
+    def scan(v, logvar, *rest):
+        return kla_scan_reference(v, precision_from_logvar(logvar, floor), *rest)
+
+    return scan
+
+
+def run_both(x: dict, use_init: bool, prior: bool, config: ScanConfig, dtype=torch.float32, used=OUTPUTS, floor=None):
     """Forward and backward of the kernel (inputs in `dtype`) and of the float64 reference on the same values.
 
     Only the outputs named in `used` enter the loss (the others get no gradient, as when a model ignores them).
+    With `floor`, x["lambda_v"] holds log σ² and both sides form Λ from it (`precision_floor`).
     """
     names = NAMES if use_init else NAMES[:6]
     ours = {n: x[n].detach().to(dtype, copy=True).requires_grad_() for n in names}  # fresh leaves per call
     ref = {n: ours[n].detach().double().requires_grad_() for n in names}
     weights = None
     results = []
-    for fn, inp, kwargs in ((kla_scan_triton, ours, {"config": config}), (kla_scan_reference, ref, {})):
+    reference = kla_scan_reference if floor is None else reference_from_logvar(floor)
+    kernel_kwargs = {"config": config, "precision_floor": floor}
+    for fn, inp, kwargs in ((kla_scan_triton, ours, kernel_kwargs), (reference, ref, {})):
         init = KLAState(inp["lam0"], inp["eta0"]) if use_init else None
         y, y_var, state = fn(*(inp[n] for n in NAMES[:6]), init, prior, **kwargs)
         outs = {"y": y, "y_var": y_var, "lam": state.lam, "eta": state.eta}
@@ -105,6 +117,22 @@ def test_long_sequence_time_parallel(device, length):
     x = make_inputs(1, length, 4, 3, device, seed=11)
     ours, ref = run_both(x, True, False, TINY._replace(chunk=16, segment=64, unroll=4, bwd_unroll=4))
     assert_matches(*ours, *ref)
+
+
+@pytest.mark.parametrize("config", CONFIGS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_precision_from_logvar(device, config, dtype):
+    """precision_floor: the kernels form Λ = 1/(softplus(log σ²) + floor) as they load log σ² (from −40, where
+    softplus underflows towards e^x, to 40, where it is x) and return d/d log σ²; against the float64 reference
+    fed the same Λ. All inputs in `dtype` (bf16: the 16-bit pairs path, compared within bf16 rounding)."""
+    x = make_inputs(2, 19, 6, 4, device, seed=15)
+    g = torch.Generator().manual_seed(16)
+    x["lambda_v"] = (4 * torch.randn(x["v"].shape, generator=g)).to(device)
+    x["lambda_v"][0, :4, :2] = torch.tensor([-40.0, 40.0, -12.0, 0.0], device=device)[:, None]
+    ours, ref = run_both(x, True, True, config, dtype=dtype, floor=1e-4)
+    tols = (1e-5, 1e-4) if dtype == torch.float32 else (1e-2, 2e-2)
+    assert ours[1]["lambda_v"].dtype == dtype
+    assert_matches(*ours, *ref, *tols)
 
 
 @pytest.mark.parametrize("config", CONFIGS)
