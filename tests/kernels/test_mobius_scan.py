@@ -315,6 +315,22 @@ def test_bad_inputs_raise(device, monkeypatch):
         kla_scan_triton(*args[:4], args[4] + 1.0, args[5])
 
 
+@pytest.mark.parametrize("config,use_init", [(TINY, False), (SEGMENTS, True)], ids=["sequential", "segments-init"])
+def test_custom_ops_pass_opcheck(device, config, use_init):
+    """klalm::kla_scan_fwd / kla_scan_bwd: schema, fake (shape-only) implementations, autograd registration and
+    AOT dispatch with dynamic shapes, as torch.library.opcheck tests them."""
+    x = make_inputs(2, 9, 6, 4, device, seed=17)
+    lam0, eta0 = (x["lam0"], x["eta0"]) if use_init else (None, None)
+    leaves = [x[n].clone().requires_grad_() for n in NAMES[:6]]
+    init = [None if t is None else t.clone().requires_grad_() for t in (lam0, eta0)]
+    fwd_args = (*leaves, *init, True, list(config), True, None)
+    torch.library.opcheck(torch.ops.klalm.kla_scan_fwd.default, fwd_args)
+    y, y_var, lam, eta, ckpt_P, ckpt_mu = torch.ops.klalm.kla_scan_fwd(*fwd_args)
+    bwd_args = (*(t.detach() for t in leaves), lam0, eta0, lam.detach(), eta.detach(), ckpt_P, ckpt_mu)
+    bwd_args += (torch.randn_like(y), None, torch.randn_like(lam), None, True, list(config), None)
+    torch.library.opcheck(torch.ops.klalm.kla_scan_bwd.default, bwd_args)
+
+
 def test_reference_gradcheck():
     """The oracle itself: float64 gradcheck of the sequential reference (tiny)."""
     x = make_inputs(1, 3, 2, 2, "cpu")

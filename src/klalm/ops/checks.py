@@ -3,7 +3,9 @@
 Shape and dtype checks read only metadata, so every call runs them. Value checks (Λ > 0, a in (0, 1],
 p ≥ 0, everything finite, λ_0 > 0) reduce whole tensors to one boolean; on a GPU that is a device
 synchronisation, so they run on CPU tensors always and on CUDA tensors only when the environment
-variable `KLALM_CHECK_INPUTS=1` is set (a debug switch, never on in the training hot path).
+variable `KLALM_CHECK_INPUTS=1` is set (a debug switch, never on in the training hot path). While
+`torch.compile` traces a model they are skipped: a data-dependent check would split its graph, and at trace
+time there are no values to check (run the model eagerly to check them).
 Every error is a ValueError that names the tensor and the rule it broke.
 """
 
@@ -18,7 +20,9 @@ CHECK_ENV_VAR = "KLALM_CHECK_INPUTS"
 
 
 def value_checks_enabled(device: torch.device) -> bool:
-    """True on CPU, and on other devices when $KLALM_CHECK_INPUTS is "1"."""
+    """True on CPU, and on other devices when $KLALM_CHECK_INPUTS is "1"; False while torch.compile traces."""
+    if torch.compiler.is_compiling():
+        return False
     return device.type == "cpu" or os.environ.get(CHECK_ENV_VAR, "0") == "1"
 
 

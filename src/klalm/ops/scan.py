@@ -14,7 +14,6 @@ return convention, `(y, y_var, KLAState(lam, eta))`:
 
 from __future__ import annotations
 
-import importlib
 import logging
 from collections.abc import Callable
 
@@ -33,8 +32,6 @@ from klalm.ops.reference import (
 
 log = logging.getLogger(__name__)
 
-TRITON_MODULE, TRITON_FUNCTION = "klalm.kernels.mobius_scan", "kla_scan_triton"
-
 
 def _kla_scan_triton(
     v: Tensor,
@@ -48,13 +45,15 @@ def _kla_scan_triton(
     precision_floor: float | None = None,
 ) -> tuple[Tensor, Tensor, KLAState]:
     """Lazy entry of the Triton backend: import it on first use. It needs CUDA tensors (or Triton's CPU interpreter,
-    TRITON_INTERPRET=1); `kla_scan_triton` raises a ValueError otherwise."""
+    TRITON_INTERPRET=1); `kla_scan_triton` raises a ValueError otherwise.
+
+    A plain import statement, not importlib: torch.compile traces through it without a graph break.
+    """
     try:
-        fn = getattr(importlib.import_module(TRITON_MODULE), TRITON_FUNCTION)
-    except (ImportError, AttributeError) as err:
-        where = f"{TRITON_MODULE}.{TRITON_FUNCTION}"
-        raise RuntimeError(f"kla_scan backend 'triton' is unavailable: cannot import {where} ({err})") from err
-    return fn(v, lambda_v, k, q, a, p, initial_state, decode_from_prior, precision_floor=precision_floor)
+        from klalm.kernels.mobius_scan import kla_scan_triton
+    except ImportError as err:
+        raise RuntimeError(f"kla_scan backend 'triton' is unavailable: cannot import klalm.kernels ({err})") from err
+    return kla_scan_triton(v, lambda_v, k, q, a, p, initial_state, decode_from_prior, precision_floor=precision_floor)
 
 
 BACKENDS: dict[str, Callable[..., tuple[Tensor, Tensor, KLAState]]] = {

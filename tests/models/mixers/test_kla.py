@@ -132,6 +132,28 @@ def test_triton_backend_inside_the_layer(opts):
         torch.testing.assert_close(p_fast.grad, p_ref.grad, rtol=1e-4, atol=1e-6, msg=name)
 
 
+def test_torch_compile_traces_the_layer_without_graph_breaks():
+    """On the Triton backend (custom ops klalm::kla_scan_fwd/bwd; interpreted on CPU) dynamo captures the whole
+    layer as one graph, and the compiled layer (AOTAutograd, backend aot_eager: no C++ compiler needed) gives the
+    eager outputs and parameter gradients."""
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    mixer = make(dict(block="mamba"), torch.float32, scan_backend="triton")
+    x = torch.randn(B, L, D)
+    explanation = torch._dynamo.explain(mixer)(x)
+    assert (explanation.graph_count, explanation.graph_break_count) == (1, 0), explanation.break_reasons
+    y, _ = mixer(x)
+    y.square().sum().backward()
+    eager = {name: p.grad.clone() for name, p in mixer.named_parameters()}
+    mixer.zero_grad()
+    y_compiled, _ = torch.compile(mixer, backend="aot_eager", fullgraph=True)(x)
+    y_compiled.square().sum().backward()
+    torch.testing.assert_close(y_compiled, y, rtol=1e-6, atol=1e-7)
+    for name, p in mixer.named_parameters():
+        torch.testing.assert_close(p.grad, eager[name], rtol=1e-6, atol=1e-7, msg=name)
+
+
 @pytest.mark.parametrize("zero_noise", [False, True])
 def test_no_weight_decay_marks(zero_noise):
     mixer = make(dict(block="mamba", zero_process_noise=zero_noise))
