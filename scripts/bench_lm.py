@@ -11,6 +11,10 @@ Markdown table; a model that fails (an error, out of memory) gets its error in i
     # one table of tokens/s per (T, compile) and each model's ratio to the gpt of its size:
     python scripts/bench_lm.py --models gpt_45m,kla_45m,mamba_45m,gpt_kla_45m --seq-lens 2048,8192,16384,32768 \
         --tokens-per-step 32768 --compile both
+    # the same sweep split over several commands (each writes its rows beside --out as .json), then one table:
+    python scripts/bench_lm.py --models gpt_45m,kla_45m --seq-lens 2048,8192 --tokens-per-step 32768 --out a.md
+    python scripts/bench_lm.py --models gpt_45m,kla_45m --seq-lens 16384,32768 --tokens-per-step 32768 --out b.md
+    python scripts/bench_lm.py --merge a.json b.json
     # where one training step's time goes (scan, attention, matmul, optimizer, data, other; torch.profiler):
     python scripts/bench_lm.py --models kla_45m,gpt_45m --profile
     # CPU check with the tiny presets:
@@ -26,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import json
 import logging
 import math
 import sys
@@ -66,7 +71,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--vocab-size", type=int, default=50257, help="random-token vocabulary (GPT-2's)")
     parser.add_argument("--trainer", default="gpu", help="configs/trainer file (gpu: bf16 on one GPU)")
     parser.add_argument("--override", action="append", default=[], help="extra Hydra override (repeatable)")
-    parser.add_argument("--out", type=Path, default=None, help="also write the tables to this file")
+    parser.add_argument("--out", type=Path, default=None, help="also write the tables here and the rows beside it")
+    parser.add_argument("--merge", type=Path, nargs="+", default=None, help="print the sweep table of saved rows")
     args = parser.parse_args(argv)
     if args.steps < 2 * args.log_every:
         parser.error(f"--steps {args.steps} must be at least 2 × --log-every {args.log_every}")
@@ -198,8 +204,23 @@ def setting_texts(setting_rows: list[dict], args: argparse.Namespace, setting: S
     return [table(setting_rows, args, setting), *profiles]
 
 
+def save_rows(rows: list[dict], path: Path) -> None:
+    """The rows as JSON (settings as dicts, profiles left out), for `--merge`."""
+    plain = [{**{k: v for k, v in r.items() if k != "profile"}, "setting": r["setting"]._asdict()} for r in rows]
+    path.write_text(json.dumps(plain, indent=1) + "\n")
+
+
+def merge(paths: list[Path]) -> str:
+    """The sweep table of rows saved by earlier runs (models in their first-seen order)."""
+    rows = [{**r, "setting": Setting(**r["setting"])} for path in paths for r in json.loads(path.read_text())]
+    return sweep_table(rows, list(dict.fromkeys(r["model"] for r in rows)))
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.merge:
+        print(merge(args.merge))
+        return 0
     models = [m.strip() for m in args.models.split(",") if m.strip()]
     rows, texts = [], []
     with (
@@ -221,6 +242,7 @@ def main(argv: list[str] | None = None) -> int:
         print(texts[-1])
     if args.out is not None:
         args.out.write_text("\n".join(texts))
+        save_rows(rows, args.out.with_suffix(".json"))
     return 1 if all("error" in row for row in rows) else 0
 
 

@@ -41,3 +41,13 @@ def test_sweep_table_ratios_and_crossover():
     assert "| 32768 | 1 | off | 100 | 150 | 1.50 | — |" in text
     assert "kla_45m overtakes gpt_45m (compile off): T = 32768" in text
     assert "mamba_180m /" not in text  # no gpt_180m in the run: no ratio column
+
+
+def test_rows_saved_by_two_runs_merge_into_one_table(tmp_path):
+    short, long = Setting(16, 2048, False), Setting(1, 32768, False)
+    bench_lm.save_rows(
+        [{"setting": short, "model": "gpt_45m", "perf/tokens_per_s": 4.0, "profile": "x"}], tmp_path / "a.json"
+    )
+    bench_lm.save_rows([{"setting": long, "model": "kla_45m", "perf/tokens_per_s": 2.0}], tmp_path / "b.json")
+    text = bench_lm.merge([tmp_path / "a.json", tmp_path / "b.json"])
+    assert "| 2048 | 16 | off | 4 | — | — |" in text and "| 32768 | 1 | off | — | 2 | — |" in text
