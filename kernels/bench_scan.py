@@ -147,8 +147,9 @@ def ss_floor_ms(mode: str, batch: int, length: int, channels: int, state: int) -
     return max(bytes_ / (PEAK_HBM_GB_S * 1e9), flops / (PEAK_FP32_TFLOPS * 1e12)) * 1e3, bytes_, flops
 
 
-def bench_ss_row(backend: str, shape: dict, config=None) -> list[str]:
-    """Selective scan (Mamba-1 shapes: u, Δ [B, L, M], A [M, N], B, C [B, L, N], D [M])."""
+def ss_runners(backend: str, shape: dict, config=None) -> dict[str, Callable[[], object]]:
+    """Forward and forward+backward callables of the selective scan (Mamba-1 shapes: u, Δ [B, L, M], A [M, N],
+    B, C [B, L, N], D [M]); "fwd+bwd (y)" leaves the final state without gradient, as a Mamba layer in training."""
     from klalm.ops.selective_scan import selective_scan
 
     batch, length, channels, n = shape["batch"], shape["length"], shape["channels"], shape["state"]
@@ -176,9 +177,20 @@ def bench_ss_row(backend: str, shape: dict, config=None) -> list[str]:
         for x in leaves:
             x.grad = None
 
-    runners = {"fwd": fwd, "fwd+bwd": fwd_bwd}
+    def fwd_bwd_y():
+        scan(*leaves)[0].sum().backward()
+        for x in leaves:
+            x.grad = None
+
+    return {"fwd": fwd, "fwd+bwd": fwd_bwd, "fwd+bwd (y)": fwd_bwd_y}
+
+
+def bench_ss_row(backend: str, shape: dict, config=None) -> list[str]:
+    """Selective-scan row of the main table: fwd and fwd+bwd (every output with a gradient)."""
+    runners = {mode: fn for mode, fn in ss_runners(backend, shape, config).items() if mode != "fwd+bwd (y)"}
     floors = {mode: ss_floor_ms(mode, **shape) for mode in runners}
-    return [f"selective {backend}", f"{batch}x{length}x{channels}x{n}"] + bench_cells(runners, floors)
+    label = "{batch}x{length}x{channels}x{state}".format(**shape)
+    return [f"selective {backend}", label] + bench_cells(runners, floors)
 
 
 def bench_sdpa_row(batch: int, length: int, heads: int = 12, head_dim: int = 64) -> list[str]:
@@ -265,26 +277,32 @@ def per_token_ns(ms: str, tokens: int) -> str:
 
 
 def run_lengths() -> None:
-    """Sequential vs time-parallel KLA scan at fixed tokens per call (M1536 S16, fp32): fwd and f+b(y) per token."""
+    """Sequential vs time-parallel scans at fixed tokens per call (M1536 S16, fp32): fwd and f+b(y) per token, for
+    the KLA scan and the selective scan (its DEFAULT_CONFIG)."""
     from klalm.kernels.common import ScanConfig
+    from klalm.kernels.selective_scan import DEFAULT_CONFIG
 
-    rows = []
-    for length in LENGTHS:
-        batch = max(1, LENGTHS_TOKENS // length)
-        shape = dict(batch=batch, length=length, **WIDE)
-        inputs = kla_inputs(**shape)
-        cells = [str(length), str(batch)]
-        for segment in (SEQUENTIAL_SEGMENT, 0):  # 0: the automatic split
-            runners = scan_runners("triton", inputs, ScanConfig(segment=segment))
-            for mode in ("fwd", "fwd+bwd (y)"):
-                ms = timed_ms(runners[mode])
-                cells += [ms, per_token_ns(ms, batch * length)]
-        rows.append(cells)
+    scans = {  # name -> runners for (shape, segment)
+        "KLA scan": lambda shape, seg: scan_runners("triton", kla_inputs(**shape), ScanConfig(segment=seg)),
+        "Selective scan": lambda shape, seg: ss_runners("triton", shape, DEFAULT_CONFIG._replace(segment=seg)),
+    }
     width = "M{channels} S{state}".format(**WIDE)
-    print(f"\nKLA scan, {LENGTHS_TOKENS} tokens per call (B = max(1, {LENGTHS_TOKENS} // L)), {width}, fp32:")
     header = ["L", "B", "seq fwd ms", "seq fwd ns/tok", "seq f+b(y) ms", "seq f+b(y) ns/tok",
               "par fwd ms", "par fwd ns/tok", "par f+b(y) ms", "par f+b(y) ns/tok"]  # fmt: skip
-    print_table(header, rows)
+    for name, make_runners in scans.items():
+        rows = []
+        for length in LENGTHS:
+            batch = max(1, LENGTHS_TOKENS // length)
+            shape = dict(batch=batch, length=length, **WIDE)
+            cells = [str(length), str(batch)]
+            for segment in (SEQUENTIAL_SEGMENT, 0):  # 0: the automatic split
+                runners = make_runners(shape, segment)
+                for mode in ("fwd", "fwd+bwd (y)"):
+                    ms = timed_ms(runners[mode])
+                    cells += [ms, per_token_ns(ms, batch * length)]
+            rows.append(cells)
+        print(f"\n{name}, {LENGTHS_TOKENS} tokens per call (B = max(1, {LENGTHS_TOKENS} // L)), {width}, fp32:")
+        print_table(header, rows)
 
 
 DTYPE_SHAPE = dict(batch=16, length=2048, channels=1024, state=16)  # the kla_45m layer's scan

@@ -24,7 +24,7 @@ import torch
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="the gpu tests compile for the real device")
 
 # scalar arguments (everything else not a constexpr is a pointer)
-INTS = {"L", "M", "S", "n_chunks", "seg_chunks", "seg_steps", "n_seg"}
+INTS = {"L", "M", "S", "N", "n_chunks", "seg_chunks", "seg_steps", "n_seg"}
 FLOATS = {"floor"}
 ROW_TENSORS = {  # pointer arguments read with `load_row`, by the name of their format constexpr
     "V_FMT": "v_ptr",
@@ -33,9 +33,14 @@ ROW_TENSORS = {  # pointer arguments read with `load_row`, by the name of their 
     "Q_FMT": "q_ptr",
     "GY_FMT": "gy_ptr",
     "GYV_FMT": "gyv_ptr",
+    "U_FMT": "u_ptr",
+    "DT_FMT": "dt_ptr",
+    "B_FMT": "B_ptr",
+    "C_FMT": "C_ptr",
 }
 FLAGS = dict(HAS_INIT=True, PRIOR=False, SAVE_CKPT=True, HAS_GYV=True, HAS_GSTATE=False, HAS_CARRY=True, LOGVAR=True)
-LAUNCH = dict(BM=32, S_PAD=16, CHUNK=32, NUM_STAGES=3, UNROLL=2, FAST_RCP=True)
+FLAGS |= dict(HAS_D=True, REVERSE=True)
+LAUNCH = dict(BM=32, S_PAD=16, N_PAD=16, CHUNK=32, NUM_STAGES=3, UNROLL=2, FAST_RCP=True)
 KERNELS = {  # name -> (module, kernel)
     "fwd": ("mobius_scan_fwd", "_kla_fwd_kernel"),
     "fwd_summary": ("mobius_scan_fwd", "_kla_fwd_summary_kernel"),
@@ -43,10 +48,15 @@ KERNELS = {  # name -> (module, kernel)
     "bwd": ("mobius_scan_bwd", "_kla_bwd_kernel"),
     "bwd_summary": ("mobius_scan_bwd", "_kla_bwd_summary_kernel"),
     "bwd_carry": ("mobius_scan_bwd", "_kla_bwd_carry_kernel"),
+    "ss_fwd": ("selective_scan", "_ss_fwd_kernel"),
+    "ss_fwd_summary": ("selective_scan", "_ss_fwd_summary_kernel"),
+    "ss_carry": ("selective_scan", "_ss_carry_kernel"),
+    "ss_bwd": ("selective_scan", "_ss_bwd_kernel"),
+    "ss_bwd_summary": ("selective_scan", "_ss_bwd_summary_kernel"),
 }
 PLAIN, BF16_PAIRS, FP16_PAIRS = 0, 1, 2  # common.PLAIN, .BF16_PAIRS, .FP16_PAIRS
-# one compile covers both branches of `load_row`: v, k and gy as a 16-bit model's (pairs), Λ, q, gy_var as float32
-MIXED = {"V_FMT": BF16_PAIRS, "LV_FMT": PLAIN, "K_FMT": BF16_PAIRS, "Q_FMT": PLAIN, "GY_FMT": BF16_PAIRS}
+# one compile covers both branches of `load_row`: v, k, gy (u, B) as a 16-bit model's (pairs), the others float32
+MIXED = {"V_FMT": BF16_PAIRS, "K_FMT": BF16_PAIRS, "GY_FMT": BF16_PAIRS, "U_FMT": BF16_PAIRS, "B_FMT": BF16_PAIRS}
 
 
 def compile_ptx(fn, formats: dict[str, int]) -> str:
@@ -108,7 +118,7 @@ def test_compiles_for_sm90(compiled, name):
     assert isinstance(compiled[name], dict), f"{name}: {compiled[name]}"
 
 
-@pytest.mark.parametrize("name", ["fwd", "fwd/fp16", "bwd", "fwd_summary", "bwd_summary"])
+@pytest.mark.parametrize("name", ["fwd", "fwd/fp16", "bwd", "fwd_summary", "bwd_summary", "ss_fwd", "ss_bwd"])
 def test_16bit_rows_load_32_bits_and_are_pipelined(compiled, name):
     counts = compiled[name]
     assert counts["ld16"] == 0, "a 16-bit global load in the time loop: the pipeliner does not prefetch it"

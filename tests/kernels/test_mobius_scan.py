@@ -344,14 +344,20 @@ def test_reference_gradcheck():
 
 
 OTHER = ScanConfig(block_m=16, chunk=64, num_stages=3, unroll=8, bwd_block_m=32, bwd_num_stages=4, bwd_unroll=8)
-GPU_CONFIGS = [ScanConfig(), OTHER, ScanConfig(segment=512), OTHER._replace(segment=256)]
+SEQUENTIAL = 1 << 30  # a ScanConfig.segment ≥ L: one segment
+GPU_CONFIGS = [
+    ScanConfig(),
+    ScanConfig(segment=SEQUENTIAL),
+    OTHER._replace(segment=SEQUENTIAL),
+    OTHER._replace(segment=256),
+]
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("config", GPU_CONFIGS, ids=str)
 def test_gpu_real_size(config):
-    """B=2, L=2048, M=1536, S=16 forward and every gradient against the float64 reference on the GPU (one segment,
-    or 4 and 8 time-parallel segments)."""
+    """B=2, L=2048, M=1536, S=16 forward and every gradient against the float64 reference on the GPU (the automatic
+    split: 4 time-parallel segments; one segment; 8 segments)."""
     x = make_inputs(2, 2048, 1536, 16, "cuda", seed=5)
     (outs, grads), (ref_outs, ref_grads) = run_both(x, True, False, config)
     errors = {f"out {n}": rel_err(outs[n], r) for n, r in ref_outs.items()}
