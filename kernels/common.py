@@ -137,10 +137,11 @@ def rcp(x, FAST_RCP: tl.constexpr):
 
 # 16-bit inputs. Triton's software pipeliner prefetches a load only when each thread reads at least 32 bits; at the
 # kernels' widths (a row of BM = 32 channels or S = 16 states spread over one warp) a bf16/fp16 row gives each
-# thread one 16-bit element, so those loads were not prefetched and stalled the time loop (bf16 v, k, q: forward
-# 1.415 ms against 0.615 ms with fp32 inputs, H200, issue numbers in kernels/NOTES.md). A 16-bit tensor whose rows
-# have an even length is therefore passed as its int32 view and every row is read as words of two elements, split
-# in registers exactly (a bf16 is the high half of a float32; an fp16 is converted).
+# thread one 16-bit element, so those loads were not prefetched (16-bit ld.global in the sm_90 PTX, no cp.async):
+# the likely cause of bf16 v, k, q making the forward slower than fp32 inputs (1.415 against 0.615 ms on an H200,
+# kernels/NOTES.md). A 16-bit tensor whose rows have an even length is therefore passed as its int32 view and every
+# row is read as words of two elements, split in registers exactly (a bf16 is the high half of a float32; an fp16
+# is converted).
 PLAIN = tl.constexpr(0)  # the tensor itself, any float dtype, one element per lane
 BF16_PAIRS = tl.constexpr(1)  # int32 view of a bfloat16 tensor
 FP16_PAIRS = tl.constexpr(2)  # int32 view of a float16 tensor
