@@ -32,7 +32,13 @@ two small kernels first find every segment's start state:
    A matrix and its multiples are the same map, so the product is divided after every step by
    Txx + Txz + Tzx + Tzz (all four ≥ 0: nothing overflows, and what underflows is negligible against them).
 2. `_kla_fwd_carry_kernel`, one program per (b, m-block): applies the segment maps in order from the initial
-   state and writes every segment's start (λ, η), which `_kla_fwd_kernel` then reads as its initial state.
+   state and writes every segment's start, which `_kla_fwd_kernel` then reads as its initial state. It works in
+   covariance form, the map above with numerator and denominator divided by λ (P = 1/λ, μ = η/λ):
+
+       P_end = (Tzx + Tzz·P) / (Txx + Txz·P)          μ_end = (Twx + Tww·μ + Twz·P) / (Txx + Txz·P)
+
+   which stays finite where λ overflows float32 and P underflows to 0 (p = 0 with a < 1: λ grows like a^(−2t)),
+   as the sequential walk does.
 """
 
 from __future__ import annotations
@@ -98,6 +104,7 @@ def _kla_fwd_kernel(
     BM: tl.constexpr, S_PAD: tl.constexpr, CHUNK: tl.constexpr, NUM_STAGES: tl.constexpr, UNROLL: tl.constexpr,
     HAS_INIT: tl.constexpr, PRIOR: tl.constexpr, SAVE_CKPT: tl.constexpr, FAST_RCP: tl.constexpr,
     LOGVAR: tl.constexpr, V_FMT: tl.constexpr, LV_FMT: tl.constexpr, K_FMT: tl.constexpr, Q_FMT: tl.constexpr,
+    INIT_COV: tl.constexpr,
 ):  # fmt: skip
     i_b, i_seg = tl.program_id(0).to(tl.int64), tl.program_id(2)
     n_seg = tl.num_programs(2)
@@ -110,12 +117,15 @@ def _kla_fwd_kernel(
     b_a = tl.load(a_ptr + o_ms, mask=m_sm, other=1.0).to(tl.float32)
     b_p = tl.load(p_ptr + o_ms, mask=m_sm, other=0.0).to(tl.float32)
     b_a2 = b_a * b_a
-    if HAS_INIT:  # [B, n_seg, M, S]: the caller's initial state (one segment) or every segment's start
+    if HAS_INIT:  # [B, n_seg, M, S]: the caller's (λ0, η0) (one segment), or every segment's start (P, μ) (INIT_COV)
         o_init = (i_b * n_seg + i_seg) * M * S + o_ms
-        b_lam0 = tl.load(lam0_ptr + o_init, mask=m_sm, other=1.0).to(tl.float32)
-        b_eta0 = tl.load(eta0_ptr + o_init, mask=m_sm, other=0.0).to(tl.float32)
-        b_P = 1.0 / b_lam0
-        b_mu = b_eta0 * b_P
+        b_x0 = tl.load(lam0_ptr + o_init, mask=m_sm, other=1.0).to(tl.float32)
+        b_x1 = tl.load(eta0_ptr + o_init, mask=m_sm, other=0.0).to(tl.float32)
+        if INIT_COV:
+            b_P, b_mu = b_x0, b_x1
+        else:
+            b_P = 1.0 / b_x0
+            b_mu = b_x1 * b_P
     else:
         b_P = tl.full([S_PAD, BM], 1.0, tl.float32)
         b_mu = tl.zeros([S_PAD, BM], tl.float32)
@@ -212,11 +222,12 @@ def _kla_fwd_summary_kernel(
 
 @triton.jit
 def _kla_fwd_carry_kernel(
-    sum_ptr, lam0_ptr, eta0_ptr, start_lam_ptr, start_eta_ptr,
+    sum_ptr, lam0_ptr, eta0_ptr, start_P_ptr, start_mu_ptr,
     M, S, n_seg,
     BM: tl.constexpr, S_PAD: tl.constexpr, HAS_INIT: tl.constexpr,
 ):  # fmt: skip
-    """Every segment's start (λ, η), [B, n_seg, M, S]: the initial state carried through the segment maps in order."""
+    """Every segment's start (P, μ), [B, n_seg, M, S]: the initial state carried through the segment maps in order,
+    in covariance form (module docstring)."""
     i_b = tl.program_id(0).to(tl.int64)
     o_m = tl.program_id(1) * BM + tl.arange(0, BM)  # [BM]
     o_s = tl.arange(0, S_PAD)  # [S_PAD]
@@ -224,14 +235,14 @@ def _kla_fwd_carry_kernel(
     o_ms = o_m[None, :] * S + o_s[:, None]  # [S_PAD, BM] into [M, S]
     o_sm = o_s[:, None] * M + o_m[None, :]  # [S_PAD, BM] into [S, M]
     if HAS_INIT:
-        b_lam = tl.load(lam0_ptr + i_b * M * S + o_ms, mask=m_sm, other=1.0).to(tl.float32)
-        b_eta = tl.load(eta0_ptr + i_b * M * S + o_ms, mask=m_sm, other=0.0).to(tl.float32)
+        b_P = 1.0 / tl.load(lam0_ptr + i_b * M * S + o_ms, mask=m_sm, other=1.0).to(tl.float32)
+        b_mu = tl.load(eta0_ptr + i_b * M * S + o_ms, mask=m_sm, other=0.0).to(tl.float32) * b_P
     else:
-        b_lam = tl.full([S_PAD, BM], 1.0, tl.float32)
-        b_eta = tl.zeros([S_PAD, BM], tl.float32)
+        b_P = tl.full([S_PAD, BM], 1.0, tl.float32)
+        b_mu = tl.zeros([S_PAD, BM], tl.float32)
     o_start = i_b * n_seg * M * S + o_ms
-    tl.store(start_lam_ptr + o_start, b_lam, mask=m_sm)
-    tl.store(start_eta_ptr + o_start, b_eta, mask=m_sm)
+    tl.store(start_P_ptr + o_start, b_P, mask=m_sm)
+    tl.store(start_mu_ptr + o_start, b_mu, mask=m_sm)
     for i_seg in range(n_seg - 1):
         p_sum = sum_ptr + (i_b * n_seg + i_seg) * SUMMARY_SIZE * S * M + o_sm
         b_xx = tl.load(p_sum, mask=m_sm, other=1.0)
@@ -241,15 +252,15 @@ def _kla_fwd_carry_kernel(
         b_wx = tl.load(p_sum + 4 * S * M, mask=m_sm, other=0.0)
         b_ww = tl.load(p_sum + 5 * S * M, mask=m_sm, other=1.0)
         b_wz = tl.load(p_sum + 6 * S * M, mask=m_sm, other=0.0)
-        b_inv = 1.0 / (b_zx * b_lam + b_zz)
-        b_lam, b_eta = (b_xx * b_lam + b_xz) * b_inv, (b_wx * b_lam + b_ww * b_eta + b_wz) * b_inv
+        b_inv = 1.0 / (b_xx + b_xz * b_P)
+        b_P, b_mu = (b_zx + b_zz * b_P) * b_inv, (b_wx + b_ww * b_mu + b_wz * b_P) * b_inv
         o_start += M * S
-        tl.store(start_lam_ptr + o_start, b_lam, mask=m_sm)
-        tl.store(start_eta_ptr + o_start, b_eta, mask=m_sm)
+        tl.store(start_P_ptr + o_start, b_P, mask=m_sm)
+        tl.store(start_mu_ptr + o_start, b_mu, mask=m_sm)
 
 
 def _segment_starts(v, lambda_v, k, a, p, lam0, eta0, seg_steps: int, n_seg: int, config: ScanConfig, floor):
-    """Start (λ, η) of every time segment, each [B, n_seg, M, S] float32 (summary and carry kernels)."""
+    """Start (P, μ) of every time segment, each [B, n_seg, M, S] float32 (summary and carry kernels)."""
     batch, length, channels = v.shape
     state_size = k.shape[-1]
     n_mb, s_pad = triton.cdiv(channels, config.block_m), state_pad(state_size)
@@ -261,13 +272,13 @@ def _segment_starts(v, lambda_v, k, a, p, lam0, eta0, seg_steps: int, n_seg: int
         FAST_RCP=not interpreting(), LOGVAR=floor is not None, V_FMT=v_fmt, LV_FMT=lv_fmt, K_FMT=k_fmt,
         num_warps=config.num_warps,
     )  # fmt: skip
-    start_lam = v.new_empty(batch, n_seg, channels, state_size, dtype=torch.float32)
-    start_eta = torch.empty_like(start_lam)
+    start_P = v.new_empty(batch, n_seg, channels, state_size, dtype=torch.float32)
+    start_mu = torch.empty_like(start_P)
     _kla_fwd_carry_kernel[(batch, n_mb)](
-        summary, lam0, eta0, start_lam, start_eta, channels, state_size, n_seg,
+        summary, lam0, eta0, start_P, start_mu, channels, state_size, n_seg,
         BM=config.block_m, S_PAD=s_pad, HAS_INIT=lam0 is not None, num_warps=config.num_warps,
     )  # fmt: skip
-    return start_lam, start_eta
+    return start_P, start_mu
 
 
 def mobius_scan_fwd(
@@ -302,6 +313,7 @@ def mobius_scan_fwd(
     if n_seg > 1:
         seg_steps = seg_chunks * config.chunk
         lam0, eta0 = _segment_starts(v, lambda_v, k, a, p, lam0, eta0, seg_steps, n_seg, config, precision_floor)
+        # from here lam0, eta0 hold every segment's start (P, μ): INIT_COV
     y, y_var = torch.empty_like(v), torch.empty_like(v)
     lam = v.new_empty(batch, channels, state_size, dtype=torch.float32)
     eta = torch.empty_like(lam)
@@ -318,7 +330,7 @@ def mobius_scan_fwd(
         NUM_STAGES=config.num_stages, UNROLL=config.unroll,
         HAS_INIT=lam0 is not None, PRIOR=decode_from_prior, SAVE_CKPT=save_ckpt,
         FAST_RCP=not interpreting(), LOGVAR=precision_floor is not None,
-        V_FMT=v_fmt, LV_FMT=lv_fmt, K_FMT=k_fmt, Q_FMT=q_fmt,
+        V_FMT=v_fmt, LV_FMT=lv_fmt, K_FMT=k_fmt, Q_FMT=q_fmt, INIT_COV=n_seg > 1,
         num_warps=config.num_warps,
     )  # fmt: skip
     return y, y_var, lam, eta, ckpt_P, ckpt_mu

@@ -39,7 +39,7 @@ ROW_TENSORS = {  # pointer arguments read with `load_row`, by the name of their 
     "C_FMT": "C_ptr",
 }
 FLAGS = dict(HAS_INIT=True, PRIOR=False, SAVE_CKPT=True, HAS_GYV=True, HAS_GSTATE=False, HAS_CARRY=True, LOGVAR=True)
-FLAGS |= dict(HAS_D=True, REVERSE=True)
+FLAGS |= dict(HAS_D=True, REVERSE=True, INIT_COV=True)
 LAUNCH = dict(BM=32, S_PAD=16, N_PAD=16, CHUNK=32, NUM_STAGES=3, UNROLL=2, FAST_RCP=True)
 KERNELS = {  # name -> (module, kernel)
     "fwd": ("mobius_scan_fwd", "_kla_fwd_kernel"),
