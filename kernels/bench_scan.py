@@ -3,6 +3,9 @@
     python kernels/bench_scan.py            # B=8, L=2048, M=1536, S=16, then L from 512 to 16384
     python kernels/bench_scan.py --quick    # one small size, a sanity run
     python kernels/bench_scan.py --tune     # Triton launch configs at the main size
+    python kernels/bench_scan.py --lengths  # sequential vs time-parallel per token, 16,384 tokens a call, L 512..65536
+    python kernels/bench_scan.py --dtypes   # fp32 vs 16-bit inputs at the kla_45m shape (B16 L2048 M1024 S16)
+    python kernels/bench_scan.py --segments # f+b(y) by segment length at small batch: tunes common.segment_chunks
 
 Times are medians of `triton.testing.do_bench` in ms. The floor of a row is the larger of its HBM time
 (bytes that must move, at PEAK_HBM_GB_S) and its arithmetic time (FLOP_PER_ELEM operations per
@@ -27,9 +30,12 @@ MAIN = dict(batch=8, length=2048, channels=1536, state=16)
 SWEEP_LENGTHS = (512, 1024, 2048, 4096, 8192, 16384)
 
 
+DEVICE = "cuda"  # where the benchmarks run (tests swap in the CPU and Triton's interpreter)
+
+
 def kla_inputs(batch: int, length: int, channels: int, state: int, dtype=torch.float32) -> list[torch.Tensor]:
     """Random inputs on the GPU shaped like the KLA layer's (unit-norm k, q; Λ from a softplus)."""
-    dev = "cuda"
+    dev = DEVICE
     v = torch.randn(batch, length, channels, device=dev)
     lambda_v = 1.0 / (F.softplus(torch.randn(batch, length, channels, device=dev)) + 1e-4)
     k = F.normalize(torch.randn(batch, length, state, device=dev), dim=-1)
@@ -60,12 +66,15 @@ def timed(fn: Callable[[], object]) -> tuple[float, float]:
     return do_bench(fn, warmup=25, rep=100, return_mode="median"), peak
 
 
-def scan_runners(backend: str, inputs: list[torch.Tensor], config=None) -> dict[str, Callable[[], object]]:
-    """Callables for the forward and the forward+backward of one backend."""
+def scan_runners(
+    backend: str, inputs: list[torch.Tensor], config=None, precision_floor: float | None = None
+) -> dict[str, Callable[[], object]]:
+    """Callables for the forward and the forward+backward of one backend (with `precision_floor`, inputs[1] is
+    log σ² and the Triton kernels form Λ from it)."""
     if backend == "triton":
         from klalm.kernels.mobius_scan import kla_scan_triton
 
-        scan = lambda *x: kla_scan_triton(*x, config=config)
+        scan = lambda *x: kla_scan_triton(*x, config=config, precision_floor=precision_floor)
     else:
         from klalm.ops.scan import kla_scan
 
@@ -138,12 +147,13 @@ def ss_floor_ms(mode: str, batch: int, length: int, channels: int, state: int) -
     return max(bytes_ / (PEAK_HBM_GB_S * 1e9), flops / (PEAK_FP32_TFLOPS * 1e12)) * 1e3, bytes_, flops
 
 
-def bench_ss_row(backend: str, shape: dict, config=None) -> list[str]:
-    """Selective scan (Mamba-1 shapes: u, Δ [B, L, M], A [M, N], B, C [B, L, N], D [M])."""
+def ss_runners(backend: str, shape: dict, config=None) -> dict[str, Callable[[], object]]:
+    """Forward and forward+backward callables of the selective scan (Mamba-1 shapes: u, Δ [B, L, M], A [M, N],
+    B, C [B, L, N], D [M]); "fwd+bwd (y)" leaves the final state without gradient, as a Mamba layer in training."""
     from klalm.ops.selective_scan import selective_scan
 
     batch, length, channels, n = shape["batch"], shape["length"], shape["channels"], shape["state"]
-    dev = "cuda"
+    dev = DEVICE
     inputs = [torch.randn(batch, length, channels, device=dev),
               F.softplus(torch.randn(batch, length, channels, device=dev) - 1.0),
               -torch.exp(0.5 * torch.randn(channels, n, device=dev)),
@@ -167,9 +177,20 @@ def bench_ss_row(backend: str, shape: dict, config=None) -> list[str]:
         for x in leaves:
             x.grad = None
 
-    runners = {"fwd": fwd, "fwd+bwd": fwd_bwd}
+    def fwd_bwd_y():
+        scan(*leaves)[0].sum().backward()
+        for x in leaves:
+            x.grad = None
+
+    return {"fwd": fwd, "fwd+bwd": fwd_bwd, "fwd+bwd (y)": fwd_bwd_y}
+
+
+def bench_ss_row(backend: str, shape: dict, config=None) -> list[str]:
+    """Selective-scan row of the main table: fwd and fwd+bwd (every output with a gradient)."""
+    runners = {mode: fn for mode, fn in ss_runners(backend, shape, config).items() if mode != "fwd+bwd (y)"}
     floors = {mode: ss_floor_ms(mode, **shape) for mode in runners}
-    return [f"selective {backend}", f"{batch}x{length}x{channels}x{n}"] + bench_cells(runners, floors)
+    label = "{batch}x{length}x{channels}x{state}".format(**shape)
+    return [f"selective {backend}", label] + bench_cells(runners, floors)
 
 
 def bench_sdpa_row(batch: int, length: int, heads: int = 12, head_dim: int = 64) -> list[str]:
@@ -228,7 +249,7 @@ TUNE = [dict(), dict(chunk=32), dict(chunk=64), dict(num_stages=3, unroll=2), di
 
 def run_tune() -> None:
     """Time the Triton kernels over launch configs at the main size."""
-    from klalm.kernels.mobius_scan_fwd import ScanConfig
+    from klalm.kernels.common import ScanConfig
 
     configs = [ScanConfig(**overrides) for overrides in TUNE]
     rows = [[f"kla {tuple(c)}"] + bench_kla_row("triton", MAIN, c)[2:] for c in configs]
@@ -236,19 +257,129 @@ def run_tune() -> None:
     print_table([f"config {ScanConfig._fields}"] + HEADER[2:], rows)
 
 
+LENGTHS_TOKENS = 16_384  # tokens per call of the --lengths sweep (B = max(1, tokens // L))
+LENGTHS = (512, 1024, 2048, 4096, 8192, 16384, 32768, 65536)
+WIDE = dict(channels=1536, state=16)  # M, S of the length sweep (kernels/NOTES.md's main width)
+SEQUENTIAL_SEGMENT = 1 << 30  # a ScanConfig.segment ≥ L: one segment, the sequential walk
+
+
+def timed_ms(fn: Callable[[], object]) -> str:
+    """Median ms of `fn` as a table cell, or OOM."""
+    try:
+        return f"{timed(fn)[0]:.3f}"
+    except torch.cuda.OutOfMemoryError:
+        torch.cuda.empty_cache()
+        return "OOM"
+
+
+def per_token_ns(ms: str, tokens: int) -> str:
+    return ms if ms == "OOM" else f"{float(ms) * 1e6 / tokens:.1f}"
+
+
+def run_lengths() -> None:
+    """Sequential vs time-parallel scans at fixed tokens per call (M1536 S16, fp32): fwd and f+b(y) per token, for
+    the KLA scan and the selective scan (its DEFAULT_CONFIG)."""
+    from klalm.kernels.common import ScanConfig
+    from klalm.kernels.selective_scan import DEFAULT_CONFIG
+
+    scans = {  # name -> runners for (shape, segment)
+        "KLA scan": lambda shape, seg: scan_runners("triton", kla_inputs(**shape), ScanConfig(segment=seg)),
+        "Selective scan": lambda shape, seg: ss_runners("triton", shape, DEFAULT_CONFIG._replace(segment=seg)),
+    }
+    width = "M{channels} S{state}".format(**WIDE)
+    header = ["L", "B", "seq fwd ms", "seq fwd ns/tok", "seq f+b(y) ms", "seq f+b(y) ns/tok",
+              "par fwd ms", "par fwd ns/tok", "par f+b(y) ms", "par f+b(y) ns/tok"]  # fmt: skip
+    for name, make_runners in scans.items():
+        rows = []
+        for length in LENGTHS:
+            batch = max(1, LENGTHS_TOKENS // length)
+            shape = dict(batch=batch, length=length, **WIDE)
+            cells = [str(length), str(batch)]
+            for segment in (SEQUENTIAL_SEGMENT, 0):  # 0: the automatic split
+                runners = make_runners(shape, segment)
+                for mode in ("fwd", "fwd+bwd (y)"):
+                    ms = timed_ms(runners[mode])
+                    cells += [ms, per_token_ns(ms, batch * length)]
+            rows.append(cells)
+        print(f"\n{name}, {LENGTHS_TOKENS} tokens per call (B = max(1, {LENGTHS_TOKENS} // L)), {width}, fp32:")
+        print_table(header, rows)
+
+
+DTYPE_SHAPE = dict(batch=16, length=2048, channels=1024, state=16)  # the kla_45m layer's scan
+LAYER_NARROW = (0, 2, 3)  # v, k, q: what the KLA layer hands the scan in 16 bits under autocast
+ALL_NARROW = (0, 1, 2, 3)  # and log σ², once Λ is formed in the kernels
+FLOOR = 1e-4  # the KLA layer's precision floor
+
+
+def run_dtypes() -> None:
+    """fp32 against 16-bit inputs at the kla_45m scan shape: the KLA layer's inputs before and after the in-kernel
+    Λ, each at block_m 32 and 64 (64 channels on one warp: two per thread, another way to 32-bit 16-bit loads)."""
+    from klalm.kernels.common import ScanConfig
+
+    f32 = kla_inputs(**DTYPE_SHAPE)
+    with_logvar = [f32[0], torch.randn_like(f32[1]), *f32[2:]]  # Λ replaced by log σ², the layer's sensor
+    variants = {  # name -> (v, Λ or log σ², k, q, a, p), precision floor (None: the second tensor is Λ)
+        "fp32 v, Λ, k, q": (f32, None),
+        "fp32 v, log σ², k, q": (with_logvar, FLOOR),
+        "bf16 v, k, q; fp32 Λ (the layer before the in-kernel Λ)": (_narrow(f32, torch.bfloat16, LAYER_NARROW), None),
+        "bf16 v, log σ², k, q (the layer now)": (_narrow(with_logvar, torch.bfloat16, ALL_NARROW), FLOOR),
+        "fp16 v, k, q; fp32 Λ": (_narrow(f32, torch.float16, LAYER_NARROW), None),
+    }
+    rows = []
+    for name, (inputs, floor) in variants.items():
+        for block_m in (32, 64):
+            runners = scan_runners("triton", inputs, ScanConfig(block_m=block_m), precision_floor=floor)
+            rows.append([name, str(block_m)] + [timed_ms(runners[m]) for m in ("fwd", "fwd+bwd (y)")])
+    shape = "B{batch} L{length} M{channels} S{state}".format(**DTYPE_SHAPE)
+    print(f"\nKLA scan inputs by dtype, {shape} (bwd_block_m 16):")
+    print_table(["inputs", "block_m", "fwd ms", "f+b(y) ms"], rows)
+
+
+def _narrow(inputs: list[torch.Tensor], dtype: torch.dtype, which: tuple[int, ...]) -> list[torch.Tensor]:
+    """The inputs with those at the positions `which` cast to `dtype`."""
+    return [x.to(dtype) if i in which else x for i, x in enumerate(inputs)]
+
+
+SEGMENT_LENGTHS = (256, 512, 1024, 2048, 4096)
+SEGMENT_SHAPES = [dict(batch=1, length=16384, **WIDE), dict(batch=2, length=8192, **WIDE),
+                  dict(batch=1, length=65536, **WIDE), dict(batch=1, length=16384, channels=512, state=16)]  # fmt: skip
+
+
+def run_segments() -> None:
+    """f+b(y) ms by segment length at small B·M·S, against the sequential walk and the automatic choice: the data
+    for common.PARALLEL_MIN_CHAINS and MIN_SEGMENT_STEPS."""
+    from klalm.kernels.common import ScanConfig, segment_chunks
+
+    rows = []
+    for shape in SEGMENT_SHAPES:
+        runners = {seg: scan_runners("triton", kla_inputs(**shape), ScanConfig(segment=seg))["fwd+bwd (y)"]
+                   for seg in (SEQUENTIAL_SEGMENT, 0, *SEGMENT_LENGTHS)}  # fmt: skip
+        seg_chunks = segment_chunks(shape["batch"], shape["length"], shape["channels"], shape["state"], ScanConfig())
+        n_segments = -(-shape["length"] // (seg_chunks * ScanConfig().chunk))
+        label = "B{batch} L{length} M{channels} S{state}".format(**shape)
+        rows.append([label, str(n_segments)] + [timed_ms(fn) for fn in runners.values()])
+    print("\nKLA scan f+b(y) ms by segment length in steps (fp32):")
+    print_table(["shape", "auto: segments", "sequential", "auto", *map(str, SEGMENT_LENGTHS)], rows)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="one small size only")
     parser.add_argument("--tune", action="store_true", help="sweep Triton launch configs at the main size")
     parser.add_argument("--skip-torch", action="store_true", help="leave out the (slow) torch KLA backend")
+    parser.add_argument("--lengths", action="store_true", help="sequential vs time-parallel at fixed tokens per call")
+    parser.add_argument("--dtypes", action="store_true", help="fp32 vs 16-bit inputs at the kla_45m scan shape")
+    parser.add_argument("--segments", action="store_true", help="f+b(y) by segment length at small batch")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         print("bench_scan: no CUDA device found; skipping (the kernels are benchmarked on a GPU only)")
         return
     print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}")
-    if args.tune:
-        run_tune()
-    else:
+    chosen = [run for flag, run in ((args.lengths, run_lengths), (args.dtypes, run_dtypes),
+                                    (args.segments, run_segments), (args.tune, run_tune)) if flag]  # fmt: skip
+    for run in chosen:
+        run()
+    if not chosen:
         run_all(args.quick, args.skip_torch)
 
 

@@ -1,8 +1,11 @@
 """`kla_scan_triton`: the fused Triton KLA scan, differentiable in every tensor (backend "triton").
 
 Oracle: `klalm.ops.reference.kla_scan_reference` (same arguments, same results up to float32 rounding).
-The forward kernel is in mobius_scan_fwd.py and the backward kernel in mobius_scan_bwd.py; this file
-checks inputs and ties them together with a `torch.autograd.Function`.
+The forward kernels are in mobius_scan_fwd.py and the backward kernels in mobius_scan_bwd.py; this file
+checks inputs and registers them as two torch custom ops, `klalm::kla_scan_fwd` and `klalm::kla_scan_bwd`,
+with fake (shape-only) implementations and the backward as the forward's autograd formula. `torch.compile`
+therefore traces a model through the scan as one opaque node, with no graph break, and AOTAutograd puts
+`kla_scan_bwd` in the backward graph.
 
 On CPU tensors the kernels run only under Triton's interpreter (`TRITON_INTERPRET=1` set before
 `triton` is imported), which is how the tests run them without a GPU.
@@ -11,58 +14,106 @@ On CPU tensors the kernels run only under Triton's interpreter (`TRITON_INTERPRE
 from __future__ import annotations
 
 import torch
+import triton
 from torch import Tensor
-from torch.autograd.function import once_differentiable
 
+from klalm.kernels.common import ScanConfig, check_config, check_kernel_device, check_offsets
 from klalm.kernels.mobius_scan_bwd import mobius_scan_bwd
-from klalm.kernels.mobius_scan_fwd import ScanConfig, check_config, interpreting, mobius_scan_fwd
+from klalm.kernels.mobius_scan_fwd import mobius_scan_fwd
 from klalm.ops.checks import check_inputs
 from klalm.ops.reference import KLAState
 
 MAX_STATE_SIZE = 64
-KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
-def check_kernel_device(tensors: dict[str, Tensor]) -> None:
-    """Raise ValueError unless all tensors share one device the Triton kernels can run on."""
-    devices = {name: t.device for name, t in tensors.items()}
-    first = next(iter(devices.values()))
-    for name, device in devices.items():
-        if device != first:
-            raise ValueError(f"{name} is on {device} but the other inputs are on {first}")
-    if first.type != "cuda" and not interpreting():
-        raise ValueError(f"the Triton kernels need CUDA tensors (got {first}); set TRITON_INTERPRET=1 to run on CPU")
-    for name, t in tensors.items():
-        if t.dtype not in KERNEL_DTYPES:
-            raise ValueError(f"{name} has dtype {t.dtype}; the Triton kernels take {KERNEL_DTYPES}")
+@torch.library.custom_op("klalm::kla_scan_fwd", mutates_args=())
+def kla_scan_fwd_op(
+    v: Tensor,
+    lambda_v: Tensor,
+    k: Tensor,
+    q: Tensor,
+    a: Tensor,
+    p: Tensor,
+    lam0: Tensor | None,
+    eta0: Tensor | None,
+    decode_from_prior: bool,
+    config: list[int],
+    save_ckpt: bool,
+    precision_floor: float | None,
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """(y, y_var, λ, η, ckpt_P, ckpt_mu) of `mobius_scan_fwd` on contiguous inputs; `config` is a ScanConfig as a
+    list; without `save_ckpt` the two chunk-state tensors are empty."""
+    outs = mobius_scan_fwd(
+        v, lambda_v, k, q, a, p, lam0, eta0, decode_from_prior, ScanConfig(*config), save_ckpt, precision_floor
+    )
+    return *outs[:4], *(v.new_empty(0, dtype=torch.float32) if c is None else c for c in outs[4:])
 
 
-def check_offsets(length: int, channels: int, state_size: int) -> None:
-    """The kernels index one batch row with int32 offsets (t·M, t·S): raise ValueError if L·max(M, S) ≥ 2^31."""
-    if length * max(channels, state_size) >= 2**31:
-        raise ValueError(f"L·M = {length}·{channels} is too large for the kernels' int32 offsets; split the sequence")
+@kla_scan_fwd_op.register_fake
+def _(v, lambda_v, k, q, a, p, lam0, eta0, decode_from_prior, config, save_ckpt, precision_floor):
+    batch, length, channels = v.shape
+    state_size, n_chunks = k.shape[-1], triton.cdiv(length, ScanConfig(*config).chunk)
+    ckpt_shape = (batch, n_chunks, state_size, channels) if save_ckpt else (0,)
+    state = v.new_empty(batch, channels, state_size, dtype=torch.float32)
+    ckpt = v.new_empty(ckpt_shape, dtype=torch.float32)
+    return torch.empty_like(v), torch.empty_like(v), state, torch.empty_like(state), ckpt, torch.empty_like(ckpt)
 
 
-class _MobiusScan(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, v, lambda_v, k, q, a, p, lam0, eta0, decode_from_prior: bool, config: ScanConfig):
-        y, y_var, lam, eta, ckpt_P, ckpt_mu = mobius_scan_fwd(
-            v, lambda_v, k, q, a, p, lam0, eta0, decode_from_prior, config, save_ckpt=any(ctx.needs_input_grad)
-        )
-        ctx.save_for_backward(v, lambda_v, k, q, a, p, lam0, eta0, lam, eta, ckpt_P, ckpt_mu)
-        ctx.decode_from_prior, ctx.config = decode_from_prior, config
-        ctx.set_materialize_grads(False)  # unused outputs (y_var in training, the final state) arrive as None
-        return y, y_var, lam, eta
+@torch.library.custom_op("klalm::kla_scan_bwd", mutates_args=())
+def kla_scan_bwd_op(
+    v: Tensor,
+    lambda_v: Tensor,
+    k: Tensor,
+    q: Tensor,
+    a: Tensor,
+    p: Tensor,
+    lam0: Tensor | None,
+    eta0: Tensor | None,
+    lam: Tensor,
+    eta: Tensor,
+    ckpt_P: Tensor,
+    ckpt_mu: Tensor,
+    gy: Tensor,
+    gyv: Tensor | None,
+    glam: Tensor | None,
+    geta: Tensor | None,
+    decode_from_prior: bool,
+    config: list[int],
+    precision_floor: float | None,
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """Gradients (dv, dlambda_v, dk, dq, da, dp, dlam0, deta0) of `mobius_scan_bwd`; dlam0, deta0 are empty
+    without an initial state; a None gyv, glam, geta means that output was unused (its terms are skipped)."""
+    saved = (v, lambda_v, k, q, a, p, lam0, eta0, lam, eta, ckpt_P, ckpt_mu)
+    grads = mobius_scan_bwd(saved, gy, gyv, glam, geta, decode_from_prior, ScanConfig(*config), precision_floor)
+    return *grads[:6], *(v.new_empty(0, dtype=torch.float32) if g is None else g for g in grads[6:])
 
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, gy, gyv, glam, geta):
-        saved = ctx.saved_tensors
-        v = saved[0]
-        gy = torch.zeros_like(v) if gy is None else gy.contiguous()
-        gyv = None if gyv is None else gyv.contiguous()  # None: y_var unused, the kernel skips its terms
-        grads = mobius_scan_bwd(saved, gy, gyv, glam, geta, ctx.decode_from_prior, ctx.config)
-        return (*grads, None, None)
+
+@kla_scan_bwd_op.register_fake
+def _(v, lambda_v, k, q, a, p, lam0, eta0, *rest):
+    initial = [torch.empty_like(x) if x is not None else v.new_empty(0, dtype=torch.float32) for x in (lam0, eta0)]
+    return (*(torch.empty_like(x) for x in (v, lambda_v, k, q, a, p)), *initial)
+
+
+def _setup_context(ctx, inputs, output):
+    v, lambda_v, k, q, a, p, lam0, eta0, decode_from_prior, config, _, precision_floor = inputs
+    _, _, lam, eta, ckpt_P, ckpt_mu = output
+    ctx.save_for_backward(v, lambda_v, k, q, a, p, lam0, eta0, lam, eta, ckpt_P, ckpt_mu)
+    ctx.decode_from_prior, ctx.config, ctx.precision_floor = decode_from_prior, config, precision_floor
+    ctx.mark_non_differentiable(ckpt_P, ckpt_mu)
+    ctx.set_materialize_grads(False)  # unused outputs (y_var in training, the final state) arrive as None
+
+
+def _backward(ctx, gy, gyv, glam, geta, _gckpt_P, _gckpt_mu):
+    saved = ctx.saved_tensors
+    v, lam0 = saved[0], saved[6]
+    gy = torch.zeros_like(v) if gy is None else gy.contiguous()
+    gyv = None if gyv is None else gyv.contiguous()  # None: y_var unused, the kernels skip its terms
+    grads = kla_scan_bwd_op(*saved, gy, gyv, glam, geta, ctx.decode_from_prior, ctx.config, ctx.precision_floor)
+    initial = (None, None) if lam0 is None else grads[6:]
+    return (*grads[:6], *initial, None, None, None, None)
+
+
+kla_scan_fwd_op.register_autograd(_backward, setup_context=_setup_context)
 
 
 def kla_scan_triton(
@@ -75,26 +126,31 @@ def kla_scan_triton(
     initial_state: KLAState | None = None,
     decode_from_prior: bool = False,
     config: ScanConfig | None = None,
+    *,
+    precision_floor: float | None = None,
 ) -> tuple[Tensor, Tensor, KLAState]:
     """Run the KLA filter over a sequence with the fused Triton kernels (differentiable in every tensor).
 
     Args:
-        v: values, [B, L, M]; float16/bfloat16/float32, computed in float32.
-        lambda_v: value precisions Λ, [B, L, M], > 0.
+        v: values, [B, L, M]; float16/bfloat16/float32, computed in float32 (16-bit rows are read in pairs).
+        lambda_v: value precisions Λ, [B, L, M], > 0; or, with `precision_floor`, log σ² (any finite value).
         k: keys (observation map), [B, L, S], S ≤ 64 (padded to a power of two inside).
         q: queries (readout), [B, L, S].
         a: discrete decay, [M, S], in (0, 1].
         p: discrete process noise, [M, S], ≥ 0.
         initial_state: KLAState(lam [B, M, S] > 0, eta [B, M, S]) or None for λ0 = 1, η0 = 0.
         decode_from_prior: read out the one-step-ahead prediction (a·μ, a²·σ² + p) instead of the posterior.
-        config: launch parameters (`ScanConfig()` by default).
+        config: launch parameters (`ScanConfig()` by default; its `segment` picks the time-parallel split).
+        precision_floor: when given, lambda_v holds log σ² and the kernels form Λ = 1/(softplus(log σ²) +
+            precision_floor) as they load it (no float32 [B, L, M] Λ in memory); its gradient is then d/d log σ².
     Returns:
         y, y_var [B, L, M] in v's dtype and the final KLAState (float32 [B, M, S] each), as the reference.
     Shapes and dtypes are always checked; values (Λ > 0 etc.) on CPU tensors or when $KLALM_CHECK_INPUTS=1
     (`klalm.ops.checks`), since on a GPU they cost a device synchronisation.
     """
-    check_inputs(v, lambda_v, k, q, a, p, initial_state)
-    tensors = {"v": v, "lambda_v": lambda_v, "k": k, "q": q, "a": a, "p": p}
+    lambda_name = "lambda_v" if precision_floor is None else "logvar"
+    check_inputs(v, lambda_v, k, q, a, p, initial_state, lambda_name=lambda_name)
+    tensors = {"v": v, lambda_name: lambda_v, "k": k, "q": q, "a": a, "p": p}
     if initial_state is not None:
         tensors |= {"initial_state.lam": initial_state.lam, "initial_state.eta": initial_state.eta}
     check_kernel_device(tensors)
@@ -107,7 +163,8 @@ def kla_scan_triton(
     config = config or ScanConfig()
     check_config(config)
     args = [x.contiguous() if x is not None else None for x in (v, lambda_v, k, q, a, p, lam0, eta0)]
-    y, y_var, lam, eta = _MobiusScan.apply(*args, decode_from_prior, config)
+    save_ckpt = torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in args)
+    y, y_var, lam, eta, _, _ = kla_scan_fwd_op(*args, decode_from_prior, list(config), save_ckpt, precision_floor)
     return y, y_var, KLAState(lam, eta)
 
 

@@ -1,4 +1,4 @@
-"""Backward Triton kernel of the KLA scan: exact gradients with no [B, L, M, S] tensor in HBM.
+"""Backward Triton kernels of the KLA scan: exact gradients with no [B, L, M, S] tensor in HBM.
 
 Oracle: autograd through `klalm.ops.reference.kla_scan_reference`. The forward (mobius_scan_fwd.py)
 saved the covariance-form state (P, μ) before every chunk of CHUNK steps. Each program walks the
@@ -20,6 +20,22 @@ The two terms of ga are summed in separate registers (ga, ga2) and combined as g
 and φ = Λ·k², r = v·Λ·k. Reductions over s (dv, dΛ) stay in each thread; reductions over m (dk, dq)
 give one [S] row per (program, t), written to a [B, M/BM, L, S] buffer that the caller sums; da, dp
 are summed over t in registers and over b by the caller. No atomics: results are deterministic.
+
+Time-parallel split (the forward's, mobius_scan_fwd.py). The adjoint of the state after step t obeys, with
+e_t = (∂ℓ/∂μ_t, ∂ℓ/∂P_t) through the readout at t alone (y: q·∂y, ·a with the prior; y_var: q²·∂y_var, ·a²),
+
+    G_{t-1} = e_{t-1} + A_t·G_t        A_t = [[a·i_t, 0], [a²·i_t·(r_t − φ_t·μ_t), a²·i_t²]]     on (gμ, gP)
+
+(A_t is the map gμ, gP → gμ_{t-1}, gP_{t-1} above written out, with 1 − φ·P_t = i_t). So what a segment of
+steps s0+1..s1 passes back to the state before it is affine in what reaches its last state from later ones:
+
+    H = Q_{s1}·H_next + Σ_{t=s0+1..s1} Q_t·e_t          Q_t = A_{s0+1}···A_t   (lower triangular)
+
+`_kla_bwd_summary_kernel` walks each segment but the first forwards from its saved start state and accumulates
+Q (3 numbers) and the sum (2 numbers): no reverse walk, no scratch, and every factor has |entries| ≤ 1 on the
+diagonal (a ≤ 1, i ≤ 1), so nothing overflows. `_kla_bwd_carry_kernel` then walks the segments backwards from
+the final-state gradient and writes, for every segment, the adjoint arriving at its last state; with it as the
+starting (gμ, gP), `_kla_bwd_kernel` runs all segments at once.
 """
 
 from __future__ import annotations
@@ -29,13 +45,29 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from klalm.kernels.mobius_scan_fwd import (
+from klalm.kernels.common import (
     ScanConfig,
-    _filter_step,
-    _load_step,
+    as_rows,
     interpreting,
+    load_row,
+    segment_chunks,
+    state_pad,
     to_kernel_layout,
 )
+from klalm.kernels.mobius_scan_fwd import _filter_step, _load_step, _precision, _precision_slope
+
+CARRY_SIZE = tl.constexpr(2)  # adjoint (gμ, gP) arriving at a segment's last state
+ADJOINT_SUMMARY_SIZE = tl.constexpr(5)  # Q11, Q21, Q22 and the summed injections Σ Q_t·e_t of a segment's reverse map
+
+
+@triton.jit
+def _final_state_adjoint(lam_ptr, eta_ptr, glam_ptr, geta_ptr, o, mask):
+    """(gμ, gP) of the final state from the gradients of the returned (λ, η) = (1/P, μ/P), [S_PAD, BM] each."""
+    b_lam = tl.load(lam_ptr + o, mask=mask, other=1.0)
+    b_eta = tl.load(eta_ptr + o, mask=mask, other=0.0)
+    b_glam = tl.load(glam_ptr + o, mask=mask, other=0.0).to(tl.float32)
+    b_geta = tl.load(geta_ptr + o, mask=mask, other=0.0).to(tl.float32)
+    return b_geta * b_lam, -(b_glam * b_lam + b_geta * b_eta) * b_lam
 
 
 @triton.jit
@@ -70,15 +102,18 @@ def _var_readout_adjoint(b_gP, b_ga2, b_gp, b_dq, b_P, b_a2, b_p, b_q, b_gyv, PR
 def _kla_bwd_kernel(
     v_ptr, lam_v_ptr, k_ptr, q_ptr, a_ptr, p_ptr, lam0_ptr, eta0_ptr,
     ckpt_P_ptr, ckpt_mu_ptr, lam_out_ptr, eta_out_ptr, gy_ptr, gyv_ptr, glam_ptr, geta_ptr,
-    dv_ptr, dlv_ptr, dk_ptr, dq_ptr, da_ptr, dp_ptr, dlam0_ptr, deta0_ptr, scr_P_ptr, scr_mu_ptr,
-    L, M, S, n_chunks,
+    carry_ptr, dv_ptr, dlv_ptr, dk_ptr, dq_ptr, da_ptr, dp_ptr, dlam0_ptr, deta0_ptr, scr_P_ptr, scr_mu_ptr,
+    L, M, S, n_chunks, seg_chunks, floor,
     BM: tl.constexpr, S_PAD: tl.constexpr, CHUNK: tl.constexpr, NUM_STAGES: tl.constexpr, UNROLL: tl.constexpr,
     HAS_INIT: tl.constexpr, PRIOR: tl.constexpr, HAS_GYV: tl.constexpr, HAS_GSTATE: tl.constexpr,
-    FAST_RCP: tl.constexpr,
+    HAS_CARRY: tl.constexpr, FAST_RCP: tl.constexpr, LOGVAR: tl.constexpr,
+    V_FMT: tl.constexpr, LV_FMT: tl.constexpr, K_FMT: tl.constexpr, Q_FMT: tl.constexpr, GY_FMT: tl.constexpr,
+    GYV_FMT: tl.constexpr,
 ):  # fmt: skip
-    i_b, i_mb = tl.program_id(0).to(tl.int64), tl.program_id(1)
-    n_mb = tl.num_programs(1)
-    o_m = i_mb * BM + tl.arange(0, BM)  # [BM]
+    i_b, i_mb, i_seg = tl.program_id(0).to(tl.int64), tl.program_id(1), tl.program_id(2)
+    n_mb, n_seg = tl.num_programs(1), tl.num_programs(2)
+    m0 = i_mb * BM
+    o_m = m0 + tl.arange(0, BM)  # [BM]
     o_s = tl.arange(0, S_PAD)  # [S_PAD]
     m_m, m_s = o_m < M, o_s < S
     m_sm = m_s[:, None] & m_m[None, :]  # [S_PAD, BM]
@@ -87,24 +122,27 @@ def _kla_bwd_kernel(
     b_a = tl.load(a_ptr + o_sm, mask=m_sm, other=1.0).to(tl.float32)
     b_p = tl.load(p_ptr + o_sm, mask=m_sm, other=0.0).to(tl.float32)
     b_a2 = b_a * b_a
-    b_gP = tl.zeros([S_PAD, BM], tl.float32)
-    b_gmu = tl.zeros([S_PAD, BM], tl.float32)
-    if HAS_GSTATE:
-        b_lamL = tl.load(lam_out_ptr + o_bms, mask=m_sm, other=1.0)
-        b_etaL = tl.load(eta_out_ptr + o_bms, mask=m_sm, other=0.0)
-        b_glam = tl.load(glam_ptr + o_bms, mask=m_sm, other=0.0).to(tl.float32)
-        b_geta = tl.load(geta_ptr + o_bms, mask=m_sm, other=0.0).to(tl.float32)
-        b_gP = -(b_glam * b_lamL + b_geta * b_etaL) * b_lamL  # λ = 1/P, η = μ/P
-        b_gmu = b_geta * b_lamL
+    if HAS_CARRY:  # time segments: what the later segments (and the final state) pass back to this one's end
+        p_carry = carry_ptr + (i_b * n_seg + i_seg) * CARRY_SIZE * S * M + o_sm
+        b_gmu = tl.load(p_carry, mask=m_sm, other=0.0)
+        b_gP = tl.load(p_carry + S * M, mask=m_sm, other=0.0)
+    elif HAS_GSTATE:
+        b_gmu, b_gP = _final_state_adjoint(lam_out_ptr, eta_out_ptr, glam_ptr, geta_ptr, o_bms, m_sm)
+    else:
+        b_gmu = tl.zeros([S_PAD, BM], tl.float32)
+        b_gP = tl.zeros([S_PAD, BM], tl.float32)
     b_ga = tl.zeros([S_PAD, BM], tl.float32)  # Σ gw·μ_{t-1} (+ prior readout terms)
     b_ga2 = tl.zeros([S_PAD, BM], tl.float32)  # Σ P_{t-1}·gP' (+ prior readout terms); da = ga + 2a·ga2
     b_gp = tl.zeros([S_PAD, BM], tl.float32)
     o_ckpt = (i_b * n_chunks * S + o_s[:, None]) * M + o_m[None, :]  # [S_PAD, BM] into [B, NC, S, M]
-    o_scr = ((i_b * n_mb + i_mb) * CHUNK * S_PAD + o_s[:, None]) * BM + tl.arange(0, BM)[None, :]  # [S_PAD, BM]
+    i_prog = (i_b * n_mb + i_mb) * n_seg + i_seg
+    o_scr = (i_prog * CHUNK * S_PAD + o_s[:, None]) * BM + tl.arange(0, BM)[None, :]  # [S_PAD, BM]
     o_part = (i_b * n_mb + i_mb) * L * S + o_s  # [S_PAD] into [B, NMB, L, S] at t = 0
-    o_bm, o_bs = i_b * L * M + o_m, i_b * L * S + o_s  # [BM], [S_PAD] at t = 0
-    for i_c in range(n_chunks):
-        t0 = (n_chunks - 1 - i_c) * CHUNK
+    c1 = (i_seg + 1) * seg_chunks
+    if c1 > n_chunks:
+        c1 = n_chunks
+    for i_c in range(c1 - i_seg * seg_chunks):  # the segment's chunks, last first
+        t0 = (c1 - 1 - i_c) * CHUNK
         t1 = t0 + CHUNK
         if t1 > L:
             t1 = L
@@ -113,8 +151,12 @@ def _kla_bwd_kernel(
         for t in tl.range(t0, t1, num_stages=NUM_STAGES, loop_unroll_factor=UNROLL):  # recompute the chunk's states
             tl.store(scr_P_ptr + o_scr + (t - t0) * S_PAD * BM, b_P)
             tl.store(scr_mu_ptr + o_scr + (t - t0) * S_PAD * BM, b_mu)
-            o_tm, o_ts = o_bm + t * M, o_bs + t * S
-            b_v, b_lv, b_k, _ = _load_step(v_ptr + o_tm, lam_v_ptr + o_tm, k_ptr + o_ts, k_ptr + o_ts, m_m, m_s)
+            row_m, row_s = (i_b * L + t) * M, (i_b * L + t) * S
+            b_v, b_lv, b_k, _ = _load_step(
+                v_ptr, lam_v_ptr, k_ptr, k_ptr, row_m, row_s, m0, M, S, BM, S_PAD, V_FMT, LV_FMT, K_FMT, K_FMT
+            )
+            if LOGVAR:
+                b_lv = _precision(b_lv, floor)
             b_phi = b_lv[None, :] * (b_k * b_k)[:, None]
             b_r = (b_v * b_lv)[None, :] * b_k[:, None]
             b_P, b_mu, _, _ = _filter_step(b_P, b_mu, b_a, b_a2, b_p, b_phi, b_r, FAST_RCP)
@@ -125,15 +167,20 @@ def _kla_bwd_kernel(
             t = t1 - 1 - j
             b_Pm = tl.load(scr_P_ptr + o_scr + (t - t0) * S_PAD * BM)
             b_mum = tl.load(scr_mu_ptr + o_scr + (t - t0) * S_PAD * BM)
-            o_tm, o_ts = o_bm + t * M, o_bs + t * S
-            b_v, b_lv, b_k, b_q = _load_step(v_ptr + o_tm, lam_v_ptr + o_tm, k_ptr + o_ts, q_ptr + o_ts, m_m, m_s)
-            b_gy = tl.load(gy_ptr + o_tm, mask=m_m, other=0.0).to(tl.float32)
+            row_m, row_s = (i_b * L + t) * M, (i_b * L + t) * S
+            b_v, b_x, b_k, b_q = _load_step(
+                v_ptr, lam_v_ptr, k_ptr, q_ptr, row_m, row_s, m0, M, S, BM, S_PAD, V_FMT, LV_FMT, K_FMT, Q_FMT
+            )
+            b_lv = b_x
+            if LOGVAR:
+                b_lv = _precision(b_x, floor)
+            b_gy = load_row(gy_ptr, row_m + m0, row_m + M, BM, GY_FMT)
             b_phi = b_lv[None, :] * (b_k * b_k)[:, None]  # [S_PAD, BM]
             b_r = (b_v * b_lv)[None, :] * b_k[:, None]  # [S_PAD, BM]
             b_P, b_mu, b_Pp, b_i = _filter_step(b_Pm, b_mum, b_a, b_a2, b_p, b_phi, b_r, FAST_RCP)
             b_gmu, b_ga, b_dq = _mean_readout_adjoint(b_gmu, b_ga, b_mu, b_a, b_q, b_gy, PRIOR)
             if HAS_GYV:  # y_var was used
-                b_gyv = tl.load(gyv_ptr + o_tm, mask=m_m, other=0.0).to(tl.float32)
+                b_gyv = load_row(gyv_ptr, row_m + m0, row_m + M, BM, GYV_FMT)
                 b_gP, b_ga2, b_gp, b_dq = _var_readout_adjoint(
                     b_gP, b_ga2, b_gp, b_dq, b_P, b_a2, b_p, b_q, b_gyv, PRIOR
                 )
@@ -150,19 +197,143 @@ def _kla_bwd_kernel(
             b_kgr = b_k[:, None] * b_gr  # [S_PAD, BM]
             b_dv = b_lv * tl.sum(b_kgr, axis=0)  # [BM]
             b_dlv = tl.sum(b_k[:, None] * b_k[:, None] * b_gphi + b_v[None, :] * b_kgr, axis=0)
+            if LOGVAR:  # d/d log σ²
+                b_dlv = b_dlv * _precision_slope(b_x, b_lv)
             b_dk = tl.sum(b_lv[None, :] * (2.0 * b_k[:, None] * b_gphi + b_v[None, :] * b_gr), axis=1)  # [S_PAD]
-            tl.store(dv_ptr + o_tm, b_dv.to(dv_ptr.dtype.element_ty), mask=m_m)
-            tl.store(dlv_ptr + o_tm, b_dlv.to(dlv_ptr.dtype.element_ty), mask=m_m)
+            tl.store(dv_ptr + row_m + o_m, b_dv.to(dv_ptr.dtype.element_ty), mask=m_m)
+            tl.store(dlv_ptr + row_m + o_m, b_dlv.to(dlv_ptr.dtype.element_ty), mask=m_m)
             tl.store(dk_ptr + o_part + t * S, b_dk, mask=m_s)
             tl.store(dq_ptr + o_part + t * S, tl.sum(b_dq, axis=1), mask=m_s)
         tl.debug_barrier()
-    tl.store(da_ptr + o_bms, b_ga + 2.0 * b_a * b_ga2, mask=m_sm)
-    tl.store(dp_ptr + o_bms, b_gp, mask=m_sm)
-    if HAS_INIT:
+    o_part_ms = (i_b * n_seg + i_seg) * M * S + o_m[None, :] * S + o_s[:, None]  # [S_PAD, BM] into [B, n_seg, M, S]
+    tl.store(da_ptr + o_part_ms, b_ga + 2.0 * b_a * b_ga2, mask=m_sm)
+    tl.store(dp_ptr + o_part_ms, b_gp, mask=m_sm)
+    if HAS_INIT and i_seg == 0:
         b_P0 = 1.0 / tl.load(lam0_ptr + o_bms, mask=m_sm, other=1.0).to(tl.float32)
         b_mu0 = tl.load(eta0_ptr + o_bms, mask=m_sm, other=0.0).to(tl.float32) * b_P0
         tl.store(dlam0_ptr + o_bms, -b_P0 * (b_gP * b_P0 + b_gmu * b_mu0), mask=m_sm)
         tl.store(deta0_ptr + o_bms, b_gmu * b_P0, mask=m_sm)
+
+
+@triton.jit
+def _kla_bwd_summary_kernel(
+    v_ptr, lam_v_ptr, k_ptr, q_ptr, a_ptr, p_ptr, ckpt_P_ptr, ckpt_mu_ptr, gy_ptr, gyv_ptr, sum_ptr,
+    L, M, S, n_chunks, seg_chunks, floor,
+    BM: tl.constexpr, S_PAD: tl.constexpr, CHUNK: tl.constexpr, NUM_STAGES: tl.constexpr, UNROLL: tl.constexpr,
+    PRIOR: tl.constexpr, HAS_GYV: tl.constexpr, FAST_RCP: tl.constexpr, LOGVAR: tl.constexpr,
+    V_FMT: tl.constexpr, LV_FMT: tl.constexpr, K_FMT: tl.constexpr, Q_FMT: tl.constexpr, GY_FMT: tl.constexpr,
+    GYV_FMT: tl.constexpr,
+):  # fmt: skip
+    """The reverse map of segment i_seg (every segment but the first): Q and Σ Q_t·e_t (module docstring)."""
+    i_b, i_seg = tl.program_id(0).to(tl.int64), tl.program_id(2) + 1
+    n_seg = tl.num_programs(2) + 1
+    m0 = tl.program_id(1) * BM
+    o_m = m0 + tl.arange(0, BM)  # [BM]
+    o_s = tl.arange(0, S_PAD)  # [S_PAD]
+    m_m, m_s = o_m < M, o_s < S
+    m_sm = m_s[:, None] & m_m[None, :]  # [S_PAD, BM]
+    o_sm = o_s[:, None] * M + o_m[None, :]  # [S_PAD, BM] into [S, M]
+    b_a = tl.load(a_ptr + o_sm, mask=m_sm, other=1.0).to(tl.float32)
+    b_p = tl.load(p_ptr + o_sm, mask=m_sm, other=0.0).to(tl.float32)
+    b_a2 = b_a * b_a
+    o_ckpt = (i_b * n_chunks + i_seg * seg_chunks) * S * M + o_sm  # [S_PAD, BM] into [B, NC, S, M]
+    b_P = tl.load(ckpt_P_ptr + o_ckpt, mask=m_sm, other=1.0)
+    b_mu = tl.load(ckpt_mu_ptr + o_ckpt, mask=m_sm, other=0.0)
+    b_q11 = tl.full([S_PAD, BM], 1.0, tl.float32)  # Q starts as the identity
+    b_q21 = tl.zeros([S_PAD, BM], tl.float32)
+    b_q22 = tl.full([S_PAD, BM], 1.0, tl.float32)
+    b_smu = tl.zeros([S_PAD, BM], tl.float32)  # Σ Q_t·e_t
+    b_sP = tl.zeros([S_PAD, BM], tl.float32)
+    t1 = (i_seg + 1) * seg_chunks * CHUNK
+    if t1 > L:
+        t1 = L
+    for t in tl.range(i_seg * seg_chunks * CHUNK, t1, num_stages=NUM_STAGES, loop_unroll_factor=UNROLL):
+        row_m, row_s = (i_b * L + t) * M, (i_b * L + t) * S
+        b_v, b_lv, b_k, b_q = _load_step(
+            v_ptr, lam_v_ptr, k_ptr, q_ptr, row_m, row_s, m0, M, S, BM, S_PAD, V_FMT, LV_FMT, K_FMT, Q_FMT
+        )
+        if LOGVAR:
+            b_lv = _precision(b_lv, floor)
+        b_gy = load_row(gy_ptr, row_m + m0, row_m + M, BM, GY_FMT)
+        b_phi = b_lv[None, :] * (b_k * b_k)[:, None]  # [S_PAD, BM]
+        b_r = (b_v * b_lv)[None, :] * b_k[:, None]  # [S_PAD, BM]
+        b_P, b_mu, _, b_i = _filter_step(b_P, b_mu, b_a, b_a2, b_p, b_phi, b_r, FAST_RCP)
+        b_u = b_a * b_i  # A_t = [[u, 0], [w, u²]]
+        b_w = b_a2 * b_i * (b_r - b_mu * b_phi)
+        b_q21 = b_q21 * b_u + b_q22 * b_w  # Q ← Q·A_t
+        b_q11 = b_q11 * b_u
+        b_q22 = b_q22 * b_u * b_u
+        b_e = b_q[:, None] * b_gy[None, :]  # e_t, μ part
+        if PRIOR:
+            b_e = b_a * b_e
+        b_smu += b_q11 * b_e
+        b_sP += b_q21 * b_e
+        if HAS_GYV:
+            b_gyv = load_row(gyv_ptr, row_m + m0, row_m + M, BM, GYV_FMT)
+            b_eP = (b_q * b_q)[:, None] * b_gyv[None, :]  # e_t, P part
+            if PRIOR:
+                b_eP = b_a2 * b_eP
+            b_sP += b_q22 * b_eP
+    o_sum = (i_b * n_seg + i_seg) * ADJOINT_SUMMARY_SIZE * S * M + o_sm  # [S_PAD, BM] into [B, n_seg, 5, S, M]
+    tl.store(sum_ptr + o_sum, b_q11, mask=m_sm)
+    tl.store(sum_ptr + o_sum + S * M, b_q21, mask=m_sm)
+    tl.store(sum_ptr + o_sum + 2 * S * M, b_q22, mask=m_sm)
+    tl.store(sum_ptr + o_sum + 3 * S * M, b_smu, mask=m_sm)
+    tl.store(sum_ptr + o_sum + 4 * S * M, b_sP, mask=m_sm)
+
+
+@triton.jit
+def _kla_bwd_carry_kernel(
+    sum_ptr, lam_out_ptr, eta_out_ptr, glam_ptr, geta_ptr, carry_ptr,
+    M, S, n_seg,
+    BM: tl.constexpr, S_PAD: tl.constexpr, HAS_GSTATE: tl.constexpr,
+):  # fmt: skip
+    """(gμ, gP) arriving at every segment's last state, [B, n_seg, 2, S, M]: the segment maps applied backwards."""
+    i_b = tl.program_id(0).to(tl.int64)
+    o_m = tl.program_id(1) * BM + tl.arange(0, BM)  # [BM]
+    o_s = tl.arange(0, S_PAD)  # [S_PAD]
+    m_sm = (o_s < S)[:, None] & (o_m < M)[None, :]  # [S_PAD, BM]
+    o_sm = o_s[:, None] * M + o_m[None, :]  # [S_PAD, BM] into [S, M]
+    if HAS_GSTATE:
+        o_bms = i_b * M * S + o_m[None, :] * S + o_s[:, None]  # [S_PAD, BM] into [B, M, S]
+        b_gmu, b_gP = _final_state_adjoint(lam_out_ptr, eta_out_ptr, glam_ptr, geta_ptr, o_bms, m_sm)
+    else:
+        b_gmu = tl.zeros([S_PAD, BM], tl.float32)
+        b_gP = tl.zeros([S_PAD, BM], tl.float32)
+    for j in range(n_seg):
+        i_seg = n_seg - 1 - j
+        p_carry = carry_ptr + (i_b * n_seg + i_seg) * CARRY_SIZE * S * M + o_sm
+        tl.store(p_carry, b_gmu, mask=m_sm)
+        tl.store(p_carry + S * M, b_gP, mask=m_sm)
+        if i_seg > 0:  # through segment i_seg to the end of segment i_seg - 1
+            p_sum = sum_ptr + (i_b * n_seg + i_seg) * ADJOINT_SUMMARY_SIZE * S * M + o_sm
+            b_q11 = tl.load(p_sum, mask=m_sm, other=0.0)
+            b_q21 = tl.load(p_sum + S * M, mask=m_sm, other=0.0)
+            b_q22 = tl.load(p_sum + 2 * S * M, mask=m_sm, other=0.0)
+            b_smu = tl.load(p_sum + 3 * S * M, mask=m_sm, other=0.0)
+            b_sP = tl.load(p_sum + 4 * S * M, mask=m_sm, other=0.0)
+            b_gmu, b_gP = b_q11 * b_gmu + b_smu, b_q21 * b_gmu + b_q22 * b_gP + b_sP
+
+
+def _adjoint_carry(rows, a_t, p_t, ckpt_P, ckpt_mu, lam, eta, glam, geta, seg_chunks, n_seg, floor, launch):
+    """(gμ, gP) arriving at every time segment's last state, [B, n_seg, 2, S, M] float32 (summary and carry).
+
+    rows: (v, lambda_v, k, q, gy, gyv) as the kernels read them (`common.as_rows`); launch: the constexprs and
+    launch options the backward kernels share.
+    """
+    batch, n_chunks, state_size, channels = ckpt_P.shape
+    n_mb, length = triton.cdiv(channels, launch["BM"]), rows[4].shape[1]
+    summary = lam.new_empty(batch, n_seg, ADJOINT_SUMMARY_SIZE.value, state_size, channels)
+    _kla_bwd_summary_kernel[(batch, n_mb, n_seg - 1)](
+        *rows[:4], a_t, p_t, ckpt_P, ckpt_mu, *rows[4:], summary,
+        length, channels, state_size, n_chunks, seg_chunks, floor, **launch,
+    )  # fmt: skip
+    carry = lam.new_empty(batch, n_seg, CARRY_SIZE.value, state_size, channels)
+    _kla_bwd_carry_kernel[(batch, n_mb)](
+        summary, lam, eta, glam, geta, carry, channels, state_size, n_seg,
+        BM=launch["BM"], S_PAD=launch["S_PAD"], HAS_GSTATE=glam is not None, num_warps=launch["num_warps"],
+    )  # fmt: skip
+    return carry
 
 
 def mobius_scan_bwd(
@@ -173,8 +344,12 @@ def mobius_scan_bwd(
     geta: Tensor | None,
     decode_from_prior: bool,
     config: ScanConfig,
+    precision_floor: float | None = None,
 ) -> tuple[Tensor, ...]:
-    """Launch the backward kernel and finish the reductions over batch and channel blocks.
+    """Launch the backward kernels and finish the reductions over batch, channel blocks and time segments.
+
+    With `precision_floor` the forward read lambda_v as log σ² (Λ = 1/(softplus(log σ²) + precision_floor)), and
+    its gradient is d/d log σ².
 
     Args:
         saved: (v, lambda_v, k, q, a, p, lam0, eta0, lam, eta, ckpt_P, ckpt_mu) from the forward, contiguous;
@@ -187,35 +362,48 @@ def mobius_scan_bwd(
     """
     v, lambda_v, k, q, a, p, lam0, eta0, lam, eta, ckpt_P, ckpt_mu = saved
     batch, length, channels = v.shape
-    state_size, s_pad = k.shape[-1], triton.next_power_of_2(k.shape[-1])
+    state_size, s_pad = k.shape[-1], state_pad(k.shape[-1])
+    n_chunks = ckpt_P.shape[1]
+    seg_chunks = segment_chunks(batch, length, channels, state_size, config)
+    n_seg = triton.cdiv(n_chunks, seg_chunks)
     n_mb = triton.cdiv(channels, config.bwd_block_m)
     f32 = dict(device=v.device, dtype=torch.float32)
     dv, dlv = torch.empty_like(v), torch.empty_like(lambda_v)
     dk_part = torch.empty(batch, n_mb, length, state_size, **f32)
     dq_part = torch.empty_like(dk_part)
-    da_part = torch.empty(batch, channels, state_size, **f32)
+    da_part = torch.empty(batch, n_seg, channels, state_size, **f32)
     dp_part = torch.empty_like(da_part)
     dlam0 = deta0 = None
     if lam0 is not None:
-        dlam0, deta0 = torch.empty_like(da_part), torch.empty_like(da_part)
-    scr_P = torch.empty(batch, n_mb, config.chunk, s_pad, config.bwd_block_m, **f32)
+        dlam0, deta0 = torch.empty(batch, channels, state_size, **f32), torch.empty(batch, channels, state_size, **f32)
+    scr_P = torch.empty(batch, n_mb, n_seg, config.chunk, s_pad, config.bwd_block_m, **f32)
     scr_mu = torch.empty_like(scr_P)
     has_gstate = glam is not None or geta is not None
     if has_gstate:
         glam = torch.zeros_like(lam) if glam is None else glam.contiguous()  # autograd may pass expanded tensors
         geta = torch.zeros_like(eta) if geta is None else geta.contiguous()
     a_t, p_t = to_kernel_layout(a), to_kernel_layout(p)  # [S, M]: read channel-contiguous, as the hot loop wants
-    _kla_bwd_kernel[(batch, n_mb)](
-        v, lambda_v, k, q, a_t, p_t, lam0, eta0, ckpt_P, ckpt_mu, lam, eta, gy, gyv, glam, geta,
-        dv, dlv, dk_part, dq_part, da_part, dp_part, dlam0, deta0, scr_P, scr_mu,
-        length, channels, state_size, ckpt_P.shape[1],
+    rows, formats = zip(*(as_rows(x) for x in (v, lambda_v, k, q, gy, gyv)))
+    formats = dict(zip(("V_FMT", "LV_FMT", "K_FMT", "Q_FMT", "GY_FMT", "GYV_FMT"), formats))
+    launch = dict(
         BM=config.bwd_block_m, S_PAD=s_pad, CHUNK=config.chunk, NUM_STAGES=config.bwd_num_stages,
-        UNROLL=config.bwd_unroll,
-        HAS_INIT=lam0 is not None, PRIOR=decode_from_prior, HAS_GYV=gyv is not None, HAS_GSTATE=has_gstate,
-        FAST_RCP=not interpreting(), num_warps=config.bwd_num_warps,
+        UNROLL=config.bwd_unroll, PRIOR=decode_from_prior, HAS_GYV=gyv is not None, FAST_RCP=not interpreting(),
+        LOGVAR=precision_floor is not None, **formats,
+        num_warps=config.bwd_num_warps,
+    )  # fmt: skip
+    carry = None
+    if n_seg > 1:
+        carry = _adjoint_carry(
+            rows, a_t, p_t, ckpt_P, ckpt_mu, lam, eta, glam, geta, seg_chunks, n_seg, precision_floor or 0.0, launch
+        )
+    _kla_bwd_kernel[(batch, n_mb, n_seg)](
+        *rows[:4], a_t, p_t, lam0, eta0, ckpt_P, ckpt_mu, lam, eta, *rows[4:], glam, geta,
+        carry, dv, dlv, dk_part, dq_part, da_part, dp_part, dlam0, deta0, scr_P, scr_mu,
+        length, channels, state_size, n_chunks, seg_chunks, precision_floor or 0.0,
+        HAS_INIT=lam0 is not None, HAS_GSTATE=has_gstate, HAS_CARRY=carry is not None, **launch,
     )  # fmt: skip
     dk, dq = dk_part.sum(1).to(k.dtype), dq_part.sum(1).to(q.dtype)
-    da, dp = da_part.sum(0).to(a.dtype), dp_part.sum(0).to(p.dtype)
+    da, dp = da_part.sum((0, 1)).to(a.dtype), dp_part.sum((0, 1)).to(p.dtype)
     if lam0 is not None:
         dlam0, deta0 = dlam0.to(lam0.dtype), deta0.to(eta0.dtype)
     return dv, dlv, dk, dq, da, dp, dlam0, deta0

@@ -1,4 +1,4 @@
-"""Forward Triton kernel of the KLA scan (oracle: `klalm.ops.reference.kla_scan_reference`).
+"""Forward Triton kernels of the KLA scan (oracle: `klalm.ops.reference.kla_scan_reference`).
 
 The filter of shared/DESIGN.md §1 runs here in covariance form, which is the same map as the
 information form (λ = 1/P, η = μ/P) but needs one reciprocal per (b, t, m, s) instead of two:
@@ -9,98 +9,90 @@ information form (λ = 1/P, η = μ/P) but needs one reciprocal per (b, t, m, s)
     μ_t  = i_t·(a·μ_{t-1} + r_t·P'_t)        (= η_t/λ_t)
     y_t  = Σ_s q_t·μ_t        y_var_t = Σ_s q_t²·P_t
 
-One program owns one batch row and BM channels; its [S_PAD, BM] state lives in registers (the layout
-is Triton's; kernels/NOTES.md records what it chose) and walks time in order. Loads of step t+1.. are
-prefetched into shared memory by Triton's software pipeliner (`num_stages`). Every CHUNK steps the
-program saves its state, which is all the backward needs to recompute the states of one chunk at a
-time (see mobius_scan_bwd.py).
+`_kla_fwd_kernel`: one program owns one batch row, BM channels and one time segment; its [S_PAD, BM] state
+lives in registers (the layout is Triton's; kernels/NOTES.md records what it chose) and walks the segment in
+order. Loads of step t+1.. are prefetched into shared memory by Triton's software pipeliner (`num_stages`).
+Every CHUNK steps the program saves its state, which is all the backward needs to recompute the states of one
+chunk at a time (see mobius_scan_bwd.py).
+
+Time-parallel split. With one segment (the whole of L) the kernel above is the sequential scan. When B·M·S is
+too small to fill the GPU, L is cut into segments of a whole number of chunks (`common.segment_chunks`), and
+two small kernels first find every segment's start state:
+
+1. `_kla_fwd_summary_kernel`, one program per (b, m-block, segment): the segment's map from its start state to
+   its end state. In homogeneous coordinates (x, w, z) with λ = x/z and η = w/z one step is linear,
+
+       z' = p·x + a²·z        x' = x + φ·z'        w' = a·w + r·z'
+
+   (z' = z·d_t, so x'/z' = λ/d_t + φ and w'/z' = (a/d_t)·η + r), so a segment is the product of its steps'
+   3×3 matrices. The w column of every product is (0, Tww, 0), so 7 numbers per (b, m, s) hold it:
+
+       λ_end = (Txx·λ + Txz) / (Tzx·λ + Tzz)          η_end = (Twx·λ + Tww·η + Twz) / (Tzx·λ + Tzz)
+
+   A matrix and its multiples are the same map, so the product is divided after every step by
+   Txx + Txz + Tzx + Tzz (all four ≥ 0: nothing overflows, and what underflows is negligible against them).
+2. `_kla_fwd_carry_kernel`, one program per (b, m-block): applies the segment maps in order from the initial
+   state and writes every segment's start, which `_kla_fwd_kernel` then reads as its initial state. It works in
+   covariance form, the map above with numerator and denominator divided by λ (P = 1/λ, μ = η/λ):
+
+       P_end = (Tzx + Tzz·P) / (Txx + Txz·P)          μ_end = (Twx + Tww·μ + Twz·P) / (Txx + Txz·P)
+
+   which stays finite where λ overflows float32 and P underflows to 0 (p = 0 with a < 1: λ grows like a^(−2t)),
+   as the sequential walk does.
 """
 
 from __future__ import annotations
-
-import os
-from typing import NamedTuple
 
 import torch
 import triton
 import triton.language as tl
 from torch import Tensor
 
+from klalm.kernels.common import ScanConfig, as_rows, interpreting, load_row, rcp, segment_chunks, state_pad
 
-def interpreting() -> bool:
-    """True under Triton's CPU interpreter (TRITON_INTERPRET=1), where inline PTX is unavailable."""
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
-
-
-class ScanConfig(NamedTuple):
-    """Launch parameters of the forward and backward kernels (defaults: fastest forward+backward measured, H200).
-
-    block_m, bwd_block_m: channels per program (BM, a power of two) in the forward and the backward;
-    chunk: steps between saved states (the backward recomputes one chunk at a time);
-    num_warps, num_stages / bwd_num_warps, bwd_num_stages: Triton launch options of the forward / backward
-    (stages of the load pipeline);
-    unroll / bwd_unroll: time steps per unrolled loop body (lets the scheduler overlap independent work of
-    several steps).
-    """
-
-    block_m: int = 32
-    chunk: int = 32
-    num_warps: int = 1
-    num_stages: int = 4
-    unroll: int = 4
-    bwd_block_m: int = 16
-    bwd_num_warps: int = 1
-    bwd_num_stages: int = 3
-    bwd_unroll: int = 2
-
-
-def check_config(config: ScanConfig) -> None:
-    """Raise ValueError naming the first ScanConfig field that the kernels cannot use."""
-    for name in ("block_m", "bwd_block_m", "num_warps", "bwd_num_warps"):
-        value = getattr(config, name)
-        if value < 1 or value & (value - 1):
-            raise ValueError(f"ScanConfig.{name}={value} must be a power of two")
-    for name in ("chunk", "num_stages", "unroll", "bwd_num_stages", "bwd_unroll"):
-        if getattr(config, name) < 1:
-            raise ValueError(f"ScanConfig.{name}={getattr(config, name)} must be >= 1")
-
-
-def to_kernel_layout(x: Tensor | None) -> Tensor | None:
-    """[..., M, S] -> contiguous [..., S, M] (channels contiguous, as the kernels read state-shaped tensors)."""
-    return None if x is None else x.transpose(-1, -2).contiguous()
-
-
-def from_kernel_layout(x: Tensor | None) -> Tensor | None:
-    """[..., S, M] -> contiguous [..., M, S]."""
-    return None if x is None else x.transpose(-1, -2).contiguous()
-
-
-@triton.jit
-def _rcp(x, FAST_RCP: tl.constexpr):
-    """1/x; with FAST_RCP one MUFU.RCP (rcp.approx.ftz, ≤ 1 ulp; x here is ≥ 1 or a state), else IEEE-style division."""
-    if FAST_RCP:
-        return tl.inline_asm_elementwise(
-            "rcp.approx.ftz.f32 $0, $1;", "=f,f", [x], dtype=tl.float32, is_pure=True, pack=1
-        )
-    else:
-        return 1.0 / x
+SUMMARY_SIZE = tl.constexpr(7)  # numbers per (b, m, s) of a segment's forward map: Txx, Txz, Tzx, Tzz, Twx, Tww, Twz
 
 
 @triton.jit
 def _filter_step(b_P, b_mu, b_a, b_a2, b_p, b_phi, b_r, FAST_RCP: tl.constexpr):
     """One predict+update step in covariance form; returns (P_t, μ_t, P'_t, i_t), each [S_PAD, BM]."""
     b_Pp = b_a2 * b_P + b_p
-    b_i = _rcp(1.0 + b_phi * b_Pp, FAST_RCP)
+    b_i = rcp(1.0 + b_phi * b_Pp, FAST_RCP)
     return b_Pp * b_i, b_i * (b_a * b_mu + b_r * b_Pp), b_Pp, b_i
 
 
 @triton.jit
-def _load_step(p_v, p_lv, p_k, p_q, m_m, m_s):
-    """Load one step's v, Λ [BM] and k, q [S_PAD] as float32 from pointer blocks (padding reads 0)."""
-    b_v = tl.load(p_v, mask=m_m, other=0.0).to(tl.float32)
-    b_lv = tl.load(p_lv, mask=m_m, other=0.0).to(tl.float32)
-    b_k = tl.load(p_k, mask=m_s, other=0.0).to(tl.float32)
-    b_q = tl.load(p_q, mask=m_s, other=0.0).to(tl.float32)
+def _precision(b_x, floor):
+    """Λ = 1/(softplus(x) + floor) from log σ² = x, float32 (oracle: `klalm.ops.reference.precision_from_logvar`).
+
+    softplus(x) = max(x, 0) + log(1 + u) with u = exp(−|x|) ∈ (0, 1]; log(1 + u) is computed as
+    log(w)·u/(w − 1) with w = 1 + u (exact to a few ulp even where w rounds to 1).
+    """
+    b_u = tl.exp(-tl.abs(b_x))
+    b_w = 1.0 + b_u
+    b_log1p = tl.where(b_w == 1.0, b_u, tl.log(b_w) * (b_u / tl.where(b_w == 1.0, 1.0, b_w - 1.0)))
+    return 1.0 / (tl.maximum(b_x, 0.0) + b_log1p + floor)
+
+
+@triton.jit
+def _precision_slope(b_x, b_lv):
+    """dΛ/dx of Λ = 1/(softplus(x) + floor): −Λ²·sigmoid(x), sigmoid written so that exp never overflows."""
+    b_u = tl.exp(-tl.abs(b_x))
+    return -b_lv * b_lv * tl.where(b_x >= 0.0, 1.0, b_u) / (1.0 + b_u)
+
+
+@triton.jit
+def _load_step(
+    v_ptr, lam_v_ptr, k_ptr, q_ptr, row_m, row_s, m0, M, S,
+    BM: tl.constexpr, S_PAD: tl.constexpr,
+    V_FMT: tl.constexpr, LV_FMT: tl.constexpr, K_FMT: tl.constexpr, Q_FMT: tl.constexpr,
+):  # fmt: skip
+    """One step's v, Λ [BM] (channels m0..) and k, q [S_PAD] as float32, padding 0; row_m, row_s: element offsets
+    of the step's [M] and [S] rows; *_FMT: each tensor's `common.load_row` format."""
+    b_v = load_row(v_ptr, row_m + m0, row_m + M, BM, V_FMT)
+    b_lv = load_row(lam_v_ptr, row_m + m0, row_m + M, BM, LV_FMT)
+    b_k = load_row(k_ptr, row_s, row_s + S, S_PAD, K_FMT)
+    b_q = load_row(q_ptr, row_s, row_s + S, S_PAD, Q_FMT)
     return b_v, b_lv, b_k, b_q
 
 
@@ -108,12 +100,16 @@ def _load_step(p_v, p_lv, p_k, p_q, m_m, m_s):
 def _kla_fwd_kernel(
     v_ptr, lam_v_ptr, k_ptr, q_ptr, a_ptr, p_ptr, lam0_ptr, eta0_ptr,
     y_ptr, y_var_ptr, lam_out_ptr, eta_out_ptr, ckpt_P_ptr, ckpt_mu_ptr,
-    L, M, S, n_chunks,
+    L, M, S, n_chunks, seg_chunks, floor,
     BM: tl.constexpr, S_PAD: tl.constexpr, CHUNK: tl.constexpr, NUM_STAGES: tl.constexpr, UNROLL: tl.constexpr,
     HAS_INIT: tl.constexpr, PRIOR: tl.constexpr, SAVE_CKPT: tl.constexpr, FAST_RCP: tl.constexpr,
+    LOGVAR: tl.constexpr, V_FMT: tl.constexpr, LV_FMT: tl.constexpr, K_FMT: tl.constexpr, Q_FMT: tl.constexpr,
+    INIT_COV: tl.constexpr,
 ):  # fmt: skip
-    i_b = tl.program_id(0).to(tl.int64)
-    o_m = tl.program_id(1) * BM + tl.arange(0, BM)  # [BM]
+    i_b, i_seg = tl.program_id(0).to(tl.int64), tl.program_id(2)
+    n_seg = tl.num_programs(2)
+    m0 = tl.program_id(1) * BM
+    o_m = m0 + tl.arange(0, BM)  # [BM]
     o_s = tl.arange(0, S_PAD)  # [S_PAD]
     m_m, m_s = o_m < M, o_s < S
     m_sm = m_s[:, None] & m_m[None, :]  # [S_PAD, BM]
@@ -121,17 +117,23 @@ def _kla_fwd_kernel(
     b_a = tl.load(a_ptr + o_ms, mask=m_sm, other=1.0).to(tl.float32)
     b_p = tl.load(p_ptr + o_ms, mask=m_sm, other=0.0).to(tl.float32)
     b_a2 = b_a * b_a
-    if HAS_INIT:
-        b_lam0 = tl.load(lam0_ptr + i_b * M * S + o_ms, mask=m_sm, other=1.0).to(tl.float32)
-        b_eta0 = tl.load(eta0_ptr + i_b * M * S + o_ms, mask=m_sm, other=0.0).to(tl.float32)
-        b_P = 1.0 / b_lam0
-        b_mu = b_eta0 * b_P
+    if HAS_INIT:  # [B, n_seg, M, S]: the caller's (λ0, η0) (one segment), or every segment's start (P, μ) (INIT_COV)
+        o_init = (i_b * n_seg + i_seg) * M * S + o_ms
+        b_x0 = tl.load(lam0_ptr + o_init, mask=m_sm, other=1.0).to(tl.float32)
+        b_x1 = tl.load(eta0_ptr + o_init, mask=m_sm, other=0.0).to(tl.float32)
+        if INIT_COV:
+            b_P, b_mu = b_x0, b_x1
+        else:
+            b_P = 1.0 / b_x0
+            b_mu = b_x1 * b_P
     else:
         b_P = tl.full([S_PAD, BM], 1.0, tl.float32)
         b_mu = tl.zeros([S_PAD, BM], tl.float32)
     o_ckpt = (i_b * n_chunks * S + o_s[:, None]) * M + o_m[None, :]  # [S_PAD, BM] into [B, NC, S, M]
-    o_bm, o_bs = i_b * L * M + o_m, i_b * L * S + o_s  # [BM], [S_PAD] at t = 0
-    for i_c in range(n_chunks):
+    c1 = (i_seg + 1) * seg_chunks
+    if c1 > n_chunks:
+        c1 = n_chunks
+    for i_c in range(i_seg * seg_chunks, c1):
         if SAVE_CKPT:
             o_c = o_ckpt + i_c * S * M
             tl.store(ckpt_P_ptr + o_c, b_P, mask=m_sm)
@@ -140,8 +142,12 @@ def _kla_fwd_kernel(
         if t1 > L:
             t1 = L
         for t in tl.range(i_c * CHUNK, t1, num_stages=NUM_STAGES, loop_unroll_factor=UNROLL):
-            o_tm, o_ts = o_bm + t * M, o_bs + t * S
-            b_v, b_lv, b_k, b_q = _load_step(v_ptr + o_tm, lam_v_ptr + o_tm, k_ptr + o_ts, q_ptr + o_ts, m_m, m_s)
+            row_m, row_s = (i_b * L + t) * M, (i_b * L + t) * S
+            b_v, b_lv, b_k, b_q = _load_step(
+                v_ptr, lam_v_ptr, k_ptr, q_ptr, row_m, row_s, m0, M, S, BM, S_PAD, V_FMT, LV_FMT, K_FMT, Q_FMT
+            )
+            if LOGVAR:  # the tensor holds log σ²
+                b_lv = _precision(b_lv, floor)
             b_phi = b_lv[None, :] * (b_k * b_k)[:, None]  # [S_PAD, BM]
             b_r = (b_v * b_lv)[None, :] * b_k[:, None]  # [S_PAD, BM]
             b_P, b_mu, _, _ = _filter_step(b_P, b_mu, b_a, b_a2, b_p, b_phi, b_r, FAST_RCP)
@@ -151,11 +157,128 @@ def _kla_fwd_kernel(
                 b_mean, b_var = b_mu, b_P
             b_y = tl.sum(b_q[:, None] * b_mean, axis=0)  # [BM]
             b_yv = tl.sum((b_q * b_q)[:, None] * b_var, axis=0)  # [BM]
-            tl.store(y_ptr + o_tm, b_y.to(y_ptr.dtype.element_ty), mask=m_m)
-            tl.store(y_var_ptr + o_tm, b_yv.to(y_var_ptr.dtype.element_ty), mask=m_m)
-    b_lam = 1.0 / b_P
-    tl.store(lam_out_ptr + i_b * M * S + o_ms, b_lam, mask=m_sm)
-    tl.store(eta_out_ptr + i_b * M * S + o_ms, b_mu * b_lam, mask=m_sm)
+            tl.store(y_ptr + row_m + o_m, b_y.to(y_ptr.dtype.element_ty), mask=m_m)
+            tl.store(y_var_ptr + row_m + o_m, b_yv.to(y_var_ptr.dtype.element_ty), mask=m_m)
+    if i_seg == n_seg - 1:
+        b_lam = 1.0 / b_P
+        tl.store(lam_out_ptr + i_b * M * S + o_ms, b_lam, mask=m_sm)
+        tl.store(eta_out_ptr + i_b * M * S + o_ms, b_mu * b_lam, mask=m_sm)
+
+
+@triton.jit
+def _kla_fwd_summary_kernel(
+    v_ptr, lam_v_ptr, k_ptr, a_ptr, p_ptr, sum_ptr,
+    L, M, S, seg_steps, floor,
+    BM: tl.constexpr, S_PAD: tl.constexpr, NUM_STAGES: tl.constexpr, UNROLL: tl.constexpr, FAST_RCP: tl.constexpr,
+    LOGVAR: tl.constexpr, V_FMT: tl.constexpr, LV_FMT: tl.constexpr, K_FMT: tl.constexpr,
+):  # fmt: skip
+    """The map of segment i_seg (every segment but the last) as 7 numbers per (b, m, s) (module docstring)."""
+    i_b, i_seg = tl.program_id(0).to(tl.int64), tl.program_id(2)
+    n_seg = tl.num_programs(2) + 1
+    m0 = tl.program_id(1) * BM
+    o_m = m0 + tl.arange(0, BM)  # [BM]
+    o_s = tl.arange(0, S_PAD)  # [S_PAD]
+    m_m, m_s = o_m < M, o_s < S
+    m_sm = m_s[:, None] & m_m[None, :]  # [S_PAD, BM]
+    o_ms = o_m[None, :] * S + o_s[:, None]  # [S_PAD, BM] into [M, S]
+    b_a = tl.load(a_ptr + o_ms, mask=m_sm, other=1.0).to(tl.float32)
+    b_p = tl.load(p_ptr + o_ms, mask=m_sm, other=0.0).to(tl.float32)
+    b_a2 = b_a * b_a
+    b_xx = tl.full([S_PAD, BM], 1.0, tl.float32)  # the identity map
+    b_xz = tl.zeros([S_PAD, BM], tl.float32)
+    b_zx = tl.zeros([S_PAD, BM], tl.float32)
+    b_zz = tl.full([S_PAD, BM], 1.0, tl.float32)
+    b_wx = tl.zeros([S_PAD, BM], tl.float32)
+    b_ww = tl.full([S_PAD, BM], 1.0, tl.float32)
+    b_wz = tl.zeros([S_PAD, BM], tl.float32)
+    for t in tl.range(i_seg * seg_steps, (i_seg + 1) * seg_steps, num_stages=NUM_STAGES, loop_unroll_factor=UNROLL):
+        row_m, row_s = (i_b * L + t) * M, (i_b * L + t) * S
+        b_v, b_lv, b_k, _ = _load_step(
+            v_ptr, lam_v_ptr, k_ptr, k_ptr, row_m, row_s, m0, M, S, BM, S_PAD, V_FMT, LV_FMT, K_FMT, K_FMT
+        )
+        if LOGVAR:
+            b_lv = _precision(b_lv, floor)
+        b_phi = b_lv[None, :] * (b_k * b_k)[:, None]  # [S_PAD, BM]
+        b_r = (b_v * b_lv)[None, :] * b_k[:, None]  # [S_PAD, BM]
+        b_zx = b_p * b_xx + b_a2 * b_zx  # the step's matrix times the running product, z row first
+        b_zz = b_p * b_xz + b_a2 * b_zz
+        b_xx += b_phi * b_zx
+        b_xz += b_phi * b_zz
+        b_wx = b_a * b_wx + b_r * b_zx
+        b_wz = b_a * b_wz + b_r * b_zz
+        b_ww = b_a * b_ww
+        b_n = rcp(b_xx + b_xz + b_zx + b_zz, FAST_RCP)
+        b_xx, b_xz, b_zx, b_zz = b_xx * b_n, b_xz * b_n, b_zx * b_n, b_zz * b_n
+        b_wx, b_ww, b_wz = b_wx * b_n, b_ww * b_n, b_wz * b_n
+    o_sum = (i_b * n_seg + i_seg) * SUMMARY_SIZE * S * M + o_s[:, None] * M + o_m[None, :]  # [B, n_seg, 7, S, M]
+    tl.store(sum_ptr + o_sum, b_xx, mask=m_sm)
+    tl.store(sum_ptr + o_sum + S * M, b_xz, mask=m_sm)
+    tl.store(sum_ptr + o_sum + 2 * S * M, b_zx, mask=m_sm)
+    tl.store(sum_ptr + o_sum + 3 * S * M, b_zz, mask=m_sm)
+    tl.store(sum_ptr + o_sum + 4 * S * M, b_wx, mask=m_sm)
+    tl.store(sum_ptr + o_sum + 5 * S * M, b_ww, mask=m_sm)
+    tl.store(sum_ptr + o_sum + 6 * S * M, b_wz, mask=m_sm)
+
+
+@triton.jit
+def _kla_fwd_carry_kernel(
+    sum_ptr, lam0_ptr, eta0_ptr, start_P_ptr, start_mu_ptr,
+    M, S, n_seg,
+    BM: tl.constexpr, S_PAD: tl.constexpr, HAS_INIT: tl.constexpr,
+):  # fmt: skip
+    """Every segment's start (P, μ), [B, n_seg, M, S]: the initial state carried through the segment maps in order,
+    in covariance form (module docstring)."""
+    i_b = tl.program_id(0).to(tl.int64)
+    o_m = tl.program_id(1) * BM + tl.arange(0, BM)  # [BM]
+    o_s = tl.arange(0, S_PAD)  # [S_PAD]
+    m_sm = (o_s < S)[:, None] & (o_m < M)[None, :]  # [S_PAD, BM]
+    o_ms = o_m[None, :] * S + o_s[:, None]  # [S_PAD, BM] into [M, S]
+    o_sm = o_s[:, None] * M + o_m[None, :]  # [S_PAD, BM] into [S, M]
+    if HAS_INIT:
+        b_P = 1.0 / tl.load(lam0_ptr + i_b * M * S + o_ms, mask=m_sm, other=1.0).to(tl.float32)
+        b_mu = tl.load(eta0_ptr + i_b * M * S + o_ms, mask=m_sm, other=0.0).to(tl.float32) * b_P
+    else:
+        b_P = tl.full([S_PAD, BM], 1.0, tl.float32)
+        b_mu = tl.zeros([S_PAD, BM], tl.float32)
+    o_start = i_b * n_seg * M * S + o_ms
+    tl.store(start_P_ptr + o_start, b_P, mask=m_sm)
+    tl.store(start_mu_ptr + o_start, b_mu, mask=m_sm)
+    for i_seg in range(n_seg - 1):
+        p_sum = sum_ptr + (i_b * n_seg + i_seg) * SUMMARY_SIZE * S * M + o_sm
+        b_xx = tl.load(p_sum, mask=m_sm, other=1.0)
+        b_xz = tl.load(p_sum + S * M, mask=m_sm, other=0.0)
+        b_zx = tl.load(p_sum + 2 * S * M, mask=m_sm, other=0.0)
+        b_zz = tl.load(p_sum + 3 * S * M, mask=m_sm, other=1.0)
+        b_wx = tl.load(p_sum + 4 * S * M, mask=m_sm, other=0.0)
+        b_ww = tl.load(p_sum + 5 * S * M, mask=m_sm, other=1.0)
+        b_wz = tl.load(p_sum + 6 * S * M, mask=m_sm, other=0.0)
+        b_inv = 1.0 / (b_xx + b_xz * b_P)
+        b_P, b_mu = (b_zx + b_zz * b_P) * b_inv, (b_wx + b_ww * b_mu + b_wz * b_P) * b_inv
+        o_start += M * S
+        tl.store(start_P_ptr + o_start, b_P, mask=m_sm)
+        tl.store(start_mu_ptr + o_start, b_mu, mask=m_sm)
+
+
+def _segment_starts(v, lambda_v, k, a, p, lam0, eta0, seg_steps: int, n_seg: int, config: ScanConfig, floor):
+    """Start (P, μ) of every time segment, each [B, n_seg, M, S] float32 (summary and carry kernels)."""
+    batch, length, channels = v.shape
+    state_size = k.shape[-1]
+    n_mb, s_pad = triton.cdiv(channels, config.block_m), state_pad(state_size)
+    (v, v_fmt), (lambda_v, lv_fmt), (k, k_fmt) = as_rows(v), as_rows(lambda_v), as_rows(k)
+    summary = v.new_empty(batch, n_seg, SUMMARY_SIZE.value, state_size, channels, dtype=torch.float32)
+    _kla_fwd_summary_kernel[(batch, n_mb, n_seg - 1)](
+        v, lambda_v, k, a, p, summary, length, channels, state_size, seg_steps, floor or 0.0,
+        BM=config.block_m, S_PAD=s_pad, NUM_STAGES=config.num_stages, UNROLL=config.unroll,
+        FAST_RCP=not interpreting(), LOGVAR=floor is not None, V_FMT=v_fmt, LV_FMT=lv_fmt, K_FMT=k_fmt,
+        num_warps=config.num_warps,
+    )  # fmt: skip
+    start_P = v.new_empty(batch, n_seg, channels, state_size, dtype=torch.float32)
+    start_mu = torch.empty_like(start_P)
+    _kla_fwd_carry_kernel[(batch, n_mb)](
+        summary, lam0, eta0, start_P, start_mu, channels, state_size, n_seg,
+        BM=config.block_m, S_PAD=s_pad, HAS_INIT=lam0 is not None, num_warps=config.num_warps,
+    )  # fmt: skip
+    return start_P, start_mu
 
 
 def mobius_scan_fwd(
@@ -170,18 +293,27 @@ def mobius_scan_fwd(
     decode_from_prior: bool,
     config: ScanConfig,
     save_ckpt: bool,
+    precision_floor: float | None = None,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor | None, Tensor | None]:
-    """Launch the forward kernel on contiguous inputs (checked by the caller).
+    """Launch the forward kernels on contiguous inputs (checked by the caller).
 
     Shapes: v, lambda_v [B, L, M]; k, q [B, L, S]; a, p [M, S]; lam0, eta0 [B, M, S] or None (fresh).
-    The kernel reads and writes state-shaped tensors once per program in their own [.., M, S] layout; only the
-    chunk states, touched every chunk, are stored channel-contiguous.
+    With `precision_floor`, lambda_v holds log σ² and the kernels use Λ = 1/(softplus(log σ²) + precision_floor).
+    The kernels read and write state-shaped tensors once per program in their own [.., M, S] layout; only the
+    chunk states, touched every chunk, are stored channel-contiguous. Time segments (`common.segment_chunks`)
+    run in parallel from start states found by the summary and carry kernels.
     Returns y, y_var [B, L, M] in v's dtype; final λ, η [B, M, S] float32; and, when `save_ckpt`, the
     states (P, μ) before every chunk, each [B, NC, S, M] float32 with NC = ceil(L / chunk), else None.
     """
     batch, length, channels = v.shape
     state_size = k.shape[-1]
     n_chunks = triton.cdiv(length, config.chunk)
+    seg_chunks = segment_chunks(batch, length, channels, state_size, config)
+    n_seg = triton.cdiv(n_chunks, seg_chunks)
+    if n_seg > 1:
+        seg_steps = seg_chunks * config.chunk
+        lam0, eta0 = _segment_starts(v, lambda_v, k, a, p, lam0, eta0, seg_steps, n_seg, config, precision_floor)
+        # from here lam0, eta0 hold every segment's start (P, μ): INIT_COV
     y, y_var = torch.empty_like(v), torch.empty_like(v)
     lam = v.new_empty(batch, channels, state_size, dtype=torch.float32)
     eta = torch.empty_like(lam)
@@ -189,14 +321,16 @@ def mobius_scan_fwd(
     if save_ckpt:
         ckpt_P = v.new_empty(batch, n_chunks, state_size, channels, dtype=torch.float32)
         ckpt_mu = torch.empty_like(ckpt_P)
-    grid = (batch, triton.cdiv(channels, config.block_m))
+    grid = (batch, triton.cdiv(channels, config.block_m), n_seg)
+    (v, v_fmt), (lambda_v, lv_fmt), (k, k_fmt), (q, q_fmt) = (as_rows(x) for x in (v, lambda_v, k, q))
     _kla_fwd_kernel[grid](
         v, lambda_v, k, q, a, p, lam0, eta0, y, y_var, lam, eta, ckpt_P, ckpt_mu,
-        length, channels, state_size, n_chunks,
-        BM=config.block_m, S_PAD=triton.next_power_of_2(state_size), CHUNK=config.chunk,
+        length, channels, state_size, n_chunks, seg_chunks, precision_floor or 0.0,
+        BM=config.block_m, S_PAD=state_pad(state_size), CHUNK=config.chunk,
         NUM_STAGES=config.num_stages, UNROLL=config.unroll,
         HAS_INIT=lam0 is not None, PRIOR=decode_from_prior, SAVE_CKPT=save_ckpt,
-        FAST_RCP=not interpreting(),
+        FAST_RCP=not interpreting(), LOGVAR=precision_floor is not None,
+        V_FMT=v_fmt, LV_FMT=lv_fmt, K_FMT=k_fmt, Q_FMT=q_fmt, INIT_COV=n_seg > 1,
         num_warps=config.num_warps,
     )  # fmt: skip
     return y, y_var, lam, eta, ckpt_P, ckpt_mu

@@ -7,19 +7,30 @@ Markdown table; a model that fails (an error, out of memory) gets its error in i
     python scripts/bench_lm.py
     # a subset, other shapes, extra Hydra overrides:
     python scripts/bench_lm.py --models kla_45m,gpt_45m --steps 20 --override train.compile=true
+    # context lengths at a fixed 32,768 tokens per step (B = 32768 / T), with and without torch.compile; ends with
+    # one table of tokens/s per (T, compile) and each model's ratio to the gpt of its size:
+    python scripts/bench_lm.py --models gpt_45m,kla_45m,mamba_45m,gpt_kla_45m --seq-lens 2048,8192,16384,32768 \
+        --tokens-per-step 32768 --compile both
+    # the same sweep split over several commands (each writes its rows beside --out as .json), then one table:
+    python scripts/bench_lm.py --models gpt_45m,kla_45m --seq-lens 2048,8192 --tokens-per-step 32768 --out a.md
+    python scripts/bench_lm.py --models gpt_45m,kla_45m --seq-lens 16384,32768 --tokens-per-step 32768 --out b.md
+    python scripts/bench_lm.py --merge a.json b.json
+    # where one training step's time goes (scan, attention, matmul, optimizer, data, other; torch.profiler):
+    python scripts/bench_lm.py --models kla_45m,gpt_45m --profile
     # CPU check with the tiny presets:
     python scripts/bench_lm.py --models kla_tiny,gpt_tiny --trainer cpu --seq-len 64 --batch-size 2 --steps 4 \
         --log-every 2
 
 The numbers come from the last logging window (steps after the first window, which holds compilation and autotuning):
 tokens/s over wall-clock time including data and optimiser, MFU from klalm.train.flops, and the peak allocated
-CUDA memory in that window.
+CUDA memory in that window. `--profile` profiles the second-to-last step (klalm.train.profiling.ProfileSteps).
 """
 
 from __future__ import annotations
 
 import argparse
 import gc
+import json
 import logging
 import math
 import sys
@@ -27,6 +38,7 @@ import tempfile
 import time
 import traceback
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 from hydra import compose, initialize_config_module
@@ -34,6 +46,15 @@ from hydra import compose, initialize_config_module
 from klalm.train.app import run
 
 ALL_MODELS = [f"{a}_{s}" for s in ("45m", "180m") for a in ("gpt", "kla", "mamba", "gdn", "gpt_kla")]
+COMPILE_MODES = {"off": (False,), "on": (True,), "both": (False, True)}
+
+
+class Setting(NamedTuple):
+    """One benchmarked shape: sequences per step, tokens per sequence, and whether the model is compiled."""
+
+    batch_size: int
+    seq_len: int
+    compile: bool
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -43,44 +64,76 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--log-every", type=int, default=5, help="steps per measurement window (≤ steps/2)")
     parser.add_argument("--batch-size", type=int, default=16, help="sequences per step (B)")
     parser.add_argument("--seq-len", type=int, default=2048, help="tokens per sequence (T)")
+    parser.add_argument("--seq-lens", default=None, help="comma-separated T values to sweep (overrides --seq-len)")
+    parser.add_argument("--tokens-per-step", type=int, default=None, help="fix B·T: B = this // T (overrides B)")
+    parser.add_argument("--compile", choices=sorted(COMPILE_MODES), default="off", help="train.compile off/on/both")
+    parser.add_argument("--profile", action="store_true", help="profile one step per run (torch.profiler)")
     parser.add_argument("--vocab-size", type=int, default=50257, help="random-token vocabulary (GPT-2's)")
     parser.add_argument("--trainer", default="gpu", help="configs/trainer file (gpu: bf16 on one GPU)")
     parser.add_argument("--override", action="append", default=[], help="extra Hydra override (repeatable)")
-    parser.add_argument("--out", type=Path, default=None, help="also write the table to this file")
+    parser.add_argument("--out", type=Path, default=None, help="also write the tables here and the rows beside it")
+    parser.add_argument("--merge", type=Path, nargs="+", default=None, help="print the sweep table of saved rows")
     args = parser.parse_args(argv)
     if args.steps < 2 * args.log_every:
         parser.error(f"--steps {args.steps} must be at least 2 × --log-every {args.log_every}")
+    for seq_len in seq_lens(args):
+        if args.tokens_per_step is not None and args.tokens_per_step < seq_len:
+            parser.error(f"--tokens-per-step {args.tokens_per_step} is less than one sequence of T = {seq_len}")
     return args
 
 
-def overrides_for(model: str, args: argparse.Namespace, run_dir: Path) -> list[str]:
-    tokens_per_step = args.batch_size * args.seq_len
+def seq_lens(args: argparse.Namespace) -> list[int]:
+    return [int(t) for t in args.seq_lens.split(",")] if args.seq_lens else [args.seq_len]
+
+
+def settings(args: argparse.Namespace) -> list[Setting]:
+    """Every (B, T, compile) the command asked for, T outermost."""
+    return [
+        Setting(args.tokens_per_step // t if args.tokens_per_step else args.batch_size, t, compiled)
+        for t in seq_lens(args)
+        for compiled in COMPILE_MODES[args.compile]
+    ]
+
+
+def overrides_for(model: str, args: argparse.Namespace, setting: Setting, run_dir: Path) -> list[str]:
+    tokens_per_step = setting.batch_size * setting.seq_len
+    profile = [
+        "+callbacks.profile._target_=klalm.train.profiling.ProfileSteps",
+        f"+callbacks.profile.out_dir={run_dir}",
+        f"+callbacks.profile.start_step={args.steps - 2}",
+    ]
     return [
         "experiment=bench",
         f"model={model}",
         f"trainer={args.trainer}",
-        f"data.seq_len={args.seq_len}",
-        f"data.batch_size={args.batch_size}",
+        f"data.seq_len={setting.seq_len}",
+        f"data.batch_size={setting.batch_size}",
         f"data.vocab_size={args.vocab_size}",
         f"train.global_batch_tokens={tokens_per_step}",
         f"train.max_tokens={args.steps * tokens_per_step}",
+        f"train.compile={str(setting.compile).lower()}",
         f"trainer.log_every_n_steps={args.log_every}",
         f"paths.run_dir={run_dir}",
+        *(profile if args.profile else []),
         *args.override,
     ]
 
 
-def bench_one(model: str, args: argparse.Namespace, root: Path) -> dict:
-    """Runs one model; returns its row (with "error" set when it failed)."""
+def bench_one(model: str, args: argparse.Namespace, setting: Setting, root: Path) -> dict:
+    """Runs one model; returns its row (with "error" set when it failed, "profile" with --profile)."""
     started = time.time()
+    run_dir = root / f"{model}-B{setting.batch_size}-T{setting.seq_len}-{'compiled' if setting.compile else 'eager'}"
     try:
-        cfg = compose("train", overrides=overrides_for(model, args, root / model))
+        cfg = compose("train", overrides=overrides_for(model, args, setting, run_dir))
         summary = run(cfg)
-        return {"model": model, **summary, "wall_s": time.time() - started}
+        row = {"model": model, "setting": setting, **summary, "wall_s": time.time() - started}
+        if args.profile:
+            row["profile"] = (run_dir / "profile.md").read_text()
+        return row
     except Exception as err:  # one failing model must not stop the table: report it in its row
         logging.getLogger("bench_lm").error("%s failed:\n%s", model, traceback.format_exc())
         message = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"[:160]
-        return {"model": model, "error": message.replace("|", "/"), "wall_s": time.time() - started}
+        return {"model": model, "setting": setting, "error": message.replace("|", "/"), "wall_s": time.time() - started}
     finally:
         gc.collect()
         if torch.cuda.is_available():
@@ -91,12 +144,12 @@ def _fmt(value: float | None, spec: str) -> str:
     return "—" if value is None or (isinstance(value, float) and math.isnan(value)) else format(value, spec)
 
 
-def table(rows: list[dict], args: argparse.Namespace) -> str:
+def table(rows: list[dict], args: argparse.Namespace, setting: Setting) -> str:
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else "CPU"
     head = (
         f"Whole-LM training throughput, {device}, {time.strftime('%Y-%m-%d')}, trainer={args.trainer}, "
-        f"B{args.batch_size} × T{args.seq_len}, vocab {args.vocab_size}, synthetic tokens, "
-        f"last {args.log_every} of {args.steps} steps\n\n"
+        f"B{setting.batch_size} × T{setting.seq_len}, train.compile={str(setting.compile).lower()}, "
+        f"vocab {args.vocab_size}, synthetic tokens, last {args.log_every} of {args.steps} steps\n\n"
     )
     lines = [
         "| model | params | tokens/s | MFU | step ms | peak mem GB | loss | wall s | status |",
@@ -112,21 +165,84 @@ def table(rows: list[dict], args: argparse.Namespace) -> str:
     return head + "\n".join(lines) + "\n"
 
 
+def gpt_of(model: str) -> str | None:
+    """The attention baseline of a model's size ("kla_45m" -> "gpt_45m"); None for a gpt model itself."""
+    arch, _, size = model.rpartition("_")
+    return None if arch == "gpt" else f"gpt_{size}"
+
+
+def sweep_table(rows: list[dict], models: list[str]) -> str:
+    """Tokens/s by (T, compile) × model, with each model's ratio to the gpt of its size when both ran, and for each
+    such model the first T at which it overtakes that gpt (per compile setting)."""
+    speed = {(r["setting"], r["model"]): r.get("perf/tokens_per_s") for r in rows}
+    ratios = [m for m in models if gpt_of(m) in models]
+    header = ["T", "B", "compile"] + [c for m in models for c in ([m, f"{m} / {gpt_of(m)}"] if m in ratios else [m])]
+    lines = ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
+    for setting in dict.fromkeys(r["setting"] for r in rows):  # in run order
+        cells = [str(setting.seq_len), str(setting.batch_size), "on" if setting.compile else "off"]
+        for m in models:
+            cells.append(_fmt(speed.get((setting, m)), ",.0f"))
+            if m in ratios:
+                ours, base = speed.get((setting, m)), speed.get((setting, gpt_of(m)))
+                cells.append(_fmt(ours / base if ours and base else None, ".2f"))
+        lines.append("| " + " | ".join(cells) + " |")
+    notes = []
+    for m in ratios:
+        for compiled in dict.fromkeys(s.compile for s, _ in speed):
+            over = [s.seq_len for s in dict.fromkeys(r["setting"] for r in rows) if s.compile == compiled
+                    and (speed.get((s, m)) or 0) >= (speed.get((s, gpt_of(m))) or math.inf)]  # fmt: skip
+            where = f"T = {over[0]}" if over else "no measured T"
+            notes.append(f"- {m} overtakes {gpt_of(m)} (compile {'on' if compiled else 'off'}): {where}")
+    return "Tokens/s by context length\n\n" + "\n".join(lines) + "\n\n" + "\n".join(notes) + "\n"
+
+
+def setting_texts(setting_rows: list[dict], args: argparse.Namespace, setting: Setting) -> list[str]:
+    """The table of one setting, then each run's profile (with --profile)."""
+    shape = f"B{setting.batch_size} × T{setting.seq_len}, train.compile={str(setting.compile).lower()}"
+    profiles = [f"Profile of one training step: {r['model']}, {shape}\n\n{r['profile']}" for r in setting_rows
+                if "profile" in r]  # fmt: skip
+    return [table(setting_rows, args, setting), *profiles]
+
+
+def save_rows(rows: list[dict], path: Path) -> None:
+    """The rows as JSON (settings as dicts, profiles left out), for `--merge`."""
+    plain = [{**{k: v for k, v in r.items() if k != "profile"}, "setting": r["setting"]._asdict()} for r in rows]
+    path.write_text(json.dumps(plain, indent=1) + "\n")
+
+
+def merge(paths: list[Path]) -> str:
+    """The sweep table of rows saved by earlier runs (models in their first-seen order)."""
+    rows = [{**r, "setting": Setting(**r["setting"])} for path in paths for r in json.loads(path.read_text())]
+    return sweep_table(rows, list(dict.fromkeys(r["model"] for r in rows)))
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.merge:
+        print(merge(args.merge))
+        return 0
     models = [m.strip() for m in args.models.split(",") if m.strip()]
-    rows = []
+    rows, texts = [], []
     with (
         tempfile.TemporaryDirectory(prefix="klalm-bench-") as tmp,
         initialize_config_module("klalm.configs", version_base="1.3"),
     ):
-        for model in models:
-            rows.append(bench_one(model, args, Path(tmp)))
-            print(f"[bench_lm] {model}: {rows[-1].get('error', 'ok')}", file=sys.stderr, flush=True)
-    text = table(rows, args)
-    print(text)
+        for setting in settings(args):
+            setting_rows = []
+            for model in models:
+                setting_rows.append(bench_one(model, args, setting, Path(tmp)))
+                status = setting_rows[-1].get("error", "ok")
+                print(f"[bench_lm] {model} {setting}: {status}", file=sys.stderr, flush=True)
+            new = setting_texts(setting_rows, args, setting)
+            print(*new, sep="\n", flush=True)
+            texts += new
+            rows += setting_rows
+    if len(settings(args)) > 1:
+        texts.append(sweep_table(rows, models))
+        print(texts[-1])
     if args.out is not None:
-        args.out.write_text(text)
+        args.out.write_text("\n".join(texts))
+        save_rows(rows, args.out.with_suffix(".json"))
     return 1 if all("error" in row for row in rows) else 0
 
 

@@ -1,4 +1,5 @@
-"""selective_scan_triton against the sequential float64 reference: outputs and every gradient by name."""
+"""selective_scan_triton against the sequential float64 reference: outputs and every gradient by name, for the
+sequential walk and the time-parallel split (`ScanConfig.segment`)."""
 
 from __future__ import annotations
 
@@ -6,12 +7,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from klalm.kernels.mobius_scan_fwd import ScanConfig
+from klalm.kernels.common import ScanConfig
 from klalm.kernels.selective_scan import DEFAULT_CONFIG, selective_scan_triton
 from klalm.ops.selective_scan import selective_scan_reference
 
 NAMES = ("u", "delta", "A", "Bm", "Cm", "D", "initial_state")
 TINY = ScanConfig(block_m=4, chunk=4, num_stages=2, unroll=2, bwd_block_m=8, bwd_num_stages=2, bwd_unroll=2)
+SEGMENTS = TINY._replace(segment=8)  # time-parallel: segments of two chunks
+CONFIGS = [pytest.param(TINY, id="sequential"), pytest.param(SEGMENTS, id="segments")]
 
 
 def rel_err(x: torch.Tensor, ref: torch.Tensor) -> float:
@@ -39,7 +42,7 @@ def make_inputs(batch, length, channels, n_state, device, seed=0) -> dict[str, t
 def run_both(x: dict, names: tuple[str, ...], config: ScanConfig, dtype=torch.float32, use_h=True):
     """Forward+backward of the kernel (inputs in `dtype`) and of the float64 reference on the same values;
     with use_h=False the loss ignores the final state (its cotangent is None, as in training)."""
-    ours = {n: x[n].to(dtype).requires_grad_() for n in names}
+    ours = {n: x[n].detach().to(dtype, copy=True).requires_grad_() for n in names}  # fresh leaves per call
     ref = {n: ours[n].detach().double().requires_grad_() for n in names}
     g = torch.Generator().manual_seed(1)
     w_y = torch.randn(x["u"].shape, generator=g).to(x["u"].device, torch.float64)
@@ -53,28 +56,104 @@ def run_both(x: dict, names: tuple[str, ...], config: ScanConfig, dtype=torch.fl
     return results
 
 
+def assert_matches(outs, grads, ref_outs, ref_grads, out_tol=1e-5, grad_tol=1e-4):
+    for name, ref in ref_outs.items():
+        assert rel_err(outs[name], ref) <= out_tol, f"output {name}: rel err {rel_err(outs[name], ref):.2e}"
+    for name, ref in ref_grads.items():
+        assert rel_err(grads[name], ref) <= grad_tol, f"d{name}: rel err {rel_err(grads[name], ref):.2e}"
+
+
+@pytest.mark.parametrize("config", CONFIGS)
 @pytest.mark.parametrize(
     "length,n_state,names",
     [
         pytest.param(1, 3, NAMES[:5], id="L1-N3"),
         pytest.param(7, 16, NAMES, id="L7-N16-D-init"),
         pytest.param(37, 5, NAMES[:6], id="L37-N5-D"),
+        pytest.param(16, 4, NAMES, id="L16-N4-D-init"),  # segments end exactly at L
     ],
 )
-def test_selective_scan_matches_reference(device, length, n_state, names):
+def test_selective_scan_matches_reference(device, length, n_state, names, config):
     x = make_inputs(2, length, 6, n_state, device)
-    (outs, grads), (ref_outs, ref_grads) = run_both(x, names, TINY)
-    for name, ref in ref_outs.items():
-        assert rel_err(outs[name], ref) <= 1e-5, f"output {name}: rel err {rel_err(outs[name], ref):.2e}"
+    ours, ref = run_both(x, names, config)
+    assert_matches(*ours, *ref)
+
+
+@pytest.mark.parametrize("config", CONFIGS)
+def test_selective_scan_final_state_unused(device, config):
+    x = make_inputs(2, 19, 6, 5, device, seed=4)
+    (_, grads), (_, ref_grads) = run_both(x, NAMES, config, use_h=False)
     for name, ref in ref_grads.items():
         assert rel_err(grads[name], ref) <= 1e-4, f"d{name}: rel err {rel_err(grads[name], ref):.2e}"
 
 
-def test_selective_scan_final_state_unused(device):
-    x = make_inputs(2, 9, 6, 5, device, seed=4)
-    (_, grads), (_, ref_grads) = run_both(x, NAMES, TINY, use_h=False)
-    for name, ref in ref_grads.items():
-        assert rel_err(grads[name], ref) <= 1e-4, f"d{name}: rel err {rel_err(grads[name], ref):.2e}"
+def test_selective_scan_long_sequence_time_parallel(device):
+    """L = 261 (not a multiple of the chunk or the segment): segments of 64 steps against the reference."""
+    x = make_inputs(1, 261, 4, 3, device, seed=11)
+    ours, ref = run_both(x, NAMES, TINY._replace(chunk=16, segment=64, unroll=4, bwd_unroll=4))
+    assert_matches(*ours, *ref)
+
+
+@pytest.mark.parametrize("config", CONFIGS)
+def test_selective_scan_state_carried_across_calls(device, config):
+    """Two calls, the second from the first's final state, equal one call, gradients through the carried state."""
+    x = make_inputs(2, 29, 6, 5, device, seed=12)
+    names = NAMES[:6]
+    results = []
+    for fn, dtype, kwargs in ((selective_scan_triton, torch.float32, {"config": config}),
+                              (selective_scan_reference, torch.float64, {})):  # fmt: skip
+        inp = {n: x[n].detach().to(dtype, copy=True).requires_grad_() for n in names}
+        split = [(t[:, :13], t[:, 13:]) if t.dim() == 3 else (t, t) for t in (inp[n] for n in names)]
+        y1, h = fn(*(first for first, _ in split), **kwargs)
+        y2, h = fn(*(second for _, second in split), initial_state=h, **kwargs)
+        y = torch.cat([y1, y2], 1)
+        g = torch.Generator().manual_seed(3)
+        ((y.double() * torch.randn(y.shape, generator=g, dtype=torch.float64)).sum() + h.double().sum()).backward()
+        results.append(({"y": y, "h": h}, {n: inp[n].grad for n in names}))
+    assert_matches(*results[0], *results[1])
+
+
+ULP = {torch.bfloat16: 2.0**-7, torch.float16: 2.0**-10}  # one unit in the last place, relative
+
+
+@pytest.mark.parametrize("config", CONFIGS)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("channels,n_state", [(6, 4), (5, 3)], ids=["even-widths", "odd-widths"])
+def test_16bit_inputs_give_the_float32_result(device, dtype, channels, n_state, config):
+    """u, Δ, B, C in 16 bits (A, D, h0 float32, as Mamba under autocast) give the result of the same values in
+    float32: y, du, dΔ, dB, dC in the 16-bit dtype within one unit in its last place, the rest to 1e-6."""
+    x = make_inputs(2, 11, channels, n_state, device, seed=2)
+    narrow = ("u", "delta", "Bm", "Cm")
+    low = {n: x[n].to(dtype) if n in narrow else x[n] for n in NAMES}
+    results = []
+    for inp in (low, {n: t.float() for n, t in low.items()}):
+        leaves = {n: t.detach().clone().requires_grad_() for n, t in inp.items()}
+        y, h = selective_scan_triton(*(leaves[n] for n in NAMES), config=config)
+        g = torch.Generator().manual_seed(4)
+        w_y, w_h = (torch.randn(t.shape, generator=g).to(dtype).to(t) for t in (y, h))
+        torch.autograd.backward([y, h], [w_y, w_h])
+        results.append(({"y": y, "h": h}, {n: t.grad for n, t in leaves.items()}))
+    (outs, grads), (outs32, grads32) = results
+    assert outs["y"].dtype == dtype
+    torch.testing.assert_close(outs["y"].float(), outs32["y"], rtol=ULP[dtype], atol=1e-6)
+    torch.testing.assert_close(outs["h"], outs32["h"], rtol=1e-6, atol=1e-7)
+    for name in NAMES:
+        assert grads[name].dtype == low[name].dtype, name
+        tol = (ULP[dtype], 1e-6) if name in narrow else (1e-6, 1e-7)
+        torch.testing.assert_close(grads[name].float(), grads32[name], rtol=tol[0], atol=tol[1], msg=name)
+
+
+@pytest.mark.parametrize("config,names", [(TINY, NAMES[:5]), (SEGMENTS, NAMES)], ids=["sequential", "segments-D-init"])
+def test_custom_ops_pass_opcheck(device, config, names):
+    """klalm::selective_scan_fwd / _bwd: schema, fake implementations, autograd registration, AOT dispatch."""
+    x = make_inputs(2, 9, 6, 4, device, seed=17)
+    inp = [x[n].clone().requires_grad_() if n in names else None for n in NAMES]
+    fwd_args = (*inp, list(config), True)
+    torch.library.opcheck(torch.ops.klalm.selective_scan_fwd.default, fwd_args)
+    y, h, ckpt = torch.ops.klalm.selective_scan_fwd(*fwd_args)
+    plain = [None if t is None else t.detach() for t in inp]
+    bwd_args = (*plain, ckpt, torch.randn_like(y), torch.randn_like(h), list(config))
+    torch.library.opcheck(torch.ops.klalm.selective_scan_bwd.default, bwd_args)
 
 
 def test_selective_scan_bf16_and_errors(device):
@@ -90,10 +169,12 @@ def test_selective_scan_bf16_and_errors(device):
 
 
 @pytest.mark.gpu
-def test_selective_scan_gpu_real_size():
-    """B=2, L=2048, M=1536, N=16 (Mamba d_inner at d_model 768) against the float64 reference."""
+@pytest.mark.parametrize("segment", [0, 1 << 30], ids=["auto", "sequential"])
+def test_selective_scan_gpu_real_size(segment):
+    """B=2, L=2048, M=1536, N=16 (Mamba d_inner at d_model 768) against the float64 reference: the automatic split
+    (4 time-parallel segments) and one segment."""
     x = make_inputs(2, 2048, 1536, 16, "cuda", seed=4)
-    (outs, grads), (ref_outs, ref_grads) = run_both(x, NAMES, DEFAULT_CONFIG)
+    (outs, grads), (ref_outs, ref_grads) = run_both(x, NAMES, DEFAULT_CONFIG._replace(segment=segment))
     errors = {f"out {n}": rel_err(outs[n], r) for n, r in ref_outs.items()}
     errors |= {f"d{n}": rel_err(grads[n], r) for n, r in ref_grads.items()}
     print({n: f"{e:.1e}" for n, e in errors.items()})

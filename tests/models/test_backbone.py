@@ -168,3 +168,16 @@ def test_bfloat16_weights_track_float32(arch):
         low = model.to(torch.bfloat16)(ids).logits
     assert low.dtype == torch.bfloat16
     torch.testing.assert_close(low.float(), ref, rtol=0, atol=0.05 * ref.abs().max().item())
+
+
+@pytest.mark.parametrize("arch", ["kla", "gpt_kla"])
+def test_lm_with_the_triton_scan_traces_as_one_graph(arch):
+    """torch.compile sees a whole KLA language model (loss included) as one graph: the Triton scan is a custom op
+    (interpreted on CPU), and nothing else in the backbone breaks the trace."""
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    model = build_model(arch, preset="tiny", vocab_size=256, mixer_options={"kla": {"scan_backend": "triton"}})
+    ids = torch.randint(0, 256, (2, 12), generator=torch.Generator().manual_seed(0))
+    explanation = torch._dynamo.explain(model)(ids, labels=ids)
+    assert (explanation.graph_count, explanation.graph_break_count) == (1, 0), explanation.break_reasons

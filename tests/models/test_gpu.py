@@ -60,3 +60,22 @@ def test_generate_on_gpu(arch):
     # each generated token is an argmax of the full forward, up to the decode path's float32 rounding
     chosen = logits.gather(-1, generated[:, 8:, None])[..., 0]
     assert (logits.max(-1).values - chosen).max() < 1e-3
+
+
+@pytest.mark.parametrize("arch", ["kla", "gpt_kla"])
+def test_compiled_model_matches_eager(arch):
+    """torch.compile (inductor) of a KLA LM, the scan a custom op: loss and gradients as eager under bf16 autocast."""
+    ids = _ids()
+    runs = []
+    for compiled in (False, True):
+        model = _tiny(arch).train()
+        step = torch.compile(model, fullgraph=True) if compiled else model
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = step(ids, labels=ids).loss
+        loss.backward()
+        runs.append((loss.detach(), {n: p.grad for n, p in model.named_parameters() if p.grad is not None}))
+    (loss, grads), (loss_c, grads_c) = runs
+    torch.testing.assert_close(loss_c, loss, rtol=2e-2, atol=2e-2)
+    for name, grad in grads.items():
+        err = ((grads_c[name].float() - grad.float()).norm() / grad.float().norm().clamp_min(1e-12)).item()
+        assert err <= 5e-2, f"{name}: relative error {err:.2e}"

@@ -8,10 +8,10 @@ import logging
 import pytest
 import torch
 
-from klalm.ops import BACKENDS, KLAState, kla_scan, kla_step
+from klalm.ops import BACKENDS, KLAState, kla_scan, kla_scan_logvar, kla_step
 from klalm.ops.checks import value_checks_enabled, value_checks_suspended
 from klalm.ops.parallel import kla_scan_torch
-from klalm.ops.reference import kla_scan_reference
+from klalm.ops.reference import kla_scan_reference, precision_from_logvar
 
 NAMES = ("v", "lambda_v", "k", "q", "a", "p", "lam0", "eta0")
 
@@ -268,12 +268,15 @@ def test_kla_step_checks_shapes():
         )
 
 
-def test_unknown_and_unavailable_backends():
+def test_unknown_and_unavailable_backends(monkeypatch):
     x = make_inputs(length=3)
     args = [x[n] for n in NAMES[:6]]
     with pytest.raises(ValueError, match="valid: .*'torch'"):
         kla_scan(*args, backend="cuda-magic")
-    with pytest.raises(ValueError, match="needs CUDA tensors"):
+    from klalm.kernels import common, mobius_scan  # noqa: F401  (imported before the patch, which it must not see)
+
+    monkeypatch.setattr(common, "interpreting", lambda: False)  # CPU tensors run the kernels only when interpreted
+    with pytest.raises(ValueError, match="need CUDA tensors"):
         kla_scan(*args, backend="triton")
 
 
@@ -330,6 +333,43 @@ def test_public_signatures():
     assert list(scan_params) == [*NAMES[:6], "initial_state", "backend", "decode_from_prior"]
     assert scan_params["backend"].default == "auto" and scan_params["backend"].kind is inspect.Parameter.KEYWORD_ONLY
     assert scan_params["initial_state"].default is None and scan_params["decode_from_prior"].default is False
+    logvar_params = inspect.signature(kla_scan_logvar).parameters
+    assert list(logvar_params) == ["v", "logvar", *NAMES[2:6], "initial_state", *list(scan_params)[7:]][:7] + [
+        "precision_floor",
+        "backend",
+        "decode_from_prior",
+    ]
+    assert logvar_params["precision_floor"].kind is inspect.Parameter.KEYWORD_ONLY
     step_params = inspect.signature(kla_step).parameters
     assert list(step_params) == [*NAMES[:6], "state", "decode_from_prior"]
     assert step_params["decode_from_prior"].kind is inspect.Parameter.KEYWORD_ONLY
+
+
+@pytest.mark.parametrize("backend", ["reference", "torch", "triton"])
+def test_kla_scan_logvar_matches_reference(backend):
+    """Λ = 1/(softplus(log σ²) + floor) from log σ², every output and gradient (d log σ² included) in float32 against
+    the float64 reference fed `precision_from_logvar` (the triton backend runs interpreted on CPU)."""
+    x = make_inputs(length=13, channels=4, state=4)
+    x["lambda_v"] = 3 * torch.randn(x["v"].shape, generator=torch.Generator().manual_seed(5), dtype=torch.float64)
+    floor = 1e-4
+
+    def ref(v, logvar, *rest):
+        return kla_scan_reference(v, precision_from_logvar(logvar, floor), *rest)
+
+    def ours(*args):
+        return kla_scan_logvar(*args[:7], precision_floor=floor, backend=backend, decode_from_prior=args[7])
+
+    ref_out, ref_grad = run_with_grads(ref, x, prior=True)
+    out, grad = run_with_grads(ours, {n: t.float() for n, t in x.items()}, prior=True)
+    assert_all_close(ref_out, out, rtol=1e-5)
+    assert_all_close(ref_grad, grad, rtol=1e-4)
+
+
+def test_kla_scan_logvar_errors():
+    x = {n: t.float() for n, t in make_inputs(length=3).items()}
+    args = [x[n] for n in NAMES[:6]]
+    with pytest.raises(ValueError, match="precision_floor"):
+        kla_scan_logvar(*args, precision_floor=0.0)
+    args[1] = torch.full_like(args[1], float("nan"))
+    with pytest.raises(ValueError, match="logvar breaks the rule: all values finite"):
+        kla_scan_logvar(*args, precision_floor=1e-4, backend="triton")

@@ -3,7 +3,9 @@
 Shape and dtype checks read only metadata, so every call runs them. Value checks (Λ > 0, a in (0, 1],
 p ≥ 0, everything finite, λ_0 > 0) reduce whole tensors to one boolean; on a GPU that is a device
 synchronisation, so they run on CPU tensors always and on CUDA tensors only when the environment
-variable `KLALM_CHECK_INPUTS=1` is set (a debug switch, never on in the training hot path).
+variable `KLALM_CHECK_INPUTS=1` is set (a debug switch, never on in the training hot path). While
+`torch.compile` traces a model they are skipped: a data-dependent check would split its graph, and at trace
+time there are no values to check (run the model eagerly to check them).
 Every error is a ValueError that names the tensor and the rule it broke.
 
 Training switches the default value checks off (`value_checks_suspended`): there a non-finite input can only come
@@ -36,8 +38,10 @@ def value_checks_suspended() -> Iterator[None]:
 
 
 def value_checks_enabled(device: torch.device, force: bool = False) -> bool:
-    """Whether value checks run: always under $KLALM_CHECK_INPUTS=1; otherwise, outside
-    `value_checks_suspended`, on CPU tensors or when `force` (the reference backend)."""
+    """Whether value checks run: never while torch.compile traces; always under $KLALM_CHECK_INPUTS=1;
+    otherwise, outside `value_checks_suspended`, on CPU tensors or when `force` (the reference backend)."""
+    if torch.compiler.is_compiling():
+        return False
     if os.environ.get(CHECK_ENV_VAR, "0") == "1":
         return True
     return not _suspended.get() and (force or device.type == "cpu")
@@ -69,11 +73,13 @@ def check_shapes(
     eta0: Tensor | None,
     *,
     step: bool = False,
+    lambda_name: str = "lambda_v",
 ) -> None:
     """Check shapes, dtypes and devices of scan (or, with `step`, one-token) inputs.
 
     Args:
-        v, lambda_v: [B, L, M] ([B, M] when `step`).
+        v, lambda_v: [B, L, M] ([B, M] when `step`); `lambda_name` names the second in errors ("logvar" when it
+            holds log σ²).
         k, q: [B, L, S] ([B, S] when `step`).
         a, p: [M, S].
         lam0, eta0: state tensors [B, M, S], or None for a fresh sequence.
@@ -86,9 +92,9 @@ def check_shapes(
     rank, letters = (2, "B,M") if step else (3, "B,L,M")
     if v.dim() != rank:
         raise ValueError(f"v must have shape [{letters}] (rank {rank}), got {list(v.shape)}")
-    for name, x in (("lambda_v", lambda_v), ("k", k), ("q", q), ("a", a), ("p", p)):
+    for name, x in ((lambda_name, lambda_v), ("k", k), ("q", q), ("a", a), ("p", p)):
         _check_float(name, x, v.device)
-    _check_shape("lambda_v", lambda_v, tuple(v.shape), letters)
+    _check_shape(lambda_name, lambda_v, tuple(v.shape), letters)
     if k.dim() != rank:
         raise ValueError(f"k must have rank {rank} ([{letters[:-1]}S]), got {list(k.shape)}")
     s = k.shape[-1]
@@ -118,18 +124,23 @@ def check_values(
     p: Tensor,
     lam0: Tensor | None,
     eta0: Tensor | None,
+    *,
+    lambda_name: str = "lambda_v",
 ) -> None:
     """Check the value rules of the filter (costs a device sync on GPU; see `value_checks_enabled`).
+
+    lambda_name "logvar": the second tensor holds log σ² (any finite value) instead of Λ.
 
     Raises:
         ValueError: naming the tensor and the rule (finite, Λ > 0, a in (0, 1], p ≥ 0, λ_0 > 0).
     """
-    named = {"v": v, "lambda_v": lambda_v, "k": k, "q": q, "a": a, "p": p}
+    named = {"v": v, lambda_name: lambda_v, "k": k, "q": q, "a": a, "p": p}
     if lam0 is not None:
         named |= {"initial_state.lam": lam0, "initial_state.eta": eta0}
     for name, x in named.items():
         _require(torch.isfinite(x.detach()).all(), name, "all values finite (no NaN or inf)")
-    _require((lambda_v.detach() > 0).all(), "lambda_v", "value precision Λ > 0")
+    if lambda_name == "lambda_v":
+        _require((lambda_v.detach() > 0).all(), "lambda_v", "value precision Λ > 0")
     a_ = a.detach()
     _require(((a_ > 0) & (a_ <= 1)).all(), "a", "discrete decay a in (0, 1]")
     _require((p.detach() >= 0).all(), "p", "discrete process noise p >= 0")
@@ -148,6 +159,7 @@ def check_inputs(
     *,
     step: bool = False,
     force_values: bool = False,
+    lambda_name: str = "lambda_v",
 ) -> None:
     """Shape/dtype checks always; value checks as `value_checks_enabled` decides.
 
@@ -155,8 +167,9 @@ def check_inputs(
         state: a `KLAState` (lam, eta) or None.
         step: one-token inputs ([B, M] and [B, S]) instead of sequences.
         force_values: run the value checks on any device (the reference backend does).
+        lambda_name: "logvar" when the second tensor holds log σ² (finite, any sign) instead of Λ.
     """
     lam0, eta0 = (None, None) if state is None else (state[0], state[1])
-    check_shapes(v, lambda_v, k, q, a, p, lam0, eta0, step=step)
+    check_shapes(v, lambda_v, k, q, a, p, lam0, eta0, step=step, lambda_name=lambda_name)
     if value_checks_enabled(v.device, force=force_values):
-        check_values(v, lambda_v, k, q, a, p, lam0, eta0)
+        check_values(v, lambda_v, k, q, a, p, lam0, eta0, lambda_name=lambda_name)

@@ -34,6 +34,12 @@ def compute_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
+def precision_from_logvar(logvar: Tensor, floor: float) -> Tensor:
+    """The KLA layer's value precision Λ = 1/(softplus(log σ²) + floor) in the compute dtype (float32 at least);
+    the floor caps Λ at 1/floor. The Triton kernels form the same Λ inside (`kla_scan_logvar`)."""
+    return 1.0 / (torch.nn.functional.softplus(logvar.to(compute_dtype(logvar.dtype))) + floor)
+
+
 def fresh_state(batch: int, channels: int, state_size: int, device, dtype=torch.float32) -> KLAState:
     """The prior of a fresh sequence: λ_0 = 1, η_0 = 0, each [B, M, S]."""
     shape = (batch, channels, state_size)

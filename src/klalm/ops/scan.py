@@ -1,4 +1,4 @@
-"""Public entry points of the KLA scan: `kla_scan`, `kla_step`, and the table of backends `BACKENDS`.
+"""Public entry points of the KLA scan: `kla_scan`, `kla_scan_logvar`, `kla_step`, and the table of backends `BACKENDS`.
 
 Backends share one signature, `fn(v, lambda_v, k, q, a, p, initial_state, decode_from_prior)`, and one
 return convention, `(y, y_var, KLAState(lam, eta))`:
@@ -7,11 +7,13 @@ return convention, `(y, y_var, KLAState(lam, eta))`:
 - "torch": the chunked parallel scan of `klalm.ops.parallel` with its exact hand-derived backward (CPU, GPU).
 - "triton": the fused GPU kernels `klalm.kernels.mobius_scan.kla_scan_triton`, imported on first use.
 - "auto" (not a table entry): "triton" for CUDA tensors, "torch" otherwise; the choice is logged once.
+
+`kla_scan_logvar` takes log σ² instead of Λ (the KLA layer's sensor); the Triton kernels form
+Λ = 1/(softplus(log σ²) + floor) as they load it, the other backends through `precision_from_logvar`.
 """
 
 from __future__ import annotations
 
-import importlib
 import logging
 from collections.abc import Callable
 
@@ -20,11 +22,15 @@ from torch import Tensor
 
 from klalm.ops.checks import check_inputs
 from klalm.ops.parallel import kla_scan_torch
-from klalm.ops.reference import KLAState, compute_dtype, kla_scan_reference, kla_step_reference
+from klalm.ops.reference import (
+    KLAState,
+    compute_dtype,
+    kla_scan_reference,
+    kla_step_reference,
+    precision_from_logvar,
+)
 
 log = logging.getLogger(__name__)
-
-TRITON_MODULE, TRITON_FUNCTION = "klalm.kernels.mobius_scan", "kla_scan_triton"
 
 
 def _kla_scan_triton(
@@ -36,16 +42,18 @@ def _kla_scan_triton(
     p: Tensor,
     initial_state: KLAState | None,
     decode_from_prior: bool,
+    precision_floor: float | None = None,
 ) -> tuple[Tensor, Tensor, KLAState]:
-    """Lazy entry of the Triton backend: import it on first use; it needs CUDA tensors."""
-    if not v.is_cuda:
-        raise ValueError(f"kla_scan backend 'triton' needs CUDA tensors, got v on {v.device}; use 'torch' or 'auto'")
+    """Lazy entry of the Triton backend: import it on first use. It needs CUDA tensors (or Triton's CPU interpreter,
+    TRITON_INTERPRET=1); `kla_scan_triton` raises a ValueError otherwise.
+
+    A plain import statement, not importlib: torch.compile traces through it without a graph break.
+    """
     try:
-        fn = getattr(importlib.import_module(TRITON_MODULE), TRITON_FUNCTION)
-    except (ImportError, AttributeError) as err:
-        where = f"{TRITON_MODULE}.{TRITON_FUNCTION}"
-        raise RuntimeError(f"kla_scan backend 'triton' is unavailable: cannot import {where} ({err})") from err
-    return fn(v, lambda_v, k, q, a, p, initial_state, decode_from_prior)
+        from klalm.kernels.mobius_scan import kla_scan_triton
+    except ImportError as err:
+        raise RuntimeError(f"kla_scan backend 'triton' is unavailable: cannot import klalm.kernels ({err})") from err
+    return kla_scan_triton(v, lambda_v, k, q, a, p, initial_state, decode_from_prior, precision_floor=precision_floor)
 
 
 BACKENDS: dict[str, Callable[..., tuple[Tensor, Tensor, KLAState]]] = {
@@ -115,6 +123,39 @@ def kla_scan(
     name = resolve_backend(backend, v)
     check_inputs(v, lambda_v, k, q, a, p, initial_state, force_values=name == "reference")
     return BACKENDS[name](v, lambda_v, k, q, a, p, initial_state, decode_from_prior)
+
+
+def kla_scan_logvar(
+    v: Tensor,
+    logvar: Tensor,
+    k: Tensor,
+    q: Tensor,
+    a: Tensor,
+    p: Tensor,
+    initial_state: KLAState | None = None,
+    *,
+    precision_floor: float,
+    backend: str = "auto",
+    decode_from_prior: bool = False,
+) -> tuple[Tensor, Tensor, KLAState]:
+    """`kla_scan` with the value precision given as log σ²: Λ = 1/(softplus(log σ²) + precision_floor).
+
+    The Triton backend forms Λ inside its kernels as it loads log σ² (in its own dtype, e.g. bf16), so no float32
+    [B, L, M] Λ, its softplus or its reciprocal is ever written; the other backends compute Λ with
+    `precision_from_logvar` and call `kla_scan`. Same arguments and results as `kla_scan` otherwise.
+
+    Args:
+        logvar: log σ² of the values, [B, L, M], finite (any sign); differentiable.
+        precision_floor: > 0; caps Λ at 1/precision_floor (the KLA layer uses 1e-4).
+    """
+    if not precision_floor > 0:
+        raise ValueError(f"precision_floor must be > 0, got {precision_floor}")
+    name = resolve_backend(backend, v)
+    if name != "triton":
+        lambda_v = precision_from_logvar(logvar, precision_floor)
+        return kla_scan(v, lambda_v, k, q, a, p, initial_state, backend=name, decode_from_prior=decode_from_prior)
+    check_inputs(v, logvar, k, q, a, p, initial_state, lambda_name="logvar")
+    return _kla_scan_triton(v, logvar, k, q, a, p, initial_state, decode_from_prior, precision_floor)
 
 
 def kla_step(

@@ -14,14 +14,14 @@ Backends (`SELECTIVE_SCAN_BACKENDS`, one signature):
   chunk-entry states and recomputes each chunk's states in the backward, where the adjoint
   gh_t = C_t gy_t + exp(Δ_{t+1}A) gh_{t+1} is the same scan run backwards; the gradients are exact (no
   approximation, only float rounding).
-- "triton": `klalm.kernels.selective_scan.selective_scan_triton` (CUDA), imported at first use.
+- "triton": `klalm.kernels.selective_scan.selective_scan_triton` (CUDA; on CPU under Triton's interpreter), imported
+  at first use; torch custom ops, so torch.compile traces through it.
 "auto" picks triton on CUDA tensors (torch, with a one-time warning, when the kernel module cannot be
 imported) and torch otherwise; the choice is logged once.
 """
 
 from __future__ import annotations
 
-import functools
 import logging
 import math
 from collections.abc import Callable
@@ -202,14 +202,13 @@ def _selective_scan_triton(
     D: Tensor | None = None,
     initial_state: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
-    """The Triton kernel (CUDA only), imported at first use; its oracle is `selective_scan_reference`."""
-    if not u.is_cuda:
-        raise ValueError(f"selective_scan backend 'triton' needs CUDA tensors, got u on {u.device}")
+    """The Triton kernel, imported at first use; its oracle is `selective_scan_reference`. It needs CUDA tensors (or
+    Triton's CPU interpreter, TRITON_INTERPRET=1); `selective_scan_triton` raises a ValueError otherwise."""
     return _load_triton()(u, delta, A, Bm, Cm, D, initial_state)
 
 
-@functools.cache
 def _load_triton() -> Callable:
+    """The Triton entry point (a plain import statement: torch.compile traces through it without a graph break)."""
     try:
         from klalm.kernels.selective_scan import selective_scan_triton
     except ImportError as err:
@@ -236,9 +235,17 @@ def _resolve_backend(backend: str, device: torch.device) -> str:
     return backend
 
 
-@functools.cache
+_AUTO: dict[str, str] = {}  # device type -> what "auto" runs there (a dict: dynamo traces it, not functools.cache)
+
+
 def _auto_backend(device: torch.device) -> str:
-    """What "auto" runs on `device`, decided (and logged) once per device."""
+    """What "auto" runs on `device`, decided (and logged) once per device type."""
+    if device.type not in _AUTO:
+        _AUTO[device.type] = _decide_auto(device)
+    return _AUTO[device.type]
+
+
+def _decide_auto(device: torch.device) -> str:
     if device.type != "cuda":
         logger.info("selective_scan backend 'auto' on %s: using 'torch'", device.type)
         return "torch"

@@ -94,10 +94,12 @@ def test_variance_output(block):
     # the same quantity computed by hand from the scan's variance
     z, g = mixer.in_proj(x).chunk(2, dim=-1)
     z, _ = mixer._conv(z, None)
-    v, lambda_v, k, q = mixer._sensors(z)
+    v, logvar, k, q = mixer._sensors(z)
     a, p = mixer.dynamics()
+    from klalm.models.mixers.kla import PRECISION_FLOOR
     from klalm.ops import kla_scan
 
+    lambda_v = 1.0 / (torch.nn.functional.softplus(logvar) + PRECISION_FLOOR)
     _, scan_var, _ = kla_scan(v, lambda_v, k, q, a, p, backend="reference")
     expected = (scan_var * torch.nn.functional.silu(g) ** 2) @ (mixer.out_proj.weight**2).T
     torch.testing.assert_close(y_var, expected)
@@ -114,6 +116,42 @@ def test_backends_agree_inside_the_layer(block):
         (y.sin().sum() + y_var.sum()).backward()
     for (name, p_ref), (_, p_fast) in zip(ref.named_parameters(), fast.named_parameters()):
         torch.testing.assert_close(p_fast.grad, p_ref.grad, rtol=1e-9, atol=1e-12, msg=name)
+
+
+@pytest.mark.parametrize("opts", [dict(block="plain"), dict(block="mamba", decode_from_prior=True)], ids=_id)
+def test_triton_backend_inside_the_layer(opts):
+    """The Triton kernels (interpreted on CPU; Λ formed inside them from log σ²) give the torch backend's outputs
+    and parameter gradients in float32."""
+    x = torch.randn(B, L, D)
+    fast, ref = make(opts, torch.float32, scan_backend="triton"), make(opts, torch.float32, scan_backend="torch")
+    for mixer in (ref, fast):
+        y, _, y_var = mixer(x, return_variance=True)
+        (y.sin().sum() + y_var.sum()).backward()
+    torch.testing.assert_close(fast(x)[0], ref(x)[0], rtol=1e-5, atol=1e-6)
+    for (name, p_ref), (_, p_fast) in zip(ref.named_parameters(), fast.named_parameters()):
+        torch.testing.assert_close(p_fast.grad, p_ref.grad, rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_torch_compile_traces_the_layer_without_graph_breaks():
+    """On the Triton backend (custom ops klalm::kla_scan_fwd/bwd; interpreted on CPU) dynamo captures the whole
+    layer as one graph, and the compiled layer (AOTAutograd, backend aot_eager: no C++ compiler needed) gives the
+    eager outputs and parameter gradients."""
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    mixer = make(dict(block="mamba"), torch.float32, scan_backend="triton")
+    x = torch.randn(B, L, D)
+    explanation = torch._dynamo.explain(mixer)(x)
+    assert (explanation.graph_count, explanation.graph_break_count) == (1, 0), explanation.break_reasons
+    y, _ = mixer(x)
+    y.square().sum().backward()
+    eager = {name: p.grad.clone() for name, p in mixer.named_parameters()}
+    mixer.zero_grad()
+    y_compiled, _ = torch.compile(mixer, backend="aot_eager", fullgraph=True)(x)
+    y_compiled.square().sum().backward()
+    torch.testing.assert_close(y_compiled, y, rtol=1e-6, atol=1e-7)
+    for name, p in mixer.named_parameters():
+        torch.testing.assert_close(p.grad, eager[name], rtol=1e-6, atol=1e-7, msg=name)
 
 
 @pytest.mark.parametrize("zero_noise", [False, True])

@@ -85,3 +85,29 @@ def test_cuda_auto_backend_matches_torch_backend():
     y, _ = mixer(x)
     (g,) = torch.autograd.grad(y.square().sum(), x)
     torch.testing.assert_close((y_auto, g_auto), (y, g), rtol=1e-3, atol=1e-3)
+
+
+def test_triton_backend_and_torch_compile_without_graph_breaks():
+    """On the Triton backend (custom ops klalm::selective_scan_fwd/bwd; interpreted on CPU) the layer gives the torch
+    backend's outputs and gradients, dynamo captures it as one graph, and the compiled layer (aot_eager) is eager's."""
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    fast, ref = MambaMixer(D, layer_idx=1, d_state=4, backend="triton"), MambaMixer(D, layer_idx=1, d_state=4)
+    ref.load_state_dict(fast.state_dict())
+    x = _x().float()
+    for mixer in (ref, fast):
+        mixer(x)[0].square().sum().backward()
+    torch.testing.assert_close(fast(x)[0], ref(x)[0], rtol=1e-5, atol=1e-6)
+    for (name, p_ref), (_, p_fast) in zip(ref.named_parameters(), fast.named_parameters()):
+        torch.testing.assert_close(p_fast.grad, p_ref.grad, rtol=1e-4, atol=1e-6, msg=name)
+    explanation = torch._dynamo.explain(fast)(x)
+    assert (explanation.graph_count, explanation.graph_break_count) == (1, 0), explanation.break_reasons
+    eager = {name: p.grad.clone() for name, p in fast.named_parameters()}
+    fast.zero_grad()
+    y = torch.compile(fast, backend="aot_eager", fullgraph=True)(x)[0]
+    y.square().sum().backward()
+    torch.testing.assert_close(y, fast(x)[0], rtol=1e-6, atol=1e-7)
+    for name, p in fast.named_parameters():
+        torch.testing.assert_close(p.grad, eager[name], rtol=1e-6, atol=1e-7, msg=name)

@@ -6,9 +6,10 @@ Per token, every (channel m, state s) pair runs one step of a scalar Kalman filt
     λ_t = λ_{t-1}/d_t + φ_t                      η_t = (a/d_t)·η_{t-1} + r_t
     y_t = Σ_s q_t·η_t/λ_t                        y_var_t = Σ_s q_t²/λ_t
 
-The layer computes the sensors (v, Λ, k, q) from a short causal convolution of the input, the dynamics
-(a, p) from learned continuous-time rates, runs `klalm.ops.kla_scan` (or `kla_step` for one decode
-token), adds a learned skip λ_skip·z and gates the result with SiLU(g).
+The layer computes the sensors (v, log σ², k, q) from a short causal convolution of the input, the dynamics
+(a, p) from learned continuous-time rates, runs `klalm.ops.kla_scan_logvar` (Λ = 1/(softplus(log σ²) + floor),
+formed inside the Triton kernels) or `kla_step` for one decode token, adds a learned skip λ_skip·z and gates the
+result with SiLU(g).
 """
 
 from __future__ import annotations
@@ -22,8 +23,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from klalm.models.mixers.base import Mixer, no_weight_decay
-from klalm.ops import KLAState, kla_scan, kla_step
-from klalm.ops.reference import compute_dtype, fresh_state
+from klalm.ops import KLAState, kla_scan_logvar, kla_step
+from klalm.ops.reference import compute_dtype, fresh_state, precision_from_logvar
 
 Block = Literal["plain", "mamba"]
 Discretization = Literal["ou", "zoh"]
@@ -181,13 +182,12 @@ class KLAMixer(Mixer):
         return out, full[:, :, full.shape[2] - (self.conv_kernel - 1) :]
 
     def _sensors(self, z: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-        """v, Λ [B, L, M] and L2-normalised k, q [B, L, S] from the convolved inputs z [B, L, M]."""
+        """v, log σ² [B, L, M] and L2-normalised k, q [B, L, S] from the convolved inputs z [B, L, M]."""
         v = self.v_proj(z)
         logvar = self.logvar_proj(z)
-        lambda_v = 1.0 / (F.softplus(logvar.to(compute_dtype(logvar.dtype))) + PRECISION_FLOOR)  # float32 at least
         k = F.normalize(self.k_proj(z), dim=-1)
         q = F.normalize(self.q_proj(z), dim=-1)
-        return v, lambda_v, k, q
+        return v, logvar, k, q
 
     def forward(
         self, x: Tensor, state: KLAMixerState | None = None, *, return_variance: bool = False
@@ -206,18 +206,20 @@ class KLAMixer(Mixer):
         """
         z, g = self.in_proj(x).chunk(2, dim=-1)  # [B, L, M] each
         z, window = self._conv(z, None if state is None else state.conv)
-        v, lambda_v, k, q = self._sensors(z)
+        v, logvar, k, q = self._sensors(z)
         a, p = self.dynamics()
         fstate = None if state is None else state.filter
         if state is not None and x.shape[1] == 1:
+            lambda_v = precision_from_logvar(logvar[:, 0], PRECISION_FLOOR)  # [B, M], float32 at least
             y, y_var, fstate = kla_step(
-                v[:, 0], lambda_v[:, 0], k[:, 0], q[:, 0], a, p, fstate, decode_from_prior=self.decode_from_prior
+                v[:, 0], lambda_v, k[:, 0], q[:, 0], a, p, fstate, decode_from_prior=self.decode_from_prior
             )
             y, y_var = y[:, None], y_var[:, None]  # [B, 1, M]
         else:
-            y, y_var, fstate = kla_scan(
-                v, lambda_v, k, q, a, p, fstate, backend=self.scan_backend, decode_from_prior=self.decode_from_prior
-            )
+            y, y_var, fstate = kla_scan_logvar(
+                v, logvar, k, q, a, p, fstate, precision_floor=PRECISION_FLOOR, backend=self.scan_backend,
+                decode_from_prior=self.decode_from_prior,
+            )  # fmt: skip
         gate = F.silu(g)
         out = self.out_proj(((y + self.skip * z) * gate).to(x.dtype))
         new_state = KLAMixerState(window, fstate)

@@ -1,0 +1,53 @@
+"""scripts/bench_lm.py: the (B, T, compile) settings of a sweep, its overrides, and the summary table with each
+model's ratio to the gpt of its size and the context length at which it overtakes it."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+spec = importlib.util.spec_from_file_location("bench_lm", REPO / "scripts" / "bench_lm.py")
+bench_lm = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(bench_lm)
+Setting = bench_lm.Setting
+
+
+def test_sweep_settings_fix_tokens_per_step():
+    args = bench_lm.parse_args(["--seq-lens", "2048,8192,32768", "--tokens-per-step", "32768", "--compile", "both"])
+    assert bench_lm.settings(args) == [
+        Setting(16, 2048, False), Setting(16, 2048, True), Setting(4, 8192, False), Setting(4, 8192, True),
+        Setting(1, 32768, False), Setting(1, 32768, True),
+    ]  # fmt: skip
+    assert bench_lm.settings(bench_lm.parse_args([])) == [Setting(16, 2048, False)]
+
+
+def test_overrides_set_shape_compile_and_profiler(tmp_path):
+    args = bench_lm.parse_args(["--profile", "--steps", "12"])
+    overrides = bench_lm.overrides_for("kla_45m", args, Setting(4, 8192, True), tmp_path)
+    assert {"data.seq_len=8192", "data.batch_size=4", "train.compile=true", "train.global_batch_tokens=32768"} <= set(
+        overrides
+    )
+    assert "+callbacks.profile.start_step=10" in overrides and f"+callbacks.profile.out_dir={tmp_path}" in overrides
+
+
+def test_sweep_table_ratios_and_crossover():
+    short, long = Setting(16, 2048, False), Setting(1, 32768, False)
+    speeds = {(short, "gpt_45m"): 400.0, (short, "kla_45m"): 300.0, (long, "gpt_45m"): 100.0, (long, "kla_45m"): 150.0}
+    rows = [{"setting": s, "model": m, "perf/tokens_per_s": v} for (s, m), v in speeds.items()]
+    rows.append({"setting": long, "model": "mamba_180m", "error": "OOM"})
+    text = bench_lm.sweep_table(rows, ["gpt_45m", "kla_45m", "mamba_180m"])
+    assert "| 2048 | 16 | off | 400 | 300 | 0.75 | — |" in text
+    assert "| 32768 | 1 | off | 100 | 150 | 1.50 | — |" in text
+    assert "kla_45m overtakes gpt_45m (compile off): T = 32768" in text
+    assert "mamba_180m /" not in text  # no gpt_180m in the run: no ratio column
+
+
+def test_rows_saved_by_two_runs_merge_into_one_table(tmp_path):
+    short, long = Setting(16, 2048, False), Setting(1, 32768, False)
+    bench_lm.save_rows(
+        [{"setting": short, "model": "gpt_45m", "perf/tokens_per_s": 4.0, "profile": "x"}], tmp_path / "a.json"
+    )
+    bench_lm.save_rows([{"setting": long, "model": "kla_45m", "perf/tokens_per_s": 2.0}], tmp_path / "b.json")
+    text = bench_lm.merge([tmp_path / "a.json", tmp_path / "b.json"])
+    assert "| 2048 | 16 | off | 4 | — | — |" in text and "| 32768 | 1 | off | — | 2 | — |" in text

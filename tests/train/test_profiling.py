@@ -1,0 +1,59 @@
+"""ProfileSteps: one training step under torch.profiler, broken down by category (scan, matmul, optimizer, ...)."""
+
+from __future__ import annotations
+
+import pytest
+
+from klalm.train.app import run
+from klalm.train.profiling import OTHER, ProfileSteps, categorize
+
+from .conftest import TINY, compose_train
+
+KERNEL_NAMES = {  # names as torch.profiler reports them on an H100/H200 (CUDA 12/13) or for CPU operators
+    "_kla_fwd_kernel": "scan",
+    "_kla_bwd_summary_kernel": "scan",
+    "_ss_bwd_kernel": "scan",
+    "klalm::kla_scan_fwd": "scan",
+    "pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<64, 128, 64, 4>>": "attention",
+    "fmha_cutlassB_bf16_aligned_64x64_k64_sm80": "attention",
+    "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64_warpgroupsize1x1x1": "matmul",
+    "nvjet_tst_128x256_64x4_1x2_h_bz_coopA_NTT": "matmul",
+    "triton_tem_fused_mm_0": "matmul",
+    "aten::addmm": "matmul",
+    "void at::native::(anonymous namespace)::multi_tensor_apply_kernel<FusedAdamMathFunctor>": "optimizer",
+    "Optimizer.step#AdamW.step": "optimizer",
+    "Memcpy HtoD (Pageable -> Device)": "data",
+    "enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__": "data",
+    "triton_poi_fused_add_mul_silu_0": OTHER,
+    "void at::native::vectorized_elementwise_kernel<4, at::native::BinaryFunctor<float>>": OTHER,
+    "aten::mul": OTHER,
+}
+
+
+@pytest.mark.parametrize("name", KERNEL_NAMES)
+def test_categories_of_real_kernel_names(name):
+    assert categorize(name) == KERNEL_NAMES[name]
+
+
+def test_profiles_one_step_of_a_tiny_run(tmp_path):
+    """A tiny KLA run on the CPU writes the breakdown and the trace of step 2; the matmuls and the optimiser take
+    time (the CPU's torch scan is elementwise operators, so its time counts as other here)."""
+    out = tmp_path / "profile"
+    overrides = [
+        *TINY,
+        "+callbacks.profile._target_=klalm.train.profiling.ProfileSteps",
+        f"+callbacks.profile.out_dir={out}",
+        "+callbacks.profile.start_step=2",
+    ]
+    run(compose_train(overrides, tmp_path / "run"))
+    table = (out / "profile.md").read_text()
+    assert (out / "trace.json").stat().st_size > 0
+    rows = {line.split(" | ")[0].strip("| "): line.split(" | ")[1] for line in table.splitlines()[2:]}
+    assert {"scan", "matmul", "optimizer", "data", OTHER, "wall clock"} <= set(rows)
+    for category in ("matmul", "optimizer", OTHER, "wall clock"):
+        assert float(rows[category]) > 0, table
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError, match="steps >= 1"):
+        ProfileSteps("out", steps=0)
