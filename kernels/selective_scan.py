@@ -28,6 +28,7 @@ import triton.language as tl
 from torch import Tensor
 
 from klalm.kernels.common import (
+    BWD_SUMMARY_UNROLL,
     ScanConfig,
     as_rows,
     check_config,
@@ -355,7 +356,7 @@ def _launch_bwd(saved, gy: Tensor, gh: Tensor | None, config: ScanConfig):
         summary = torch.empty(batch, n_seg, PAIR.value, n_state, channels, **f32)
         _ss_bwd_summary_kernel[(batch, n_mb, n_seg - 1)](
             u_rows, dt_rows, A_t, C_rows, gy_rows, summary, length, channels, n_state, seg_chunks * config.chunk,
-            **{k: v for k, v in fmts.items() if k != "B_FMT"}, **launch,
+            **{k: v for k, v in fmts.items() if k != "B_FMT"}, **(launch | {"UNROLL": BWD_SUMMARY_UNROLL}),
         )  # fmt: skip
         carry = _chain(summary, gh_t, True, config.bwd_block_m, config.bwd_num_warps)
     _ss_bwd_kernel[(batch, n_mb, n_seg)](
