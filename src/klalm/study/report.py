@@ -53,7 +53,8 @@ def section_setup(spec: Spec, runs: list[dict[str, Any]]) -> str:
     dates = sorted(r["date"][:10] for r in runs)
     data = first["data"]
     lines = [
-        f"- GPU: {first['gpu']} × {first['gpus']} (DDP) for training; one GPU for evaluation.",
+        f"- GPU: {first['gpu']}; training with DDP on {' or '.join(str(g) for g in sorted({r['gpus'] for r in runs}))}"
+        " GPUs of one host (each run's count is in the table below); one GPU for evaluation.",
         f"- Software: {versions}; klalm commit {', '.join(sorted({r['commit'] for r in runs}))}.",
         f"- Dates: {dates[0]} to {dates[-1]}.",
         f"- Data: {data['train_tokens']:,} train tokens staged ({'PARTIAL' if data['partial'] else 'all'} of the "
@@ -109,7 +110,7 @@ def section_noise(spec: Spec, runs: list[dict[str, Any]]) -> str:
 
 
 def section_main(spec: Spec, runs: list[dict[str, Any]]) -> str:
-    head = ["model", "seed", "params", "tokens", "peak lr", "dyn. lr ×", "skipped steps", "tokens/s", "GPU-min"]
+    head = ["model", "seed", "params", "tokens", "peak lr", "dyn. lr ×", "skipped steps", "GPUs", "tokens/s", "GPU-min"]
     head += ["val loss", "val ppl"]
     head += [f"{t} {m}" for t, m in TASK_METRICS]
     lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * 4 + " ---: |" * (len(head) - 4)]
@@ -121,7 +122,8 @@ def section_main(spec: Spec, runs: list[dict[str, Any]]) -> str:
             continue
         cells = [
             run["model"], str(run["seed"]), f"{run['params']:,}", f"{run['tokens']:,}", f"{run['lr']:g}",
-            f"{run['dynamics_lr_scale']:g}", str(run["skipped_steps"]), f"{run['throughput']['tokens_per_s']:,.0f}",
+            f"{run['dynamics_lr_scale']:g}", str(run["skipped_steps"]), str(run["gpus"]),
+            f"{run['throughput']['tokens_per_s']:,.0f}",
             f"{run['gpu_minutes']['total']:.1f}", f"{run['val']['loss']:.4f}", f"{run['val']['ppl']:.2f}",
         ]  # fmt: skip
         cells += [_pct(run, t, m) for t, m in TASK_METRICS]
