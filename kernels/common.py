@@ -76,11 +76,11 @@ PARALLEL_MIN_CHAINS = 196_608
 MIN_SEGMENT_STEPS = 256
 
 
-# Triton 3.6 on an H200 (measured 2026-12-01): KLA's backward summary kernel, whose loop ends at
-# min((i + 1)·segment, L), faults with "misaligned address" when software pipelining (num_stages > 1) and loop
-# unrolling (> 1) are combined; with either alone it matches the float64 oracle. It is never unrolled, and neither
-# is the selective scan's backward summary kernel, whose loop has the same shape.
-BWD_SUMMARY_UNROLL = 1
+# Triton 3.6 on an H200 (measured 2026-12-01): KLA's backward summary kernel faults with "misaligned address"
+# when software pipelining (num_stages > 1) and loop unrolling (> 1) are combined; with either alone it matches the
+# float64 oracle. The selective scan's summary kernels fault the same way. These summary loops (one pass per
+# time segment, off the critical path of the main walk) are therefore never unrolled.
+SUMMARY_UNROLL = 1
 
 
 def segment_chunks(batch: int, length: int, channels: int, state_size: int, config: ScanConfig) -> int:

@@ -46,7 +46,7 @@ import triton.language as tl
 from torch import Tensor
 
 from klalm.kernels.common import (
-    BWD_SUMMARY_UNROLL,
+    SUMMARY_UNROLL,
     ScanConfig,
     as_rows,
     interpreting,
@@ -327,7 +327,7 @@ def _adjoint_carry(rows, a_t, p_t, ckpt_P, ckpt_mu, lam, eta, glam, geta, seg_ch
     summary = lam.new_empty(batch, n_seg, ADJOINT_SUMMARY_SIZE.value, state_size, channels)
     _kla_bwd_summary_kernel[(batch, n_mb, n_seg - 1)](
         *rows[:4], a_t, p_t, ckpt_P, ckpt_mu, *rows[4:], summary,
-        length, channels, state_size, n_chunks, seg_chunks, floor, **(launch | {"UNROLL": BWD_SUMMARY_UNROLL}),
+        length, channels, state_size, n_chunks, seg_chunks, floor, **(launch | {"UNROLL": SUMMARY_UNROLL}),
     )  # fmt: skip
     carry = lam.new_empty(batch, n_seg, CARRY_SIZE.value, state_size, channels)
     _kla_bwd_carry_kernel[(batch, n_mb)](

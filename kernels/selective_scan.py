@@ -28,7 +28,7 @@ import triton.language as tl
 from torch import Tensor
 
 from klalm.kernels.common import (
-    BWD_SUMMARY_UNROLL,
+    SUMMARY_UNROLL,
     ScanConfig,
     as_rows,
     check_config,
@@ -319,7 +319,16 @@ def _launch_fwd(u, delta, A, Bm, Cm, D, h0, config: ScanConfig, save_ckpt: bool)
     if n_seg > 1:
         summary = torch.empty(batch, n_seg, PAIR.value, n_state, channels, device=u.device, dtype=torch.float32)
         _ss_fwd_summary_kernel[(batch, n_mb, n_seg - 1)](
-            u_rows, dt_rows, A_t, B_rows, summary, length, channels, n_state, seg_chunks * config.chunk, **launch
+            u_rows,
+            dt_rows,
+            A_t,
+            B_rows,
+            summary,
+            length,
+            channels,
+            n_state,
+            seg_chunks * config.chunk,
+            **(launch | {"UNROLL": SUMMARY_UNROLL}),
         )
         h0_t = _chain(summary, h0_t, False, config.block_m, config.num_warps)
     _ss_fwd_kernel[(batch, n_mb, n_seg)](
@@ -356,7 +365,7 @@ def _launch_bwd(saved, gy: Tensor, gh: Tensor | None, config: ScanConfig):
         summary = torch.empty(batch, n_seg, PAIR.value, n_state, channels, **f32)
         _ss_bwd_summary_kernel[(batch, n_mb, n_seg - 1)](
             u_rows, dt_rows, A_t, C_rows, gy_rows, summary, length, channels, n_state, seg_chunks * config.chunk,
-            **{k: v for k, v in fmts.items() if k != "B_FMT"}, **(launch | {"UNROLL": BWD_SUMMARY_UNROLL}),
+            **{k: v for k, v in fmts.items() if k != "B_FMT"}, **(launch | {"UNROLL": SUMMARY_UNROLL}),
         )  # fmt: skip
         carry = _chain(summary, gh_t, True, config.bwd_block_m, config.bwd_num_warps)
     _ss_bwd_kernel[(batch, n_mb, n_seg)](

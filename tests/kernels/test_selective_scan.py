@@ -140,7 +140,9 @@ def test_16bit_inputs_give_the_float32_result(device, dtype, channels, n_state, 
     for name in NAMES:
         assert grads[name].dtype == low[name].dtype, name
         tol = (ULP[dtype], 1e-6) if name in narrow else (1e-6, 1e-7)
-        torch.testing.assert_close(grads[name].float(), grads32[name], rtol=tol[0], atol=tol[1], msg=name)
+        torch.testing.assert_close(
+            grads[name].float(), grads32[name], rtol=tol[0], atol=tol[1], msg=lambda m, name=name: f"{name}: {m}"
+        )
 
 
 @pytest.mark.parametrize("config,names", [(TINY, NAMES[:5]), (SEGMENTS, NAMES)], ids=["sequential", "segments-D-init"])
