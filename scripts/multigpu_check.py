@@ -72,12 +72,23 @@ def read_audit(run_dir: Path) -> dict[int, list[tuple[int, str]]]:
     return audit
 
 
+def gap_windows(steps: list[int]) -> list[list[int]]:
+    """`steps` grouped into the windows of the loss-gap table: steps 1-10, 11-50, then 50 at a time."""
+    groups: dict[int, list[int]] = defaultdict(list)
+    for s in steps:
+        groups[0 if s <= 10 else 1 if s <= 50 else 2 + (s - 51) // 50].append(s)
+    return [groups[k] for k in sorted(groups)]
+
+
 def loss_diff(got: dict[int, dict], ref: dict[int, dict], steps: range) -> dict[str, Any]:
-    """Max and mean |loss(got) - loss(ref)| over `steps` (1-based optimiser steps present in both runs)."""
+    """Max and mean |loss(got) - loss(ref)| over `steps` (1-based optimiser steps present in both runs), and per
+    window of steps the mean signed gap (got - ref) beside the mean |gap|: a gap of one sign that persists means one
+    run trains slower, one that changes sign means the two curves wander around each other."""
     common = [s for s in steps if s in got and s in ref]
     if not common:
         return {"steps": 0, "max_abs": None, "mean_abs": None}
-    diffs = [abs(got[s]["train/loss"] - ref[s]["train/loss"]) for s in common]
+    gap = {s: got[s]["train/loss"] - ref[s]["train/loss"] for s in common}
+    diffs = [abs(g) for g in gap.values()]
     return {
         "steps": len(common),
         "first": common[0],
@@ -86,6 +97,16 @@ def loss_diff(got: dict[int, dict], ref: dict[int, dict], steps: range) -> dict[
         "mean_abs": sum(diffs) / len(diffs),
         "ref_first_loss": ref[common[0]]["train/loss"],
         "ref_last_loss": ref[common[-1]]["train/loss"],
+        "windows": [
+            {
+                "first": w[0],
+                "last": w[-1],
+                "mean_gap": statistics.fmean(gap[s] for s in w),
+                "mean_abs_gap": statistics.fmean(abs(gap[s]) for s in w),
+                "ref_mean_loss": statistics.fmean(ref[s]["train/loss"] for s in w),
+            }
+            for w in gap_windows(common)
+        ],
     }
 
 
@@ -233,8 +254,8 @@ def throughput_rows(runs: dict[str, dict], warmup_steps: int) -> tuple[dict[str,
     return perf, scaling
 
 
-def render(plan: dict, status: dict, checks: list[dict], perf: dict, scaling: list[dict]) -> str:
-    """The Markdown report: runs, checks, throughput and scaling."""
+def render(plan: dict, status: dict, checks: list[dict], details: dict, perf: dict, scaling: list[dict]) -> str:
+    """The Markdown report: runs, checks, the loss gap by window of steps, throughput and scaling."""
     lines = [
         f"## multigpu_check: {'2 CPU processes (gloo)' if plan['cpu'] else '2 GPUs'}",
         "",
@@ -252,6 +273,23 @@ def render(plan: dict, status: dict, checks: list[dict], perf: dict, scaling: li
         )
     lines += ["", "| check | runs | result | pass |", "| --- | --- | --- | --- |"]
     lines += [f"| {c['check']} | {c['runs']} | {c['value']} | {'yes' if c['pass'] else '**NO**'} |" for c in checks]
+    gaps = [
+        (got, ref, details["loss"][got]) for got, ref, *_ in LOSS_PAIRS if details["loss"].get(got, {}).get("steps")
+    ]
+    if gaps:
+        lines += [
+            "",
+            "Loss gap by window of steps (compared run minus reference, same steps):",
+            "",
+            "| runs | steps | reference mean loss | mean gap | mean abs gap |",
+            "| --- | --- | ---: | ---: | ---: |",
+        ]
+        lines += [
+            f"| {got} vs {ref} | {w['first']}-{w['last']} | {w['ref_mean_loss']:.4f} | {w['mean_gap']:+.4f} | "
+            f"{w['mean_abs_gap']:.4f} |"
+            for got, ref, d in gaps
+            for w in d["windows"]
+        ]
     lines += [
         "",
         "| run | devices | tokens/s | tokens/s per device | step ms | MFU | peak GiB | steps timed |",
@@ -290,8 +328,12 @@ def environment() -> dict[str, Any]:
     return env
 
 
-def analyse(work: Path, out: Path, warmup_steps: int) -> bool:
-    """Runs every check, writes results.md and results.json into `out`, prints the report; True if all passed."""
+def analyse(work: Path, out: Path, warmup_steps: int, environment_from: Path | None = None) -> bool:
+    """Runs every check, writes results.md and results.json into `out`, prints the report; True if all passed.
+
+    environment_from: a results.json whose "environment" (versions, GPU names) is kept, for runs analysed again
+    away from the machine that ran them.
+    """
     plan_path = work / "plan.json"
     if not plan_path.is_file():
         raise FileNotFoundError(f"{plan_path} not found: run scripts/multigpu_check.sh first")
@@ -303,7 +345,8 @@ def analyse(work: Path, out: Path, warmup_steps: int) -> bool:
             runs[name] = {"status": row, "metrics": read_metrics(run_dir), "audit": read_audit(run_dir)}
     checks, details = run_checks(plan, status, runs)
     perf, scaling = throughput_rows(runs, warmup_steps)
-    report = render(plan, status, checks, perf, scaling)
+    report = render(plan, status, checks, details, perf, scaling)
+    env = json.loads(environment_from.read_text())["environment"] if environment_from else environment()
     out.mkdir(parents=True, exist_ok=True)
     (out / "results.md").write_text(report)
     results = {
@@ -314,7 +357,7 @@ def analyse(work: Path, out: Path, warmup_steps: int) -> bool:
         "throughput": perf,
         "scaling": scaling,
         "warmup_steps": warmup_steps,
-        "environment": environment(),
+        "environment": env,
     }
     (out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
     print(report)
@@ -326,8 +369,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--work", type=Path, required=True, help="MG_WORK of scripts/multigpu_check.sh")
     parser.add_argument("--out", type=Path, required=True, help="folder for results.md and results.json")
     parser.add_argument("--warmup-steps", type=int, default=5, help="first steps of a run left out of throughput")
+    parser.add_argument(
+        "--environment", type=Path, help="keep the versions and GPU names of this results.json (analysing again)"
+    )
     args = parser.parse_args(argv)
-    return 0 if analyse(args.work, args.out, args.warmup_steps) else 1
+    return 0 if analyse(args.work, args.out, args.warmup_steps, args.environment) else 1
 
 
 if __name__ == "__main__":

@@ -215,6 +215,25 @@ def test_analysis_catches_loss_and_resume_mismatches(work):
     assert any(check.startswith("loss matches") and runs == "single vs ddp2" for check, runs in failed)
 
 
+def test_loss_gap_by_window_keeps_the_sign():
+    """A run that trails the reference by 0.1 from step 11 on shows +0.1 in every later window, 0 before."""
+    ref = {s: {"train/loss": 10.0 - 0.01 * s} for s in range(1, 121)}
+    got = {s: {"train/loss": ref[s]["train/loss"] + (0.1 if s > 10 else 0.0)} for s in ref}
+    windows = _load_analysis().loss_diff(got, ref, range(1, 121))["windows"]
+    assert [(w["first"], w["last"]) for w in windows] == [(1, 10), (11, 50), (51, 100), (101, 120)]
+    assert [round(w["mean_gap"], 6) for w in windows] == [0.0, 0.1, 0.1, 0.1]
+    assert [round(w["mean_abs_gap"], 6) for w in windows] == [0.0, 0.1, 0.1, 0.1]
+
+
+def test_analysis_again_keeps_the_original_environment(work, tmp_path):
+    original = tmp_path / "results.json"
+    original.write_text(json.dumps({"environment": {"torch": "2.11.0", "gpus": ["NVIDIA H200", "NVIDIA H200"]}}))
+    _load_analysis().analyse(work, tmp_path / "again", warmup_steps=0, environment_from=original)
+    again = json.loads((tmp_path / "again" / "results.json").read_text())
+    assert again["environment"]["gpus"] == ["NVIDIA H200", "NVIDIA H200"]
+    assert "Loss gap by window of steps" in (tmp_path / "again" / "results.md").read_text()
+
+
 def test_analysis_needs_the_driver_outputs(tmp_path):
     with pytest.raises(FileNotFoundError, match="plan.json"):
         _load_analysis().analyse(tmp_path, tmp_path / "out", warmup_steps=0)
