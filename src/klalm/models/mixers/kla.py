@@ -7,9 +7,9 @@ Per token, every (channel m, state s) pair runs one step of a scalar Kalman filt
     y_t = Σ_s q_t·η_t/λ_t                        y_var_t = Σ_s q_t²/λ_t
 
 The layer computes the sensors (v, log σ², k, q) from a short causal convolution of the input, the dynamics
-(a, p) from learned continuous-time rates, runs `klalm.ops.kla_scan_logvar` (Λ = 1/(softplus(log σ²) + floor),
-formed inside the Triton kernels) or `kla_step` for one decode token, adds a learned skip λ_skip·z and gates the
-result with SiLU(g).
+(a, p) from learned continuous-time rates, forms Λ = 1/(softplus(log σ²) + floor) in float32, runs
+`klalm.ops.kla_scan` (or `kla_step` for one decode token), adds a learned skip λ_skip·z and gates the result with
+SiLU(g). (`kla_scan_logvar`, which forms Λ inside the Triton kernels, measured slower on an H200: docs/kla.md.)
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from klalm.models.mixers.base import Mixer, no_weight_decay
-from klalm.ops import KLAState, kla_scan_logvar, kla_step
+from klalm.ops import KLAState, kla_scan, kla_step
 from klalm.ops.reference import compute_dtype, fresh_state, precision_from_logvar
 
 Block = Literal["plain", "mamba"]
@@ -209,17 +209,16 @@ class KLAMixer(Mixer):
         v, logvar, k, q = self._sensors(z)
         a, p = self.dynamics()
         fstate = None if state is None else state.filter
+        lambda_v = precision_from_logvar(logvar, PRECISION_FLOOR)  # [B, L, M], float32 at least
         if state is not None and x.shape[1] == 1:
-            lambda_v = precision_from_logvar(logvar[:, 0], PRECISION_FLOOR)  # [B, M], float32 at least
             y, y_var, fstate = kla_step(
-                v[:, 0], lambda_v, k[:, 0], q[:, 0], a, p, fstate, decode_from_prior=self.decode_from_prior
+                v[:, 0], lambda_v[:, 0], k[:, 0], q[:, 0], a, p, fstate, decode_from_prior=self.decode_from_prior
             )
             y, y_var = y[:, None], y_var[:, None]  # [B, 1, M]
         else:
-            y, y_var, fstate = kla_scan_logvar(
-                v, logvar, k, q, a, p, fstate, precision_floor=PRECISION_FLOOR, backend=self.scan_backend,
-                decode_from_prior=self.decode_from_prior,
-            )  # fmt: skip
+            y, y_var, fstate = kla_scan(
+                v, lambda_v, k, q, a, p, fstate, backend=self.scan_backend, decode_from_prior=self.decode_from_prior
+            )
         gate = F.silu(g)
         out = self.out_proj(((y + self.skip * z) * gate).to(x.dtype))
         new_state = KLAMixerState(window, fstate)
