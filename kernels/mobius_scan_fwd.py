@@ -1,6 +1,6 @@
 """Forward Triton kernels of the KLA scan (oracle: `klalm.ops.reference.kla_scan_reference`).
 
-The filter of shared/DESIGN.md §1 runs here in covariance form, which is the same map as the
+The filter of docs/kla.md ("The math") runs here in covariance form, which is the same map as the
 information form (λ = 1/P, η = μ/P) but needs one reciprocal per (b, t, m, s) instead of two:
 
     P'_t = a²·P_{t-1} + p                    (predicted variance; 1/P'_t = λ_{t-1}/d_t)
