@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from klalm.tasks import MAD_TASKS
 from klalm.tasks.plans import (
@@ -24,9 +26,9 @@ from klalm.tasks.plans import (
     plan_units,
 )
 from klalm.tasks.results import Results, estimate_s, merge, read_jsonl
-from klalm.tasks.runner import Block, main, parse_args, solved_depths
+from klalm.tasks.runner import MARGIN_S, MIN_TRAIN_S, Block, main, parse_args, plan_table, solved_depths
 from klalm.tasks.train import TrainSettings
-from klalm.tasks.units import Unit
+from klalm.tasks.units import Execution, Unit, run_unit
 
 TINY_MAD = {
     "mad_in_context_recall": {"length": 16},
@@ -106,7 +108,8 @@ def test_command_line_knobs_replace_plan_values_in_every_stage(capsys):
 
 def _rate(**changes):
     rate = {"device": "H", "family": "a5", "arch": "kla", "d_model": 16, "n_layers": 1, "members": 1,
-            "procs_per_gpu": 1, "tokens_per_step": 40, "step_s": 0.01, "overhead_s": 10.0}  # fmt: skip
+            "procs_per_gpu": 1, "tokens_per_step": 40, "step_s": 0.01, "overhead_s": 10.0,
+            "ended": "steps"}  # fmt: skip
     return {**rate, **changes}
 
 
@@ -117,18 +120,32 @@ def _a5_unit(length=4, depth=1, seeds=(0,), steps=1000, arch="kla") -> Unit:
                 {"name": "a5", "length": 2}, 100, stop)  # fmt: skip
 
 
-def test_estimates_are_upper_bounds_from_measured_rates_else_the_prior():
+def test_estimates_use_the_rows_of_the_units_shape_and_name_them():
     prior = Estimate(tokens_per_s={"kla": 4000.0}, overhead_s=5.0, safety=1.0)
     unit = _a5_unit()  # 8 x 4 + 4 x 2 = 40 tokens per step
     assert estimate_s(unit, [], "H", 1, prior) == (pytest.approx(5.0 + 1000 * 40 / 4000), "prior")
     assert estimate_s(_a5_unit(depth=2, seeds=(0, 1)), [], "H", 3, prior)[0] == pytest.approx(5 + 1000 * 0.01 * 12)
-    assert estimate_s(unit, [_rate()], "H", 1, prior) == (pytest.approx(10.0 + 10.0), "measured (1 runs)")
-    bigger = _a5_unit(length=9, depth=2, seeds=(0, 1))  # 80 tokens, twice the depth, two seeds
-    assert estimate_s(bigger, [_rate()], "H", 1, prior)[0] == pytest.approx(10 + 1000 * 0.01 * 2 * 2 * 2)
-    rates = [_rate(), _rate(tokens_per_step=100, n_layers=2, members=2, step_s=0.02)]
-    assert estimate_s(bigger, rates, "H", 1, prior)[0] == pytest.approx(10 + 1000 * 0.02)  # the tighter bound wins
-    assert estimate_s(unit, [_rate(device="other")], "H", 1, prior)[1] == "prior"
-    assert estimate_s(unit, [_rate(procs_per_gpu=1)], "H", 2, prior)[0] == pytest.approx(10 + 1000 * 0.02)
+    seconds, source = estimate_s(unit, [_rate(device="other"), _rate()], "H", 1, prior)
+    assert seconds == pytest.approx(10.0 + 10.0) and source.startswith("10.00 ms/step from rates.jsonl lines 2;")
+    assert estimate_s(unit, [_rate()], "H", 1, prior, steps=100)[0] == pytest.approx(10.0 + 1.0)  # a resumed unit
+    # launch-bound: one token count measured is flat in the length, not proportional to it
+    assert estimate_s(_a5_unit(length=9), [_rate()], "H", 1, prior)[0] == pytest.approx(10 + 1000 * 0.01)
+    # several token counts: interpolated between them, the top slope above, flat below
+    rates = [_rate(), _rate(tokens_per_step=100, step_s=0.016)]
+    for length, step_s in ((8, 0.0132), (19, 0.022), (3, 0.01)):  # 64 + 8, 152 + 8, 24 + 8 tokens
+        assert estimate_s(_a5_unit(length=length), rates, "H", 1, prior)[0] == pytest.approx(10 + 1000 * step_s)
+    # a shape never measured: bounded from the measured shapes (more layers, seeds, processes are never faster)
+    bigger = _a5_unit(depth=2, seeds=(0, 1))
+    seconds, source = estimate_s(bigger, [_rate()], "H", 1, prior)
+    assert seconds == pytest.approx(10 + 1000 * 0.01 * 2 * 2) and "bounded from depth 1, 1 seeds" in source
+    rates = [_rate(), _rate(n_layers=2, members=2, step_s=0.03)]
+    assert estimate_s(bigger, rates, "H", 1, prior)[0] == pytest.approx(10 + 1000 * 0.03)  # its own shape wins
+    assert estimate_s(unit, [_rate()], "H", 2, prior)[0] == pytest.approx(10 + 1000 * 0.02)
+    # overhead: unit runs of the arch, else of any arch; benchmark rows (no process start) never; else the prior
+    bench = _rate(ended="bench", overhead_s=0.1)
+    assert estimate_s(unit, [bench], "H", 1, prior)[0] == pytest.approx(5 + 10)
+    others = [bench, _rate(arch="gpt", overhead_s=20.0)]
+    assert "overhead 20 s (median of 1 unit runs)" in estimate_s(unit, others, "H", 1, prior)[1]
     with pytest.raises(KeyError, match="'gpt'"):
         estimate_s(_a5_unit(arch="gpt"), [], "H", 1, prior)
 
@@ -153,7 +170,7 @@ def _tiny_plan(**changes) -> RunPlan:
 
 
 def _block(tmp_path, plan, budget=None, in_process=True) -> Block:
-    return Block(plan, Results(tmp_path, plan.families), "cpu", 0, in_process, budget, "abc")
+    return Block(plan, Results(tmp_path, plan.families), tmp_path / "state", "cpu", 0, in_process, budget, "abc")
 
 
 def test_a5_depths_wait_for_shallower_ones_and_stop_once_solved(tmp_path):
@@ -176,16 +193,27 @@ def _outcome(rows):
     return UnitOutcome(rows, _rate(step_s=1e-3))
 
 
-def test_a_block_starts_only_what_fits_and_splits_seeds_to_fit(tmp_path):
+def test_a_block_starts_units_while_their_overhead_and_some_training_fit(tmp_path):
     plan = _tiny_plan(families=["a5"], estimate=Estimate(tokens_per_s={"gpt": 1.0}, overhead_s=1.0, safety=1.0))
-    block = _block(tmp_path, plan, budget=60.0)
+    block = _block(tmp_path, plan, budget=MARGIN_S + MIN_TRAIN_S + 5.0)
     unit = block.units[0]
-    assert block.fits(unit)  # unmeasured here: the prior says 20 x 24 s, but its overhead fits, so it may probe
-    measured = {**_rate(arch="gpt", device="cpu", tokens_per_step=unit.tokens_per_step(), step_s=1.5, overhead_s=1)}
-    block.results.rates.append(measured)  # 45 s left: one seed 1 + 20 x 1.5 s fits, two (no gain assumed) do not
-    assert block.fits(dataclasses.replace(unit, seeds=[0])) and not block.fits(unit)
-    assert block._claim().seeds == [0]
-    assert block._claim().seeds == [1]  # the other seed in another slot
+    assert block.fits(unit)  # the prior says 20 steps x 48 s, far past the deadline: it starts and pauses there
+    assert block._claim().seeds == [0, 1]  # all its seeds, in one process
+    assert not _block(tmp_path, plan, budget=MARGIN_S + MIN_TRAIN_S - 1.0).fits(unit)
+    with pytest.raises(ValueError, match="--state"):
+        Block(plan, block.results, None, "cpu", 0, True, 60.0, "abc")
+
+
+def test_a_block_resumes_paused_units_first_and_drops_stale_states(tmp_path):
+    plan = _tiny_plan(families=["a5"], archs=["gpt", "kla"])
+    block = _block(tmp_path, plan)
+    gpt1, kla1 = block.units[:2]
+    run_unit(kla1, torch.device("cpu"), Execution(), deadline=time.time(), state=block.state)  # kla paused at 10
+    assert [s for _, s in block.states()][:2] == ["ready", "resumes"]
+    assert block.steps_left(kla1) == 10 and block._claim().arch == "kla"  # paused units before plan order
+    assert "resumes" in plan_table(block)
+    block.results.record(_outcome([_row(kla1, 0, 0.3), _row(kla1, 1, 0.3)]))  # its rows came from elsewhere
+    assert _block(tmp_path, plan).saved() == {}  # a new block removes the state of the finished unit
 
 
 def test_block_runs_resumes_and_reports(tmp_path):
@@ -212,7 +240,18 @@ def test_failed_units_are_reported_not_fatal(tmp_path, capsys):
                              "seeds": [0]}]},
     }))  # fmt: skip
     with pytest.raises(SystemExit, match="1 unit\\(s\\) failed"):
-        main(["run", "--plan", str(plan_file), "--results", str(tmp_path / "r"), "--in-process"])
+        main(
+            [
+                "run",
+                "--plan",
+                str(plan_file),
+                "--results",
+                str(tmp_path / "r"),
+                "--state",
+                str(tmp_path / "s"),
+                "--in-process",
+            ]
+        )
     assert not (tmp_path / "r" / "mqar.jsonl").exists()
 
 

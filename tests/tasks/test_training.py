@@ -5,6 +5,8 @@ captured as a CUDA graph is checked against eager in test_graph.py, on a GPU.)""
 from __future__ import annotations
 
 import copy
+import dataclasses
+import json
 import time
 
 import pytest
@@ -22,11 +24,11 @@ from klalm.tasks.train import (
     StopRule,
     TrainSettings,
     evaluate,
-    masked_cross_entropy,
     train_group,
     train_step,
 )
-from klalm.tasks.units import Execution, Unit, build_member, run_unit
+from klalm.tasks.units import Execution, Unit, build_member, run_unit, saved_states, state_name
+from klalm.train.module import lm_loss
 from klalm.train.optim import classify_parameters, cosine_multiplier, param_groups, warmup_cosine
 
 CPU = torch.device("cpu")
@@ -34,13 +36,17 @@ A5 = {"name": "a5", "length": 4}
 AUX = {"name": "a5", "length": 2}
 
 
-def test_masked_cross_entropy_matches_the_mean_over_scored_positions():
+def test_the_trainer_scores_with_the_lm_loss_and_the_tasks_ignore_index():
+    from klalm.tasks import IGNORE_INDEX
+    from klalm.train import module
+
+    assert IGNORE_INDEX == module.IGNORE_INDEX  # generators mark what the trainer's loss skips
     logits = torch.randn(3, 5, 7, dtype=torch.float64)
     labels = torch.randint(7, (3, 5))
-    labels[0, :2] = labels[2, 4] = -100
-    keep = labels != -100
+    labels[0, :2] = labels[2, 4] = IGNORE_INDEX
+    keep = labels != IGNORE_INDEX
     manual = -(logits.log_softmax(-1).gather(2, labels.clamp(min=0)[..., None])[..., 0])[keep].mean()
-    assert masked_cross_entropy(logits, labels).item() == pytest.approx(manual.item())
+    assert lm_loss(logits, labels)[0].item() == pytest.approx(manual.item())
 
 
 class _Fixed(nn.Module):
@@ -89,7 +95,7 @@ def test_train_step_equals_a_plain_pytorch_loop(arch):
     for step in range(12):
         train_step(member)
         batches = [s.fill(torch.tensor(step)) for s in streams]
-        loss = sum(masked_cross_entropy(oracle(x), y) for x, y in batches)
+        loss = sum(lm_loss(oracle(x), y)[0] for x, y in batches)
         optimizer.zero_grad()
         loss.backward()
         nn.utils.clip_grad_norm_(oracle.parameters(), 0.05)
@@ -159,11 +165,46 @@ def test_train_group_evaluates_on_schedule_and_stops_at_the_threshold():
     assert stopped.ended == "threshold" and stopped.steps == 10
 
 
-def test_train_group_gives_up_when_it_would_end_after_the_deadline():
+def test_train_group_pauses_before_the_deadline():
     unit = _unit(steps=2000)
     trainer = GroupTrainer([build_member(unit, 0, CPU, None)], CPU)
     result = train_group(trainer, _test_split(unit), eval_every=None, deadline=time.time() + 0.5)
-    assert result.ended == "deadline" and 0 < result.steps < 2000 and result.evals == [[]]
+    assert result.ended == "paused" and 0 < result.steps < 2000 and result.evals == [[]]
+    assert trainer.members[0].step.item() == result.steps
+
+
+@pytest.mark.parametrize("arch", ["gpt", "kla"])
+def test_a_unit_paused_and_resumed_trains_exactly_as_one_run(arch, tmp_path):
+    """Evaluated after every step, so the evaluations compare the loss and accuracies step for step; weight decay,
+    clipping and warmup in play. Paused after each of its first three steps (a deadline already past pauses after
+    the first stretch), each time rebuilt from nothing and loaded from the state folder."""
+    unit = dataclasses.replace(_unit(arch, seeds=(0, 1), steps=12, weight_decay=0.1, grad_clip=0.05), eval_every=1)
+    whole = run_unit(unit, CPU, Execution()).rows
+    for step in (1, 2, 3):
+        paused = run_unit(unit, CPU, Execution(), deadline=time.time(), state=tmp_path)
+        assert (paused.rows, paused.rate["ended"], paused.rate["steps"]) == ([], "paused", step)
+        assert [saved["step"] for saved in saved_states(tmp_path).values()] == [step]
+    resumed = run_unit(unit, CPU, Execution(), state=tmp_path).rows
+    assert list(tmp_path.iterdir()) == []  # a finished unit removes its state
+    for alone, parts in zip(whole, resumed, strict=True):
+        assert len(parts["evals"]) == 12 and parts["evals"] == alone["evals"]
+        assert (parts["final_loss"], parts["token_acc"], parts["seq_acc"]) == (
+            alone["final_loss"], alone["token_acc"], alone["seq_acc"])  # fmt: skip
+        assert parts["run"]["blocks"] == 4 and alone["run"]["blocks"] == 1
+    with pytest.raises(ValueError, match="state folder"):
+        run_unit(unit, CPU, Execution(), deadline=time.time())
+
+
+def test_a_saved_state_of_another_unit_is_refused(tmp_path):
+    unit = _unit(steps=20)
+    run_unit(unit, CPU, Execution(), deadline=time.time(), state=tmp_path)
+    (name,) = saved_states(tmp_path)
+    info = json.loads((tmp_path / f"{name}.json").read_text())
+    info["unit"]["num_test"] = 32
+    (tmp_path / f"{name}.json").write_text(json.dumps(info))
+    with pytest.raises(ValueError, match="holds another unit"):
+        run_unit(unit, CPU, Execution(), state=tmp_path)
+    assert state_name(unit) == name != state_name(dataclasses.replace(unit, seeds=[1]))
 
 
 def test_run_unit_rows_and_rate():
@@ -219,7 +260,7 @@ def test_last_position_decoder_reads_the_lm_hidden_state():
     inputs, labels = materialize(task, 4, 0, "test")
     logits = module(inputs)
     assert logits.shape == (4, 5, 8)
-    masked_cross_entropy(logits, labels).backward()
+    lm_loss(logits, labels)[0].backward()
     assert model.get_input_embeddings().weight.grad.abs().sum() > 0  # gradients reach the LM
     changed = inputs.clone()
     changed[:, 0] = (changed[:, 0] + 1) % 7

@@ -6,16 +6,26 @@
 Rows are only ever appended, one JSON object per line, as each unit finishes, so an interrupted block keeps every
 unit it finished. A (cell, seed) with a row is finished and is not run again.
 
-Estimates: a unit's seconds are overhead + steps × seconds per step. Seconds per step come from this device's
-measured rates of the same family, arch and width, each turned into an upper bound for the unit at hand under two
-assumptions (a step never gets faster with more tokens, layers, seeds side by side or processes per GPU, and never
-slower per token with more tokens): bound = measured × max(1, tokens ratio) × max(1, depth ratio) × max(1, seeds
-ratio) × max(1, processes ratio); the smallest bound wins. With no measurement, the plan's prior (tokens per second
-of one block and one seed) is used.
+Estimates (`estimate_s`): a unit's seconds are overhead + steps left × seconds per step, each from this device's
+rows of rates.jsonl of the same family, arch and width, and the log names the rows:
+
+- seconds per step from the rows of the unit's own shape (depth, seeds side by side, processes per GPU). The steps
+  are launch-bound, so the time barely grows with the tokens of a step: between the token counts measured it is
+  interpolated linearly, above the largest it follows the slope of the top two (never downwards), below the
+  smallest it is that count's time, and a shape measured at one token count only is taken as flat. A shape never
+  measured is bounded from the measured ones (a step never gets faster with more layers, seeds or processes):
+  measured × max(1, depth ratio) × max(1, seeds ratio) × max(1, processes ratio), the smallest bound. The step
+  time of a unit run includes its evaluations (every 1,000 steps in A5: a few per cent).
+- overhead (process start, data, build, compilation, capture: what a run spends outside its training loop) is the
+  median of the unit runs of the same arch on this device, else of any arch on it (benchmark rows measure no process
+  start and are not used), else the plan's prior.
+
+With no row of the arch on this device, the plan's prior (tokens per second of one block and one seed) is used.
 """
 
 from __future__ import annotations
 
+import bisect
 import json
 import os
 import statistics
@@ -92,36 +102,65 @@ class Results:
             self.rates.append(outcome.rate)
 
 
-def estimate_s(unit: Unit, rates: list[dict[str, Any]], device: str, procs_per_gpu: int,
-               prior: Estimate) -> tuple[float, str]:  # fmt: skip
-    """Estimated wall seconds of `unit` on `device` and where the rate came from ("measured ..." or "prior").
+def estimate_s(unit: Unit, rates: list[dict[str, Any]], device: str, procs_per_gpu: int, prior: Estimate,
+               steps: int | None = None) -> tuple[float, str]:  # fmt: skip
+    """Estimated wall seconds of `unit` on `device` and where they came from (rates.jsonl line numbers, or "prior").
+
+    Args:
+        steps: steps still to run (default: all the unit's steps; fewer for a unit resumed from its saved state).
 
     Raises:
         KeyError: no measurement and no prior for the unit's arch (estimate.tokens_per_s).
     """
-    tokens, seeds = unit.tokens_per_step(), len(unit.seeds)
-    same = [
-        r
-        for r in rates
-        if (r["device"], r["family"], r["arch"], r["d_model"]) == (device, unit.family, unit.arch, unit.d_model)
-    ]
-    if same:
+    steps = unit.train.steps if steps is None else steps
+    tokens, shape = unit.tokens_per_step(), (unit.n_layers, len(unit.seeds), procs_per_gpu)
+    kind = (device, unit.family, unit.arch, unit.d_model)
+    shapes: dict[tuple[int, int, int], list[tuple[int, dict]]] = {}
+    for line, r in enumerate(rates, start=1):
+        if (r["device"], r["family"], r["arch"], r["d_model"]) == kind:
+            shapes.setdefault((r["n_layers"], r["members"], r["procs_per_gpu"]), []).append((line, r))
+    if shape in shapes:
+        step_s, lines = _step_time(shapes[shape], tokens), [line for line, _ in shapes[shape]]
+        how = f"{step_s * 1e3:.2f} ms/step from rates.jsonl lines {_lines(lines)}"
+    elif shapes:
         bounds = [
-            r["step_s"]
-            * max(1.0, tokens / r["tokens_per_step"])
-            * max(1.0, unit.n_layers / r["n_layers"])
-            * max(1.0, seeds / r["members"])
-            * max(1.0, procs_per_gpu / r["procs_per_gpu"])
-            for r in same
+            (_step_time(rows, tokens) * max(1.0, shape[0] / n) * max(1.0, shape[1] / m) * max(1.0, shape[2] / p), key)
+            for key, rows in shapes.items()
+            for n, m, p in [key]
         ]
-        step_s, overhead_s = min(bounds), statistics.median(r["overhead_s"] for r in same)
-        source = f"measured ({len(same)} runs)"
+        step_s, key = min(bounds)
+        how = (f"{step_s * 1e3:.2f} ms/step bounded from depth {key[0]}, {key[1]} seeds, {key[2]} proc/GPU on "
+               f"rates.jsonl lines {_lines([line for line, _ in shapes[key]])}")  # fmt: skip
     else:
         if unit.arch not in prior.tokens_per_s:
             raise KeyError(f"estimate.tokens_per_s has no prior for arch {unit.arch!r}; add one to the plan")
-        step_s = tokens * unit.n_layers * seeds * procs_per_gpu / prior.tokens_per_s[unit.arch]
-        overhead_s, source = prior.overhead_s, "prior"
-    return (overhead_s + unit.train.steps * step_s) * prior.safety, source
+        step_s = tokens * unit.n_layers * len(unit.seeds) * procs_per_gpu / prior.tokens_per_s[unit.arch]
+        return (prior.overhead_s + steps * step_s) * prior.safety, "prior"
+    runs = [r for r in rates if r["device"] == device and r["ended"] != "bench"]
+    same_arch = [r["overhead_s"] for r in runs if r["arch"] == unit.arch]
+    overheads = same_arch or [r["overhead_s"] for r in runs]
+    overhead_s = statistics.median(overheads) if overheads else prior.overhead_s
+    where = f"median of {len(overheads)} {unit.arch + ' ' if same_arch else ''}unit runs" if overheads else "prior"
+    return (overhead_s + steps * step_s) * prior.safety, f"{how}; overhead {overhead_s:.0f} s ({where})"
+
+
+def _step_time(rows: list[tuple[int, dict]], tokens: int) -> float:
+    """Seconds per step at `tokens` tokens per step from rows of one shape (see the module doc)."""
+    by_tokens: dict[int, list[float]] = {}
+    for _, r in rows:
+        by_tokens.setdefault(r["tokens_per_step"], []).append(r["step_s"])
+    points = sorted((t, statistics.median(s)) for t, s in by_tokens.items())
+    counts = [t for t, _ in points]
+    if len(points) == 1 or tokens <= counts[0]:
+        return points[0][1]
+    upper = min(bisect.bisect_left(counts, tokens), len(points) - 1)  # >= 1: tokens is above the smallest count
+    (t0, s0), (t1, s1) = points[upper - 1], points[upper]
+    slope = (s1 - s0) / (t1 - t0)
+    return s0 + (slope if tokens <= t1 else max(0.0, slope)) * (tokens - t0)
+
+
+def _lines(lines: list[int]) -> str:
+    return ",".join(map(str, lines))
 
 
 def merge(source: Path, folder: Path, commit: str) -> dict[str, int]:

@@ -1,17 +1,19 @@
-"""Run a synthetic plan in blocks of GPU time, whole units only, resuming from the results folder.
+"""Run a synthetic plan in blocks of GPU time, resuming from the results folder and the paused units' states.
 
-    klalm-synthetic run --plan full --families a5 --results results/synthetic --time-budget-s 500
+    klalm-synthetic run --plan full --families a5 --results results/synthetic --state .carry/synthetic_state \
+        --time-budget-s 500
     klalm-synthetic plan --plan full --families a5 --results results/synthetic     # what is done, what is left
     klalm-synthetic report --plan full --results results/synthetic --doc docs/synthetic.md
     klalm-synthetic merge --from <copy of a results folder> --results results/synthetic
 
-A block walks the plan's units in order (klalm.tasks.plans) and starts each unit that is ready and fits: its
-(cell, seed)s have no row yet; for A5, every shallower depth of its (arch, length) listed before it has finished
-without solving the cell, and no depth up to its own has solved it; and its estimated time (klalm.tasks.results)
-ends before the block's deadline. A unit of a kind this device has never measured starts whenever its prior
-overhead fits, and gives up by itself (no rows, only its measured rate) once its rate says it would end too late,
-so every kind gets measured. Slots run units side by side: `procs_per_gpu` child processes on each GPU, each
-training `members` seeds in one CUDA graph; a finished unit's rows are appended at once.
+A block first resumes the units paused in the state folder (plan order), then walks the plan's other units in
+order (klalm.tasks.plans) and starts each that is ready: its (cell, seed)s have no row yet; for A5, every shallower
+depth of its (arch, length) listed before it has finished without solving the cell, and no depth up to its own
+has solved it. A unit starts while its estimated overhead (klalm.tasks.results) plus MIN_TRAIN_S of training fit
+before the deadline; one that cannot finish in time pauses at the deadline, its state saved in the state folder
+(klalm.tasks.units), and the next block resumes it exactly. States of units that finished or were solved meanwhile
+(rows merged from elsewhere) are removed when a block starts. Slots run units side by side: `procs_per_gpu` child
+processes on each GPU, each training `members` seeds in one CUDA graph; a finished unit's rows are appended at once.
 """
 
 from __future__ import annotations
@@ -32,12 +34,21 @@ import torch
 
 from klalm.tasks.plans import RunPlan, add_plan_args, apply_args, load_plan, plan_units
 from klalm.tasks.results import Results, estimate_s, merge
-from klalm.tasks.units import CELL_FIELDS, Execution, Unit, UnitOutcome, run_unit
+from klalm.tasks.units import (
+    CELL_FIELDS,
+    Execution,
+    Unit,
+    UnitOutcome,
+    remove_state,
+    run_unit,
+    saved_states,
+    state_name,
+)
 
 log = logging.getLogger("klalm.synthetic")
 
-MARGIN_S = 15.0  # units must end this long before the deadline (rows written, processes gone)
-PROBE_S = 30.0  # an unmeasured unit starts only with its prior overhead plus this many seconds left
+MARGIN_S = 15.0  # units must end this long before the deadline (rows or state written, processes gone)
+MIN_TRAIN_S = 60.0  # a unit starts only with its estimated overhead plus this many seconds of training left
 
 
 def _depth_group(unit: Unit) -> str:
@@ -47,6 +58,11 @@ def _depth_group(unit: Unit) -> str:
 
 def _row_depth_group(row: dict) -> str:
     return json.dumps({k: row[k] for k in CELL_FIELDS if k != "n_layers"}, sort_keys=True)
+
+
+def _solved(unit: Unit, solved: dict[str, set[int]]) -> bool:
+    """A5: whether a depth up to the unit's own has solved its cell."""
+    return unit.family == "a5" and any(d <= unit.n_layers for d in solved.get(_depth_group(unit), ()))
 
 
 def solved_depths(rows: list[dict]) -> dict[str, set[int]]:
@@ -64,6 +80,7 @@ class Block:
     Args:
         plan: the plan (after command-line knobs).
         results: the results folder.
+        state: the folder of paused units' states (None: units cannot pause, so a deadline is refused).
         device: "cuda" or "cpu".
         gpus: GPUs to use (0 on the CPU).
         in_process: run units in this process (one slot only; a CUDA error then ends the block).
@@ -71,9 +88,11 @@ class Block:
         commit: recorded with every row.
     """
 
-    def __init__(self, plan: RunPlan, results: Results, device: str, gpus: int, in_process: bool,
+    def __init__(self, plan: RunPlan, results: Results, state: Path | None, device: str, gpus: int, in_process: bool,
                  time_budget_s: float | None, commit: str) -> None:  # fmt: skip
-        self.plan, self.results, self.device, self.gpus = plan, results, device, gpus
+        if time_budget_s is not None and state is None:
+            raise ValueError("a block with a time budget needs --state (the folder its unfinished units pause into)")
+        self.plan, self.results, self.state, self.device, self.gpus = plan, results, state, device, gpus
         self.slots = max(gpus, 1) * plan.procs_per_gpu
         if in_process and self.slots > 1:
             raise ValueError(f"--in-process runs one unit at a time, but {self.slots} slots were asked for")
@@ -87,8 +106,8 @@ class Block:
         self._busy: set[str] = set()  # keys of the (cell, seed)s running or failed in this block
         self._failed: set[str] = set()
         self.finished_rows = 0
-        self._told: set[int] = set()
         self._cond = threading.Condition()
+        self._drop_stale_states()
 
     # -- choosing ---------------------------------------------------------------------------------------------------
 
@@ -96,9 +115,25 @@ class Block:
         """Seeds of `unit` with no row, not running and not failed in this block."""
         return [s for s in unit.seeds if not self.results.finished(unit, s) and unit.key(s) not in self._busy]
 
-    def states(self) -> list[tuple[Unit, str]]:
-        """Every unit with its state: done, solved (A5, skipped), running, failed, waits, or ready."""
+    def saved(self) -> dict[str, dict]:
+        """state_name -> saved state (.json) of every unit paused in the state folder."""
+        return {} if self.state is None else saved_states(self.state)
+
+    def _drop_stale_states(self) -> None:
+        """Remove the states of units whose seeds all have rows, or whose A5 cell was solved at a lower depth."""
         solved = solved_depths(self.results.rows.get("a5", []))
+        for name, saved in self.saved().items():
+            unit = Unit.from_dict(saved["unit"])
+            if all(self.results.finished(unit, s) for s in unit.seeds) or _solved(unit, solved):
+                remove_state(self.state, name)
+                log.info("%s: finished or solved elsewhere; its saved state (step %d) is removed", saved["label"],
+                         saved["step"])  # fmt: skip
+
+    def states(self) -> list[tuple[Unit, str]]:
+        """Every unit with its state: done, solved (A5, skipped), running, failed, waits, resumes (ready, with a
+        saved state for its free seeds) or ready."""
+        solved = solved_depths(self.results.rows.get("a5", []))
+        saved = self.saved()
         unfinished: dict[str, set[int]] = {}
         out = []
         for unit in self.units:
@@ -106,12 +141,14 @@ class Block:
             left = [s for s in unit.seeds if not self.results.finished(unit, s)]
             if not left:
                 state = "done"
-            elif group is not None and any(d <= unit.n_layers for d in solved.get(group, ())):
+            elif _solved(unit, solved):
                 state = "solved"
             elif not self.free_seeds(unit):
                 state = "failed" if any(unit.key(s) in self._failed for s in left) else "running"
             elif group is not None and any(d < unit.n_layers for d in unfinished.get(group, ())):
                 state = "waits"
+            elif state_name(dataclasses.replace(unit, seeds=self.free_seeds(unit))) in saved:
+                state = "resumes"
             else:
                 state = "ready"
             if group is not None and state not in ("done", "solved"):
@@ -119,37 +156,36 @@ class Block:
             out.append((unit, state))
         return out
 
-    def estimate(self, unit: Unit) -> tuple[float, str]:
-        return estimate_s(unit, self.results.rates, self.device_name, self.plan.procs_per_gpu, self.plan.estimate)
+    def steps_left(self, unit: Unit) -> int:
+        """Steps the unit still has to run: all of them, or those after its saved state."""
+        saved = self.saved().get(state_name(unit))
+        return unit.train.steps - (saved["step"] if saved else 0)
+
+    def estimate(self, unit: Unit, steps: int | None = None) -> tuple[float, str]:
+        """Estimated seconds of `steps` steps of the unit (default: those it has left) plus its overhead."""
+        steps = self.steps_left(unit) if steps is None else steps
+        return estimate_s(unit, self.results.rates, self.device_name, self.plan.procs_per_gpu, self.plan.estimate,
+                          steps)  # fmt: skip
 
     def fits(self, unit: Unit) -> bool:
-        """Whether the unit may start now: its estimate ends before the deadline, or its kind is unmeasured here and
-        its prior overhead fits (then it gives up by itself if its measured rate says it would end too late)."""
+        """Whether the unit may start now: its estimated overhead and MIN_TRAIN_S of training end before the deadline
+        (a unit that cannot finish pauses at the deadline)."""
         if self.deadline is None:
             return True
-        left = self.deadline - MARGIN_S - time.time()
-        seconds, source = self.estimate(unit)
-        return seconds <= left or (source == "prior" and self.plan.estimate.overhead_s + PROBE_S <= left)
+        return self.estimate(unit, steps=0)[0] + MIN_TRAIN_S <= self.deadline - MARGIN_S - time.time()
 
     def _claim(self) -> Unit | None:
-        """The next unit to start (its free seeds, as many as fit), or None when nothing can start in this block."""
+        """The next unit to start with its free seeds, paused units first; None when nothing can start any more."""
         with self._cond:
             while True:
-                for unit, state in self.states():
-                    if state != "ready":
-                        continue
-                    free = self.free_seeds(unit)
-                    for count in range(len(free), 0, -1):
-                        part = dataclasses.replace(unit, seeds=free[:count])
-                        if self.fits(part):
+                states = self.states()
+                for wanted in ("resumes", "ready"):
+                    for unit, state in states:
+                        part = dataclasses.replace(unit, seeds=self.free_seeds(unit))
+                        if state == wanted and self.fits(part):
                             self.running.append(part)
                             self._busy.update(part.key(s) for s in part.seeds)
                             return part
-                    if id(unit) not in self._told:
-                        self._told.add(id(unit))
-                        seconds, source = self.estimate(dataclasses.replace(unit, seeds=free[:1]))
-                        log.info("%s: est. %.0f s with one seed (%s): left for a later block", unit.label(), seconds,
-                                 source)  # fmt: skip
                 if not self.running:
                     return None
                 self._cond.wait()
@@ -159,7 +195,7 @@ class Block:
     def _execute(self, unit: Unit, slot: int) -> UnitOutcome:
         deadline = None if self.deadline is None else self.deadline - MARGIN_S
         if self.in_process:
-            return run_unit(unit, torch.device(self.device), self.execution, deadline)
+            return run_unit(unit, torch.device(self.device), self.execution, deadline, self.state)
         env = dict(os.environ)
         if self.device == "cpu" and self.slots > 1:  # the slots share the cores instead of each spinning on all
             env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // self.slots))
@@ -174,6 +210,8 @@ class Block:
                        "--device", self.device, "--execution", execution]  # fmt: skip
             if deadline is not None:
                 command += ["--deadline", repr(deadline)]
+            if self.state is not None:
+                command += ["--state", str(self.state)]
             code = subprocess.call(command, env=env)
             if code != 0:
                 raise RuntimeError(f"the unit's process exited with code {code}")
@@ -182,7 +220,12 @@ class Block:
     def _slot(self, slot: int) -> None:
         while (unit := self._claim()) is not None:
             seconds, source = self.estimate(unit)
-            log.info("slot %d: %s (est. %.0f s, %s)", slot, unit.label(), seconds, source)
+            left, steps = self.steps_left(unit), unit.train.steps
+            in_time = self.deadline is None or time.time() + seconds < self.deadline - MARGIN_S
+            ends = "ends in this block" if in_time else "pauses at the deadline"
+            start = f"resumes at step {steps - left}" if left < steps else "starts"
+            log.info("slot %d: %s %s (%d steps left, est. %.0f s: %s): %s", slot, unit.label(), start, left, seconds,
+                     source, ends)  # fmt: skip
             started = time.perf_counter()
             try:
                 outcome = self._execute(unit, slot)
@@ -219,11 +262,14 @@ class Block:
         for _, state in self.states():
             counts[state] = counts.get(state, 0) + 1
         log.info("block done: %d rows written; units by state: %s", self.finished_rows, counts)
+        if self.state is not None:
+            size = sum(path.stat().st_size for path in self.state.glob("*") if path.is_file()) / 2**20
+            log.info("saved states: %d unit(s), %.1f MiB in %s", len(self.saved()), size, self.state)
 
 
 def _summary(outcome: UnitOutcome) -> str:
     if not outcome.rows:
-        return f"gave up at the deadline ({outcome.rate['step_s'] * 1e3:.2f} ms/step measured)"
+        return f"paused at step {outcome.rate['steps']} ({outcome.rate['step_s'] * 1e3:.2f} ms/step), state saved"
     accs = " ".join(f"s{r['seed']}={r['token_acc']:.3f}/{r['seq_acc']:.3f}" for r in outcome.rows)
     row = outcome.rows[0]
     return f"{row['steps']} steps ({row['ended']}), token/seq acc {accs}"
@@ -234,12 +280,14 @@ def plan_table(block: Block) -> str:
     lines = ["| unit | state | est. s | rate from |", "| --- | --- | ---: | --- |"]
     pending = 0.0
     for unit, state in block.states():
-        seconds, source = block.estimate(unit)
-        if state in ("ready", "waits"):
+        seconds, source = block.estimate(dataclasses.replace(unit, seeds=block.free_seeds(unit) or unit.seeds))
+        if state in ("ready", "resumes", "waits"):
             pending += seconds
         lines.append(f"| {unit.label()} | {state} | {seconds:.0f} | {source} |")
     lines.append("")
-    lines.append(f"pending (ready or waiting): {pending / 60:.1f} unit-minutes at these estimates, at most (A5 depths")
+    lines.append(
+        f"pending (ready, resumes or waits): {pending / 60:.1f} unit-minutes at these estimates, at most (A5 depths"
+    )
     lines.append("that a shallower solve makes unnecessary are dropped as the grid goes)")
     return "\n".join(lines)
 
@@ -275,6 +323,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         cmd.add_argument("--results", type=Path, required=True, help="results folder (a5.jsonl, rates.jsonl, ...)")
         cmd.add_argument("--time-budget-s", type=float, help="this block's wall-clock seconds (0: no deadline)")
         cmd.add_argument("--gpus", type=int, help="GPUs to use (default: every visible one)")
+        cmd.add_argument("--state", type=Path, help="folder of paused units' states: resumed from, paused into "
+                         "(needed by a run with a time budget)")  # fmt: skip
         if verb == "run":
             cmd.add_argument("--in-process", action="store_true", help="run units in this process (one slot)")
     report = verbs.add_parser("report", help="tables and plots from a results folder")
@@ -295,7 +345,8 @@ def _block(args: argparse.Namespace, plan: RunPlan) -> Block:
     gpus = args.gpus if args.gpus is not None else (torch.cuda.device_count() if device == "cuda" else 0)
     budget = args.time_budget_s if args.time_budget_s is not None else plan.time_budget_s
     results = Results(args.results, plan.families)
-    return Block(plan, results, device, gpus, getattr(args, "in_process", False), budget or None, _commit())
+    return Block(plan, results, args.state, device, gpus, getattr(args, "in_process", False), budget or None,
+                 _commit())  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -15,19 +15,25 @@ AdamW, learning rate) is written without a single host synchronisation, over sta
 CUDA it warms up on a side stream, captures one step of every member in one graph (each member on its own stream,
 so their kernels can overlap) and replays it; on the CPU (or with capture off) it calls the same function eagerly.
 Evaluation runs outside the graph, between replays (`train_group`).
+
+A run can pause and resume exactly: everything a step reads or changes is the members' modules, optimiser states,
+step counters and loss logs (`Member.state_dict`), since the batches and the learning rate are functions of the
+step counter alone (the streams hash (seed, step); the schedule is computed from the step), and nothing draws from
+a global random generator. `train_group` pauses where its next stretch of steps would end after its deadline.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
-from klalm.tasks.base import IGNORE_INDEX
+# The loss and the ignore index are the LM trainer's (one home for both is being made apart from this module; the
+# task generators' klalm.tasks.base.IGNORE_INDEX is tested equal to this one).
+from klalm.train.module import IGNORE_INDEX, lm_loss
 from klalm.train.optim import (
     check_schedule,
     classify_parameters,
@@ -87,11 +93,6 @@ class Stream(Protocol):
     def fill(self, step: Tensor) -> tuple[Tensor, Tensor]: ...
 
 
-def masked_cross_entropy(logits: Tensor, labels: Tensor) -> Tensor:
-    """Mean cross-entropy over positions with labels != -100; logits [B, L, V], labels [B, L]; float32."""
-    return F.cross_entropy(logits.float().flatten(0, 1), labels.flatten(), ignore_index=IGNORE_INDEX)
-
-
 def autocast(device: torch.device) -> torch.autocast:
     """bf16 autocast on CUDA (off elsewhere); no weight cache, which a captured graph must not keep."""
     return torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda", cache_enabled=False)
@@ -135,6 +136,18 @@ class Member:
         self.step = torch.zeros((), dtype=torch.long, device=device)
         self.losses = torch.full((settings.steps,), float("nan"), device=device)  # [steps] float32
 
+    def state_dict(self) -> dict[str, Any]:
+        """Everything training reads or changes: module, optimiser state, step counter and loss log (tensors)."""
+        return {"module": self.module.state_dict(), "optimizer": self.optimizer.state_dict(), "step": self.step,
+                "losses": self.losses}  # fmt: skip
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from `state_dict()` of a member built the same way (the tensors' device may differ)."""
+        self.module.load_state_dict(state["module"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.step.copy_(state["step"])
+        self.losses.copy_(state["losses"])
+
 
 def train_step(member: Member) -> None:
     """One optimiser step of `member` with no host synchronisation (so CUDA can capture it).
@@ -148,7 +161,7 @@ def train_step(member: Member) -> None:
     batches = [stream.fill(member.step) for stream in member.streams]
     member.optimizer.zero_grad(set_to_none=True)
     with autocast(member.device):
-        loss = sum(masked_cross_entropy(member.module(inputs), labels) for inputs, labels in batches)
+        loss = sum(lm_loss(member.module(inputs), labels)[0] for inputs, labels in batches)
     loss.backward()
     if member.settings.grad_clip > 0:
         nn.utils.clip_grad_norm_(member.params, member.settings.grad_clip)
@@ -175,7 +188,7 @@ class GroupTrainer:
         cuda = device.type == "cuda"
         self.member_streams = [torch.cuda.Stream(device) for _ in members] if cuda else None
         self.graph: torch.cuda.CUDAGraph | None = None
-        self.steps_done = 0
+        self.steps_done = int(members[0].step)  # > 0 when the members were loaded from a paused run
 
     def _step_all(self) -> None:
         if self.member_streams is None:
@@ -269,8 +282,8 @@ class StopRule:
 class GroupResult:
     """What `train_group` did.
 
-    ended: "steps" (all planned steps), "threshold" (a member reached the stop rule) or "deadline" (the
-    projected end passed the deadline, so the run was abandoned unfinished). evals[i] lists member i's
+    ended: "steps" (all planned steps), "threshold" (a member reached the stop rule) or "paused" (the next stretch
+    of steps would have ended after the deadline; the members hold the state to resume from). evals[i] lists member i's
     evaluations as {"step", "loss" (mean since the previous evaluation), **evaluate()}.
     """
 
@@ -290,10 +303,14 @@ def train_group(
     eval_every: int | None,
     stop: StopRule | None = None,
     deadline: float | None = None,
+    evals: list[list[dict]] | None = None,
 ) -> GroupResult:
     """Train every member of `trainer` to its planned steps, evaluating on `test` every `eval_every` steps and at
-    the end; stop early by `stop`; give up as soon as the measured rate says the run would end after `deadline`
-    (a time.time() value).
+    the end; stop early by `stop`; pause when the next stretch of steps (up to the next evaluation, at most
+    CHECK_EVERY steps), at the measured rate, would end after `deadline` (a time.time() value).
+
+    Args:
+        evals: the evaluations so far of members resumed from a paused run (GroupResult.evals); None for a new run.
     """
     members, total = trainer.members, trainer.members[0].settings.steps
     started = time.perf_counter()
@@ -301,10 +318,11 @@ def train_group(
     trainer.synchronize()
     loop_start, loop_first = time.perf_counter(), trainer.steps_done
     setup_s = loop_start - started
-    evals: list[list[dict]] = [[] for _ in members]
-    ended, last_eval, eval_s = "steps", 0, 0.0
+    evals = [list(log) for log in evals] if evals is not None else [[] for _ in members]
+    ended, eval_s = "steps", 0.0
+    last_eval = evals[0][-1]["step"] if evals[0] else 0
     while True:
-        due = total if not eval_every else min(total, (trainer.steps_done // eval_every + 1) * eval_every)
+        due = _next_evaluation(trainer.steps_done, total, eval_every)
         trainer.advance(min(due, trainer.steps_done + CHECK_EVERY) - trainer.steps_done)
         trainer.synchronize()
         step = trainer.steps_done
@@ -320,8 +338,11 @@ def train_group(
         if step == total:
             break
         per_step = (time.perf_counter() - loop_start) / (step - loop_first)
-        if deadline is not None and time.time() + (total - step) * per_step + eval_s > deadline:
-            ended = "deadline"
+        due = _next_evaluation(step, total, eval_every)
+        stretch_end = min(due, step + CHECK_EVERY)
+        ends_at = time.time() + (stretch_end - step) * per_step + (eval_s if stretch_end == due else 0.0)
+        if deadline is not None and ends_at > deadline:
+            ended = "paused"
             break
     train_s = time.perf_counter() - loop_start
     step = trainer.steps_done
@@ -329,6 +350,11 @@ def train_group(
     final_loss = [float(m.losses[tail].mean()) for m in members]
     step_s = train_s / max(step - loop_first, 1)
     return GroupResult(ended, step, evals, final_loss, setup_s, train_s, step_s)
+
+
+def _next_evaluation(step: int, total: int, eval_every: int | None) -> int:
+    """The step of the first evaluation after `step` (the last step when evaluating at the end only)."""
+    return total if not eval_every else min(total, (step // eval_every + 1) * eval_every)
 
 
 def _evaluate_member(member: Member, test: tuple[Tensor, Tensor]) -> dict:

@@ -3,15 +3,23 @@ and the function that runs it (in the runner's process, or in a child: `python -
 
 Every seed of a unit gives one result row: the cell's fields, the seed, the held-out accuracies and how the run
 went. A row's key (`row_key`) is its cell plus its seed, so a finished (task, arch, length, depth, seed) is found
-again whatever unit it ran in. A unit that gives up because it would end after the deadline returns no rows, only
-its measured rate.
+again whatever unit it ran in.
+
+A unit that reaches its deadline unfinished pauses: it saves its state into a state folder and returns no rows,
+only its measured rate; run again with the same folder, it resumes exactly where it paused (see klalm.tasks.train)
+and removes its state once it finishes. In the folder, unit X is `X.pt` (every member's `Member.state_dict`, the
+evaluations so far, the time spent) and `X.json` (the unit, the step reached, the time spent: what the runner reads),
+X a digest of the unit's cell and seeds (`state_name`). Both are written to a temporary name and renamed, the .json
+last, so a .json always has its .pt.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import hashlib
 import json
+import os
 import sys
 import time
 from datetime import datetime, timezone
@@ -144,7 +152,8 @@ def run_record(device: torch.device, captured: bool, members: int, execution: Ex
 
 def rate_record(unit: Unit, run: dict[str, Any], step_s: float, train_s: float, overhead_s: float,
                 ended: str) -> dict[str, Any]:  # fmt: skip
-    """One line of rates.jsonl: what klalm.tasks.results.estimate_s reads."""
+    """One line of rates.jsonl (one per unit run, so one per block of a unit that pauses): what
+    klalm.tasks.results.estimate_s reads."""
     return {
         **run,
         **{name: getattr(unit, name) for name in ("family", "arch", "n_layers", "d_model")},
@@ -158,14 +167,58 @@ def rate_record(unit: Unit, run: dict[str, Any], step_s: float, train_s: float, 
 
 @dataclasses.dataclass
 class UnitOutcome:
-    """Rows of a finished unit (none when it gave up at the deadline) and the rate it measured."""
+    """Rows of a finished unit (none when it paused at the deadline) and the rate it measured."""
 
     rows: list[dict[str, Any]]
     rate: dict[str, Any]
 
 
-def run_unit(unit: Unit, device: torch.device, execution: Execution, deadline: float | None = None) -> UnitOutcome:
-    """Build, train and evaluate every seed of `unit` side by side (see klalm.tasks.train.train_group)."""
+def state_name(unit: Unit) -> str:
+    """The file stem of `unit`'s saved state: a digest of its cell and seeds."""
+    return hashlib.sha256(json.dumps({**unit.cell(), "seeds": unit.seeds}, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def saved_states(folder: Path) -> dict[str, dict[str, Any]]:
+    """state_name -> the .json of every unit paused in `folder` ({} when the folder does not exist)."""
+    return {path.stem: json.loads(path.read_text()) for path in sorted(folder.glob("*.json"))}
+
+
+def remove_state(folder: Path, name: str) -> None:
+    for suffix in (".json", ".pt"):
+        (folder / name).with_suffix(suffix).unlink(missing_ok=True)
+
+
+def _write_atomically(path: Path, write) -> None:
+    temporary = path.with_suffix(path.suffix + ".tmp")
+    write(temporary)
+    os.replace(temporary, path)
+
+
+def _save_state(folder: Path, unit: Unit, members: list[Member], evals: list[list[dict]], spent: dict) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    name, step = state_name(unit), int(members[0].step)
+    state = {"members": [m.state_dict() for m in members], "evals": evals, "spent": spent}
+    _write_atomically(folder / f"{name}.pt", lambda path: torch.save(state, path))
+    info = {"unit": dataclasses.asdict(unit), "label": unit.label(), "step": step, "spent": spent}
+    _write_atomically(folder / f"{name}.json", lambda path: path.write_text(json.dumps(info)))
+
+
+def _load_state(folder: Path, unit: Unit, device: torch.device) -> dict[str, Any] | None:
+    name = state_name(unit)
+    if not (folder / f"{name}.json").is_file():
+        return None
+    saved = json.loads((folder / f"{name}.json").read_text())["unit"]
+    if saved != json.loads(json.dumps(dataclasses.asdict(unit))):
+        raise ValueError(f"{folder / name}.json holds another unit than {unit.label()}; remove it")
+    return torch.load(folder / f"{name}.pt", map_location=device, weights_only=True)
+
+
+def run_unit(unit: Unit, device: torch.device, execution: Execution, deadline: float | None = None,
+             state: Path | None = None) -> UnitOutcome:  # fmt: skip
+    """Build, train and evaluate every seed of `unit` side by side (see klalm.tasks.train.train_group); resume it
+    from its saved state in the folder `state` if there is one, and pause into that folder at `deadline`."""
+    if deadline is not None and state is None:
+        raise ValueError("a unit with a deadline needs a state folder to pause into")
     started = time.perf_counter()
     task = make_task(**unit.task)
     test = tuple(t.to(device) for t in materialize(task, unit.num_test, DATA_SEED, "test"))
@@ -173,22 +226,36 @@ def run_unit(unit: Unit, device: torch.device, execution: Execution, deadline: f
     if unit.num_train is not None:
         split = tuple(t.to(device) for t in materialize(task, unit.num_train, DATA_SEED, "train"))
     members = [build_member(unit, seed, device, split) for seed in unit.seeds]
+    saved = None if state is None else _load_state(state, unit, device)
+    spent = {"train_s": 0.0, "wall_s": 0.0, "blocks": 0}
+    if saved is not None:
+        for member, member_state in zip(members, saved["members"], strict=True):
+            member.load_state_dict(member_state)
+        spent = saved["spent"]
     trainer = GroupTrainer(members, device)
     stop = None if unit.stop is None else StopRule(**unit.stop)
-    result = train_group(trainer, test, eval_every=unit.eval_every, stop=stop, deadline=deadline)
+    evals = None if saved is None else saved["evals"]
+    result = train_group(trainer, test, eval_every=unit.eval_every, stop=stop, deadline=deadline, evals=evals)
     wall_s = time.perf_counter() - started
+    spent = {"train_s": spent["train_s"] + result.train_s, "wall_s": spent["wall_s"] + wall_s,
+             "blocks": spent["blocks"] + 1}  # fmt: skip
     common = run_record(device, trainer.graph is not None, len(unit.seeds), execution)
     rate = rate_record(unit, common, result.step_s, result.train_s, wall_s - result.train_s, result.ended)
-    if result.ended == "deadline":
+    rate["steps"] = result.steps  # the unit's step count after this run
+    if result.ended == "paused":
+        _save_state(state, unit, members, result.evals, spent)
         return UnitOutcome([], rate)
+    if saved is not None:
+        remove_state(state, state_name(unit))
     params = sum(p.numel() for p in members[0].module.parameters())
-    rows = [_row(unit, member, result, i, params, common, wall_s) for i, member in enumerate(members)]
+    rows = [_row(unit, member, result, i, params, common, spent) for i, member in enumerate(members)]
     return UnitOutcome(rows, rate)
 
 
-def _row(unit: Unit, member: Member, result: GroupResult, index: int, params: int, common: dict, wall_s: float):
+def _row(unit: Unit, member: Member, result: GroupResult, index: int, params: int, common: dict, spent: dict):
+    """One result row; its timing sums every block the unit ran in (`blocks` of them)."""
     evals = result.evals[index]
-    timing = {"setup_s": result.setup_s, "train_s": result.train_s, "step_s": result.step_s, "wall_s": wall_s}
+    timing = {"setup_s": result.setup_s, "step_s": result.step_s, **spent}
     return {
         **unit.cell(),
         "seed": member.seed,
@@ -211,11 +278,13 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--unit", type=Path, required=True, help="JSON: the Unit")
     p.add_argument("--out", type=Path, required=True, help="JSON written: {'rows': [...], 'rate': {...}}")
     p.add_argument("--device", default="cuda", help="torch device (the runner sets CUDA_VISIBLE_DEVICES)")
-    p.add_argument("--deadline", type=float, help="time.time() after which the unit must not end")
+    p.add_argument("--deadline", type=float, help="time.time() at which the unit pauses (needs --state)")
+    p.add_argument("--state", type=Path, help="folder of paused units: resume from it, pause into it")
     p.add_argument("--execution", default="{}", help="JSON of Execution's fields")
     args = p.parse_args(argv)
     unit = Unit.from_dict(json.loads(args.unit.read_text()))
-    outcome = run_unit(unit, torch.device(args.device), Execution(**json.loads(args.execution)), args.deadline)
+    execution = Execution(**json.loads(args.execution))
+    outcome = run_unit(unit, torch.device(args.device), execution, args.deadline, args.state)
     args.out.write_text(json.dumps(dataclasses.asdict(outcome)))
 
 
