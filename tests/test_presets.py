@@ -15,7 +15,8 @@ from klalm.cli import params
 from klalm.cli.helptext import key_comments
 from klalm.models import ARCH_LAYOUTS, MIXERS, KLALMForCausalLM
 from klalm.models.config import SHARED_MIXER_FIELDS
-from klalm.models.presets import BUDGET_TOLERANCE, PRESETS, preset_parameter_count
+from klalm.models.params import preset_parameter_count
+from klalm.models.presets import BUDGET_TOLERANCE, PRESETS
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs" / "model"
 

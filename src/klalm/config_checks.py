@@ -6,29 +6,16 @@ values that cannot work (`optim.lr=-1`). Keys a group option does not have (`sch
 schedule) or whose parent is switched off (`callbacks.checkpoint=null`) are not checked. Arguments that go straight
 to Lightning's Trainer (`trainer.devices=auto`, `trainer.limit_val_batches=0.5`) are Lightning's to check.
 
-It also registers the config resolvers (`${mul:a,b}`, the run-folder names), so importing it is enough to compose the
-configs.
 Importing it costs only omegaconf: the console scripts (`klalm.cli`) run these checks first.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NamedTuple
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
-
-from klalm.train.rundir import config_subdir, fresh_run_name, run_dir_for
-
-# `${mul:a,b,...}`: products in configs, e.g. a token budget of N global batches (configs/debug/fast.yaml).
-OmegaConf.register_new_resolver("mul", lambda *factors: math.prod(factors), replace=True)
-# Run folders (configs/hydra/default.yaml): this process's unique new folder name, the folder a run (or a resume)
-# writes to, and where each start's config goes. Cached: Hydra and Lightning's launcher both resolve the run folder.
-OmegaConf.register_new_resolver("klalm_fresh_name", fresh_run_name, replace=True)
-OmegaConf.register_new_resolver("klalm_run_dir", run_dir_for, use_cache=True, replace=True)
-OmegaConf.register_new_resolver("klalm_config_subdir", config_subdir, replace=True)
 
 SUPPORTED_PRECISIONS = ("32-true", "32", "64-true", "bf16-mixed", "bf16-true")
 

@@ -80,7 +80,7 @@ def params(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.vocab_size is not None and args.vocab_size < 1:
         parser.error(f"--vocab-size must be ≥ 1, got {args.vocab_size}")
-    from klalm.models.presets import print_table
+    from klalm.models.params import print_table
 
     try:
         print_table(args.preset, args.vocab_size)
