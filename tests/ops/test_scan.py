@@ -189,28 +189,24 @@ def test_torch_backend_saves_no_per_step_tensors():
     assert saved <= inputs + full // 2, f"saved {saved} elements for {inputs} input elements"
 
 
-def test_auto_picks_torch_on_cpu_and_logs(caplog):
-    from klalm.ops import scan
+def test_auto_picks_torch_on_cpu_and_logs(monkeypatch, caplog):
+    from klalm.ops import backends, scan
 
-    scan._AUTO_LOGGED.clear()
-    with caplog.at_level(logging.INFO, logger="klalm.ops.scan"):
-        assert scan.resolve_backend("auto", torch.zeros(1)) == "torch"
-        assert scan.resolve_backend("auto", torch.zeros(1)) == "torch"
-    assert sum("chose 'torch'" in r.getMessage() for r in caplog.records) == 1
+    monkeypatch.setattr(backends, "_AUTO", {})  # decide afresh
+    with caplog.at_level(logging.INFO, logger="klalm.ops.backends"):
+        assert backends.resolve_backend(scan.KLA_SCAN_OP, "auto", torch.device("cpu"), torch.float32) == "torch"
+        assert backends.resolve_backend(scan.KLA_SCAN_OP, "auto", torch.device("cpu"), torch.float32) == "torch"
+    assert sum("kla_scan backend 'auto'" in r.getMessage() for r in caplog.records) == 1
     assert set(BACKENDS) >= {"reference", "torch", "triton"}
 
 
 def test_auto_sends_float64_to_torch_even_on_cuda(monkeypatch):
-    from klalm.ops import scan
+    from klalm.ops import backends, scan
 
-    class FakeCuda:  # only what resolve_backend reads
-        is_cuda, device = True, torch.device("cuda")
-
-        def __init__(self, dtype):
-            self.dtype = dtype
-
-    assert scan.resolve_backend("auto", FakeCuda(torch.float64)) == "torch"
-    assert scan.resolve_backend("auto", FakeCuda(torch.bfloat16)) == "triton"
+    monkeypatch.setattr(backends, "_AUTO", {})
+    cuda = torch.device("cuda", 0)
+    assert backends.resolve_backend(scan.KLA_SCAN_OP, "auto", cuda, torch.float64) == "torch"
+    assert backends.resolve_backend(scan.KLA_SCAN_OP, "auto", cuda, torch.bfloat16) == "triton"
 
 
 def test_fresh_state_default_and_empty_sequence():
