@@ -101,13 +101,13 @@ def test_model_yaml_overrides_reach_the_model():
     cfg = OmegaConf.load(CONFIGS / "gpt_kla_tiny.yaml")
     OmegaConf.set_struct(cfg, True)  # as Hydra composes it: only keys the file spells out can be set
     overrides = ["d_model=32", "kla_layers=[0]", "mixer_options.kla.block=plain", "mixer_options.kla.d_state=8",
-                 "mixer_options.attention.impl=math"]  # fmt: skip
+                 "mixer_options.attention.backend=math"]  # fmt: skip
     cfg.merge_with(OmegaConf.from_dotlist(overrides))
     model = hydra.utils.instantiate(cfg, vocab_size=100)
     assert model.config.d_model == 32 and model.config.layer_mixers == ["kla", "attention"]
-    assert model.config.mixer_options == {"attention": {"impl": "math"}, "kla": {"block": "plain", "d_state": 8}}
+    assert model.config.mixer_options == {"attention": {"backend": "math"}, "kla": {"block": "plain", "d_state": 8}}
     kla, attention = (layer.mixer for layer in model.model.layers)
-    assert (kla.block, kla.d_state, attention.impl) == ("plain", 8, "math")
+    assert (kla.block, kla.d_state, attention.backend) == ("plain", 8, "math")
     model.config.to_json_string()  # options arrive as plain containers, so the config serialises
 
 

@@ -17,6 +17,9 @@ from typing import Any, NamedTuple
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
+# One name per knob across the mixers: an old option name -> its name now. Old names are refused with the new one.
+RENAMED_MIXER_OPTIONS = {"conv_kernel": "d_conv", "scan_backend": "backend", "impl": "backend", "num_heads": "n_heads"}
+
 SUPPORTED_PRECISIONS = ("32-true", "32", "64-true", "bf16-mixed", "bf16-true")
 
 
@@ -151,9 +154,32 @@ def check(cfg: DictConfig, rules: tuple[Rule, ...]) -> None:
             raise ConfigError(f"{rule.key}={value!r} is invalid: must be {rule.demand}")
 
 
+def renamed_option_message(key: str) -> str | None:
+    """For a dotted key whose last part is an old mixer option name (`model.mixer_options.kla.conv_kernel`), the
+    one-line refusal that names the new key; None for any other key."""
+    head, _, leaf = key.rpartition(".")
+    if "mixer_options" not in key.split(".") or leaf not in RENAMED_MIXER_OPTIONS:
+        return None
+    return f"{key} was renamed: use {head}.{RENAMED_MIXER_OPTIONS[leaf]}"
+
+
+def check_overrides(overrides: list[str]) -> None:
+    """Refuses a command-line override of a renamed key (Hydra would only say the key is not in the config)."""
+    for override in overrides:
+        message = renamed_option_message(override.split("=", 1)[0].lstrip("+~"))
+        if message is not None and not override.startswith("-"):
+            raise ConfigError(message)
+
+
 def check_train_config(cfg: DictConfig) -> None:
-    """The `klalm-train` checks: TRAIN_RULES, and that an explicit `resume` path exists."""
+    """The `klalm-train` checks: TRAIN_RULES, no renamed mixer option, and that an explicit `resume` path exists."""
     check(cfg, TRAIN_RULES)
+    options = OmegaConf.select(cfg, "model.mixer_options")
+    for mixer, values in (options or {}).items():
+        for option in values or {}:
+            message = renamed_option_message(f"model.mixer_options.{mixer}.{option}")
+            if message is not None:
+                raise ConfigError(message)
     if cfg.resume not in (None, "auto") and not Path(cfg.resume).exists():
         raise ConfigError(f"resume={cfg.resume!r}: no such checkpoint file or run directory")
 

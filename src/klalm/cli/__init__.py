@@ -15,7 +15,7 @@ import hydra
 from omegaconf import DictConfig
 
 import klalm.cli.helptext  # noqa: F401  (registers the ${klalm_help:...} resolver of the help templates)
-from klalm.config_checks import ConfigError, check_eval_config, check_train_config
+from klalm.config_checks import ConfigError, check_eval_config, check_overrides, check_train_config
 
 CONFIG_PATH = "pkg://klalm.configs"
 PRINT_TASKS_PATH = "--print-tasks-path"  # klalm-eval's one flag outside Hydra
@@ -53,6 +53,10 @@ def _eval_app(cfg: DictConfig) -> None:
 
 def train() -> None:
     """`klalm-train`: pretrain a model (`klalm-train --help` lists the groups and keys)."""
+    try:
+        check_overrides(sys.argv[1:])
+    except ConfigError as err:
+        sys.exit(f"klalm-train: {err}")
     _train_app()
 
 

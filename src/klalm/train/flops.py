@@ -55,7 +55,7 @@ def _mamba(mixer: nn.Module, seq_len: int) -> float:
 
 
 def _gdn(mixer: nn.Module, seq_len: int) -> float:
-    return float(GDN_SCAN_FLOPS * mixer.num_heads * mixer.head_k_dim * mixer.head_v_dim)
+    return float(GDN_SCAN_FLOPS * mixer.n_heads * mixer.head_k_dim * mixer.head_v_dim)
 
 
 # Sequence-mixing FLOPs per token (forward) beyond the mixer's dense layers, by the mixer's registry name.
