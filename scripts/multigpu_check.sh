@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The 2-GPU acceptance run of klalm-train (issue 9), one command on a 2-GPU machine, then analysed and tabulated:
+# The 2-GPU acceptance run of klalm-train, one command on a 2-GPU machine, then analysed and tabulated:
 #
 #   source scripts/device_setup.sh && scripts/multigpu_check.sh             # 2 GPUs, a few minutes
 #   KLALM_MULTIGPU_CPU=1 scripts/multigpu_check.sh                          # rehearsal: 2 CPU processes (gloo)

@@ -176,9 +176,9 @@ GDN_BACKENDS: dict[str, Callable] = {
 def fla_usable(device: torch.device) -> tuple[bool, str]:
     """Probe whether fla's chunked kernel runs forward+backward on `device` and matches "torch".
 
-    fla refuses the gated chunked backward on Hopper with Triton in [3.4, 3.7.1) (its issue #640), and other
-    Triton/GPU pairs may fail to compile; one tiny call, made once per device by "auto" at first use, finds out
-    without a sync in the hot path. Returns (usable, reason).
+    fla refuses the gated chunked backward on Hopper with Triton in [3.4, 3.7.1) (fla-org/flash-linear-attention
+    #640), and other Triton/GPU pairs may fail to compile; one tiny call, made once per device by "auto" at first
+    use, finds out without a sync in the hot path. Returns (usable, reason).
     """
     gen = torch.Generator(device="cpu").manual_seed(0)
     shapes = {"q": (1, 80, 2, 16), "k": (1, 80, 2, 16), "v": (1, 80, 2, 32)}

@@ -1,6 +1,6 @@
 """Parallel KLA scan in plain PyTorch (CPU and GPU) with a hand-derived exact backward.
 
-The filter (shared/DESIGN.md §1) per (b, m, s), for t = 1..L from (λ_0, η_0):
+The filter (docs/kla.md, "The math") per (b, m, s), for t = 1..L from (λ_0, η_0):
 
     φ_t = Λ_t·k_t²   r_t = v_t·Λ_t·k_t   d_t = a² + p·λ_{t-1}   g_t = a/d_t
     λ_t = λ_{t-1}/d_t + φ_t              η_t = g_t·η_{t-1} + r_t

@@ -1,6 +1,6 @@
 """Sequential reference of the KLA filter: the oracle every faster backend is tested against.
 
-Each (channel m, state s) pair is a scalar Kalman filter in information form (shared/DESIGN.md §1):
+Each (channel m, state s) pair is a scalar Kalman filter in information form (docs/kla.md, "The math"):
 
     φ_t = Λ_t·k_t²      r_t = v_t·Λ_t·k_t      d_t = a² + p·λ_{t-1}
     λ_t = λ_{t-1}/d_t + φ_t                      η_t = (a/d_t)·η_{t-1} + r_t

@@ -84,7 +84,7 @@ def kla_scan(
     backend: str = "auto",
     decode_from_prior: bool = False,
 ) -> tuple[Tensor, Tensor, KLAState]:
-    """Run the KLA filter (shared/DESIGN.md §1) over a sequence; differentiable in every tensor argument.
+    """Run the KLA filter (docs/kla.md) over a sequence; differentiable in every tensor argument.
 
     Per (b, m, s): φ_t = Λ_t·k_t², r_t = v_t·Λ_t·k_t, d_t = a² + p·λ_{t-1}, λ_t = λ_{t-1}/d_t + φ_t,
     η_t = (a/d_t)·η_{t-1} + r_t; y_t = Σ_s q_t·η_t/λ_t, y_var_t = Σ_s q_t²/λ_t.

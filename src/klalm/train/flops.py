@@ -4,7 +4,7 @@ Forward FLOPs per token, counted as the work each piece really does (multiply-ad
 
     dense:      2 · (weights of every Linear and Conv1d)          projections, MLP, LM head, short convs
     attention:  2 · D · (T + 1)          causal QKᵀ and AV: 2·2·D FLOPs per key, (T + 1)/2 keys on average
-    kla scan:   29 · M · S               Kalman step (~25 fp32 ops + 2 reciprocals, DESIGN.md §8) + readout (2)
+    kla scan:   29 · M · S               Kalman step (~25 fp32 ops + 2 reciprocals) + readout (2)
     mamba scan:  9 · M · S               exp(ΔA), ΔB·x, h = Ā·h + B̄x, y = C·h
     gdn scan:    7 · H · d_k · d_v       decay, S·k, rank-1 delta update, q·S (per head)
 

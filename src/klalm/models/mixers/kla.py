@@ -1,4 +1,4 @@
-"""The Kalman Linear Attention mixer (Shaj et al., arXiv 2602.10743, 2026), as in shared/DESIGN.md §1.
+"""The Kalman Linear Attention mixer (Shaj et al., arXiv 2602.10743, 2026); the math is in docs/kla.md.
 
 Per token, every (channel m, state s) pair runs one step of a scalar Kalman filter in information form:
 
