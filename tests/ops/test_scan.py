@@ -10,8 +10,9 @@ import torch
 
 from klalm.ops import BACKENDS, KLAState, kla_scan, kla_scan_logvar, kla_step
 from klalm.ops.checks import value_checks_enabled, value_checks_suspended
-from klalm.ops.parallel import kla_scan_torch
-from klalm.ops.reference import kla_scan_reference, precision_from_logvar
+from klalm.ops.chunked_scan import kla_scan_torch
+from klalm.ops.common import precision_from_logvar
+from klalm.ops.reference import kla_scan_reference
 
 NAMES = ("v", "lambda_v", "k", "q", "a", "p", "lam0", "eta0")
 
@@ -313,7 +314,7 @@ def test_gpu_backends_match_reference(backend):
 
 
 def test_default_chunk_size_rule():
-    from klalm.ops.parallel import CPU_SEQUENTIAL_MIN_ELEMENTS, default_chunk_size
+    from klalm.ops.chunked_scan import CPU_SEQUENTIAL_MIN_ELEMENTS, default_chunk_size
 
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
     assert default_chunk_size(1024, CPU_SEQUENTIAL_MIN_ELEMENTS, cpu) == 1024  # busy CPU step: one chunk

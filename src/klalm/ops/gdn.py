@@ -35,7 +35,7 @@ import torch
 from torch import Tensor
 
 from klalm.ops.backends import OpBackends, resolve_backend
-from klalm.ops.reference import compute_dtype
+from klalm.ops.common import compute_dtype
 
 FLA_CHUNK_SIZES = (16, 32, 64)  # the chunk sizes fla's chunk_gated_delta_rule accepts
 PROBE_RTOL = 1e-2  # fla's float32 path uses tf32 matmuls; the probe only guards against broken kernels

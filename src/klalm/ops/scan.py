@@ -4,7 +4,7 @@ Backends share one signature, `fn(v, lambda_v, k, q, a, p, initial_state, decode
 return convention, `(y, y_var, KLAState(lam, eta))`:
 
 - "reference": the sequential loop of `klalm.ops.reference` (the oracle; any float dtype, float64 included).
-- "torch": the chunked parallel scan of `klalm.ops.parallel` with its exact hand-derived backward (CPU, GPU).
+- "torch": the chunked parallel scan of `klalm.ops.chunked_scan` with its exact hand-derived backward (CPU, GPU).
 - "triton": the fused GPU kernels `klalm.kernels.mobius_scan.kla_scan_triton`, imported on first use.
 - "auto" (not a table entry): "triton" for CUDA tensors below float64 when the kernels import, "torch" otherwise;
   the policy of all three ops, in `klalm.ops.backends`.
@@ -22,14 +22,9 @@ from torch import Tensor
 
 from klalm.ops.backends import OpBackends, resolve_backend
 from klalm.ops.checks import check_inputs
-from klalm.ops.parallel import kla_scan_torch
-from klalm.ops.reference import (
-    KLAState,
-    compute_dtype,
-    kla_scan_reference,
-    kla_step_reference,
-    precision_from_logvar,
-)
+from klalm.ops.chunked_scan import kla_scan_torch
+from klalm.ops.common import KLAState, compute_dtype, precision_from_logvar
+from klalm.ops.reference import kla_scan_reference, kla_step_reference
 
 
 def _kla_scan_triton(

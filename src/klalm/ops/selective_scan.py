@@ -30,7 +30,7 @@ import torch
 from torch import Tensor
 
 from klalm.ops.backends import OpBackends, resolve_backend
-from klalm.ops.reference import compute_dtype
+from klalm.ops.common import compute_dtype
 
 SCAN_CHUNK = 64  # tokens per chunk of the "torch" backend: memory is O(B·SCAN_CHUNK·M·N) per chunk
 
@@ -46,7 +46,7 @@ def selective_scan_reference(
 ) -> tuple[Tensor, Tensor]:
     """Loop over time in float32 (float64 stays float64). Returns (y [B, L, M] in u's dtype, h [B, M, N])."""
     out_dtype = u.dtype
-    dt = torch.float64 if u.dtype == torch.float64 else torch.float32
+    dt = compute_dtype(u.dtype)
     u, delta, A, Bm, Cm = (x.to(dt) for x in (u, delta, A, Bm, Cm))
     batch, length, channels = u.shape
     h = u.new_zeros(batch, channels, A.shape[-1]) if initial_state is None else initial_state.to(dt)

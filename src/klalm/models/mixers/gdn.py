@@ -29,6 +29,7 @@ from torch import Tensor, nn
 
 from klalm.models.mixers.base import Mixer, inverse_softplus_dt, no_weight_decay, reject_unknown_options
 from klalm.models.mixers.conv import CausalConv1d
+from klalm.ops.common import compute_dtype
 from klalm.ops.gdn import GDN_BACKENDS, gated_delta_rule
 
 QK_NORM_EPS = 1e-6  # floor on ‖q‖, ‖k‖ in the L2 normalisation
@@ -115,7 +116,7 @@ class GatedDeltaNetMixer(Mixer):
 
     def init_state(self, batch_size: int, device: torch.device, dtype: torch.dtype) -> GDNState:
         """Empty decode state: zero conv window and zero recurrent state [B, H, K, V]."""
-        rec_dtype = torch.float64 if dtype == torch.float64 else torch.float32
+        rec_dtype = compute_dtype(dtype)
         shape = (batch_size, self.n_heads, self.head_k_dim, self.head_v_dim)
         return GDNState(
             self.conv.init_window(batch_size, device, dtype), torch.zeros(shape, device=device, dtype=rec_dtype)

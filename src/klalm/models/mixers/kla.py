@@ -25,7 +25,7 @@ from torch import Tensor, nn
 from klalm.models.mixers.base import Mixer, no_weight_decay
 from klalm.models.mixers.conv import CausalConv1d
 from klalm.ops import KLAState, kla_scan_logvar, kla_step
-from klalm.ops.reference import compute_dtype, fresh_state, precision_from_logvar
+from klalm.ops.common import compute_dtype, fresh_state, precision_from_logvar
 
 SensorBlock = Literal["plain", "mamba"]
 Discretization = Literal["ou", "zoh"]

@@ -28,6 +28,7 @@ from torch import Tensor, nn
 
 from klalm.models.mixers.base import Mixer, inverse_softplus_dt, no_weight_decay, reject_unknown_options
 from klalm.models.mixers.conv import CausalConv1d
+from klalm.ops.common import compute_dtype
 from klalm.ops.selective_scan import SELECTIVE_SCAN_BACKENDS, selective_scan
 
 
@@ -98,7 +99,7 @@ class MambaMixer(Mixer):
 
     def init_state(self, batch_size: int, device: torch.device, dtype: torch.dtype) -> MambaState:
         """Empty decode state: zero conv window [B, M, d_conv − 1] and zero SSM state [B, M, N]."""
-        ssm_dtype = torch.float64 if dtype == torch.float64 else torch.float32
+        ssm_dtype = compute_dtype(dtype)
         ssm = torch.zeros(batch_size, self.d_inner, self.d_state, device=device, dtype=ssm_dtype)
         return MambaState(self.conv.init_window(batch_size, device, dtype), ssm)
 

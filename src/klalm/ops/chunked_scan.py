@@ -52,7 +52,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
-from klalm.ops.reference import KLAState, compute_dtype, fresh_state
+from klalm.ops.common import KLAState, compute_dtype, fresh_state
 
 log = logging.getLogger(__name__)
 
