@@ -18,13 +18,9 @@ import torch
 
 from klalm.data import ResumableLoader, ShardDataset, ShardSource
 from klalm.data.prepare import ShardWriter
-from klalm.train.multigpu_checks import (
-    StopAfterSteps,
-    _dataset_states,
-    batch_window_hashes,
-    reshard_loader_states,
-    window_hash,
-)
+from klalm.train.callbacks import StopAfterSteps
+from klalm.train.checkpoint import _dataset_states, reshard_loader_states
+from klalm.train.token_audit import batch_window_hashes, window_hash
 
 REPO = Path(__file__).resolve().parents[2]
 SEQ, BATCH = 7, 2  # windows of 8 tokens, 2 per batch

@@ -19,10 +19,18 @@ that torch checks: flipped bytes inside a tensor would load silently).
 Checkpoints are read only with `torch.load(..., weights_only=True)` (`load_checkpoint_file`): the safe unpickler
 builds tensors and plain Python data and refuses anything else, so a planted `.ckpt` cannot run code. klalm writes
 nothing else into them, and `RollingCheckpoint.save` checks that before a file gets its final name.
+
+`RankLoaderStates` (on by default: `callbacks.rank_loader_states`) fixes what a plain Lightning checkpoint lacks
+under data parallelism: only rank 0 writes the checkpoint, so it holds only rank 0's loader position, and every rank
+of a resumed run would restore that one (shard datasets refuse it; other datasets would silently re-read rank 0's
+data on every rank). The callback gathers every rank's loader state into the checkpoint and, on resume, gives each
+rank its own. When the world size changes (2 GPUs -> 1 GPU), token-shard positions are re-split exactly
+(`reshard_loader_states`).
 """
 
 from __future__ import annotations
 
+import copy
 import logging
 import os
 import shutil
@@ -43,8 +51,12 @@ from klalm.models.checkpoint import (
     list_checkpoints,
     model_state_from_checkpoint,
 )
+from klalm.train.distributed import gather_objects
 
 log = logging.getLogger(__name__)
+
+STATE_KEY = "klalm_rank_loader_states"  # checkpoint entry written by RankLoaderStates
+SHARD_STATE_KEYS = frozenset({"consumer", "epoch", "pos", "batches"})  # klalm.data.shards.ShardDataset state
 
 
 def remove_stale_temporaries(run_dir: Path) -> None:
@@ -212,3 +224,96 @@ def export_hf(trainer: pl.Trainer, out_dir: Path, tokenizer: Any, max_length: in
     save_export(trainer.lightning_module.model, out_dir, tokenizer, max_length=max_length, state_dict=weights)
     log.info("exported Hugging Face model to %s", out_dir)
     return out_dir
+
+
+def _dataset_states(loader_state: dict[str, Any]) -> list[dict[str, Any]]:
+    """The dataset states inside a `StatefulDataLoader` state, one per worker (references, in worker order)."""
+    snapshot = loader_state.get("_snapshot")
+    if snapshot is None:  # num_workers=0: the main process holds the dataset
+        if "dataset_state" not in loader_state:
+            raise KeyError(f"loader state has neither '_snapshot' nor 'dataset_state' (keys: {sorted(loader_state)})")
+        return [loader_state["dataset_state"]]
+    workers = snapshot["_worker_snapshots"]
+    return [workers[name]["dataset_state"] for name in sorted(workers, key=lambda n: int(n.rsplit("_", 1)[1]))]
+
+
+def reshard_loader_states(states: list[dict[str, Any]], world_size: int, rank: int) -> dict[str, Any]:
+    """This rank's loader state when a run saved by `len(states)` ranks resumes on `world_size` ranks.
+
+    Same world size: rank r gets the state rank r saved. Otherwise only token-shard datasets (`ShardDataset`,
+    window k of an epoch's order goes to consumer k mod n) can be re-split: if all n saved consumers stand at the
+    same position p of the same epoch, the windows read so far are exactly the first n·p of that epoch's order,
+    and with n' = world_size × workers consumers each new consumer resumes at n·p / n'.
+
+    Args:
+        states: the `StatefulDataLoader` states of saved ranks 0..n-1 (same num_workers on every rank).
+        world_size: ranks of the resumed run.
+        rank: this rank.
+
+    Returns:
+        a loader state for this rank (a copy when re-split).
+
+    Raises:
+        ValueError: when the positions cannot be re-split exactly (not shard datasets, ranks not in lock-step, or
+            n·p not divisible by n').
+    """
+    if not 0 <= rank < world_size:
+        raise ValueError(f"rank {rank} outside [0, {world_size})")
+    if len(states) == world_size:
+        return states[rank]
+    saved = [_dataset_states(s) for s in states]
+    flat = [d for per_rank in saved for d in per_rank]
+    if any(not isinstance(d, dict) or set(d) != SHARD_STATE_KEYS for d in flat):
+        raise ValueError(
+            f"cannot resume a {len(states)}-rank loader state on {world_size} ranks: only token-shard datasets "
+            "(data=shards) can be re-split; resume with the same world size"
+        )
+    positions = {(d["epoch"], d["pos"], d["batches"]) for d in flat}
+    consumers = sorted(d["consumer"][0] for d in flat)
+    if len(positions) != 1 or consumers != list(range(len(flat))):
+        raise ValueError(f"saved shard consumers are not in lock-step (epoch, pos, batches): {sorted(positions)}")
+    (epoch, pos, batches), n = positions.pop(), len(flat)
+    workers = len(saved[0])
+    n_new = world_size * workers
+    if (n * pos) % n_new or (n * batches) % n_new:
+        raise ValueError(f"{n} consumers at position {pos} cannot be re-split over {n_new} consumers exactly")
+    state = copy.deepcopy(states[0])
+    for worker, dataset_state in enumerate(_dataset_states(state)):
+        dataset_state.update(
+            consumer=[rank * workers + worker, n_new], epoch=epoch, pos=n * pos // n_new, batches=n * batches // n_new
+        )
+    return state
+
+
+class RankLoaderStates(Callback):
+    """Stores every rank's training-loader state in checkpoints and restores each rank's own on resume.
+
+    The datamodule state must be `{"train_loader": <StatefulDataLoader state>}` (as `TextDataModule` writes it).
+    Checkpoints without the entry (written without this callback) are resumed as Lightning does by itself, with one
+    warning.
+    """
+
+    def on_save_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict) -> None:
+        datamodule = trainer.datamodule
+        if datamodule is None:
+            raise ValueError("callbacks.rank_loader_states needs a LightningDataModule (the run has none)")
+        state = datamodule.state_dict().get("train_loader")
+        checkpoint[STATE_KEY] = {"world_size": trainer.world_size, "train_loader": gather_objects(state)}
+
+    def on_load_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict) -> None:
+        saved = checkpoint.get(STATE_KEY)
+        if saved is None:
+            log.warning("checkpoint has no per-rank loader states (%s): every rank restores rank 0's", STATE_KEY)
+            return
+        states = saved["train_loader"]
+        if any(s is None for s in states):
+            return  # saved before the training loader existed: nothing to restore
+        state = reshard_loader_states(states, trainer.world_size, trainer.global_rank)
+        if len(states) != trainer.world_size:
+            log.info("loader state of %d ranks re-split over %d ranks", len(states), trainer.world_size)
+        # The datamodule was restored (with rank 0's state) before callbacks are: overwrite it, and the copy in
+        # the fit loop that Lightning loads into the training loader once it exists.
+        trainer.datamodule.load_state_dict({"train_loader": state})
+        fit_state = checkpoint.get("loops", {}).get("fit_loop", {}).get("state_dict", {})
+        if "combined_loader" in fit_state:
+            fit_state["combined_loader"] = [state]
