@@ -1,1 +1,19 @@
-"""Hydra configs of klalm, shipped as the package `klalm.configs` (see pyproject.toml)."""
+"""Hydra configs of klalm, shipped as the package `klalm.configs` (see pyproject.toml).
+
+Importing the package registers the resolvers the configs use, so every way of composing them (`pkg://klalm.configs`,
+`initialize_config_module("klalm.configs")`) finds them.
+"""
+
+import math
+
+from omegaconf import OmegaConf
+
+from klalm.train.rundir import config_subdir, fresh_run_name, run_dir_for
+
+# `${mul:a,b,...}`: products in configs, e.g. a token budget of N global batches (configs/debug/fast.yaml).
+OmegaConf.register_new_resolver("mul", lambda *factors: math.prod(factors), replace=True)
+# Run folders (configs/hydra/default.yaml): this process's unique new folder name, the folder a run (or a resume)
+# writes to, and where each start's config goes. Cached: Hydra and Lightning's launcher both resolve the run folder.
+OmegaConf.register_new_resolver("klalm_fresh_name", fresh_run_name, replace=True)
+OmegaConf.register_new_resolver("klalm_run_dir", run_dir_for, use_cache=True, replace=True)
+OmegaConf.register_new_resolver("klalm_config_subdir", config_subdir, replace=True)

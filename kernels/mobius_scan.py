@@ -21,7 +21,7 @@ from klalm.kernels.common import ScanConfig, check_config, check_kernel_device, 
 from klalm.kernels.mobius_scan_bwd import mobius_scan_bwd
 from klalm.kernels.mobius_scan_fwd import mobius_scan_fwd
 from klalm.ops.checks import check_inputs
-from klalm.ops.reference import KLAState
+from klalm.ops.common import KLAState
 
 MAX_STATE_SIZE = 64
 

@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 from klalm.data import PackedTextDataset, ResumableLoader, ShardDataset, ShardSource, build_source, load_tokenizer
-from klalm.data.shards import prepare_shards
+from klalm.data.prepare import prepare_shards
 
 DEFAULT_ROOT = os.environ.get("KLALM_SHARED_DATA", str(Path(__file__).resolve().parents[1].parent / "shared/data"))
 

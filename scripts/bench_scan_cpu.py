@@ -26,8 +26,9 @@ from functools import partial
 import torch
 
 from klalm.ops import BACKENDS, kla_scan
-from klalm.ops.parallel import kla_scan_torch
-from klalm.ops.reference import KLAState, kla_scan_reference
+from klalm.ops.chunked_scan import kla_scan_torch
+from klalm.ops.common import KLAState
+from klalm.ops.reference import kla_scan_reference
 
 MB = 1024**2
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The 2-GPU acceptance run of klalm-train (issue 9), one command on a 2-GPU machine, then analysed and tabulated:
+# The 2-GPU acceptance run of klalm-train, one command on a 2-GPU machine, then analysed and tabulated:
 #
 #   source scripts/device_setup.sh && scripts/multigpu_check.sh             # 2 GPUs, a few minutes
 #   KLALM_MULTIGPU_CPU=1 scripts/multigpu_check.sh                          # rehearsal: 2 CPU processes (gloo)
@@ -11,7 +11,7 @@
 #   resume_single  the same checkpoint resumed on 1 GPU up to MG_STEPS
 #   fsdp2          kla FSDP on 2 GPUs, MG_WINDOW steps
 #   gpt_ddp2       gpt DDP on 2 GPUs, MG_WINDOW steps; gpt_single: gpt on 1 GPU
-# Every run records a hash of each token window each rank consumed (klalm.train.multigpu_checks) and per-rank
+# Every run records a hash of each token window each rank consumed (klalm.train.token_audit) and per-rank
 # loader states in its checkpoints. scripts/multigpu_check.py then compares loss curves, windows per step and
 # throughput, and prints Markdown tables (last thing on stdout).
 #
@@ -72,7 +72,7 @@ cat > "$WORK/plan.json" <<EOF
 EOF
 
 common() {  # common() NAME EXPERIMENT: overrides shared by every run
-  echo "experiment=$2" data=shards "data._target_=klalm.train.multigpu_checks.TokenAuditDataModule" \
+  echo "experiment=$2" data=shards "data._target_=klalm.train.token_audit.TokenAuditDataModule" \
     "+data.audit_dir=$WORK/$1/mg/token_audit" "data.seq_len=$SEQ" "data.batch_size=$MICRO" \
     "data.num_workers=$NUM_WORKERS" data.val_batches=1 "train.global_batch_tokens=$GLOBAL" \
     "train.max_tokens=$((STEPS * GLOBAL))" train.val_every_n_steps=1000000 train.final_eval=false \
@@ -80,7 +80,7 @@ common() {  # common() NAME EXPERIMENT: overrides shared by every run
     callbacks.sampler=null callbacks.progress=null \
     "paths.log_dir=$WORK" "hydra.run.dir=$WORK/$1/mg" "run_name=$1"
 }
-stop_after() { echo "+callbacks.stop._target_=klalm.train.multigpu_checks.StopAfterSteps" "+callbacks.stop.steps=$1"; }
+stop_after() { echo "+callbacks.stop._target_=klalm.train.callbacks.StopAfterSteps" "+callbacks.stop.steps=$1"; }
 
 PORT=29600
 launch() {  # launch NAME NPROC STRATEGY EXPERIMENT OVERRIDES...: one run, recorded in status.tsv, never aborts

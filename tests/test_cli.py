@@ -121,3 +121,12 @@ def test_every_key_of_train_yaml_has_a_rule():
 def test_key_comments_follow_nesting_and_ignore_hashes_in_values():
     text = 'a:\n  b: "x # not a comment"   # what b means\n  c: d#e\nf: 1 # top\n  # a full-line comment\n'
     assert key_comments(text, "pkg") == {"pkg.a.b": "what b means", "pkg.f": "top"}
+
+
+def test_a_renamed_key_is_refused_naming_the_new_one(tmp_path):
+    proc = _in_fresh_python("train", ["experiment=smoke", "model.mixer_options.kla.conv_kernel=3"], tmp_path)
+    assert proc.returncode == 1
+    assert "klalm-train: model.mixer_options.kla.conv_kernel was renamed: use model.mixer_options.kla.d_conv" in (
+        proc.stderr
+    )
+    assert proc.stdout.rstrip().endswith("LIGHT")

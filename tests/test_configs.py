@@ -20,7 +20,8 @@ ARCH_SIZES = [f"{a}_{s}" for a in ("kla", "gpt", "mamba", "gdn", "gpt_kla") for 
 
 
 def _files(group: str) -> list[str]:
-    return sorted(p.stem for p in (CONFIGS / group).glob("*.yaml"))
+    """The options of a group a user picks (files named `_*` are the shared parts the options compose)."""
+    return sorted(p.stem for p in (CONFIGS / group).glob("*.yaml") if not p.stem.startswith("_"))
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -9,13 +9,15 @@ import hydra
 import pytest
 import torch
 import yaml
-from omegaconf import OmegaConf
+from hydra import compose, initialize_config_module
+from omegaconf import DictConfig
 
 from klalm.cli import params
 from klalm.cli.helptext import key_comments
 from klalm.models import ARCH_LAYOUTS, MIXERS, KLALMForCausalLM
 from klalm.models.config import SHARED_MIXER_FIELDS
-from klalm.models.presets import BUDGET_TOLERANCE, PRESETS, preset_parameter_count
+from klalm.models.params import preset_parameter_count
+from klalm.models.presets import BUDGET_TOLERANCE, PRESETS
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs" / "model"
 
@@ -85,10 +87,24 @@ def test_klalm_params_rejects_bad_arguments(argv, message, capsys):
     assert exit_info.value.code == 2 and message in capsys.readouterr().err
 
 
+def _model_config(name: str, overrides: tuple[str, ...] = ()) -> DictConfig:
+    """configs/model/<name>.yaml as Hydra composes it (struct mode: only keys the files spell out can be set)."""
+    with initialize_config_module("klalm.configs", version_base="1.3"):
+        return compose(overrides=[f"+model={name}", *(f"model.{o}" for o in overrides)]).model
+
+
+def test_one_model_file_per_architecture_and_one_line_per_size():
+    """The keys of an arch live in configs/model/_<arch>.yaml; a <arch>_<size> file only picks the preset."""
+    for name in PRESETS:
+        arch, size = PRESETS[name].arch, name[len(PRESETS[name].arch) + 1 :]
+        cfg = yaml.safe_load((CONFIGS / f"{name}.yaml").read_text())
+        assert cfg == {"defaults": [f"_{arch}", "_self_"], "preset": size}
+    assert sorted(p.stem for p in CONFIGS.glob("_*.yaml")) == sorted(f"_{arch}" for arch in ARCH_LAYOUTS)
+
+
 @pytest.mark.parametrize("name", sorted(PRESETS))
 def test_model_yaml_instantiates_its_preset(name):
-    path = CONFIGS / f"{name}.yaml"
-    cfg = OmegaConf.load(path)
+    cfg = _model_config(name)
     assert (cfg.arch, f"{cfg.arch}_{cfg.preset}") == (PRESETS[name].arch, name)
     with torch.device("meta"):
         model = hydra.utils.instantiate(cfg, vocab_size=50257)
@@ -97,24 +113,24 @@ def test_model_yaml_instantiates_its_preset(name):
 
 
 def test_model_yaml_overrides_reach_the_model():
-    cfg = OmegaConf.load(CONFIGS / "gpt_kla_tiny.yaml")
-    OmegaConf.set_struct(cfg, True)  # as Hydra composes it: only keys the file spells out can be set
-    overrides = ["d_model=32", "kla_layers=[0]", "mixer_options.kla.block=plain", "mixer_options.kla.d_state=8",
-                 "mixer_options.attention.impl=math"]  # fmt: skip
-    cfg.merge_with(OmegaConf.from_dotlist(overrides))
+    overrides = ("d_model=32", "kla_layers=[0]", "mixer_options.kla.block=plain", "mixer_options.kla.d_state=8",
+                 "mixer_options.attention.backend=math")  # fmt: skip
+    cfg = _model_config("gpt_kla_tiny", overrides)
     model = hydra.utils.instantiate(cfg, vocab_size=100)
     assert model.config.d_model == 32 and model.config.layer_mixers == ["kla", "attention"]
-    assert model.config.mixer_options == {"attention": {"impl": "math"}, "kla": {"block": "plain", "d_state": 8}}
+    assert model.config.mixer_options == {"attention": {"backend": "math"}, "kla": {"block": "plain", "d_state": 8}}
     kla, attention = (layer.mixer for layer in model.model.layers)
-    assert (kla.block, kla.d_state, attention.impl) == ("plain", 8, "math")
+    assert (kla.block, kla.d_state, attention.backend) == ("plain", 8, "math")
     model.config.to_json_string()  # options arrive as plain containers, so the config serialises
 
 
 @pytest.mark.parametrize("name", sorted(PRESETS))
 def test_model_yaml_spells_out_every_mixer_option(name):
     """Every constructor option of the arch's mixers is a null key, commented with the constructor's default."""
-    text = (CONFIGS / f"{name}.yaml").read_text()
-    cfg, comments = OmegaConf.load(CONFIGS / f"{name}.yaml"), key_comments(text, "")
+    cfg = _model_config(name)
+    comments = {}
+    for path in sorted(CONFIGS.glob("_*.yaml")):
+        comments.update(key_comments(path.read_text(), ""))
     layout = ARCH_LAYOUTS[cfg.arch]
     assert list(cfg.mixer_options) == [m for m in (layout.base, layout.at_kla_layers) if m]
     for mixer, options in cfg.mixer_options.items():
@@ -129,4 +145,4 @@ def test_model_yaml_spells_out_every_mixer_option(name):
 
 
 def test_every_model_yaml_is_a_preset():
-    assert {path.stem for path in CONFIGS.glob("*.yaml")} == set(PRESETS)
+    assert {path.stem for path in CONFIGS.glob("*.yaml") if not path.stem.startswith("_")} == set(PRESETS)

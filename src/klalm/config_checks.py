@@ -6,29 +6,19 @@ values that cannot work (`optim.lr=-1`). Keys a group option does not have (`sch
 schedule) or whose parent is switched off (`callbacks.checkpoint=null`) are not checked. Arguments that go straight
 to Lightning's Trainer (`trainer.devices=auto`, `trainer.limit_val_batches=0.5`) are Lightning's to check.
 
-It also registers the config resolvers (`${mul:a,b}`, the run-folder names), so importing it is enough to compose the
-configs.
 Importing it costs only omegaconf: the console scripts (`klalm.cli`) run these checks first.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NamedTuple
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from klalm.train.rundir import config_subdir, fresh_run_name, run_dir_for
-
-# `${mul:a,b,...}`: products in configs, e.g. a token budget of N global batches (configs/debug/fast.yaml).
-OmegaConf.register_new_resolver("mul", lambda *factors: math.prod(factors), replace=True)
-# Run folders (configs/hydra/default.yaml): this process's unique new folder name, the folder a run (or a resume)
-# writes to, and where each start's config goes. Cached: Hydra and Lightning's launcher both resolve the run folder.
-OmegaConf.register_new_resolver("klalm_fresh_name", fresh_run_name, replace=True)
-OmegaConf.register_new_resolver("klalm_run_dir", run_dir_for, use_cache=True, replace=True)
-OmegaConf.register_new_resolver("klalm_config_subdir", config_subdir, replace=True)
+# One name per knob across the mixers: an old option name -> its name now. Old names are refused with the new one.
+RENAMED_MIXER_OPTIONS = {"conv_kernel": "d_conv", "scan_backend": "backend", "impl": "backend", "num_heads": "n_heads"}
 
 SUPPORTED_PRECISIONS = ("32-true", "32", "64-true", "bf16-mixed", "bf16-true")
 
@@ -164,9 +154,32 @@ def check(cfg: DictConfig, rules: tuple[Rule, ...]) -> None:
             raise ConfigError(f"{rule.key}={value!r} is invalid: must be {rule.demand}")
 
 
+def renamed_option_message(key: str) -> str | None:
+    """For a dotted key whose last part is an old mixer option name (`model.mixer_options.kla.conv_kernel`), the
+    one-line refusal that names the new key; None for any other key."""
+    head, _, leaf = key.rpartition(".")
+    if "mixer_options" not in key.split(".") or leaf not in RENAMED_MIXER_OPTIONS:
+        return None
+    return f"{key} was renamed: use {head}.{RENAMED_MIXER_OPTIONS[leaf]}"
+
+
+def check_overrides(overrides: list[str]) -> None:
+    """Refuses a command-line override of a renamed key (Hydra would only say the key is not in the config)."""
+    for override in overrides:
+        message = renamed_option_message(override.split("=", 1)[0].lstrip("+~"))
+        if message is not None and not override.startswith("-"):
+            raise ConfigError(message)
+
+
 def check_train_config(cfg: DictConfig) -> None:
-    """The `klalm-train` checks: TRAIN_RULES, and that an explicit `resume` path exists."""
+    """The `klalm-train` checks: TRAIN_RULES, no renamed mixer option, and that an explicit `resume` path exists."""
     check(cfg, TRAIN_RULES)
+    options = OmegaConf.select(cfg, "model.mixer_options")
+    for mixer, values in (options or {}).items():
+        for option in values or {}:
+            message = renamed_option_message(f"model.mixer_options.{mixer}.{option}")
+            if message is not None:
+                raise ConfigError(message)
     if cfg.resume not in (None, "auto") and not Path(cfg.resume).exists():
         raise ConfigError(f"resume={cfg.resume!r}: no such checkpoint file or run directory")
 

@@ -16,7 +16,8 @@ from klalm.kernels.common import ScanConfig, segment_chunks
 from klalm.kernels.mobius_scan import kla_scan_triton
 from klalm.kernels.mobius_scan_bwd import mobius_scan_bwd
 from klalm.ops.checks import CHECK_ENV_VAR
-from klalm.ops.reference import KLAState, kla_scan_reference, precision_from_logvar
+from klalm.ops.common import KLAState, precision_from_logvar
+from klalm.ops.reference import kla_scan_reference
 
 NAMES = ("v", "lambda_v", "k", "q", "a", "p", "lam0", "eta0")
 OUTPUTS = ("y", "y_var", "lam", "eta")

@@ -177,7 +177,7 @@ def test_lm_with_the_triton_scan_traces_as_one_graph(arch):
     import torch._dynamo
 
     torch._dynamo.reset()
-    model = build_model(arch, preset="tiny", vocab_size=256, mixer_options={"kla": {"scan_backend": "triton"}})
+    model = build_model(arch, preset="tiny", vocab_size=256, mixer_options={"kla": {"backend": "triton"}})
     ids = torch.randint(0, 256, (2, 12), generator=torch.Generator().manual_seed(0))
     explanation = torch._dynamo.explain(model)(ids, labels=ids)
     assert (explanation.graph_count, explanation.graph_break_count) == (1, 0), explanation.break_reasons

@@ -73,3 +73,19 @@ def test_build_model_overrides_and_nulls():
     config = model.config
     assert (config.vocab_size, config.d_model, config.n_layers, config.d_ff) == (128, 32, 2, 128)
     assert model.model.layers[0].mixer.d_state == 4
+
+
+@pytest.mark.parametrize(
+    ("mixer", "old", "new"),
+    [("kla", "conv_kernel", "d_conv"), ("kla", "scan_backend", "backend"), ("gdn", "num_heads", "n_heads")],
+)
+def test_renamed_mixer_options_are_refused_with_the_new_name(mixer, old, new):
+    with pytest.raises(ValueError, match=f"{old}.*was renamed: use '{new}'"):
+        build_model(mixer, preset="tiny", vocab_size=64, mixer_options={mixer: {old: 4}})
+
+
+def test_a_mixer_refuses_a_renamed_option_itself():
+    from klalm.models.mixers.mamba import MambaMixer
+
+    with pytest.raises(ValueError, match="MambaMixer option 'scan_backend' was renamed: use 'backend'"):
+        MambaMixer(32, scan_backend="torch")

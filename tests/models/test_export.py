@@ -13,8 +13,8 @@ import torch
 
 from klalm.data.tokenizer import train_bpe_tokenizer
 from klalm.models import build_model
+from klalm.models.checkpoint import load_model
 from klalm.models.export import MANIFEST, ExportIntegrityError, save_export, verify_export
-from klalm.train.checkpoint import load_model
 
 VOCAB = 300
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import importlib
 import warnings
 
@@ -10,6 +9,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from klalm.ops import backends
+from klalm.ops.backends import resolve_backend
 from klalm.ops.gdn import gated_delta_rule, gated_delta_rule_reference
 
 gdn_ops = importlib.import_module("klalm.ops.gdn")
@@ -90,14 +91,14 @@ def test_matches_fla_naive_recurrence():
 
 
 def test_auto_backend_choice(monkeypatch):
-    monkeypatch.setattr(gdn_ops, "_auto_backend", functools.cache(gdn_ops._auto_backend.__wrapped__))  # fresh
-    assert gdn_ops._resolve_backend("auto", torch.device("cpu")) == "torch"
+    monkeypatch.setattr(backends, "_AUTO", {})  # decide afresh
+    assert resolve_backend(gdn_ops.GDN_OP, "auto", torch.device("cpu"), torch.float32) == "torch"
     cuda = torch.device("cuda", 0)
-    monkeypatch.setattr(gdn_ops, "fla_usable", lambda device: (False, "RuntimeError: refused"))
-    assert gdn_ops._resolve_backend("auto", cuda) == "torch"
-    monkeypatch.setattr(gdn_ops, "fla_usable", lambda device: (True, "works"))
-    gdn_ops._auto_backend.cache_clear()
-    assert gdn_ops._resolve_backend("auto", cuda) == "fla"
+    monkeypatch.setattr(gdn_ops.GDN_OP, "usable", lambda device: (False, "RuntimeError: refused"))
+    assert resolve_backend(gdn_ops.GDN_OP, "auto", cuda, torch.float32) == "torch"
+    monkeypatch.setattr(gdn_ops.GDN_OP, "usable", lambda device: (True, "works"))
+    backends._AUTO.clear()
+    assert resolve_backend(gdn_ops.GDN_OP, "auto", cuda, torch.float32) == "fla"
 
 
 def test_bad_backend_and_shapes_raise():
@@ -139,13 +140,13 @@ def test_torch_path_ignores_autocast():
 
 
 def test_auto_fallback_warns_once_with_the_reason(monkeypatch, caplog):
-    monkeypatch.setattr(gdn_ops, "_auto_backend", functools.cache(gdn_ops._auto_backend.__wrapped__))
-    monkeypatch.setattr(gdn_ops, "fla_usable", lambda device: (False, "RuntimeError: Triton 3.6 on Hopper"))
-    with caplog.at_level("WARNING", logger="klalm.ops.gdn"):
+    monkeypatch.setattr(backends, "_AUTO", {})  # decide afresh
+    monkeypatch.setattr(gdn_ops.GDN_OP, "usable", lambda device: (False, "RuntimeError: Triton 3.6 on Hopper"))
+    with caplog.at_level("WARNING", logger="klalm.ops.backends"):
         for _ in range(3):
-            gdn_ops._resolve_backend("auto", torch.device("cuda", 0))
+            resolve_backend(gdn_ops.GDN_OP, "auto", torch.device("cuda", 0), torch.float32)
     assert [r.getMessage() for r in caplog.records] == [
-        "gated_delta_rule 'auto' on cuda:0: 'torch' (RuntimeError: Triton 3.6 on Hopper)"
+        "gated_delta_rule backend 'auto' on cuda:0 torch.float32: 'torch' (RuntimeError: Triton 3.6 on Hopper)"
     ]
 
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from klalm.ops.reference import KLAState, compute_dtype, fresh_state, kla_scan_reference, kla_step_reference
+from klalm.ops.common import KLAState, compute_dtype, fresh_state
+from klalm.ops.reference import kla_scan_reference, kla_step_reference
 
 
 def _inputs(batch=2, length=5, channels=3, state=4, dtype=torch.float64, seed=0):

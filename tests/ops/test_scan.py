@@ -10,8 +10,9 @@ import torch
 
 from klalm.ops import BACKENDS, KLAState, kla_scan, kla_scan_logvar, kla_step
 from klalm.ops.checks import value_checks_enabled, value_checks_suspended
-from klalm.ops.parallel import kla_scan_torch
-from klalm.ops.reference import kla_scan_reference, precision_from_logvar
+from klalm.ops.chunked_scan import kla_scan_torch
+from klalm.ops.common import precision_from_logvar
+from klalm.ops.reference import kla_scan_reference
 
 NAMES = ("v", "lambda_v", "k", "q", "a", "p", "lam0", "eta0")
 
@@ -205,28 +206,24 @@ def test_torch_backend_saves_no_per_step_tensors():
     assert saved <= inputs + full // 2, f"saved {saved} elements for {inputs} input elements"
 
 
-def test_auto_picks_torch_on_cpu_and_logs(caplog):
-    from klalm.ops import scan
+def test_auto_picks_torch_on_cpu_and_logs(monkeypatch, caplog):
+    from klalm.ops import backends, scan
 
-    scan._AUTO_LOGGED.clear()
-    with caplog.at_level(logging.INFO, logger="klalm.ops.scan"):
-        assert scan.resolve_backend("auto", torch.zeros(1)) == "torch"
-        assert scan.resolve_backend("auto", torch.zeros(1)) == "torch"
-    assert sum("chose 'torch'" in r.getMessage() for r in caplog.records) == 1
+    monkeypatch.setattr(backends, "_AUTO", {})  # decide afresh
+    with caplog.at_level(logging.INFO, logger="klalm.ops.backends"):
+        assert backends.resolve_backend(scan.KLA_SCAN_OP, "auto", torch.device("cpu"), torch.float32) == "torch"
+        assert backends.resolve_backend(scan.KLA_SCAN_OP, "auto", torch.device("cpu"), torch.float32) == "torch"
+    assert sum("kla_scan backend 'auto'" in r.getMessage() for r in caplog.records) == 1
     assert set(BACKENDS) >= {"reference", "torch", "triton"}
 
 
 def test_auto_sends_float64_to_torch_even_on_cuda(monkeypatch):
-    from klalm.ops import scan
+    from klalm.ops import backends, scan
 
-    class FakeCuda:  # only what resolve_backend reads
-        is_cuda, device = True, torch.device("cuda")
-
-        def __init__(self, dtype):
-            self.dtype = dtype
-
-    assert scan.resolve_backend("auto", FakeCuda(torch.float64)) == "torch"
-    assert scan.resolve_backend("auto", FakeCuda(torch.bfloat16)) == "triton"
+    monkeypatch.setattr(backends, "_AUTO", {})
+    cuda = torch.device("cuda", 0)
+    assert backends.resolve_backend(scan.KLA_SCAN_OP, "auto", cuda, torch.float64) == "torch"
+    assert backends.resolve_backend(scan.KLA_SCAN_OP, "auto", cuda, torch.bfloat16) == "triton"
 
 
 def test_fresh_state_default_and_empty_sequence():
@@ -333,7 +330,7 @@ def test_gpu_backends_match_reference(backend):
 
 
 def test_default_chunk_size_rule():
-    from klalm.ops.parallel import CPU_SEQUENTIAL_MIN_ELEMENTS, default_chunk_size
+    from klalm.ops.chunked_scan import CPU_SEQUENTIAL_MIN_ELEMENTS, default_chunk_size
 
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
     assert default_chunk_size(1024, CPU_SEQUENTIAL_MIN_ELEMENTS, cpu) == 1024  # busy CPU step: one chunk

@@ -7,6 +7,8 @@ import importlib
 import pytest
 import torch
 
+from klalm.ops import backends
+from klalm.ops.backends import resolve_backend
 from klalm.ops.selective_scan import selective_scan, selective_scan_reference, selective_scan_torch
 
 ss = importlib.import_module("klalm.ops.selective_scan")  # the package re-exports a function of the same name
@@ -91,17 +93,22 @@ def test_long_sequence_stays_finite():
 
 
 def test_auto_backend_choice(monkeypatch):
-    monkeypatch.setattr(ss, "_AUTO", {})  # decide afresh
-    assert ss._resolve_backend("auto", torch.device("cpu")) == "torch"
+    monkeypatch.setattr(backends, "_AUTO", {})  # decide afresh
+    cuda = torch.device("cuda", 0)
+    assert resolve_backend(ss.SELECTIVE_SCAN_OP, "auto", torch.device("cpu"), torch.float32) == "torch"
+    monkeypatch.setattr(ss.SELECTIVE_SCAN_OP, "usable", lambda device: (False, "no kernel"))
+    assert resolve_backend(ss.SELECTIVE_SCAN_OP, "auto", cuda, torch.float32) == "torch"
+    monkeypatch.setattr(ss.SELECTIVE_SCAN_OP, "usable", lambda device: (True, "imports"))
+    backends._AUTO.clear()
+    assert resolve_backend(ss.SELECTIVE_SCAN_OP, "auto", cuda, torch.float32) == "triton"
 
+
+def test_triton_usable_names_the_import_error(monkeypatch):
     def missing():
-        raise ImportError("no kernel")
+        raise ImportError("no module named klalm.kernels.selective_scan")
 
     monkeypatch.setattr(ss, "_load_triton", missing)
-    assert ss._resolve_backend("auto", torch.device("cuda", 0)) == "torch"
-    monkeypatch.setattr(ss, "_load_triton", lambda: selective_scan_reference)
-    ss._AUTO.clear()
-    assert ss._resolve_backend("auto", torch.device("cuda", 0)) == "triton"
+    assert ss._triton_usable(torch.device("cuda", 0)) == (False, "no module named klalm.kernels.selective_scan")
 
 
 def test_bad_backend_and_shapes_raise(monkeypatch):
@@ -143,16 +150,13 @@ def test_torch_path_ignores_autocast():
 
 
 def test_auto_fallback_warns_once_with_the_reason(monkeypatch, caplog):
-    def missing():
-        raise ImportError("no module named klalm.kernels.selective_scan")
-
-    monkeypatch.setattr(ss, "_AUTO", {})  # decide afresh
-    monkeypatch.setattr(ss, "_load_triton", missing)
-    with caplog.at_level("WARNING", logger="klalm.ops.selective_scan"):
+    monkeypatch.setattr(backends, "_AUTO", {})  # decide afresh
+    monkeypatch.setattr(ss.SELECTIVE_SCAN_OP, "usable", lambda device: (False, "no module named klalm.kernels.x"))
+    with caplog.at_level("WARNING", logger="klalm.ops.backends"):
         for _ in range(3):
-            ss._resolve_backend("auto", torch.device("cuda", 0))
+            resolve_backend(ss.SELECTIVE_SCAN_OP, "auto", torch.device("cuda", 0), torch.float32)
     assert [r.getMessage() for r in caplog.records] == [
-        "selective_scan backend 'auto' on cuda:0: using 'torch' (no module named klalm.kernels.selective_scan)"
+        "selective_scan backend 'auto' on cuda:0 torch.float32: 'torch' (no module named klalm.kernels.x)"
     ]
 
 

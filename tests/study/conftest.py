@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import yaml
 
-from klalm.data.shards import ShardWriter
+from klalm.data.prepare import ShardWriter
 from klalm.study.spec import load_spec
 
 SEQ_LEN = 16

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from klalm.data.shards import prepare_dataset
+from klalm.data.prepare import prepare_dataset
 from klalm.study.cli import main
 from klalm.study.spec import load_spec
 

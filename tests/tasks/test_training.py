@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from klalm.models import build_model
+from klalm.models.loss import IGNORE_INDEX, token_cross_entropy
 from klalm.tasks import make_task, materialize
 from klalm.tasks.readouts import wrap_readout
 from klalm.tasks.streams import FreshStream
@@ -28,7 +29,6 @@ from klalm.tasks.train import (
     train_step,
 )
 from klalm.tasks.units import Execution, Unit, build_member, run_unit, saved_states, state_name
-from klalm.train.module import lm_loss
 from klalm.train.optim import classify_parameters, cosine_multiplier, param_groups, warmup_cosine
 
 CPU = torch.device("cpu")
@@ -36,17 +36,16 @@ A5 = {"name": "a5", "length": 4}
 AUX = {"name": "a5", "length": 2}
 
 
-def test_the_trainer_scores_with_the_lm_loss_and_the_tasks_ignore_index():
-    from klalm.tasks import IGNORE_INDEX
-    from klalm.train import module
+def test_the_trainer_scores_with_the_token_loss_and_the_tasks_ignore_index():
+    from klalm import tasks
 
-    assert IGNORE_INDEX == module.IGNORE_INDEX  # generators mark what the trainer's loss skips
+    assert tasks.IGNORE_INDEX is IGNORE_INDEX  # generators mark what the trainer's loss skips
     logits = torch.randn(3, 5, 7, dtype=torch.float64)
     labels = torch.randint(7, (3, 5))
     labels[0, :2] = labels[2, 4] = IGNORE_INDEX
     keep = labels != IGNORE_INDEX
     manual = -(logits.log_softmax(-1).gather(2, labels.clamp(min=0)[..., None])[..., 0])[keep].mean()
-    assert lm_loss(logits, labels)[0].item() == pytest.approx(manual.item())
+    assert token_cross_entropy(logits, labels).item() == pytest.approx(manual.item())
 
 
 class _Fixed(nn.Module):
@@ -95,7 +94,7 @@ def test_train_step_equals_a_plain_pytorch_loop(arch):
     for step in range(12):
         train_step(member)
         batches = [s.fill(torch.tensor(step)) for s in streams]
-        loss = sum(lm_loss(oracle(x), y)[0] for x, y in batches)
+        loss = sum(token_cross_entropy(oracle(x), y) for x, y in batches)
         optimizer.zero_grad()
         loss.backward()
         nn.utils.clip_grad_norm_(oracle.parameters(), 0.05)
@@ -260,7 +259,7 @@ def test_last_position_decoder_reads_the_lm_hidden_state():
     inputs, labels = materialize(task, 4, 0, "test")
     logits = module(inputs)
     assert logits.shape == (4, 5, 8)
-    lm_loss(logits, labels)[0].backward()
+    token_cross_entropy(logits, labels).backward()
     assert model.get_input_embeddings().weight.grad.abs().sum() > 0  # gradients reach the LM
     changed = inputs.clone()
     changed[:, 0] = (changed[:, 0] + 1) % 7

@@ -10,9 +10,9 @@ import torch
 from hydra.errors import ConfigCompositionException
 from transformers import AutoModelForCausalLM
 
+from klalm.models.checkpoint import find_latest, list_checkpoints, load_model
 from klalm.train import module as module_lib
 from klalm.train.app import run
-from klalm.train.checkpoint import find_latest, list_checkpoints, load_model
 from klalm.train.module import NonFiniteLossError
 
 from .conftest import TINY, compose_train

@@ -9,7 +9,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from klalm.train.checkpoint import RollingCheckpoint, checkpoint_step, find_latest, list_checkpoints
+from klalm.models.checkpoint import checkpoint_step, find_latest, list_checkpoints
+from klalm.train.checkpoint import RollingCheckpoint
 
 
 class FakeStrategy:

@@ -17,14 +17,10 @@ import pytest
 import torch
 
 from klalm.data import ResumableLoader, ShardDataset, ShardSource
-from klalm.data.shards import ShardWriter
-from klalm.train.multigpu_checks import (
-    StopAfterSteps,
-    _dataset_states,
-    batch_window_hashes,
-    reshard_loader_states,
-    window_hash,
-)
+from klalm.data.prepare import ShardWriter
+from klalm.train.callbacks import StopAfterSteps
+from klalm.train.checkpoint import _dataset_states, reshard_loader_states
+from klalm.train.token_audit import batch_window_hashes, window_hash
 
 REPO = Path(__file__).resolve().parents[2]
 SEQ, BATCH = 7, 2  # windows of 8 tokens, 2 per batch
@@ -244,7 +240,7 @@ def test_analysis_needs_the_driver_outputs(tmp_path):
 
 @pytest.mark.slow
 def test_driver_rehearsal_on_two_cpu_processes(tmp_path, shared_data):
-    from klalm.data.shards import prepare_dataset
+    from klalm.data.prepare import prepare_dataset
 
     tokenizer = {"kind": "hf", "name_or_path": str(shared_data / "gpt2_tokenizer")}
     source = {"kind": "files", "paths": str(shared_data / "enwiki_2015" / "enwiki-00009-of-00010.jsonl.gz")}

@@ -9,7 +9,7 @@ import time
 import pytest
 import torch
 
-from klalm.train.checkpoint import checkpoint_step, find_latest, list_checkpoints
+from klalm.models.checkpoint import checkpoint_step, find_latest, list_checkpoints
 
 from .conftest import RUN_ENV, TINY, run_train, train_cmd
 

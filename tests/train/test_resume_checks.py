@@ -7,8 +7,8 @@ import os
 
 import pytest
 
+from klalm.models.checkpoint import CheckpointError, list_checkpoints, newest_valid, verify_checkpoint
 from klalm.train.app import run
-from klalm.train.checkpoint import CheckpointError, list_checkpoints, newest_valid, verify_checkpoint
 
 from .conftest import TINY, compose_train
 

@@ -10,9 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from klalm.train import checkpoint as checkpoint_lib
+from klalm.models import checkpoint as reader
+from klalm.models.checkpoint import find_latest
+from klalm.train import checkpoint as writer
 from klalm.train.app import run
-from klalm.train.checkpoint import RollingCheckpoint, find_latest
+from klalm.train.checkpoint import RollingCheckpoint
 from klalm.train.rundir import LOCK_FILE, RunDirInUseError, lock_run_dir, unlock_run_dir
 
 from .conftest import RUN_ENV, TINY, compose_train
@@ -107,7 +109,7 @@ def test_discovery_and_pruning_tolerate_files_that_vanish(tmp_path, monkeypatch)
     before the lock existed) are passed over, not a crash."""
     for step in (10, 20):
         RollingCheckpoint(tmp_path / "checkpoints", keep_last=2).save(FakeTrainer(step))
-    real_list = checkpoint_lib.list_checkpoints
+    real_list = reader.list_checkpoints
 
     def list_then_vanish(run_dir):
         found = real_list(run_dir)
@@ -115,7 +117,8 @@ def test_discovery_and_pruning_tolerate_files_that_vanish(tmp_path, monkeypatch)
             path.unlink()
         return found
 
-    monkeypatch.setattr(checkpoint_lib, "list_checkpoints", list_then_vanish)
+    for module in (reader, writer):  # discovery reads through the one, pruning through the other
+        monkeypatch.setattr(module, "list_checkpoints", list_then_vanish)
     assert find_latest([tmp_path]).name == "step-00000020.ckpt"  # step 10 vanished while it looked
     RollingCheckpoint(tmp_path / "checkpoints", keep_last=1).save(FakeTrainer(30))  # prunes step 20, already gone
     assert [p.name for p in real_list(tmp_path)] == ["step-00000030.ckpt"]

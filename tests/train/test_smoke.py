@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from klalm.train.checkpoint import find_latest, load_model
+from klalm.models.checkpoint import find_latest, load_model
 
 from .conftest import RUN_ENV
 

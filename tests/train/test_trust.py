@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from klalm.train.checkpoint import CheckpointError, find_latest, load_checkpoint_file, load_model
+from klalm.models.checkpoint import CheckpointError, find_latest, load_checkpoint_file, load_model
 
 from .conftest import RUN_ENV, TINY, compose_train
 

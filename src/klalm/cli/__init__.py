@@ -15,7 +15,7 @@ import hydra
 from omegaconf import DictConfig
 
 import klalm.cli.helptext  # noqa: F401  (registers the ${klalm_help:...} resolver of the help templates)
-from klalm.config_checks import ConfigError, check_eval_config, check_train_config
+from klalm.config_checks import ConfigError, check_eval_config, check_overrides, check_train_config
 
 CONFIG_PATH = "pkg://klalm.configs"
 PRINT_TASKS_PATH = "--print-tasks-path"  # klalm-eval's one flag outside Hydra
@@ -53,6 +53,10 @@ def _eval_app(cfg: DictConfig) -> None:
 
 def train() -> None:
     """`klalm-train`: pretrain a model (`klalm-train --help` lists the groups and keys)."""
+    try:
+        check_overrides(sys.argv[1:])
+    except ConfigError as err:
+        sys.exit(f"klalm-train: {err}")
     _train_app()
 
 
@@ -80,7 +84,7 @@ def params(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.vocab_size is not None and args.vocab_size < 1:
         parser.error(f"--vocab-size must be ≥ 1, got {args.vocab_size}")
-    from klalm.models.presets import print_table
+    from klalm.models.params import print_table
 
     try:
         print_table(args.preset, args.vocab_size)

@@ -129,7 +129,7 @@ class TextDataModule(L.LightningDataModule):
 
     def sources(self) -> dict[str, Any]:
         """The plain configs this module reads: source, val_source, tokenizer, on_bad_record (what
-        `klalm.data.shards.prepare_dataset` takes)."""
+        `klalm.data.prepare.prepare_dataset` takes)."""
         return {
             "source": self.source_config,
             "val_source": self.val_source_config,

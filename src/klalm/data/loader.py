@@ -16,12 +16,34 @@ from collections import deque
 from collections.abc import Iterator
 from typing import Any
 
+import torch
+from torch.utils.data import get_worker_info
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 # torchdata 0.11's StatefulDataLoader calls torch.set_vital, which torch ≥ 2.10 deprecates, on every construction.
 warnings.filterwarnings("ignore", message=r"'set_vital' is deprecated", category=UserWarning)
 
 MAX_LAG_BATCHES = 8  # snapshots kept: consumption may trail yielding by at most this many batches
+
+
+def consumer_split(rank: int, world_size: int, num_batches: int | None) -> tuple[int, int, int | None]:
+    """(consumer index, number of consumers, this consumer's batch quota) for the calling DataLoader worker.
+
+    A rank's ``num_batches`` is spread over its workers (the first ``num_batches % workers`` get one more), so
+    every rank yields exactly ``num_batches`` batches, which keeps distributed validation in lock-step.
+    """
+    info = get_worker_info()
+    worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
+    quota = None
+    if num_batches is not None:
+        quota = num_batches // workers + int(worker < num_batches % workers)
+    return rank * workers + worker, world_size * workers, quota
+
+
+def windows_to_batch(windows: list[list[int]] | torch.Tensor) -> dict[str, torch.Tensor]:
+    """Packs B windows of T+1 tokens (lists, or an int64 tensor [B, T+1]) into {"input_ids", "labels"} [B, T]."""
+    w = torch.as_tensor(windows, dtype=torch.long)  # [B, T+1]
+    return {"input_ids": w[:, :-1].contiguous(), "labels": w[:, 1:].contiguous()}  # [B, T] each
 
 
 class ResumableLoader(StatefulDataLoader):

@@ -7,21 +7,186 @@
         --out data/shards/corpus
 
 Reads configs/data/<data>.yaml (Hydra overrides of its keys allowed), writes <out>/train, <out>/val (uint16/uint32
-shards + index.json) and <out>/tokenizer, and prints a Markdown table of tokens, documents, seconds and tokens/s.
+shards + index.json, in the layout `klalm.data.shards` reads) and <out>/tokenizer, and prints a Markdown table of
+tokens, documents, seconds and tokens/s.
 Train afterwards with ``KLALM_SHARDS=<out> klalm-train data=shards``.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import time
 from importlib.resources import files
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
+import numpy as np
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
+from tqdm import tqdm
 
-from klalm.data.shards import SPLIT_KEYS, prepare_dataset
+from klalm.data.records import BadRecordPolicy
+from klalm.data.shards import DTYPES, FORMAT, INDEX_FILE
+from klalm.data.sources import build_source
+from klalm.data.tokenizer import encode_texts, load_tokenizer
+
+
+def choose_dtype(vocab_size: int) -> str:
+    """The narrowest supported dtype holding every id of a vocabulary."""
+    for name, dtype in DTYPES.items():
+        if vocab_size - 1 <= np.iinfo(dtype).max:
+            return name
+    raise ValueError(f"vocab_size {vocab_size} does not fit in {sorted(DTYPES)}")
+
+
+class ShardWriter:
+    """Appends documents (token lists) to ``tokens-NNNNN.bin`` files of at most ``shard_tokens`` tokens."""
+
+    def __init__(self, out_dir: Path, dtype: str, eos_id: int, shard_tokens: int):
+        if dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
+        self.out_dir, self.dtype, self.eos_id, self.shard_tokens = out_dir, DTYPES[dtype], eos_id, shard_tokens
+        self.shards: list[dict[str, Any]] = []
+        self.documents = 0
+        self.total_tokens = 0
+        self._file = None
+        out_dir.mkdir(parents=True, exist_ok=True)
+
+    def add(self, tokens: list[int]) -> None:
+        array = np.asarray([*tokens, self.eos_id], dtype=np.int64)
+        if array.max(initial=0) > np.iinfo(self.dtype).max:
+            raise ValueError(f"token id {array.max()} does not fit in {np.dtype(self.dtype).name}")
+        array = array.astype(self.dtype)
+        while len(array):
+            if self._file is None or self.shards[-1]["tokens"] >= self.shard_tokens:
+                self._open_next()
+            room = self.shard_tokens - self.shards[-1]["tokens"]
+            chunk, array = array[:room], array[room:]
+            self._file.write(chunk.astype(np.dtype(self.dtype).newbyteorder("<"), copy=False).tobytes())
+            self.shards[-1]["tokens"] += len(chunk)
+            self.total_tokens += len(chunk)
+        self.documents += 1
+
+    def _open_next(self) -> None:
+        if self._file is not None:
+            self._file.close()
+        name = f"tokens-{len(self.shards):05d}.bin"
+        self._file = open(self.out_dir / name, "wb")  # noqa: SIM115 (kept open across add() calls; close() closes)
+        self.shards.append({"file": name, "tokens": 0})
+
+    def close(self, meta: dict[str, Any]) -> dict[str, Any]:
+        """Closes the last shard and writes ``index.json``; returns the index."""
+        if self._file is not None:
+            self._file.close()
+        index = {
+            "format": FORMAT,
+            "dtype": np.dtype(self.dtype).name,
+            "eos_id": self.eos_id,
+            **meta,
+            "documents": self.documents,
+            "total_tokens": self.total_tokens,
+            "shards": self.shards,
+        }
+        (self.out_dir / INDEX_FILE).write_text(json.dumps(index, indent=1) + "\n")
+        return index
+
+
+def prepare_shards(
+    source: dict[str, Any],
+    tokenizer: dict[str, Any],
+    out_dir: str | Path,
+    *,
+    shard_tokens: int = 100_000_000,
+    dtype: str = "auto",
+    block_docs: int = 256,
+    on_bad_record: Literal["raise", "skip"] = "raise",
+    progress: bool = True,
+) -> dict[str, Any]:
+    """Tokenises a whole source, in order, into token shards with an index (see module docstring).
+
+    Args:
+        source: source config (`klalm.data.sources.build_source`), e.g. the enwiki train files.
+        tokenizer: tokenizer config (`klalm.data.tokenizer.load_tokenizer`).
+        out_dir: output folder (created; an existing index there is overwritten).
+        shard_tokens: tokens per shard file.
+        dtype: "uint16", "uint32" or "auto" (uint16 when the vocabulary fits).
+        block_docs: documents tokenised per batch call.
+        on_bad_record: "raise" or "skip" (skips are counted in the index's "skipped").
+        progress: show a tqdm bar with tokens/s.
+
+    Returns:
+        the index dict, plus "seconds" and "tokens_per_s".
+    """
+    tok = load_tokenizer(tokenizer)
+    dtype = choose_dtype(len(tok)) if dtype == "auto" else dtype
+    src, policy = build_source(source), BadRecordPolicy(on_bad_record)
+    writer = ShardWriter(Path(out_dir), dtype, tok.eos_token_id, shard_tokens)
+    start = time.perf_counter()
+    bar = tqdm(unit="tok", unit_scale=True, disable=not progress, desc=f"tokenising -> {out_dir}")
+    block: list[str] = []
+    for record in [*src.stream(0, 1), None]:
+        if record is not None and policy.accept(record):
+            block.append(record.text)
+        if block and (record is None or len(block) == block_docs):
+            for ids in encode_texts(tok, block):
+                writer.add(ids)
+                bar.update(len(ids) + 1)
+            block = []
+            bar.set_postfix(docs=writer.documents)
+    bar.close()
+    seconds = time.perf_counter() - start
+    meta = {"vocab_size": len(tok), "tokenizer": tok.name_or_path, "source": source, "skipped": dict(policy.counts)}
+    index = writer.close(meta)
+    return {**index, "seconds": seconds, "tokens_per_s": index["total_tokens"] / max(seconds, 1e-9)}
+
+
+SPLIT_KEYS = {"train": "source", "val": "val_source"}  # split name -> key of the data config holding its source
+
+
+def prepare_dataset(
+    data_config: dict[str, Any],
+    out_dir: str | Path,
+    *,
+    splits: tuple[str, ...] = ("train", "val"),
+    shard_tokens: int = 100_000_000,
+    max_documents: int | None = None,
+    progress: bool = True,
+) -> dict[str, dict[str, Any]]:
+    """Shards every split of a data config (``configs/data/*.yaml``) into ``out_dir/<split>``, and saves the
+    tokenizer into ``out_dir/tokenizer`` so ``configs/data/shards.yaml`` (KLALM_SHARDS=out_dir) runs from it alone.
+
+    Args:
+        data_config: a resolved data config (keys source, val_source, tokenizer, on_bad_record).
+        out_dir: output folder.
+        splits: which of "train" (``source``) and "val" (``val_source``) to prepare.
+        shard_tokens: tokens per shard file.
+        max_documents: cap on records per split (for quick runs).
+        progress: show progress bars.
+
+    Returns:
+        split -> index (with seconds and tokens_per_s).
+    """
+    out_dir = Path(out_dir)
+    results = {}
+    for split in splits:
+        if split not in SPLIT_KEYS:
+            raise KeyError(f"unknown split {split!r}; valid: {sorted(SPLIT_KEYS)}")
+        source = data_config.get(SPLIT_KEYS[split])
+        if source is None:
+            raise KeyError(f"data config has no {SPLIT_KEYS[split]!r} for split {split!r}")
+        if max_documents is not None:
+            source = {**source, "max_documents": max_documents}
+        results[split] = prepare_shards(
+            source,
+            data_config["tokenizer"],
+            out_dir / split,
+            shard_tokens=shard_tokens,
+            on_bad_record=data_config.get("on_bad_record", "raise"),
+            progress=progress,
+        )
+    load_tokenizer(data_config["tokenizer"]).save_pretrained(str(out_dir / "tokenizer"))
+    return results
 
 
 def data_config_names() -> list[str]:

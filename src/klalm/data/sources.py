@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from klalm.data.records import Record, expand_paths, iter_raw_records
+from klalm.data.shards import ShardSource
 
 log = logging.getLogger(__name__)
 
@@ -220,17 +221,11 @@ class PythonDocsSource:
         return f"python_docs split={self.split} ({len(self.documents)} documents)"
 
 
-def _shard_source(**kwargs: Any) -> Any:
-    from klalm.data.shards import ShardSource
-
-    return ShardSource(**kwargs)
-
-
 SOURCES: dict[str, Any] = {
     "files": FileSource,
     "hf": HFSource,
     "python_docs": PythonDocsSource,
-    "shards": _shard_source,
+    "shards": ShardSource,
 }
 
 

@@ -22,6 +22,8 @@ from typing import Any
 
 from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
+from klalm.data.sources import build_source
+
 log = logging.getLogger(__name__)
 
 DEFAULT_EOS = "<|endoftext|>"
@@ -84,8 +86,6 @@ def load_or_train_bpe(
     source: dict[str, Any], vocab_size: int = 4096, cache_dir: str = "~/.cache/klalm", min_frequency: int = 2
 ) -> PreTrainedTokenizerBase:
     """A BPE trained on ``source`` (a source config), cached under ``cache_dir`` by a hash of its settings."""
-    from klalm.data.sources import build_source
-
     key = json.dumps(
         {"source": source, "vocab_size": vocab_size, "min_frequency": min_frequency, "python": sys.version_info[:3]},
         sort_keys=True,

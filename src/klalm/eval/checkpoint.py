@@ -5,13 +5,11 @@ Two kinds, told apart by what is on disk (`checkpoint_kind`):
   (`klalm.models.export.verify_export`), then it is loaded with `AutoModelForCausalLM` and `AutoTokenizer` (klalm's
   classes are registered with the Auto classes).
 - "training": a Lightning `.ckpt` file, or a run folder (holding checkpoints or an export subfolder such as `hf/`);
-  loaded with the training package's
-  `klalm.train.checkpoint.load_model(path) -> (model, tokenizer)`.
+  loaded with `klalm.models.checkpoint.load_model(path) -> (model, tokenizer)`.
 """
 
 from __future__ import annotations
 
-import importlib
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -20,7 +18,9 @@ from typing import Any
 
 import torch
 
+from klalm.models.checkpoint import load_model
 from klalm.models.export import verify_export  # (klalm.models registers the klalm classes with the Auto classes)
+from klalm.models.params import count_parameters
 
 log = logging.getLogger(__name__)
 
@@ -91,14 +91,7 @@ def _load_hf_export(path: Path, tokenizer: str | Path | None) -> tuple[Any, Any]
 
 
 def _load_training(path: Path, tokenizer: str | Path | None) -> tuple[Any, Any]:
-    try:
-        module = importlib.import_module("klalm.train.checkpoint")
-    except ModuleNotFoundError as err:
-        raise ImportError(
-            f"{str(path)!r} is a training checkpoint, but klalm.train.checkpoint (which loads those) is missing "
-            f"({err}); evaluate an HF export (save_pretrained folder) instead"
-        ) from err
-    model, tok = module.load_model(path)
+    model, tok = load_model(path)
     if tokenizer is not None:
         from transformers import AutoTokenizer
 
@@ -112,11 +105,6 @@ LOADERS: dict[str, Callable[[Path, str | Path | None], tuple[Any, Any]]] = {
     "hf_export": _load_hf_export,
     "training": _load_training,
 }
-
-
-def count_parameters(model: torch.nn.Module) -> int:
-    """Exact number of parameters; tied weights (embedding = LM head) count once."""
-    return sum(p.numel() for p in model.parameters())
 
 
 def resolve_device(device: str) -> torch.device:
@@ -170,7 +158,6 @@ def load_checkpoint(
 
     Raises:
         FileNotFoundError: missing or unrecognised checkpoint, or no tokenizer in it.
-        ImportError: a training checkpoint while `klalm.train.checkpoint` is not installed.
         KeyError: unknown dtype.
     """
     path = Path(path).expanduser()

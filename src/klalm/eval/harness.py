@@ -18,9 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from klalm.eval.tasks import TASKS, TASKS_DIR, get_local_task, resolve_files
+from klalm.ops.common import compute_dtype
 
 log = logging.getLogger(__name__)
 
@@ -117,7 +116,7 @@ def make_lm(model: Any, tokenizer: Any, *, max_length: int, batch_size: int) -> 
     if max_length < 1 or batch_size < 1:
         raise ValueError(f"max_length ({max_length}) and batch_size ({batch_size}) must be positive")
     weight_dtype = next(model.parameters()).dtype
-    softmax_dtype = torch.float64 if weight_dtype == torch.float64 else torch.float32
+    softmax_dtype = compute_dtype(weight_dtype)
     return HFLM(
         pretrained=model,
         tokenizer=tokenizer,

@@ -14,10 +14,9 @@ from collections.abc import Iterable
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-IGNORE_INDEX = -100  # labels with this value are not scored (same convention as torch's cross_entropy)
+from klalm.models.loss import scored_tokens, token_cross_entropy
 
 
 def _batch_nll(model: torch.nn.Module, batch: dict[str, torch.Tensor], device: torch.device) -> tuple[float, int]:
@@ -30,15 +29,8 @@ def _batch_nll(model: torch.nn.Module, batch: dict[str, torch.Tensor], device: t
     if input_ids.shape != labels.shape:
         raise ValueError(f"input_ids {tuple(input_ids.shape)} and labels {tuple(labels.shape)} differ in shape")
     logits = model(input_ids=input_ids).logits  # [B, T, V]
-    if logits.dtype in (torch.float16, torch.bfloat16):
-        logits = logits.float()  # the log-softmax over V in half precision would lose ~3 significant digits
-    nll = F.cross_entropy(
-        logits.flatten(0, 1),  # [B*T, V]
-        labels.flatten(),  # [B*T]
-        ignore_index=IGNORE_INDEX,
-        reduction="sum",
-    )
-    return nll.double().item(), int((labels != IGNORE_INDEX).sum().item())
+    nll = token_cross_entropy(logits, labels, reduction="sum")  # float32 at least
+    return nll.double().item(), int(scored_tokens(labels).item())
 
 
 @torch.no_grad()

@@ -13,6 +13,7 @@ from typing import Any, NamedTuple
 
 from transformers import PretrainedConfig
 
+from klalm.config_checks import RENAMED_MIXER_OPTIONS
 from klalm.models.mixers import lookup
 
 
@@ -157,6 +158,11 @@ class KLALMConfig(PretrainedConfig):
         params = inspect.signature(cls.__init__).parameters
         accepted = {key for key, p in params.items() if p.kind == p.KEYWORD_ONLY}
         unknown = sorted(set(options) - accepted)
+        for option in unknown:
+            if option in RENAMED_MIXER_OPTIONS:
+                raise ValueError(
+                    f"mixer_options[{name!r}][{option!r}] was renamed: use {RENAMED_MIXER_OPTIONS[option]!r}"
+                )
         if unknown:
             raise ValueError(f"mixer_options[{name!r}] has unknown keys {unknown}; valid: {sorted(accepted)}")
         clash = sorted(set(options) & set(SHARED_MIXER_FIELDS.get(name, ())))

@@ -8,7 +8,7 @@ An export is `save_pretrained` output (safetensors) plus:
 - the tokenizer's EOS / BOS / padding ids in config.json and generation_config.json (padding = EOS when the tokenizer
   has no padding token), and `model_max_length` = the context the model was trained on in the tokenizer files;
 - `SHA256SUMS`: the sha256 of every other file, written last (`sha256sum -c SHA256SUMS` checks it too).
-  `verify_export` recomputes it; `klalm-eval` and `klalm.train.checkpoint.load_model` refuse an export whose files
+  `verify_export` recomputes it; `klalm-eval` and `klalm.models.checkpoint.load_model` refuse an export whose files
   changed since.
 """
 

@@ -16,13 +16,13 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 from transformers import GenerationMixin, PreTrainedModel
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from klalm.models.backbone import KLALM
 from klalm.models.config import KLALMConfig
+from klalm.models.loss import token_cross_entropy
 
 # The output field that carries the cache in the installed transformers ("cache" from 5.2x, before that
 # "past_key_values"); generate() reads the next step's cache from it.
@@ -131,7 +131,7 @@ class KLALMForCausalLM(KLALMPreTrainedModel, GenerationMixin):
             input_ids: token ids, [B, L]; with a cache, only the tokens after those it has seen.
             attention_mask: [B, T] of ones, accepted for generate(); padding (zeros) is not supported.
             labels: [B, L] targets aligned with input_ids (usually input_ids itself); the loss is the mean
-                next-token cross-entropy of logits[:, :-1] against labels[:, 1:], ignoring -100.
+                next-token cross-entropy of logits[:, :-1] against labels[:, 1:], ignoring IGNORE_INDEX (-100).
             past_key_values, cache: a KLALMCache to continue from (two names for one argument).
             use_cache: return a KLALMCache after these tokens (default: config.use_cache when not training).
             return_variance: also return the last KLA layer's output variance (`variance`, [B, L, D]).
@@ -205,7 +205,7 @@ class KLALMForCausalLM(KLALMPreTrainedModel, GenerationMixin):
 
 
 def next_token_loss(logits: Tensor, labels: Tensor) -> Tensor:
-    """Mean cross-entropy of logits[:, t] against labels[:, t+1] (float32 or wider), ignoring label -100.
+    """Mean cross-entropy of logits[:, t] against labels[:, t+1] (float32 or wider), ignoring IGNORE_INDEX labels.
 
     Args:
         logits: [B, L, V].
@@ -213,9 +213,7 @@ def next_token_loss(logits: Tensor, labels: Tensor) -> Tensor:
     """
     if labels.shape != logits.shape[:2]:
         raise ValueError(f"labels shape {tuple(labels.shape)} does not match input_ids shape {tuple(logits.shape[:2])}")
-    dtype = torch.promote_types(logits.dtype, torch.float32)  # bf16 logits -> float32 loss; float64 stays
-    shifted = logits[:, :-1].reshape(-1, logits.shape[-1]).to(dtype)  # [B·(L-1), V]
-    return F.cross_entropy(shifted, labels[:, 1:].reshape(-1), ignore_index=-100)
+    return token_cross_entropy(logits[:, :-1], labels[:, 1:])  # [B, L-1, V] against [B, L-1]
 
 
 def _map_tensors(obj: Any, fn: Callable[[Tensor], Tensor]) -> Any:

@@ -1,4 +1,4 @@
-"""Model presets: one row per "<arch>_<size>", and `klalm-params`, which prints their exact parameter counts.
+"""Model presets: one row per "<arch>_<size>" (`klalm.models.params` prints their exact parameter counts).
 
 How the sizes were chosen (docs/models.md has the table with the exact counts):
 - Every count includes the embedding (tied with the LM head, so counted once) with the GPT-2 BPE vocabulary
@@ -15,8 +15,6 @@ How the sizes were chosen (docs/models.md has the table with the exact counts):
 from __future__ import annotations
 
 from typing import Any, NamedTuple
-
-import torch
 
 
 class Preset(NamedTuple):
@@ -66,40 +64,3 @@ def preset_fields(arch: str, size: str) -> dict[str, Any]:
         )
     row = PRESETS[name]
     return {"d_model": row.d_model, "n_layers": row.n_layers, "d_ff": row.d_ff, "n_heads": row.n_heads}
-
-
-def count_parameters(model: torch.nn.Module) -> int:
-    """Number of distinct parameter elements (a tied LM head counts once)."""
-    return sum(p.numel() for p in model.parameters())
-
-
-def preset_parameter_count(name: str, vocab_size: int = PRESET_VOCAB_SIZE) -> int:
-    """Exact parameter count of preset `name` for a vocabulary, built on the meta device (no memory)."""
-    from klalm.models import build_model
-
-    row = PRESETS[name]
-    size = name[len(row.arch) + 1 :]
-    with torch.device("meta"):
-        model = build_model(row.arch, preset=size, vocab_size=vocab_size)
-    return count_parameters(model)
-
-
-def print_table(names: list[str] | None = None, vocab_size: int | None = None) -> None:
-    """`klalm-params`: a header line, then `<preset> <exact parameter count>` per preset, e.g. `gpt_45m 45,029,888`.
-
-    Args:
-        names: presets to count (None: all of PRESETS, in table order).
-        vocab_size: tokenizer vocabulary; None: PRESET_VOCAB_SIZE, the one the budgets assume.
-
-    Raises:
-        KeyError: an unknown preset name (the message lists the valid ones).
-    """
-    from klalm.models.config import pad_vocab
-
-    vocab_size = PRESET_VOCAB_SIZE if vocab_size is None else vocab_size
-    unknown = sorted(set(names or ()) - set(PRESETS))
-    if unknown:
-        raise KeyError(f"unknown preset(s) {unknown}; valid: {sorted(PRESETS)}")
-    print(f"# preset parameters (vocabulary {vocab_size:,} padded to {pad_vocab(vocab_size):,}; tied embedding once)")
-    for name in names or PRESETS:
-        print(f"{name} {preset_parameter_count(name, vocab_size):,}")

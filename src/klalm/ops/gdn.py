@@ -21,23 +21,21 @@ Backends (`GDN_BACKENDS`):
   All chunks are solved at once; only the [K, V] state is carried by a loop over chunks. Every exponent is
   a difference γ_t − γ_i with i ≤ t (masked before exp), so nothing overflows; autograd through it is exact.
 - "fla": flash-linear-attention's `chunk_gated_delta_rule` (CUDA only).
-"auto" picks fla on CUDA when a one-time probe (first use per device) shows it runs forward and backward
-and agrees with the torch path; otherwise the torch path, with a one-time warning naming the reason.
+"auto" picks fla for CUDA tensors below float64 when a one-time probe (`fla_usable`, first use per device) shows it
+runs forward and backward and agrees with the torch path, and torch otherwise (the policy of all three ops, in
+`klalm.ops.backends`).
 """
 
 from __future__ import annotations
 
-import functools
-import logging
 import math
 from collections.abc import Callable
 
 import torch
 from torch import Tensor
 
-from klalm.ops.reference import compute_dtype
-
-logger = logging.getLogger(__name__)
+from klalm.ops.backends import OpBackends, resolve_backend
+from klalm.ops.common import compute_dtype
 
 FLA_CHUNK_SIZES = (16, 32, 64)  # the chunk sizes fla's chunk_gated_delta_rule accepts
 PROBE_RTOL = 1e-2  # fla's float32 path uses tf32 matmuls; the probe only guards against broken kernels
@@ -178,9 +176,9 @@ GDN_BACKENDS: dict[str, Callable] = {
 def fla_usable(device: torch.device) -> tuple[bool, str]:
     """Probe whether fla's chunked kernel runs forward+backward on `device` and matches "torch".
 
-    fla refuses the gated chunked backward on Hopper with Triton in [3.4, 3.7.1) (its issue #640), and other
-    Triton/GPU pairs may fail to compile; one tiny call, made once per device by "auto" at first use, finds out
-    without a sync in the hot path. Returns (usable, reason).
+    fla refuses the gated chunked backward on Hopper with Triton in [3.4, 3.7.1) (fla-org/flash-linear-attention
+    #640), and other Triton/GPU pairs may fail to compile; one tiny call, made once per device by "auto" at first
+    use, finds out without a sync in the hot path. Returns (usable, reason).
     """
     gen = torch.Generator(device="cpu").manual_seed(0)
     shapes = {"q": (1, 80, 2, 16), "k": (1, 80, 2, 16), "v": (1, 80, 2, 32)}
@@ -205,26 +203,7 @@ def fla_usable(device: torch.device) -> tuple[bool, str]:
     return True, "fla chunk_gated_delta_rule runs and matches the torch path"
 
 
-def _resolve_backend(backend: str, device: torch.device) -> str:
-    if backend == "auto":
-        return _auto_backend(device)
-    if backend not in GDN_BACKENDS:
-        raise ValueError(f"unknown gated_delta_rule backend {backend!r}; valid: {sorted(GDN_BACKENDS) + ['auto']}")
-    return backend
-
-
-@functools.cache
-def _auto_backend(device: torch.device) -> str:
-    """What "auto" runs on `device`, decided (and logged) once per device."""
-    if device.type != "cuda":
-        logger.info("gated_delta_rule backend 'auto' on %s: using the 'torch' chunked path", device.type)
-        return "torch"
-    usable, reason = fla_usable(device)
-    name = "fla" if usable else "torch"
-    logger.log(
-        logging.INFO if usable else logging.WARNING, "gated_delta_rule 'auto' on %s: '%s' (%s)", device, name, reason
-    )
-    return name
+GDN_OP = OpBackends("gated_delta_rule", GDN_BACKENDS, fast="fla", usable=fla_usable)
 
 
 def _check_inputs(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, initial_state: Tensor | None) -> None:
@@ -264,7 +243,7 @@ def gated_delta_rule(
         g: log decay per token and head, [B, L, H], ≤ 0 (α = exp(g) in (0, 1]).
         beta: write strength, [B, L, H], in [0, 1].
         initial_state: state h_0, [B, H, K, V]; zeros when None.
-        backend: "reference", "torch", "fla" or "auto" (fla on CUDA when it works, else torch; logged once).
+        backend: "reference", "torch", "fla" or "auto" (`klalm.ops.backends` says what it picks).
         scale: readout scale; 1/sqrt(K) when None.
         chunk_size: tokens per chunk of the chunked paths (fla accepts 16, 32 or 64).
 
@@ -275,6 +254,6 @@ def gated_delta_rule(
     _check_inputs(q, k, v, g, beta, initial_state)
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
-    name = _resolve_backend(backend, q.device)
+    name = resolve_backend(GDN_OP, backend, q.device, q.dtype)
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     return GDN_BACKENDS[name](q, k, v, g, beta, initial_state, scale, chunk_size)

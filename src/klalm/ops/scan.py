@@ -4,9 +4,10 @@ Backends share one signature, `fn(v, lambda_v, k, q, a, p, initial_state, decode
 return convention, `(y, y_var, KLAState(lam, eta))`:
 
 - "reference": the sequential loop of `klalm.ops.reference` (the oracle; any float dtype, float64 included).
-- "torch": the chunked parallel scan of `klalm.ops.parallel` with its exact hand-derived backward (CPU, GPU).
+- "torch": the chunked parallel scan of `klalm.ops.chunked_scan` with its exact hand-derived backward (CPU, GPU).
 - "triton": the fused GPU kernels `klalm.kernels.mobius_scan.kla_scan_triton`, imported on first use.
-- "auto" (not a table entry): "triton" for CUDA tensors, "torch" otherwise; the choice is logged once.
+- "auto" (not a table entry): "triton" for CUDA tensors below float64 when the kernels import, "torch" otherwise;
+  the policy of all three ops, in `klalm.ops.backends`.
 
 `kla_scan_logvar` takes log σ² instead of Λ (the KLA layer's sensor); the Triton kernels form
 Λ = 1/(softplus(log σ²) + floor) as they load it, the other backends through `precision_from_logvar`.
@@ -14,23 +15,16 @@ return convention, `(y, y_var, KLAState(lam, eta))`:
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable
 
 import torch
 from torch import Tensor
 
+from klalm.ops.backends import OpBackends, resolve_backend
 from klalm.ops.checks import check_inputs
-from klalm.ops.parallel import kla_scan_torch
-from klalm.ops.reference import (
-    KLAState,
-    compute_dtype,
-    kla_scan_reference,
-    kla_step_reference,
-    precision_from_logvar,
-)
-
-log = logging.getLogger(__name__)
+from klalm.ops.chunked_scan import kla_scan_torch
+from klalm.ops.common import KLAState, compute_dtype, precision_from_logvar
+from klalm.ops.reference import kla_scan_reference, kla_step_reference
 
 
 def _kla_scan_triton(
@@ -56,30 +50,21 @@ def _kla_scan_triton(
     return kla_scan_triton(v, lambda_v, k, q, a, p, initial_state, decode_from_prior, precision_floor=precision_floor)
 
 
+def _triton_usable(device: torch.device) -> tuple[bool, str]:
+    """Whether the Triton kernels import (the "auto" test of `klalm.ops.backends`)."""
+    try:
+        from klalm.kernels.mobius_scan import kla_scan_triton  # noqa: F401
+    except ImportError as err:
+        return False, f"cannot import klalm.kernels.mobius_scan: {err}"
+    return True, "the Triton kernels import"
+
+
 BACKENDS: dict[str, Callable[..., tuple[Tensor, Tensor, KLAState]]] = {
     "reference": kla_scan_reference,
     "torch": kla_scan_torch,
     "triton": _kla_scan_triton,
 }
-_AUTO_LOGGED: set[tuple] = set()
-
-
-def resolve_backend(backend: str, v: Tensor) -> str:
-    """The backend name that `backend` means for tensors like `v`.
-
-    "auto": triton for CUDA tensors, torch otherwise; float64 always goes to torch, because the Triton kernels
-    compute in float32 and float64 callers ask for float64 accuracy.
-    """
-    if backend == "auto":
-        name = "triton" if v.is_cuda and v.dtype != torch.float64 else "torch"
-        key = (name, v.device.type, v.dtype)
-        if key not in _AUTO_LOGGED:
-            _AUTO_LOGGED.add(key)
-            log.info("kla_scan backend 'auto' chose %r for %s %s tensors", name, v.device.type, v.dtype)
-        return name
-    if backend not in BACKENDS:
-        raise ValueError(f"unknown kla_scan backend {backend!r}; valid: {sorted(BACKENDS) + ['auto']}")
-    return backend
+KLA_SCAN_OP = OpBackends("kla_scan", BACKENDS, fast="triton", usable=_triton_usable)
 
 
 def kla_scan(
@@ -94,7 +79,7 @@ def kla_scan(
     backend: str = "auto",
     decode_from_prior: bool = False,
 ) -> tuple[Tensor, Tensor, KLAState]:
-    """Run the KLA filter (shared/DESIGN.md §1) over a sequence; differentiable in every tensor argument.
+    """Run the KLA filter (docs/kla.md) over a sequence; differentiable in every tensor argument.
 
     Per (b, m, s): φ_t = Λ_t·k_t², r_t = v_t·Λ_t·k_t, d_t = a² + p·λ_{t-1}, λ_t = λ_{t-1}/d_t + φ_t,
     η_t = (a/d_t)·η_{t-1} + r_t; y_t = Σ_s q_t·η_t/λ_t, y_var_t = Σ_s q_t²/λ_t.
@@ -107,7 +92,7 @@ def kla_scan(
         a: discrete decay, [M, S], in (0, 1].
         p: discrete process noise, [M, S], ≥ 0.
         initial_state: `KLAState(lam, eta)`, each [B, M, S] with lam > 0; None means λ_0 = 1, η_0 = 0.
-        backend: "auto", "reference", "torch" or "triton" (see the module docstring).
+        backend: "auto", "reference", "torch" or "triton" (`klalm.ops.backends` says what "auto" picks).
         decode_from_prior: read out the one-step-ahead prediction a·μ_t, a²·σ²_t + p instead of μ_t, σ²_t.
 
     Returns:
@@ -120,7 +105,7 @@ def kla_scan(
             p < 0, non-finite; checked on CPU and, with KLALM_CHECK_INPUTS=1, on GPU; always for the
             reference backend), or an unknown backend.
     """
-    name = resolve_backend(backend, v)
+    name = resolve_backend(KLA_SCAN_OP, backend, v.device, v.dtype)
     check_inputs(v, lambda_v, k, q, a, p, initial_state, force_values=name == "reference")
     return BACKENDS[name](v, lambda_v, k, q, a, p, initial_state, decode_from_prior)
 
@@ -150,7 +135,7 @@ def kla_scan_logvar(
     """
     if not precision_floor > 0:
         raise ValueError(f"precision_floor must be > 0, got {precision_floor}")
-    name = resolve_backend(backend, v)
+    name = resolve_backend(KLA_SCAN_OP, backend, v.device, v.dtype)
     if name != "triton":
         lambda_v = precision_from_logvar(logvar, precision_floor)
         return kla_scan(v, lambda_v, k, q, a, p, initial_state, backend=name, decode_from_prior=decode_from_prior)

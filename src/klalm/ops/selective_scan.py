@@ -16,13 +16,12 @@ Backends (`SELECTIVE_SCAN_BACKENDS`, one signature):
   approximation, only float rounding).
 - "triton": `klalm.kernels.selective_scan.selective_scan_triton` (CUDA; on CPU under Triton's interpreter), imported
   at first use; torch custom ops, so torch.compile traces through it.
-"auto" picks triton on CUDA tensors (torch, with a one-time warning, when the kernel module cannot be
-imported) and torch otherwise; the choice is logged once.
+"auto" picks triton for CUDA tensors below float64 when the kernel imports, and torch otherwise (the policy of all
+three ops, in `klalm.ops.backends`).
 """
 
 from __future__ import annotations
 
-import logging
 import math
 from collections.abc import Callable
 from typing import NamedTuple
@@ -30,9 +29,8 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from klalm.ops.reference import compute_dtype
-
-logger = logging.getLogger(__name__)
+from klalm.ops.backends import OpBackends, resolve_backend
+from klalm.ops.common import compute_dtype
 
 SCAN_CHUNK = 64  # tokens per chunk of the "torch" backend: memory is O(B·SCAN_CHUNK·M·N) per chunk
 
@@ -48,7 +46,7 @@ def selective_scan_reference(
 ) -> tuple[Tensor, Tensor]:
     """Loop over time in float32 (float64 stays float64). Returns (y [B, L, M] in u's dtype, h [B, M, N])."""
     out_dtype = u.dtype
-    dt = torch.float64 if u.dtype == torch.float64 else torch.float32
+    dt = compute_dtype(u.dtype)
     u, delta, A, Bm, Cm = (x.to(dt) for x in (u, delta, A, Bm, Cm))
     batch, length, channels = u.shape
     h = u.new_zeros(batch, channels, A.shape[-1]) if initial_state is None else initial_state.to(dt)
@@ -225,37 +223,16 @@ SELECTIVE_SCAN_BACKENDS: dict[str, Callable] = {
 }
 
 
-def _resolve_backend(backend: str, device: torch.device) -> str:
-    if backend == "auto":
-        return _auto_backend(device)
-    if backend not in SELECTIVE_SCAN_BACKENDS:
-        raise ValueError(
-            f"unknown selective_scan backend {backend!r}; valid: {sorted(SELECTIVE_SCAN_BACKENDS) + ['auto']}"
-        )
-    return backend
-
-
-_AUTO: dict[str, str] = {}  # device type -> what "auto" runs there (a dict: dynamo traces it, not functools.cache)
-
-
-def _auto_backend(device: torch.device) -> str:
-    """What "auto" runs on `device`, decided (and logged) once per device type."""
-    if device.type not in _AUTO:
-        _AUTO[device.type] = _decide_auto(device)
-    return _AUTO[device.type]
-
-
-def _decide_auto(device: torch.device) -> str:
-    if device.type != "cuda":
-        logger.info("selective_scan backend 'auto' on %s: using 'torch'", device.type)
-        return "torch"
+def _triton_usable(device: torch.device) -> tuple[bool, str]:
+    """Whether the Triton kernel imports (the "auto" test of `klalm.ops.backends`)."""
     try:
         _load_triton()
     except ImportError as err:
-        logger.warning("selective_scan backend 'auto' on %s: using 'torch' (%s)", device, err)
-        return "torch"
-    logger.info("selective_scan backend 'auto' on %s: using 'triton'", device)
-    return "triton"
+        return False, str(err)
+    return True, "the Triton kernel imports"
+
+
+SELECTIVE_SCAN_OP = OpBackends("selective_scan", SELECTIVE_SCAN_BACKENDS, fast="triton", usable=_triton_usable)
 
 
 def _check_inputs(u, delta, A, Bm, Cm, D, initial_state) -> None:
@@ -298,12 +275,12 @@ def selective_scan(
         Cm: readout, [B, L, N].
         D: skip weight, [M], or None for no skip.
         initial_state: state h_0, [B, M, N]; zeros when None.
-        backend: "reference", "torch", "triton" or "auto" (triton on CUDA, torch otherwise; logged once).
+        backend: "reference", "torch", "triton" or "auto" (`klalm.ops.backends` says what it picks).
 
     Returns:
         (y [B, L, M] in u's dtype, final state h [B, M, N] in the compute dtype). Differentiable in every
         tensor argument.
     """
     _check_inputs(u, delta, A, Bm, Cm, D, initial_state)
-    name = _resolve_backend(backend, u.device)
+    name = resolve_backend(SELECTIVE_SCAN_OP, backend, u.device, u.dtype)
     return SELECTIVE_SCAN_BACKENDS[name](u, delta, A, Bm, Cm, D, initial_state)

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from klalm.data.packing import windows_to_batch
+from klalm.data.loader import windows_to_batch
 from klalm.data.shards import TokenShards
 from klalm.eval.checkpoint import load_checkpoint
 from klalm.eval.perplexity import evaluate_loss

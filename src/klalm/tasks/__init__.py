@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import dataclasses
 
+from klalm.models.loss import IGNORE_INDEX
 from klalm.tasks.a5 import A5Task
-from klalm.tasks.base import IGNORE_INDEX, SyntheticTask, TaskDataset, TaskStream, materialize
+from klalm.tasks.base import SyntheticTask, TaskDataset, TaskStream, materialize
 from klalm.tasks.mad import (
     CompressionTask,
     FuzzyRecallTask,

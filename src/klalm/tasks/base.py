@@ -3,7 +3,8 @@
 A task is a small frozen dataclass (its fields are the task's settings) with one method,
 `sample(num_examples, generator, split)`, that returns a batch of whole examples as two LongTensors
 `input_ids` [N, L] and `labels` [N, L]. Labels are aligned with the inputs, not shifted: the model's output
-at position t is scored against `labels[:, t]`, and `IGNORE_INDEX` (-100) marks positions that are not scored.
+at position t is scored against `labels[:, t]`, and `klalm.models.loss.IGNORE_INDEX` (-100) marks positions that
+are not scored.
 
 Determinism: examples are produced in chunks of `CHUNK_SIZE`; chunk c of split s under seed x is generated
 from its own `torch.Generator` seeded from (x, s, c), so any example can be regenerated on its own, the
@@ -21,7 +22,6 @@ import torch
 from torch import Tensor
 from torch.utils.data import Dataset, IterableDataset, get_worker_info
 
-IGNORE_INDEX = -100
 CHUNK_SIZE = 512  # examples generated per random stream
 Split = Literal["train", "test"]
 SPLIT_IDS: dict[str, int] = {"train": 0, "test": 1}

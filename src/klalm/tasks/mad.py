@@ -37,7 +37,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from klalm.tasks.base import IGNORE_INDEX, Split, SyntheticTask
+from klalm.models.loss import IGNORE_INDEX
+from klalm.tasks.base import Split, SyntheticTask
 
 MAD_NUM_TRAIN = 12_800
 MAD_NUM_TEST = 1_280

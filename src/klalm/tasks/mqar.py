@@ -19,7 +19,8 @@ import dataclasses
 import torch
 from torch import Tensor
 
-from klalm.tasks.base import IGNORE_INDEX, Split, SyntheticTask
+from klalm.models.loss import IGNORE_INDEX
+from klalm.tasks.base import Split, SyntheticTask
 
 
 def _distinct(num_examples: int, low: int, high: int, count: int, generator: torch.Generator) -> Tensor:

@@ -31,9 +31,7 @@ from typing import Any, Protocol
 import torch
 from torch import Tensor, nn
 
-# The loss and the ignore index are the LM trainer's (one home for both is being made apart from this module; the
-# task generators' klalm.tasks.base.IGNORE_INDEX is tested equal to this one).
-from klalm.train.module import IGNORE_INDEX, lm_loss
+from klalm.models.loss import IGNORE_INDEX, token_cross_entropy
 from klalm.train.optim import (
     check_schedule,
     classify_parameters,
@@ -161,7 +159,7 @@ def train_step(member: Member) -> None:
     batches = [stream.fill(member.step) for stream in member.streams]
     member.optimizer.zero_grad(set_to_none=True)
     with autocast(member.device):
-        loss = sum(lm_loss(member.module(inputs), labels)[0] for inputs, labels in batches)
+        loss = sum(token_cross_entropy(member.module(inputs), labels) for inputs, labels in batches)
     loss.backward()
     if member.settings.grad_clip > 0:
         nn.utils.clip_grad_norm_(member.params, member.settings.grad_clip)

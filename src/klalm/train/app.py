@@ -26,9 +26,10 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 from omegaconf import DictConfig, OmegaConf
 
 from klalm.config_checks import check_train_config
+from klalm.models.checkpoint import HF_DIR, TOKENIZER_DIR
 from klalm.train.budget import derive_budget
 from klalm.train.callbacks import StepMetrics, skipped_records
-from klalm.train.checkpoint import HF_DIR, TOKENIZER_DIR, RollingCheckpoint, export_hf, remove_stale_temporaries
+from klalm.train.checkpoint import RollingCheckpoint, export_hf, remove_stale_temporaries
 from klalm.train.module import LMModule
 from klalm.train.plots import plot_losses
 from klalm.train.resume import check_settings, resolve_resume, resume_settings

@@ -1,4 +1,4 @@
-"""Training callbacks: per-step metrics with throughput/MFU/memory, and periodic text samples.
+"""Training callbacks: per-step metrics with throughput/MFU/memory, periodic text samples, and an early stop.
 
 `StepMetrics` writes one row per `trainer.log_every_n_steps` optimiser steps to every logger (CSV, TensorBoard,
 wandb), straight through `logger.log_metrics`, so large counters such as tokens seen stay exact integers:
@@ -8,6 +8,10 @@ wandb), straight through `logger.log_metrics`, so large counters such as tokens 
     train/tokens_seen, perf/tokens_per_s, perf/tokens_per_s_per_device, perf/step_time_ms
     perf/mfu                       only on GPUs whose peak rate is known (flops.PEAK_BF16_FLOPS) or is configured
     perf/peak_mem_gb               CUDA only: peak allocated memory since the previous row, GiB
+
+`StopAfterSteps` ends training after a given optimiser step while the lr schedule keeps the full run's length, so a
+short window of a long recipe can be compared across launch modes:
+`klalm-train ... +callbacks.stop._target_=klalm.train.callbacks.StopAfterSteps +callbacks.stop.steps=50`.
 """
 
 from __future__ import annotations
@@ -212,3 +216,20 @@ class StepProgressBar(TQDMProgressBar):
             self.train_progress_bar.n = step
             self.train_progress_bar.set_postfix(self.get_metrics(trainer, pl_module))
             self.train_progress_bar.refresh()
+
+
+class StopAfterSteps(Callback):
+    """Stops training after optimiser step `steps` (the schedule still spans the configured token budget).
+
+    Args:
+        steps: optimiser steps to run (≥ 1); a resumed run counts from step 0 of the original run.
+    """
+
+    def __init__(self, steps: int) -> None:
+        if steps < 1:
+            raise ValueError(f"callbacks.stop.steps={steps} must be ≥ 1")
+        self.steps = steps
+
+    def on_train_batch_end(self, trainer: pl.Trainer, *_: Any) -> None:
+        if trainer.global_step >= self.steps:
+            trainer.should_stop = True

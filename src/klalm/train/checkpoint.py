@@ -1,6 +1,6 @@
-"""Checkpoints: atomic rolling saves, `resume=auto` discovery, HF export, and `load_model` for evaluation.
+"""Checkpoints written during training: atomic rolling saves and the final HF export.
 
-Layout of a run directory (`paths.run_dir`):
+Layout of a run directory (`paths.run_dir`; `klalm.models.checkpoint` reads it back):
 
     checkpoints/step-00000100.ckpt   Lightning checkpoints (model, optimiser, scheduler, data-loader state,
                                      RNG, tokens seen), the last `keep_last` of them
@@ -19,15 +19,20 @@ that torch checks: flipped bytes inside a tensor would load silently).
 Checkpoints are read only with `torch.load(..., weights_only=True)` (`load_checkpoint_file`): the safe unpickler
 builds tensors and plain Python data and refuses anything else, so a planted `.ckpt` cannot run code. klalm writes
 nothing else into them, and `RollingCheckpoint.save` checks that before a file gets its final name.
+
+`RankLoaderStates` (on by default: `callbacks.rank_loader_states`) fixes what a plain Lightning checkpoint lacks
+under data parallelism: only rank 0 writes the checkpoint, so it holds only rank 0's loader position, and every rank
+of a resumed run would restore that one (shard datasets refuse it; other datasets would silently re-read rank 0's
+data on every rank). The callback gathers every rank's loader state into the checkpoint and, on resume, gives each
+rank its own. When the world size changes (2 GPUs -> 1 GPU), token-shard positions are re-split exactly
+(`reshard_loader_states`).
 """
 
 from __future__ import annotations
 
-import hashlib
+import copy
 import logging
 import os
-import pickle
-import re
 import shutil
 import signal
 import threading
@@ -38,137 +43,20 @@ import lightning.pytorch as pl
 import torch
 from lightning.pytorch.callbacks import Callback
 
+from klalm.models.checkpoint import (
+    CHECKSUM_SUFFIX,
+    CKPT_DIR,
+    checksum_path,
+    file_sha256,
+    list_checkpoints,
+    model_state_from_checkpoint,
+)
+from klalm.train.distributed import gather_objects
+
 log = logging.getLogger(__name__)
 
-CKPT_DIR = "checkpoints"
-TOKENIZER_DIR = "tokenizer"
-HF_DIR = "hf"
-CHECKSUM_SUFFIX = ".sha256"
-_CKPT_RE = re.compile(r"^step-(\d+)\.ckpt$")
-
-
-class CheckpointError(ValueError):
-    """A checkpoint file that klalm refuses to load: not a klalm checkpoint, unsafe, truncated or corrupted."""
-
-
-def load_checkpoint_file(path: str | os.PathLike, *, mmap: bool = False) -> dict[str, Any]:
-    """Reads a klalm-train checkpoint with the safe unpickler (`weights_only=True`), onto the CPU.
-
-    Args:
-        path: a `step-<N>.ckpt` file.
-        mmap: map the tensors' storage instead of reading it (cheap checks of a large file).
-
-    Returns:
-        The checkpoint dictionary (Lightning's entries plus "klalm").
-
-    Raises:
-        CheckpointError: one line naming the file and why: it refers to code the safe unpickler refuses (not a
-            trusted klalm checkpoint), it cannot be read (truncated or corrupted), or it lacks klalm's entries.
-    """
-    try:
-        checkpoint = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
-    except pickle.UnpicklingError:
-        raise CheckpointError(
-            f"{path} is not a trusted klalm checkpoint: it refers to {_unsafe_globals(path)}, which the safe loader "
-            "(torch.load with weights_only=True) refuses to call; klalm-train writes only tensors and plain data, so "
-            "this file came from elsewhere: do not load it with weights_only=False"
-        ) from None
-    except (RuntimeError, EOFError, OSError) as err:
-        reason = str(err).splitlines()[0] if str(err) else type(err).__name__
-        raise CheckpointError(f"{path} cannot be read as a checkpoint (truncated or corrupted?): {reason}") from None
-    if not isinstance(checkpoint, dict) or not {"klalm", "state_dict"} <= checkpoint.keys():
-        raise CheckpointError(f"{path} is not a klalm-train checkpoint: it lacks the 'klalm' or 'state_dict' entry")
-    return checkpoint
-
-
-def verify_checkpoint(path: Path) -> None:
-    """Checks a checkpoint before a resume trusts it: the sha256 written at save time (when its `.sha256` file is
-    there: checkpoints copied without it are checked by loading only), then a safe load of its structure (the
-    tensors are mapped, not read).
-
-    Raises:
-        CheckpointError: one line naming the file and what is wrong with it.
-    """
-    sidecar = checksum_path(path)
-    try:
-        if sidecar.is_file() and sidecar.read_text().split()[:1] != [_sha256(path)]:
-            raise CheckpointError(f"{path} does not match the sha256 in {sidecar.name}, written when it was saved")
-    except OSError as err:
-        raise CheckpointError(f"{path} cannot be read: {err}") from None
-    load_checkpoint_file(path, mmap=True)
-
-
-def checksum_path(path: Path) -> Path:
-    """The `.sha256` file that belongs to a checkpoint."""
-    return path.with_name(path.name + CHECKSUM_SUFFIX)
-
-
-def _sha256(path: Path) -> str:
-    with open(path, "rb") as handle:
-        return hashlib.file_digest(handle, "sha256").hexdigest()
-
-
-def _unsafe_globals(path: str | os.PathLike) -> str:
-    """The Python callables a checkpoint's pickle names beyond the safe set, read without unpickling anything."""
-    try:
-        names = torch.serialization.get_unsafe_globals_in_checkpoint(path)
-    except (RuntimeError, ValueError, OSError):  # not a zip checkpoint: the names cannot be listed safely
-        return "Python objects"
-    return ", ".join(names) if names else "Python objects"
-
-
-def checkpoint_step(path: Path) -> int:
-    """The optimiser step encoded in a checkpoint file name `step-XXXXXXXX.ckpt`."""
-    match = _CKPT_RE.match(Path(path).name)
-    if match is None:
-        raise ValueError(f"{path} is not a klalm checkpoint name (expected step-<N>.ckpt)")
-    return int(match.group(1))
-
-
-def list_checkpoints(run_dir: Path) -> list[Path]:
-    """Checkpoints of one run directory, oldest step first (temporary files excluded)."""
-    folder = Path(run_dir) / CKPT_DIR
-    if not folder.is_dir():
-        return []
-    return sorted((p for p in folder.iterdir() if _CKPT_RE.match(p.name)), key=checkpoint_step)
-
-
-def newest_first(run_dirs: list[Path]) -> list[Path]:
-    """Checkpoints of several run directories, highest step first (the newer file first on equal steps).
-
-    A file that vanishes while this looks (pruned by the run that writes it) is passed over.
-    """
-    keyed = []
-    for run_dir in run_dirs:
-        for path in list_checkpoints(run_dir):
-            try:
-                keyed.append((checkpoint_step(path), path.stat().st_mtime, path))
-            except FileNotFoundError:
-                continue
-    return [path for *_, path in sorted(keyed, key=lambda key: key[:2], reverse=True)]
-
-
-def find_latest(run_dirs: list[Path]) -> Path | None:
-    """The checkpoint with the highest step over several run directories (newest directory wins ties)."""
-    candidates = newest_first(run_dirs)
-    return candidates[0] if candidates else None
-
-
-def newest_valid(run_dirs: list[Path]) -> tuple[Path | None, list[str]]:
-    """The newest checkpoint that passes `verify_checkpoint`, and why each newer one was skipped.
-
-    Returns:
-        (path or None when none passes, ["<path>: <reason>", ...] for the skipped ones, newest first).
-    """
-    skipped = []
-    for path in newest_first(run_dirs):
-        try:
-            verify_checkpoint(path)
-        except CheckpointError as err:
-            skipped.append(str(err))
-            continue
-        return path, skipped
-    return None, skipped
+STATE_KEY = "klalm_rank_loader_states"  # checkpoint entry written by RankLoaderStates
+SHARD_STATE_KEYS = frozenset({"consumer", "epoch", "pos", "batches"})  # klalm.data.shards.ShardDataset state
 
 
 def remove_stale_temporaries(run_dir: Path) -> None:
@@ -259,7 +147,7 @@ class RollingCheckpoint(Callback):
             if trainer.is_global_zero:
                 _require_safe_contents(tmp)
                 _fsync_tree(tmp)
-                tmp_checksum.write_text(f"{_sha256(tmp)}  {final.name}\n")
+                tmp_checksum.write_text(f"{file_sha256(tmp)}  {final.name}\n")
                 _fsync_tree(tmp_checksum)
         except BaseException:
             if trainer.is_global_zero:
@@ -321,80 +209,6 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def model_state_from_checkpoint(checkpoint: dict[str, Any]) -> dict[str, torch.Tensor]:
-    """The inner model's state dict from a Lightning checkpoint of `LMModule` (prefix `model.` removed)."""
-    from klalm.train.optim import clean_name
-
-    state = checkpoint["state_dict"]
-    return {clean_name(k).removeprefix("model."): v for k, v in state.items() if k.startswith("model.")}
-
-
-def load_model(path: str | os.PathLike) -> tuple[Any, Any]:
-    """Loads a trained model and its tokenizer from a run directory, an HF export or a Lightning `.ckpt`.
-
-    Args:
-        path: a run directory (uses its `hf/` export if present, else its newest valid checkpoint), an HF export folder
-            (`config.json` inside), or a `step-<N>.ckpt` file written by `klalm-train`.
-
-    Returns:
-        (model, tokenizer): a `transformers.PreTrainedModel` in eval mode on the CPU and the run's tokenizer (None for
-        runs on synthetic data, which have none).
-
-    Raises:
-        FileNotFoundError: naming the path when it holds neither an export nor a checkpoint.
-        klalm.models.export.ExportIntegrityError: an export file differs from the export's SHA256SUMS.
-    """
-    from transformers import AutoModelForCausalLM
-
-    from klalm.models.export import verify_export  # (klalm.models registers the Auto classes)
-
-    path = Path(path)
-    if path.is_dir() and (path / HF_DIR / "config.json").is_file():
-        path = path / HF_DIR
-    if path.is_dir() and (path / "config.json").is_file():
-        verify_export(path)
-        model = AutoModelForCausalLM.from_pretrained(path)
-        return model.eval(), _load_tokenizer(path)
-    if path.is_dir():
-        latest, skipped = newest_valid([path])
-        for reason in skipped:
-            log.warning("skipped %s", reason)
-        if latest is None:
-            reasons = f" (skipped: {'; '.join(skipped)})" if skipped else ""
-            raise FileNotFoundError(f"{path} has no {HF_DIR}/ export and no valid {CKPT_DIR}/step-*.ckpt{reasons}")
-        path = latest
-    if not path.is_file():
-        raise FileNotFoundError(f"checkpoint {path} does not exist")
-    return _load_lightning_checkpoint(path)
-
-
-MODEL_BUILDER = "klalm.models.build_model"  # the one `_target_` a checkpoint's model config may name
-
-
-def _load_lightning_checkpoint(path: Path) -> tuple[Any, Any]:
-    from klalm.models import build_model
-
-    checkpoint = load_checkpoint_file(path)
-    meta = checkpoint["klalm"]
-    config = dict(meta["model_config"])
-    # The config comes from the file: build through klalm's builder only, never through an arbitrary `_target_`.
-    if config.get("_target_") != MODEL_BUILDER:
-        raise CheckpointError(f"{path}: its model config names {config.get('_target_')!r}, not {MODEL_BUILDER}")
-    kwargs = {k: v for k, v in config.items() if not k.startswith("_")}
-    model = build_model(**{**kwargs, "vocab_size": meta["vocab_size"]})
-    model.load_state_dict(model_state_from_checkpoint(checkpoint))
-    tokenizer_dir = path.parent.parent / TOKENIZER_DIR
-    return model.eval(), _load_tokenizer(tokenizer_dir)
-
-
-def _load_tokenizer(folder: Path) -> Any:
-    from transformers import AutoTokenizer
-
-    if not (folder / "tokenizer_config.json").is_file():
-        return None
-    return AutoTokenizer.from_pretrained(folder)
-
-
 def export_hf(trainer: pl.Trainer, out_dir: Path, tokenizer: Any, max_length: int | None = None) -> Path | None:
     """Writes the trained model (and tokenizer) as a self-contained export (`klalm.models.export.save_export`);
     every rank must call it. `max_length`: the trained context length.
@@ -410,3 +224,96 @@ def export_hf(trainer: pl.Trainer, out_dir: Path, tokenizer: Any, max_length: in
     save_export(trainer.lightning_module.model, out_dir, tokenizer, max_length=max_length, state_dict=weights)
     log.info("exported Hugging Face model to %s", out_dir)
     return out_dir
+
+
+def _dataset_states(loader_state: dict[str, Any]) -> list[dict[str, Any]]:
+    """The dataset states inside a `StatefulDataLoader` state, one per worker (references, in worker order)."""
+    snapshot = loader_state.get("_snapshot")
+    if snapshot is None:  # num_workers=0: the main process holds the dataset
+        if "dataset_state" not in loader_state:
+            raise KeyError(f"loader state has neither '_snapshot' nor 'dataset_state' (keys: {sorted(loader_state)})")
+        return [loader_state["dataset_state"]]
+    workers = snapshot["_worker_snapshots"]
+    return [workers[name]["dataset_state"] for name in sorted(workers, key=lambda n: int(n.rsplit("_", 1)[1]))]
+
+
+def reshard_loader_states(states: list[dict[str, Any]], world_size: int, rank: int) -> dict[str, Any]:
+    """This rank's loader state when a run saved by `len(states)` ranks resumes on `world_size` ranks.
+
+    Same world size: rank r gets the state rank r saved. Otherwise only token-shard datasets (`ShardDataset`,
+    window k of an epoch's order goes to consumer k mod n) can be re-split: if all n saved consumers stand at the
+    same position p of the same epoch, the windows read so far are exactly the first n·p of that epoch's order,
+    and with n' = world_size × workers consumers each new consumer resumes at n·p / n'.
+
+    Args:
+        states: the `StatefulDataLoader` states of saved ranks 0..n-1 (same num_workers on every rank).
+        world_size: ranks of the resumed run.
+        rank: this rank.
+
+    Returns:
+        a loader state for this rank (a copy when re-split).
+
+    Raises:
+        ValueError: when the positions cannot be re-split exactly (not shard datasets, ranks not in lock-step, or
+            n·p not divisible by n').
+    """
+    if not 0 <= rank < world_size:
+        raise ValueError(f"rank {rank} outside [0, {world_size})")
+    if len(states) == world_size:
+        return states[rank]
+    saved = [_dataset_states(s) for s in states]
+    flat = [d for per_rank in saved for d in per_rank]
+    if any(not isinstance(d, dict) or set(d) != SHARD_STATE_KEYS for d in flat):
+        raise ValueError(
+            f"cannot resume a {len(states)}-rank loader state on {world_size} ranks: only token-shard datasets "
+            "(data=shards) can be re-split; resume with the same world size"
+        )
+    positions = {(d["epoch"], d["pos"], d["batches"]) for d in flat}
+    consumers = sorted(d["consumer"][0] for d in flat)
+    if len(positions) != 1 or consumers != list(range(len(flat))):
+        raise ValueError(f"saved shard consumers are not in lock-step (epoch, pos, batches): {sorted(positions)}")
+    (epoch, pos, batches), n = positions.pop(), len(flat)
+    workers = len(saved[0])
+    n_new = world_size * workers
+    if (n * pos) % n_new or (n * batches) % n_new:
+        raise ValueError(f"{n} consumers at position {pos} cannot be re-split over {n_new} consumers exactly")
+    state = copy.deepcopy(states[0])
+    for worker, dataset_state in enumerate(_dataset_states(state)):
+        dataset_state.update(
+            consumer=[rank * workers + worker, n_new], epoch=epoch, pos=n * pos // n_new, batches=n * batches // n_new
+        )
+    return state
+
+
+class RankLoaderStates(Callback):
+    """Stores every rank's training-loader state in checkpoints and restores each rank's own on resume.
+
+    The datamodule state must be `{"train_loader": <StatefulDataLoader state>}` (as `TextDataModule` writes it).
+    Checkpoints without the entry (written without this callback) are resumed as Lightning does by itself, with one
+    warning.
+    """
+
+    def on_save_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict) -> None:
+        datamodule = trainer.datamodule
+        if datamodule is None:
+            raise ValueError("callbacks.rank_loader_states needs a LightningDataModule (the run has none)")
+        state = datamodule.state_dict().get("train_loader")
+        checkpoint[STATE_KEY] = {"world_size": trainer.world_size, "train_loader": gather_objects(state)}
+
+    def on_load_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict) -> None:
+        saved = checkpoint.get(STATE_KEY)
+        if saved is None:
+            log.warning("checkpoint has no per-rank loader states (%s): every rank restores rank 0's", STATE_KEY)
+            return
+        states = saved["train_loader"]
+        if any(s is None for s in states):
+            return  # saved before the training loader existed: nothing to restore
+        state = reshard_loader_states(states, trainer.world_size, trainer.global_rank)
+        if len(states) != trainer.world_size:
+            log.info("loader state of %d ranks re-split over %d ranks", len(states), trainer.world_size)
+        # The datamodule was restored (with rank 0's state) before callbacks are: overwrite it, and the copy in
+        # the fit loop that Lightning loads into the training loader once it exists.
+        trainer.datamodule.load_state_dict({"train_loader": state})
+        fit_state = checkpoint.get("loops", {}).get("fit_loop", {}).get("state_dict", {})
+        if "combined_loader" in fit_state:
+            fit_state["combined_loader"] = [state]

@@ -2,7 +2,7 @@
 
 `FSDPStrategy` is Lightning's `ModelParallelStrategy` fixed to pure data parallelism: one device-mesh dimension over
 every rank of every node (no tensor parallelism), full (rank-0) checkpoints so they resume on any number of devices
-and load with `klalm.train.checkpoint.load_model`. The sharding itself is applied by `LMModule.configure_model`
+and load with `klalm.models.checkpoint.load_model`. The sharding itself is applied by `LMModule.configure_model`
 through `shard_model`: each backbone block is one FSDP unit, the whole model the root unit. FSDP2 hooks the
 forward of every unit, so `LMModule`'s several micro-batch forwards inside one step each gather their parameters,
 and `set_requires_gradient_sync(False)` skips the reduce-scatter of all but the last micro-batch.

@@ -4,7 +4,7 @@ Forward FLOPs per token, counted as the work each piece really does (multiply-ad
 
     dense:      2 · (weights of every Linear and Conv1d)          projections, MLP, LM head, short convs
     attention:  2 · D · (T + 1)          causal QKᵀ and AV: 2·2·D FLOPs per key, (T + 1)/2 keys on average
-    kla scan:   29 · M · S               Kalman step (~25 fp32 ops + 2 reciprocals, DESIGN.md §8) + readout (2)
+    kla scan:   29 · M · S               Kalman step (~25 fp32 ops + 2 reciprocals) + readout (2)
     mamba scan:  9 · M · S               exp(ΔA), ΔB·x, h = Ā·h + B̄x, y = C·h
     gdn scan:    7 · H · d_k · d_v       decay, S·k, rank-1 delta update, q·S (per head)
 
@@ -55,7 +55,7 @@ def _mamba(mixer: nn.Module, seq_len: int) -> float:
 
 
 def _gdn(mixer: nn.Module, seq_len: int) -> float:
-    return float(GDN_SCAN_FLOPS * mixer.num_heads * mixer.head_k_dim * mixer.head_v_dim)
+    return float(GDN_SCAN_FLOPS * mixer.n_heads * mixer.head_k_dim * mixer.head_v_dim)
 
 
 # Sequence-mixing FLOPs per token (forward) beyond the mixer's dense layers, by the mixer's registry name.

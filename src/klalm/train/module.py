@@ -28,10 +28,10 @@ from typing import Any
 import lightning.pytorch as pl
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.distributed.tensor import DTensor
 
+from klalm.models.loss import scored_tokens, token_cross_entropy
 from klalm.ops.checks import value_checks_suspended
 from klalm.train.budget import TokenBudget
 from klalm.train.distributed import FSDPStrategy, block_classes, shard_model
@@ -45,27 +45,22 @@ warnings.filterwarnings("ignore", message=r".*`dataloader_iter`.*")
 # Lightning 2.6's pytree helper uses torch's LeafSpec, which torch ≥ 2.10 deprecates, once per fit.
 warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated")
 
-IGNORE_INDEX = -100
-
 
 class NonFiniteLossError(FloatingPointError):
     """Raised after `max_bad_steps` consecutive optimiser steps with a non-finite loss, gradient or parameter."""
 
 
 def lm_loss(logits: Tensor, labels: Tensor) -> tuple[Tensor, Tensor]:
-    """Mean next-token cross entropy in float32 and the number of scored tokens.
+    """Mean next-token cross entropy (float32 or wider) and the number of scored tokens.
 
     Args:
         logits: [B, T, V], any float dtype.
-        labels: [B, T] next-token ids (already shifted); IGNORE_INDEX positions are not scored.
+        labels: [B, T] next-token ids (already shifted); IGNORE_INDEX (`klalm.models.loss`) positions are not scored.
 
     Returns:
         (loss, count): scalar mean loss in nats/token and the scalar number of scored tokens.
     """
-    vocab = logits.shape[-1]
-    flat_logits = logits.float().reshape(-1, vocab)  # [B·T, V]
-    loss = F.cross_entropy(flat_logits, labels.reshape(-1), ignore_index=IGNORE_INDEX)  # labels [B·T]
-    return loss, (labels != IGNORE_INDEX).sum()
+    return token_cross_entropy(logits, labels), scored_tokens(labels)
 
 
 def rng_state() -> dict[str, Any]:

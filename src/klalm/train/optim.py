@@ -24,15 +24,7 @@ import torch
 from torch import Tensor, nn
 from torch.optim.lr_scheduler import LambdaLR
 
-# Prefixes inserted by wrappers (torch.compile, activation checkpointing, FSDP) that are not part of a parameter's name.
-_WRAPPER_PREFIXES = ("_orig_mod.", "_checkpoint_wrapped_module.", "_fsdp_wrapped_module.")
-
-
-def clean_name(name: str) -> str:
-    """A parameter name with wrapper prefixes removed (stable across compile/checkpointing/FSDP)."""
-    for prefix in _WRAPPER_PREFIXES:
-        name = name.replace(prefix, "")
-    return name
+from klalm.models.checkpoint import clean_name
 
 
 def classify_parameters(model: nn.Module) -> dict[str, str]:

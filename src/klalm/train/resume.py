@@ -6,7 +6,7 @@
     resume=<run dir>    the newest valid checkpoint in that folder
     resume=<file>       that checkpoint; if it fails verification the run stops, naming the file and why
 
-"Valid" is `klalm.train.checkpoint.verify_checkpoint`: the sha256 written at save time and a safe load. A newer
+"Valid" is `klalm.models.checkpoint.verify_checkpoint`: the sha256 written at save time and a safe load. A newer
 checkpoint that fails (truncated by a full disk, corrupted, not a trusted klalm checkpoint) is skipped with a warning
 that names it and the reason, so a damaged newest file never makes every restart crash.
 
@@ -31,7 +31,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from klalm.train.checkpoint import CheckpointError, load_checkpoint_file, newest_valid, verify_checkpoint
+from klalm.models.checkpoint import CheckpointError, load_checkpoint_file, newest_valid, verify_checkpoint
 
 log = logging.getLogger(__name__)
 

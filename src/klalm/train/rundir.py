@@ -128,7 +128,7 @@ def run_dir_for(base: str, resume: str | None, search_glob: str, run_id: str | N
         the files, and nothing is written before every rank has resolved it.
     """
     if resume == "auto":
-        from klalm.train.checkpoint import newest_valid  # torch: only when resuming, so composing a config stays light
+        from klalm.models.checkpoint import newest_valid  # torch: only when resuming, so composing a config stays light
 
         latest, _ = newest_valid(sorted(Path(p) for p in glob(search_glob)))
         if latest is not None:

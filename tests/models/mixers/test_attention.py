@@ -5,13 +5,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from klalm.models.mixers.attention import ATTENTION_IMPLS, Attention, attend_math, attend_sdpa, rotary
+from klalm.models.mixers.attention import ATTENTION_BACKENDS, Attention, attend_math, attend_sdpa, rotary
 
 
 def _pair(d_model: int = 32, n_heads: int = 4) -> tuple[Attention, Attention]:
     torch.manual_seed(0)
-    sdpa = Attention(d_model, n_heads=n_heads, impl="sdpa").double()
-    math = Attention(d_model, n_heads=n_heads, impl="math").double()
+    sdpa = Attention(d_model, n_heads=n_heads, backend="sdpa").double()
+    math = Attention(d_model, n_heads=n_heads, backend="math").double()
     math.load_state_dict(sdpa.state_dict())
     return sdpa, math
 
@@ -72,12 +72,12 @@ def test_kv_cache_grows_and_positions_continue():
 
 @pytest.mark.parametrize(
     "kwargs, match",
-    [({"n_heads": 5}, "not divisible by n_heads"), ({"n_heads": 32}, "must be even"), ({"impl": "flash"}, "math")],
+    [({"n_heads": 5}, "not divisible by n_heads"), ({"n_heads": 32}, "must be even"), ({"backend": "flash"}, "math")],
 )
 def test_bad_options(kwargs, match):
     with pytest.raises(ValueError, match=match):
         Attention(32, **kwargs)
 
 
-def test_impl_table():
-    assert set(ATTENTION_IMPLS) == {"sdpa", "math"}
+def test_backend_table():
+    assert set(ATTENTION_BACKENDS) == {"sdpa", "math"}

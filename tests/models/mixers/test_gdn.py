@@ -12,7 +12,7 @@ D = 32
 
 def _mixer(**options) -> GatedDeltaNetMixer:
     torch.manual_seed(0)
-    return GatedDeltaNetMixer(D, layer_idx=1, **{"num_heads": 2, "chunk_size": 8, **options}).double()
+    return GatedDeltaNetMixer(D, layer_idx=1, **{"n_heads": 2, "chunk_size": 8, **options}).double()
 
 
 def _x(batch=2, length=21, seed=1):
@@ -30,7 +30,7 @@ def test_state_shapes_and_init_state():
 
 @pytest.mark.parametrize(("d_model", "heads"), [(32, 2), (64, 6), (512, 6)])
 def test_parameter_count_formula(d_model, heads):
-    mixer = GatedDeltaNetMixer(d_model, num_heads=heads)
+    mixer = GatedDeltaNetMixer(d_model, n_heads=heads)
     v = 2 * (3 * d_model // 4) // heads
     assert mixer.head_k_dim * heads == 3 * d_model // 4 and mixer.head_v_dim == v
     want = 6 * d_model**2 + 3 * d_model * 4 + 2 * d_model * heads + 2 * heads + v
@@ -51,7 +51,7 @@ def test_no_weight_decay_marks():
 
 
 def test_bfloat16_forward_backward():
-    mixer = GatedDeltaNetMixer(D, num_heads=2).bfloat16()
+    mixer = GatedDeltaNetMixer(D, n_heads=2).bfloat16()
     x = torch.randn(2, 9, D, dtype=torch.bfloat16, requires_grad=True)
     y, state = mixer(x)
     y.float().square().sum().backward()
@@ -63,7 +63,7 @@ def test_bfloat16_forward_backward():
     ("options", "message"),
     [
         ({"num_head": 2}, r"unknown GatedDeltaNetMixer option\(s\) \['num_head'\]"),
-        ({"num_heads": 5}, "not divisible by num_heads=5; set head_dim"),
+        ({"n_heads": 5}, "not divisible by n_heads=5; set head_dim"),
         ({"head_dim": 0}, "head_dim must be a positive integer"),
         ({"expand_v": 0}, "expand_v must be a positive integer"),
         ({"backend": "cuda"}, "backend='cuda' is unknown"),

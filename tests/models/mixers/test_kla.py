@@ -108,8 +108,8 @@ def test_variance_output(block):
 @pytest.mark.parametrize("block", ["plain", "mamba"])
 def test_backends_agree_inside_the_layer(block):
     x = torch.randn(B, L, D, dtype=torch.float64)
-    ref = make(dict(block=block), scan_backend="reference")
-    fast = make(dict(block=block), scan_backend="torch")
+    ref = make(dict(block=block), backend="reference")
+    fast = make(dict(block=block), backend="torch")
     torch.testing.assert_close(fast(x)[0], ref(x)[0], rtol=1e-10, atol=1e-10)
     for mixer in (ref, fast):
         y, _, y_var = mixer(x, return_variance=True)
@@ -123,7 +123,7 @@ def test_triton_backend_inside_the_layer(opts):
     """The Triton kernels (interpreted on CPU; Λ formed inside them from log σ²) give the torch backend's outputs
     and parameter gradients in float32."""
     x = torch.randn(B, L, D)
-    fast, ref = make(opts, torch.float32, scan_backend="triton"), make(opts, torch.float32, scan_backend="torch")
+    fast, ref = make(opts, torch.float32, backend="triton"), make(opts, torch.float32, backend="torch")
     for mixer in (ref, fast):
         y, _, y_var = mixer(x, return_variance=True)
         (y.sin().sum() + y_var.sum()).backward()
@@ -139,7 +139,7 @@ def test_torch_compile_traces_the_layer_without_graph_breaks():
     import torch._dynamo
 
     torch._dynamo.reset()
-    mixer = make(dict(block="mamba"), torch.float32, scan_backend="triton")
+    mixer = make(dict(block="mamba"), torch.float32, backend="triton")
     x = torch.randn(B, L, D)
     explanation = torch._dynamo.explain(mixer)(x)
     assert (explanation.graph_count, explanation.graph_break_count) == (1, 0), explanation.break_reasons
@@ -187,7 +187,7 @@ def expected_params(d, expand, s, k, block, zero_noise=False):
 @pytest.mark.parametrize("block", ["plain", "mamba"])
 @pytest.mark.parametrize("d,expand,s,k,zero", [(16, 2, 4, 4, False), (24, 3, 8, 3, True), (512, 2, 16, 4, False)])
 def test_parameter_count_formula(block, d, expand, s, k, zero):
-    mixer = KLAMixer(d, d_state=s, expand=expand, conv_kernel=k, block=block, zero_process_noise=zero)
+    mixer = KLAMixer(d, d_state=s, expand=expand, d_conv=k, block=block, zero_process_noise=zero)
     assert sum(p.numel() for p in mixer.parameters()) == expected_params(d, expand, s, k, block, zero)
 
 
@@ -207,7 +207,7 @@ def test_bad_options_raise(kwargs, match):
 
 
 def test_bad_backend_raises_on_forward():
-    mixer = make(dict(block="mamba"), scan_backend="fastest")
+    mixer = make(dict(block="mamba"), backend="fastest")
     with pytest.raises(ValueError, match="unknown kla_scan backend 'fastest'"):
         mixer(torch.randn(B, 3, D, dtype=torch.float64))
 

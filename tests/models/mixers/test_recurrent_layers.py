@@ -13,7 +13,7 @@ from klalm.models.mixers.mamba import MambaMixer
 
 LAYERS = {
     "mamba": (lambda **o: MambaMixer(24, layer_idx=1, **o), 24, 19, 8),
-    "gdn": (lambda **o: GatedDeltaNetMixer(32, layer_idx=1, **{"num_heads": 2, "chunk_size": 8, **o}), 32, 21, 10),
+    "gdn": (lambda **o: GatedDeltaNetMixer(32, layer_idx=1, **{"n_heads": 2, "chunk_size": 8, **o}), 32, 21, 10),
 }
 
 

@@ -71,7 +71,7 @@ def attend_sdpa(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
     return F.scaled_dot_product_attention(q, k, v, attn_mask=_causal_mask(n_query, n_key, q.device))
 
 
-ATTENTION_IMPLS: dict[str, Callable[[Tensor, Tensor, Tensor], Tensor]] = {"sdpa": attend_sdpa, "math": attend_math}
+ATTENTION_BACKENDS: dict[str, Callable[[Tensor, Tensor, Tensor], Tensor]] = {"sdpa": attend_sdpa, "math": attend_math}
 
 
 class Attention(Mixer):
@@ -84,22 +84,22 @@ class Attention(Mixer):
         layer_idx: position of this layer in the stack (unused by the math; kept for the mixer contract).
         n_heads: number of heads H; D must be divisible by H and the head width E = D/H must be even (RoPE).
         rope_theta: RoPE base θ (10,000 as in RoFormer and Llama).
-        impl: softmax implementation, "sdpa" (default; FlashAttention on a GPU) or "math" (plain torch oracle).
+        backend: softmax implementation, "sdpa" (default; FlashAttention on a GPU) or "math" (plain torch oracle).
     """
 
     def __init__(
-        self, d_model: int, layer_idx: int = 0, *, n_heads: int = 8, rope_theta: float = 10_000.0, impl: str = "sdpa"
+        self, d_model: int, layer_idx: int = 0, *, n_heads: int = 8, rope_theta: float = 10_000.0, backend: str = "sdpa"
     ):
         super().__init__()
         if d_model % n_heads:
             raise ValueError(f"attention: d_model={d_model} is not divisible by n_heads={n_heads}")
         if (d_model // n_heads) % 2:
             raise ValueError(f"attention: head width d_model/n_heads={d_model // n_heads} must be even for RoPE")
-        if impl not in ATTENTION_IMPLS:
-            raise ValueError(f"attention: unknown impl {impl!r}; valid: {sorted(ATTENTION_IMPLS)}")
+        if backend not in ATTENTION_BACKENDS:
+            raise ValueError(f"attention: unknown backend {backend!r}; valid: {sorted(ATTENTION_BACKENDS)}")
         self.d_model, self.layer_idx, self.n_heads = d_model, layer_idx, n_heads
         self.head_dim = d_model // n_heads
-        self.rope_theta, self.impl = rope_theta, impl
+        self.rope_theta, self.backend = rope_theta, backend
         self.qkv_proj = nn.Linear(d_model, 3 * d_model, bias=False)
         self.out_proj = nn.Linear(d_model, d_model, bias=False)
 
@@ -125,6 +125,6 @@ class Attention(Mixer):
         q, k = rotary(q, offset, self.rope_theta), rotary(k, offset, self.rope_theta)
         if state is not None:
             k, v = torch.cat((state.k, k), dim=-2), torch.cat((state.v, v), dim=-2)  # [B, H, T+L, E]
-        o = ATTENTION_IMPLS[self.impl](q, k, v)  # [B, H, L, E]
+        o = ATTENTION_BACKENDS[self.backend](q, k, v)  # [B, H, L, E]
         y = self.out_proj(o.transpose(1, 2).reshape(batch, length, self.d_model))  # [B, L, D]
         return y, KVCache(k, v)

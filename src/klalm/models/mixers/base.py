@@ -20,10 +20,14 @@ for that mixer name. Parameters that must stay out of weight decay carry `param.
 
 from __future__ import annotations
 
+import inspect
+import math
 from typing import Any
 
 import torch
 from torch import Tensor, nn
+
+from klalm.config_checks import RENAMED_MIXER_OPTIONS
 
 
 class Mixer(nn.Module):
@@ -42,3 +46,22 @@ def no_weight_decay(param: nn.Parameter) -> nn.Parameter:
     """Mark a parameter so the optimiser puts it in the no-weight-decay group; returns it."""
     param._no_weight_decay = True
     return param
+
+
+def reject_unknown_options(cls: type, unknown: dict) -> None:
+    """Raise a ValueError naming the unknown options and listing `cls`'s keyword-only constructor options."""
+    for option in unknown:
+        if option in RENAMED_MIXER_OPTIONS:
+            raise ValueError(f"{cls.__name__} option {option!r} was renamed: use {RENAMED_MIXER_OPTIONS[option]!r}")
+    if unknown:
+        params = inspect.signature(cls.__init__).parameters.values()
+        valid = sorted(p.name for p in params if p.kind is p.KEYWORD_ONLY)
+        raise ValueError(f"unknown {cls.__name__} option(s) {sorted(unknown)}; valid: {valid}")
+
+
+def inverse_softplus_dt(size: int, dt_min: float, dt_max: float, dt_floor: float) -> Tensor:
+    """A bias b with softplus(b) log-uniform in [dt_min, dt_max] (floored at dt_floor), as Mamba initialises Δ."""
+    if not 0 < dt_min <= dt_max:
+        raise ValueError(f"need 0 < dt_min <= dt_max, got dt_min={dt_min}, dt_max={dt_max}")
+    dt = torch.exp(torch.rand(size) * (math.log(dt_max) - math.log(dt_min)) + math.log(dt_min)).clamp(min=dt_floor)
+    return dt + torch.log(-torch.expm1(-dt))  # softplus⁻¹(dt)

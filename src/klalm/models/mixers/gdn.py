@@ -27,8 +27,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from klalm.models.mixers.base import Mixer, no_weight_decay
-from klalm.models.mixers.mamba import CausalConv1d, inverse_softplus_dt, reject_unknown_options
+from klalm.models.mixers.base import Mixer, inverse_softplus_dt, no_weight_decay, reject_unknown_options
+from klalm.models.mixers.conv import CausalConv1d
+from klalm.ops.common import compute_dtype
 from klalm.ops.gdn import GDN_BACKENDS, gated_delta_rule
 
 QK_NORM_EPS = 1e-6  # floor on ‖q‖, ‖k‖ in the L2 normalisation
@@ -51,7 +52,7 @@ class GatedDeltaNetMixer(Mixer):
     Args:
         d_model: model width D.
         layer_idx: index of this layer in the stack.
-        num_heads: H.
+        n_heads: H.
         head_dim: key/query head dim K; 0.75·D/H when None (must then divide evenly).
         expand_v: value head dim V = expand_v·K.
         d_conv: kernel of the short causal conv on q, k, v.
@@ -67,7 +68,7 @@ class GatedDeltaNetMixer(Mixer):
         d_model: int,
         layer_idx: int = 0,
         *,
-        num_heads: int = 6,
+        n_heads: int = 6,
         head_dim: int | None = None,
         expand_v: int = 2,
         d_conv: int = 4,
@@ -82,10 +83,10 @@ class GatedDeltaNetMixer(Mixer):
     ):
         super().__init__()
         reject_unknown_options(type(self), unknown)
-        head_dim = _default_head_dim(d_model, num_heads) if head_dim is None else head_dim
+        head_dim = _default_head_dim(d_model, n_heads) if head_dim is None else head_dim
         for key, value in (
             ("d_model", d_model),
-            ("num_heads", num_heads),
+            ("n_heads", n_heads),
             ("head_dim", head_dim),
             ("expand_v", expand_v),
             ("d_conv", d_conv),
@@ -99,24 +100,24 @@ class GatedDeltaNetMixer(Mixer):
         if not 0 < A_init_range[0] <= A_init_range[1]:
             raise ValueError(f"GatedDeltaNetMixer option A_init_range must satisfy 0 < lo <= hi, got {A_init_range}")
         self.d_model, self.layer_idx, self.backend, self.chunk_size = d_model, layer_idx, backend, chunk_size
-        self.num_heads, self.head_k_dim, self.head_v_dim = num_heads, head_dim, expand_v * head_dim
-        self.key_dim, self.value_dim = num_heads * head_dim, num_heads * self.head_v_dim
+        self.n_heads, self.head_k_dim, self.head_v_dim = n_heads, head_dim, expand_v * head_dim
+        self.key_dim, self.value_dim = n_heads * head_dim, n_heads * self.head_v_dim
         self.norm_eps = norm_eps
         self.qkv_proj = nn.Linear(d_model, 2 * self.key_dim + self.value_dim, bias=False)
         self.conv = CausalConv1d(2 * self.key_dim + self.value_dim, d_conv, bias=False)
-        self.a_proj = nn.Linear(d_model, num_heads, bias=False)
-        self.b_proj = nn.Linear(d_model, num_heads, bias=False)
-        a_init = torch.empty(num_heads).uniform_(*A_init_range)
+        self.a_proj = nn.Linear(d_model, n_heads, bias=False)
+        self.b_proj = nn.Linear(d_model, n_heads, bias=False)
+        a_init = torch.empty(n_heads).uniform_(*A_init_range)
         self.A_log = no_weight_decay(nn.Parameter(torch.log(a_init)))
-        self.dt_bias = no_weight_decay(nn.Parameter(inverse_softplus_dt(num_heads, dt_min, dt_max, dt_init_floor)))
+        self.dt_bias = no_weight_decay(nn.Parameter(inverse_softplus_dt(n_heads, dt_min, dt_max, dt_init_floor)))
         self.g_proj = nn.Linear(d_model, self.value_dim, bias=False)
         self.o_norm_weight = nn.Parameter(torch.ones(self.head_v_dim))
         self.out_proj = nn.Linear(self.value_dim, d_model, bias=False)
 
     def init_state(self, batch_size: int, device: torch.device, dtype: torch.dtype) -> GDNState:
         """Empty decode state: zero conv window and zero recurrent state [B, H, K, V]."""
-        rec_dtype = torch.float64 if dtype == torch.float64 else torch.float32
-        shape = (batch_size, self.num_heads, self.head_k_dim, self.head_v_dim)
+        rec_dtype = compute_dtype(dtype)
+        shape = (batch_size, self.n_heads, self.head_k_dim, self.head_v_dim)
         return GDNState(
             self.conv.init_window(batch_size, device, dtype), torch.zeros(shape, device=device, dtype=rec_dtype)
         )
@@ -128,23 +129,23 @@ class GatedDeltaNetMixer(Mixer):
         window, h0 = (None, None) if state is None else state
         qkv, window = self.conv(self.qkv_proj(x), window)
         q, k, v = F.silu(qkv).split([self.key_dim, self.key_dim, self.value_dim], -1)
-        q = F.normalize(q.unflatten(-1, (self.num_heads, -1)), dim=-1, eps=QK_NORM_EPS)  # [B, L, H, K]
-        k = F.normalize(k.unflatten(-1, (self.num_heads, -1)), dim=-1, eps=QK_NORM_EPS)  # [B, L, H, K]
-        v = v.unflatten(-1, (self.num_heads, -1))  # [B, L, H, V]
+        q = F.normalize(q.unflatten(-1, (self.n_heads, -1)), dim=-1, eps=QK_NORM_EPS)  # [B, L, H, K]
+        k = F.normalize(k.unflatten(-1, (self.n_heads, -1)), dim=-1, eps=QK_NORM_EPS)  # [B, L, H, K]
+        v = v.unflatten(-1, (self.n_heads, -1))  # [B, L, H, V]
         beta = torch.sigmoid(self.b_proj(x))  # [B, L, H]
         g = -torch.exp(self.A_log) * F.softplus(self.a_proj(x) + self.dt_bias)  # [B, L, H]
         o, h = gated_delta_rule(q, k, v, g, beta, h0, backend=self.backend, chunk_size=self.chunk_size)
         o = F.rms_norm(o, (self.head_v_dim,), self.o_norm_weight.to(o.dtype), self.norm_eps)
-        o = o * F.silu(self.g_proj(x).unflatten(-1, (self.num_heads, -1)))  # [B, L, H, V]
+        o = o * F.silu(self.g_proj(x).unflatten(-1, (self.n_heads, -1)))  # [B, L, H, V]
         return self.out_proj(o.flatten(-2)), GDNState(window, h)  # [B, L, D]
 
 
-def _default_head_dim(d_model: int, num_heads: int) -> int:
+def _default_head_dim(d_model: int, n_heads: int) -> int:
     """K = 0.75·D/H, which must be a whole number."""
     key_dim = 0.75 * d_model
-    if key_dim % num_heads or key_dim != int(key_dim):
+    if key_dim % n_heads or key_dim != int(key_dim):
         raise ValueError(
-            f"GatedDeltaNetMixer: 0.75·d_model = {key_dim} is not divisible by num_heads={num_heads}; "
+            f"GatedDeltaNetMixer: 0.75·d_model = {key_dim} is not divisible by n_heads={n_heads}; "
             f"set head_dim explicitly"
         )
-    return int(key_dim) // num_heads
+    return int(key_dim) // n_heads

@@ -1,4 +1,4 @@
-"""The Kalman Linear Attention mixer (Shaj et al., arXiv 2602.10743, 2026), as in shared/DESIGN.md §1.
+"""The Kalman Linear Attention mixer (Shaj et al., arXiv 2602.10743, 2026); the math is in docs/kla.md.
 
 Per token, every (channel m, state s) pair runs one step of a scalar Kalman filter in information form:
 
@@ -23,10 +23,11 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from klalm.models.mixers.base import Mixer, no_weight_decay
+from klalm.models.mixers.conv import CausalConv1d
 from klalm.ops import KLAState, kla_scan, kla_step
-from klalm.ops.reference import compute_dtype, fresh_state, precision_from_logvar
+from klalm.ops.common import compute_dtype, fresh_state, precision_from_logvar
 
-Block = Literal["plain", "mamba"]
+SensorBlock = Literal["plain", "mamba"]
 Discretization = Literal["ou", "zoh"]
 PRECISION_FLOOR = 1e-4  # Λ = 1/(softplus(log σ²) + floor): caps the value precision at 1e4
 
@@ -34,7 +35,7 @@ PRECISION_FLOOR = 1e-4  # Λ = 1/(softplus(log σ²) + floor): caps the value pr
 class KLAMixerState(NamedTuple):
     """Decode state of one KLA layer.
 
-    conv: the last conv_kernel - 1 pre-convolution inputs z, [B, M, conv_kernel - 1], in the activation dtype.
+    conv: the last d_conv - 1 pre-convolution inputs z, [B, M, d_conv - 1], in the activation dtype.
     filter: the filter state `KLAState(lam, eta)`, each [B, M, S], float32 (float64 for float64 models).
     """
 
@@ -69,7 +70,7 @@ def _mamba_sensors(m: int, rank: int) -> tuple[nn.Module, nn.Module]:
 
 
 # block name -> builder of the (v, log σ²) sensor maps, called with (M, r)
-BLOCKS: dict[str, Callable[[int, int], tuple[nn.Module, nn.Module]]] = {
+SENSOR_BLOCKS: dict[str, Callable[[int, int], tuple[nn.Module, nn.Module]]] = {
     "plain": _plain_sensors,
     "mamba": _mamba_sensors,
 }
@@ -85,16 +86,16 @@ class KLAMixer(Mixer):
         expand: channel expansion; M = d_inner = expand·D.
         block: "plain" (v and log σ² from full Linear(M→M) maps) or "mamba" (v = z, log σ² from a
             low-rank M→r→M map with r = ceil(D/8)).
-        conv_kernel: width K of the depthwise causal conv1d.
+        d_conv: width K of the depthwise causal conv1d.
         discretization: "ou" (exact Ornstein-Uhlenbeck) or "zoh" (p = p_c·Δ) process noise.
         zero_process_noise: ablation with p = 0 (the layer then has no p_c parameter).
         decode_from_prior: read out the one-step-ahead prediction (a·μ, a²σ² + p) instead of the posterior.
         dt_min, dt_max: range of the log-uniform initial step Δ.
         noise_init: initial continuous process-noise rate p_c.
         skip_init: initial value of the learned scalar skip λ_skip.
-        scan_backend: backend passed to `klalm.ops.kla_scan` ("auto", "reference", "torch", "triton").
+        backend: backend passed to `klalm.ops.kla_scan` ("auto", "reference", "torch", "triton").
 
-    Parameter count, with D = d_model, M = expand·D, S = d_state, K = conv_kernel, r = ceil(D/8):
+    Parameter count, with D = d_model, M = expand·D, S = d_state, K = d_conv, r = ceil(D/8):
 
         in_proj D·2M (no bias) + conv M·K + M + k, q projections 2·M·S (no bias)
         + dynamics α_log, δ, p_c 3·M·S (2·M·S with zero_process_noise) + λ_skip 1 + out_proj M·D (no bias)
@@ -115,8 +116,8 @@ class KLAMixer(Mixer):
         *,
         d_state: int = 16,
         expand: int = 2,
-        block: Block = "mamba",
-        conv_kernel: int = 4,
+        block: SensorBlock = "mamba",
+        d_conv: int = 4,
         discretization: Discretization = "ou",
         zero_process_noise: bool = False,
         decode_from_prior: bool = False,
@@ -124,20 +125,20 @@ class KLAMixer(Mixer):
         dt_max: float = 1e-1,
         noise_init: float = 0.01,
         skip_init: float = -1.0,
-        scan_backend: str = "auto",
+        backend: str = "auto",
     ) -> None:
         super().__init__()
-        _validate_options(d_model, d_state, expand, block, conv_kernel, discretization, dt_min, dt_max, noise_init)
+        _validate_options(d_model, d_state, expand, block, d_conv, discretization, dt_min, dt_max, noise_init)
         self.d_model, self.layer_idx, self.d_state = d_model, layer_idx, d_state
         self.d_inner = m = expand * d_model
-        self.block, self.conv_kernel, self.discretization = block, conv_kernel, discretization
+        self.block, self.d_conv, self.discretization = block, d_conv, discretization
         self.zero_process_noise, self.decode_from_prior = zero_process_noise, decode_from_prior
-        self.scan_backend = scan_backend
+        self.backend = backend
         self.rank = math.ceil(d_model / 8)
 
         self.in_proj = nn.Linear(d_model, 2 * m, bias=False)
-        self.conv1d = nn.Conv1d(m, m, conv_kernel, groups=m, padding=0)
-        self.v_proj, self.logvar_proj = BLOCKS[block](m, self.rank)
+        self.conv = CausalConv1d(m, d_conv)
+        self.v_proj, self.logvar_proj = SENSOR_BLOCKS[block](m, self.rank)
         self.k_proj = nn.Linear(m, d_state, bias=False)
         self.q_proj = nn.Linear(m, d_state, bias=False)
         self._init_dynamics(m, d_state, dt_min, dt_max, noise_init)
@@ -168,18 +169,14 @@ class KLAMixer(Mixer):
 
     def init_state(self, batch_size: int, device: torch.device, dtype: torch.dtype) -> KLAMixerState:
         """An empty decode state: zero conv window and the fresh filter prior (λ = 1, η = 0)."""
-        conv = torch.zeros(batch_size, self.d_inner, self.conv_kernel - 1, device=device, dtype=dtype)
+        conv = self.conv.init_window(batch_size, device, dtype)
         filt = fresh_state(batch_size, self.d_inner, self.d_state, device, compute_dtype(dtype))
         return KLAMixerState(conv, filt)
 
     def _conv(self, z: Tensor, window: Tensor | None) -> tuple[Tensor, Tensor]:
         """Causal depthwise conv + SiLU. z [B, L, M], window [B, M, K-1] or None -> (z [B, L, M], window)."""
-        zt = z.transpose(1, 2)  # [B, M, L]
-        if window is None:
-            window = zt.new_zeros(zt.shape[0], zt.shape[1], self.conv_kernel - 1)
-        full = torch.cat([window.to(zt.dtype), zt], dim=2)  # [B, M, K-1+L]
-        out = F.silu(self.conv1d(full)).transpose(1, 2)  # [B, L, M]
-        return out, full[:, :, full.shape[2] - (self.conv_kernel - 1) :]
+        z, window = self.conv(z, window)
+        return F.silu(z), window
 
     def _sensors(self, z: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """v, log σ² [B, L, M] and L2-normalised k, q [B, L, S] from the convolved inputs z [B, L, M]."""
@@ -217,7 +214,7 @@ class KLAMixer(Mixer):
             y, y_var = y[:, None], y_var[:, None]  # [B, 1, M]
         else:
             y, y_var, fstate = kla_scan(
-                v, lambda_v, k, q, a, p, fstate, backend=self.scan_backend, decode_from_prior=self.decode_from_prior
+                v, lambda_v, k, q, a, p, fstate, backend=self.backend, decode_from_prior=self.decode_from_prior
             )
         gate = F.silu(g)
         out = self.out_proj(((y + self.skip * z) * gate).to(x.dtype))
@@ -233,18 +230,18 @@ def _validate_options(
     d_state: int,
     expand: int,
     block: str,
-    conv_kernel: int,
+    d_conv: int,
     discretization: str,
     dt_min: float,
     dt_max: float,
     noise_init: float,
 ) -> None:
     """Raise ValueError naming the first bad constructor option."""
-    if block not in BLOCKS:
-        raise ValueError(f"unknown KLA block {block!r}; valid: {sorted(BLOCKS)}")
+    if block not in SENSOR_BLOCKS:
+        raise ValueError(f"unknown KLA block {block!r}; valid: {sorted(SENSOR_BLOCKS)}")
     if discretization not in DISCRETIZATIONS:
         raise ValueError(f"unknown discretization {discretization!r}; valid: {sorted(DISCRETIZATIONS)}")
-    for name, value in (("d_model", d_model), ("d_state", d_state), ("expand", expand), ("conv_kernel", conv_kernel)):
+    for name, value in (("d_model", d_model), ("d_state", d_state), ("expand", expand), ("d_conv", d_conv)):
         if value < 1:
             raise ValueError(f"{name} must be >= 1, got {value}")
     if not 0 < dt_min <= dt_max:

@@ -19,7 +19,6 @@ A_log, D and dt_bias carry the no-weight-decay mark. Decode state: `MambaState(c
 
 from __future__ import annotations
 
-import inspect
 import math
 from typing import NamedTuple
 
@@ -27,7 +26,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from klalm.models.mixers.base import Mixer, no_weight_decay
+from klalm.models.mixers.base import Mixer, inverse_softplus_dt, no_weight_decay, reject_unknown_options
+from klalm.models.mixers.conv import CausalConv1d
+from klalm.ops.common import compute_dtype
 from klalm.ops.selective_scan import SELECTIVE_SCAN_BACKENDS, selective_scan
 
 
@@ -40,53 +41,6 @@ class MambaState(NamedTuple):
 
     conv: Tensor
     ssm: Tensor
-
-
-class CausalConv1d(nn.Module):
-    """Depthwise causal conv1d over time that carries its last `kernel_size − 1` inputs as a window."""
-
-    def __init__(self, channels: int, kernel_size: int, bias: bool = True):
-        super().__init__()
-        if kernel_size < 1:
-            raise ValueError(f"conv kernel size must be >= 1, got {kernel_size}")
-        self.kernel_size = kernel_size
-        self.weight = nn.Parameter(torch.empty(channels, 1, kernel_size))
-        self.bias = nn.Parameter(torch.zeros(channels)) if bias else None
-        bound = 1.0 / math.sqrt(kernel_size)  # PyTorch's Conv1d default for a depthwise conv
-        nn.init.uniform_(self.weight, -bound, bound)
-        if self.bias is not None:
-            nn.init.uniform_(self.bias, -bound, bound)
-
-    def init_window(self, batch_size: int, device: torch.device, dtype: torch.dtype) -> Tensor:
-        """An all-zero window, [B, M, kernel_size − 1] (a fresh sequence is left-padded with zeros)."""
-        return torch.zeros(batch_size, self.weight.shape[0], self.kernel_size - 1, device=device, dtype=dtype)
-
-    def forward(self, x: Tensor, window: Tensor | None = None) -> tuple[Tensor, Tensor]:
-        """x [B, L, M], window [B, M, kernel_size − 1] or None -> (y [B, L, M], new window)."""
-        x = x.transpose(1, 2)  # [B, M, L]
-        if window is None:
-            window = self.init_window(x.shape[0], x.device, x.dtype)
-        padded = torch.cat([window.to(x.dtype), x], -1)  # [B, M, L + K − 1]
-        y = F.conv1d(
-            padded, self.weight.to(x.dtype), None if self.bias is None else self.bias.to(x.dtype), groups=x.shape[1]
-        )  # [B, M, L]
-        return y.transpose(1, 2), padded[:, :, padded.shape[-1] - (self.kernel_size - 1) :]
-
-
-def reject_unknown_options(cls: type, unknown: dict) -> None:
-    """Raise a ValueError naming the unknown options and listing `cls`'s keyword-only constructor options."""
-    if unknown:
-        params = inspect.signature(cls.__init__).parameters.values()
-        valid = sorted(p.name for p in params if p.kind is p.KEYWORD_ONLY)
-        raise ValueError(f"unknown {cls.__name__} option(s) {sorted(unknown)}; valid: {valid}")
-
-
-def inverse_softplus_dt(size: int, dt_min: float, dt_max: float, dt_floor: float) -> Tensor:
-    """A bias b with softplus(b) log-uniform in [dt_min, dt_max] (floored at dt_floor), as Mamba initialises Δ."""
-    if not 0 < dt_min <= dt_max:
-        raise ValueError(f"need 0 < dt_min <= dt_max, got dt_min={dt_min}, dt_max={dt_max}")
-    dt = torch.exp(torch.rand(size) * (math.log(dt_max) - math.log(dt_min)) + math.log(dt_min)).clamp(min=dt_floor)
-    return dt + torch.log(-torch.expm1(-dt))  # softplus⁻¹(dt)
 
 
 class MambaMixer(Mixer):
@@ -145,7 +99,7 @@ class MambaMixer(Mixer):
 
     def init_state(self, batch_size: int, device: torch.device, dtype: torch.dtype) -> MambaState:
         """Empty decode state: zero conv window [B, M, d_conv − 1] and zero SSM state [B, M, N]."""
-        ssm_dtype = torch.float64 if dtype == torch.float64 else torch.float32
+        ssm_dtype = compute_dtype(dtype)
         ssm = torch.zeros(batch_size, self.d_inner, self.d_state, device=device, dtype=ssm_dtype)
         return MambaState(self.conv.init_window(batch_size, device, dtype), ssm)
 

@@ -1,4 +1,4 @@
-"""Synthetic random-token data for benchmarks and distributed tests (no dataset, no tokenizer).
+"""Random-token data for benchmarks and distributed tests (no dataset, no tokenizer).
 
 Sample i of the stream is a fixed function of (seed, i): `seq_len + 1` uniform token ids, split into inputs and
 next-token labels. Rank r of W reads samples r, r + W, r + 2W, ..., so W ranks together read exactly the samples one
@@ -63,7 +63,7 @@ class RandomTokens(IterableDataset):
         self.next_index = state["next_index"]
 
 
-class SyntheticDataModule(pl.LightningDataModule):
+class RandomTokenDataModule(pl.LightningDataModule):
     """Random tokens for throughput benchmarks and tests; `tokenizer` is None (text sampling is unavailable).
 
     Args:

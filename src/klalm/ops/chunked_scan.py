@@ -1,6 +1,6 @@
 """Parallel KLA scan in plain PyTorch (CPU and GPU) with a hand-derived exact backward.
 
-The filter (shared/DESIGN.md §1) per (b, m, s), for t = 1..L from (λ_0, η_0):
+The filter (docs/kla.md, "The math") per (b, m, s), for t = 1..L from (λ_0, η_0):
 
     φ_t = Λ_t·k_t²   r_t = v_t·Λ_t·k_t   d_t = a² + p·λ_{t-1}   g_t = a/d_t
     λ_t = λ_{t-1}/d_t + φ_t              η_t = g_t·η_{t-1} + r_t
@@ -52,7 +52,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
-from klalm.ops.reference import KLAState, compute_dtype, fresh_state
+from klalm.ops.common import KLAState, compute_dtype, fresh_state
 
 log = logging.getLogger(__name__)
 

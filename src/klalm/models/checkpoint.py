@@ -1,0 +1,242 @@
+"""What a training run leaves, read back: the run folder's layout, verified checkpoint files, and `load_model`.
+
+Layout of a run directory (`paths.run_dir`; `klalm.train.checkpoint` writes it):
+
+    checkpoints/step-00000100.ckpt   Lightning checkpoints (model, optimiser, scheduler, data-loader state,
+                                     RNG, tokens seen), the last `keep_last` of them
+    checkpoints/step-00000100.ckpt.sha256   its sha256, written before the checkpoint gets its name
+                                     (`sha256sum -c` format)
+    tokenizer/                       the run's tokenizer (HF `save_pretrained` layout)
+    hf/                              final export (klalm.models.export): model, tokenizer, model code and
+                                     SHA256SUMS; `AutoModelForCausalLM.from_pretrained` after `import klalm`,
+                                     or with trust_remote_code=True
+
+`verify_checkpoint` checks a file against its sha256 and the safe loader before a resume uses it (a zip checkpoint
+carries no checksum that torch checks: flipped bytes inside a tensor would load silently). Checkpoints are read only
+with `torch.load(..., weights_only=True)` (`load_checkpoint_file`): the safe unpickler builds tensors and plain
+Python data and refuses anything else, so a planted `.ckpt` cannot run code.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import pickle
+import re
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from klalm.models import build_model
+from klalm.models.export import verify_export
+
+log = logging.getLogger(__name__)
+
+# Prefixes inserted by wrappers (torch.compile, activation checkpointing, FSDP) that are not part of a parameter's name.
+_WRAPPER_PREFIXES = ("_orig_mod.", "_checkpoint_wrapped_module.", "_fsdp_wrapped_module.")
+
+
+def clean_name(name: str) -> str:
+    """A parameter name with wrapper prefixes removed (stable across compile/checkpointing/FSDP)."""
+    for prefix in _WRAPPER_PREFIXES:
+        name = name.replace(prefix, "")
+    return name
+
+
+CKPT_DIR = "checkpoints"
+TOKENIZER_DIR = "tokenizer"
+HF_DIR = "hf"
+CHECKSUM_SUFFIX = ".sha256"
+_CKPT_RE = re.compile(r"^step-(\d+)\.ckpt$")
+
+
+class CheckpointError(ValueError):
+    """A checkpoint file that klalm refuses to load: not a klalm checkpoint, unsafe, truncated or corrupted."""
+
+
+def load_checkpoint_file(path: str | os.PathLike, *, mmap: bool = False) -> dict[str, Any]:
+    """Reads a klalm-train checkpoint with the safe unpickler (`weights_only=True`), onto the CPU.
+
+    Args:
+        path: a `step-<N>.ckpt` file.
+        mmap: map the tensors' storage instead of reading it (cheap checks of a large file).
+
+    Returns:
+        The checkpoint dictionary (Lightning's entries plus "klalm").
+
+    Raises:
+        CheckpointError: one line naming the file and why: it refers to code the safe unpickler refuses (not a
+            trusted klalm checkpoint), it cannot be read (truncated or corrupted), or it lacks klalm's entries.
+    """
+    try:
+        checkpoint = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
+    except pickle.UnpicklingError:
+        raise CheckpointError(
+            f"{path} is not a trusted klalm checkpoint: it refers to {_unsafe_globals(path)}, which the safe loader "
+            "(torch.load with weights_only=True) refuses to call; klalm-train writes only tensors and plain data, so "
+            "this file came from elsewhere: do not load it with weights_only=False"
+        ) from None
+    except (RuntimeError, EOFError, OSError) as err:
+        reason = str(err).splitlines()[0] if str(err) else type(err).__name__
+        raise CheckpointError(f"{path} cannot be read as a checkpoint (truncated or corrupted?): {reason}") from None
+    if not isinstance(checkpoint, dict) or not {"klalm", "state_dict"} <= checkpoint.keys():
+        raise CheckpointError(f"{path} is not a klalm-train checkpoint: it lacks the 'klalm' or 'state_dict' entry")
+    return checkpoint
+
+
+def verify_checkpoint(path: Path) -> None:
+    """Checks a checkpoint before a resume trusts it: the sha256 written at save time (when its `.sha256` file is
+    there: checkpoints copied without it are checked by loading only), then a safe load of its structure (the
+    tensors are mapped, not read).
+
+    Raises:
+        CheckpointError: one line naming the file and what is wrong with it.
+    """
+    sidecar = checksum_path(path)
+    try:
+        if sidecar.is_file() and sidecar.read_text().split()[:1] != [file_sha256(path)]:
+            raise CheckpointError(f"{path} does not match the sha256 in {sidecar.name}, written when it was saved")
+    except OSError as err:
+        raise CheckpointError(f"{path} cannot be read: {err}") from None
+    load_checkpoint_file(path, mmap=True)
+
+
+def checksum_path(path: Path) -> Path:
+    """The `.sha256` file that belongs to a checkpoint."""
+    return path.with_name(path.name + CHECKSUM_SUFFIX)
+
+
+def file_sha256(path: Path) -> str:
+    """The hex sha256 of a file's bytes."""
+    with open(path, "rb") as handle:
+        return hashlib.file_digest(handle, "sha256").hexdigest()
+
+
+def _unsafe_globals(path: str | os.PathLike) -> str:
+    """The Python callables a checkpoint's pickle names beyond the safe set, read without unpickling anything."""
+    try:
+        names = torch.serialization.get_unsafe_globals_in_checkpoint(path)
+    except (RuntimeError, ValueError, OSError):  # not a zip checkpoint: the names cannot be listed safely
+        return "Python objects"
+    return ", ".join(names) if names else "Python objects"
+
+
+def checkpoint_step(path: Path) -> int:
+    """The optimiser step encoded in a checkpoint file name `step-XXXXXXXX.ckpt`."""
+    match = _CKPT_RE.match(Path(path).name)
+    if match is None:
+        raise ValueError(f"{path} is not a klalm checkpoint name (expected step-<N>.ckpt)")
+    return int(match.group(1))
+
+
+def list_checkpoints(run_dir: Path) -> list[Path]:
+    """Checkpoints of one run directory, oldest step first (temporary files excluded)."""
+    folder = Path(run_dir) / CKPT_DIR
+    if not folder.is_dir():
+        return []
+    return sorted((p for p in folder.iterdir() if _CKPT_RE.match(p.name)), key=checkpoint_step)
+
+
+def newest_first(run_dirs: list[Path]) -> list[Path]:
+    """Checkpoints of several run directories, highest step first (the newer file first on equal steps).
+
+    A file that vanishes while this looks (pruned by the run that writes it) is passed over.
+    """
+    keyed = []
+    for run_dir in run_dirs:
+        for path in list_checkpoints(run_dir):
+            try:
+                keyed.append((checkpoint_step(path), path.stat().st_mtime, path))
+            except FileNotFoundError:
+                continue
+    return [path for *_, path in sorted(keyed, key=lambda key: key[:2], reverse=True)]
+
+
+def find_latest(run_dirs: list[Path]) -> Path | None:
+    """The checkpoint with the highest step over several run directories (newest directory wins ties)."""
+    candidates = newest_first(run_dirs)
+    return candidates[0] if candidates else None
+
+
+def newest_valid(run_dirs: list[Path]) -> tuple[Path | None, list[str]]:
+    """The newest checkpoint that passes `verify_checkpoint`, and why each newer one was skipped.
+
+    Returns:
+        (path or None when none passes, ["<path>: <reason>", ...] for the skipped ones, newest first).
+    """
+    skipped = []
+    for path in newest_first(run_dirs):
+        try:
+            verify_checkpoint(path)
+        except CheckpointError as err:
+            skipped.append(str(err))
+            continue
+        return path, skipped
+    return None, skipped
+
+
+def model_state_from_checkpoint(checkpoint: dict[str, Any]) -> dict[str, torch.Tensor]:
+    """The inner model's state dict from a Lightning checkpoint of `LMModule` (prefix `model.` removed)."""
+    state = checkpoint["state_dict"]
+    return {clean_name(k).removeprefix("model."): v for k, v in state.items() if k.startswith("model.")}
+
+
+def load_model(path: str | os.PathLike) -> tuple[Any, Any]:
+    """Loads a trained model and its tokenizer from a run directory, an HF export or a Lightning `.ckpt`.
+
+    Args:
+        path: a run directory (uses its `hf/` export if present, else its newest valid checkpoint), an HF export folder
+            (`config.json` inside), or a `step-<N>.ckpt` file written by `klalm-train`.
+
+    Returns:
+        (model, tokenizer): a `transformers.PreTrainedModel` in eval mode on the CPU and the run's tokenizer (None for
+        runs on synthetic data, which have none).
+
+    Raises:
+        FileNotFoundError: naming the path when it holds neither an export nor a checkpoint.
+        klalm.models.export.ExportIntegrityError: an export file differs from the export's SHA256SUMS.
+    """
+    path = Path(path)
+    if path.is_dir() and (path / HF_DIR / "config.json").is_file():
+        path = path / HF_DIR
+    if path.is_dir() and (path / "config.json").is_file():
+        verify_export(path)
+        model = AutoModelForCausalLM.from_pretrained(path)
+        return model.eval(), _load_tokenizer(path)
+    if path.is_dir():
+        latest, skipped = newest_valid([path])
+        for reason in skipped:
+            log.warning("skipped %s", reason)
+        if latest is None:
+            reasons = f" (skipped: {'; '.join(skipped)})" if skipped else ""
+            raise FileNotFoundError(f"{path} has no {HF_DIR}/ export and no valid {CKPT_DIR}/step-*.ckpt{reasons}")
+        path = latest
+    if not path.is_file():
+        raise FileNotFoundError(f"checkpoint {path} does not exist")
+    return _load_lightning_checkpoint(path)
+
+
+MODEL_BUILDER = "klalm.models.build_model"  # the one `_target_` a checkpoint's model config may name
+
+
+def _load_lightning_checkpoint(path: Path) -> tuple[Any, Any]:
+    checkpoint = load_checkpoint_file(path)
+    meta = checkpoint["klalm"]
+    config = dict(meta["model_config"])
+    # The config comes from the file: build through klalm's builder only, never through an arbitrary `_target_`.
+    if config.get("_target_") != MODEL_BUILDER:
+        raise CheckpointError(f"{path}: its model config names {config.get('_target_')!r}, not {MODEL_BUILDER}")
+    kwargs = {k: v for k, v in config.items() if not k.startswith("_")}
+    model = build_model(**{**kwargs, "vocab_size": meta["vocab_size"]})
+    model.load_state_dict(model_state_from_checkpoint(checkpoint))
+    tokenizer_dir = path.parent.parent / TOKENIZER_DIR
+    return model.eval(), _load_tokenizer(tokenizer_dir)
+
+
+def _load_tokenizer(folder: Path) -> Any:
+    if not (folder / "tokenizer_config.json").is_file():
+        return None
+    return AutoTokenizer.from_pretrained(folder)

@@ -1,0 +1,73 @@
+"""How every op picks its backend: `kla_scan`, `selective_scan` and `gated_delta_rule` follow one policy.
+
+Each op has a table of backends that share one signature: "reference" (the sequential oracle), "torch" (the chunked
+torch path, any device) and one fast GPU path ("triton", or "fla" for the gated delta rule). A request means:
+
+- a name from the table: that backend, always. If it cannot run (the fast path on CPU tensors, say), it raises; a
+  named backend never falls back to another.
+- "auto": the fast path for CUDA tensors of float32 or narrower, when it can run on that device (its module imports;
+  the fla path must also pass a probe against the torch path); "torch" otherwise. float64 always goes to "torch":
+  the fast paths compute in float32, and float64 callers ask for float64 accuracy.
+
+"auto" decides once per (op, device, dtype) and logs its choice once: INFO, or WARNING with the reason when a CUDA
+device falls back to "torch".
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+import torch
+
+log = logging.getLogger(__name__)
+
+
+class OpBackends:
+    """The backends of one op.
+
+    Args:
+        op: the op's name, used in messages ("kla_scan").
+        table: backend name -> function; holds "reference", "torch" and `fast`.
+        fast: the name of the fast GPU path ("triton" or "fla").
+        usable: `usable(device) -> (can run, reason)` for the fast path on a CUDA device.
+    """
+
+    def __init__(
+        self, op: str, table: dict[str, Callable], fast: str, usable: Callable[[torch.device], tuple[bool, str]]
+    ):
+        if not {"reference", "torch", fast} <= table.keys():
+            raise ValueError(f"{op}: a backend table needs 'reference', 'torch' and {fast!r}; got {sorted(table)}")
+        self.op, self.table, self.fast, self.usable = op, table, fast, usable
+
+
+_AUTO: dict[tuple[str, str, torch.dtype], str] = {}  # (op, device, dtype) -> choice (a dict: dynamo traces it)
+
+
+def resolve_backend(backends: OpBackends, backend: str, device: torch.device, dtype: torch.dtype) -> str:
+    """The backend name that `backend` means for tensors on `device` of `dtype` (see the module docstring).
+
+    Raises:
+        ValueError: `backend` is neither "auto" nor in the table; the message lists the valid names.
+    """
+    if backend != "auto":
+        if backend not in backends.table:
+            raise ValueError(f"unknown {backends.op} backend {backend!r}; valid: {sorted(backends.table) + ['auto']}")
+        return backend
+    key = (backends.op, str(device), dtype)
+    if key not in _AUTO:
+        _AUTO[key] = _decide(backends, device, dtype)
+    return _AUTO[key]
+
+
+def _decide(backends: OpBackends, device: torch.device, dtype: torch.dtype) -> str:
+    if device.type != "cuda":
+        usable, reason = False, f"{device.type} tensors"
+    elif dtype == torch.float64:
+        usable, reason = False, "float64 tensors"
+    else:
+        usable, reason = backends.usable(device)
+    name = backends.fast if usable else "torch"
+    level = logging.WARNING if device.type == "cuda" and dtype != torch.float64 and not usable else logging.INFO
+    log.log(level, "%s backend 'auto' on %s %s: %r (%s)", backends.op, device, dtype, name, reason)
+    return name
