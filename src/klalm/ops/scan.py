@@ -106,7 +106,8 @@ def kla_scan(
             reference backend), or an unknown backend.
     """
     name = resolve_backend(KLA_SCAN_OP, backend, v.device, v.dtype)
-    check_inputs(v, lambda_v, k, q, a, p, initial_state, force_values=name == "reference")
+    if name != "triton":  # the Triton entry (`kla_scan_triton`) runs the same checks itself
+        check_inputs(v, lambda_v, k, q, a, p, initial_state, force_values=name == "reference")
     return BACKENDS[name](v, lambda_v, k, q, a, p, initial_state, decode_from_prior)
 
 
@@ -139,7 +140,6 @@ def kla_scan_logvar(
     if name != "triton":
         lambda_v = precision_from_logvar(logvar, precision_floor)
         return kla_scan(v, lambda_v, k, q, a, p, initial_state, backend=name, decode_from_prior=decode_from_prior)
-    check_inputs(v, logvar, k, q, a, p, initial_state, lambda_name="logvar")
     return _kla_scan_triton(v, logvar, k, q, a, p, initial_state, decode_from_prior, precision_floor)
 
 
