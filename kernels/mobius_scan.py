@@ -24,6 +24,7 @@ from klalm.ops.checks import check_inputs
 from klalm.ops.common import KLAState
 
 MAX_STATE_SIZE = 64
+DEFAULT_CONFIG = ScanConfig()  # the KLA scan's launch parameters: ScanConfig's defaults (kernels/NOTES.md)
 
 
 @torch.library.custom_op("klalm::kla_scan_fwd", mutates_args=())
@@ -140,7 +141,7 @@ def kla_scan_triton(
         p: discrete process noise, [M, S], ≥ 0.
         initial_state: KLAState(lam [B, M, S] > 0, eta [B, M, S]) or None for λ0 = 1, η0 = 0.
         decode_from_prior: read out the one-step-ahead prediction (a·μ, a²·σ² + p) instead of the posterior.
-        config: launch parameters (`ScanConfig()` by default; its `segment` picks the time-parallel split).
+        config: launch parameters (`DEFAULT_CONFIG` by default; its `segment` picks the time-parallel split).
         precision_floor: when given, lambda_v holds log σ² and the kernels form Λ = 1/(softplus(log σ²) +
             precision_floor) as they load it (no float32 [B, L, M] Λ in memory); its gradient is then d/d log σ².
     Returns:
@@ -160,7 +161,7 @@ def kla_scan_triton(
     lam0, eta0 = (None, None) if initial_state is None else (initial_state.lam, initial_state.eta)
     if v.shape[1] == 0:
         return _empty_scan(v, k.shape[-1], lam0, eta0)
-    config = config or ScanConfig()
+    config = config or DEFAULT_CONFIG
     check_config(config)
     args = [x.contiguous() if x is not None else None for x in (v, lambda_v, k, q, a, p, lam0, eta0)]
     save_ckpt = torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in args)
