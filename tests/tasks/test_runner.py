@@ -26,7 +26,7 @@ from klalm.tasks.plans import (
     plan_units,
 )
 from klalm.tasks.results import Results, estimate_s, merge, read_jsonl
-from klalm.tasks.runner import MARGIN_S, MIN_TRAIN_S, Block, main, parse_args, plan_table, solved_depths
+from klalm.tasks.runner import MARGIN_S, MIN_TRAIN_S, GridBlock, main, parse_args, plan_table, solved_depths
 from klalm.tasks.train import TrainSettings
 from klalm.tasks.units import Execution, Unit, run_unit
 
@@ -169,8 +169,8 @@ def _tiny_plan(**changes) -> RunPlan:
     return dataclasses.replace(plan, **changes)
 
 
-def _block(tmp_path, plan, budget=None, in_process=True) -> Block:
-    return Block(plan, Results(tmp_path, plan.families), tmp_path / "state", "cpu", 0, in_process, budget, "abc")
+def _block(tmp_path, plan, budget=None, in_process=True) -> GridBlock:
+    return GridBlock(plan, Results(tmp_path, plan.families), tmp_path / "state", "cpu", 0, in_process, budget, "abc")
 
 
 def test_a5_depths_wait_for_shallower_ones_and_stop_once_solved(tmp_path):
@@ -201,7 +201,7 @@ def test_a_block_starts_units_while_their_overhead_and_some_training_fit(tmp_pat
     assert block._claim().seeds == [0, 1]  # all its seeds, in one process
     assert not _block(tmp_path, plan, budget=MARGIN_S + MIN_TRAIN_S - 1.0).fits(unit)
     with pytest.raises(ValueError, match="--state"):
-        Block(plan, block.results, None, "cpu", 0, True, 60.0, "abc")
+        GridBlock(plan, block.results, None, "cpu", 0, True, 60.0, "abc")
 
 
 def test_a_block_resumes_paused_units_first_and_drops_stale_states(tmp_path):

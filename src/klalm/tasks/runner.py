@@ -74,7 +74,7 @@ def solved_depths(rows: list[dict]) -> dict[str, set[int]]:
     return solved
 
 
-class Block:
+class GridBlock:
     """One invocation's work: which units run, in which slot, until the deadline.
 
     Args:
@@ -275,7 +275,7 @@ def _summary(outcome: UnitOutcome) -> str:
     return f"{row['steps']} steps ({row['ended']}), token/seq acc {accs}"
 
 
-def plan_table(block: Block) -> str:
+def plan_table(block: GridBlock) -> str:
     """Markdown: every unit with its state and estimated seconds (pending seconds summed per slot)."""
     lines = ["| unit | state | est. s | rate from |", "| --- | --- | ---: | --- |"]
     pending = 0.0
@@ -340,12 +340,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def _block(args: argparse.Namespace, plan: RunPlan) -> Block:
+def _block(args: argparse.Namespace, plan: RunPlan) -> GridBlock:
     device = _resolve_device(plan)
     gpus = args.gpus if args.gpus is not None else (torch.cuda.device_count() if device == "cuda" else 0)
     budget = args.time_budget_s if args.time_budget_s is not None else plan.time_budget_s
     results = Results(args.results, plan.families)
-    return Block(plan, results, args.state, device, gpus, getattr(args, "in_process", False), budget or None,
+    return GridBlock(plan, results, args.state, device, gpus, getattr(args, "in_process", False), budget or None,
                  _commit())  # fmt: skip
 
 
