@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Source this first in a command sent to the GPU machine (no network there):
 #   source scripts/device_setup.sh
-# It installs the wheels carried in .whl/ (made here by ../shared/tools/device-wheels.sh) into /tmp/site and
+# It installs the wheels carried in .whl/ (downloaded beforehand with `pip download`) into /tmp/site and
 # klalm itself (editable, no dependencies), so `import klalm`, `klalm.kernels` and the console scripts work.
 if compgen -G ".whl/*.whl" >/dev/null; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
