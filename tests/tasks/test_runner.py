@@ -291,6 +291,21 @@ def test_plan_verb_lists_units_with_estimates(tmp_path, capsys):
     assert Path(tmp_path).is_dir()
 
 
+def test_plan_verb_estimates_for_a_named_gpu_and_bad_input_is_one_line(tmp_path, capsys, monkeypatch):
+    rate = _rate(device="NVIDIA H200", d_model=128, members=3, tokens_per_step=256 * 4 + 25 * 2, step_s=0.004)
+    (tmp_path / "rates.jsonl").write_text(json.dumps(rate) + "\n")
+    args = ["plan", "--plan", "full", "--families", "a5", "--archs", "kla", "--results", str(tmp_path)]
+    main([*args, "--gpu-name", "NVIDIA H200"])
+    assert "seeds=0,1,2 | ready | 471 | 4.00 ms/step from rates.jsonl lines 1;" in capsys.readouterr().out  # x 1.15
+    main(args)  # this machine's device has no rows: the plan's prior
+    assert "| prior |" in capsys.readouterr().out
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(SystemExit, match="^klalm-synthetic: device='cuda' but torch sees no CUDA device"):
+        main([*args, "--device", "cuda"])
+    with pytest.raises(SystemExit, match="^klalm-synthetic: device='tpu'"):
+        main([*args, "--device", "tpu"])
+
+
 def _documented_commands() -> list[list[str]]:
     """Arguments of every `run_synthetic.py` / `klalm-synthetic` call in docs/synthetic.md and README.md."""
     import re

@@ -86,10 +86,11 @@ class GridBlock:
         in_process: run units in this process (one slot only; a CUDA error then ends the block).
         time_budget_s: this block's wall-clock budget from now (None: no deadline).
         commit: recorded with every row.
+        gpu_name: estimate for this GPU model (as rates.jsonl names it) instead of the device's own (`plan` only).
     """
 
     def __init__(self, plan: RunPlan, results: Results, state: Path | None, device: str, gpus: int, in_process: bool,
-                 time_budget_s: float | None, commit: str) -> None:  # fmt: skip
+                 time_budget_s: float | None, commit: str, gpu_name: str | None = None) -> None:  # fmt: skip
         if time_budget_s is not None and state is None:
             raise ValueError("a block with a time budget needs --state (the folder its unfinished units pause into)")
         self.plan, self.results, self.state, self.device, self.gpus = plan, results, state, device, gpus
@@ -97,7 +98,7 @@ class GridBlock:
         if in_process and self.slots > 1:
             raise ValueError(f"--in-process runs one unit at a time, but {self.slots} slots were asked for")
         self.in_process = in_process
-        self.device_name = torch.cuda.get_device_name(0) if device == "cuda" else "cpu"
+        self.device_name = gpu_name or (torch.cuda.get_device_name(0) if device == "cuda" else "cpu")
         self.deadline = None if time_budget_s is None else time.time() + time_budget_s
         self.execution = Execution(procs_per_gpu=plan.procs_per_gpu, commit=commit)
         self.units = plan_units(plan)
@@ -300,6 +301,9 @@ def _resolve_device(plan: RunPlan) -> str:
         return "cuda" if torch.cuda.is_available() else "cpu"
     if plan.device not in ("cuda", "cpu"):
         raise ValueError(f"device={plan.device!r}: valid are auto, cuda, cpu (pick GPUs with CUDA_VISIBLE_DEVICES)")
+    if plan.device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device='cuda' but torch sees no CUDA device here (to see a GPU's estimates on this "
+                         "machine: `plan --gpu-name NAME`)")  # fmt: skip
     return plan.device
 
 
@@ -327,6 +331,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                          "(needed by a run with a time budget)")  # fmt: skip
         if verb == "run":
             cmd.add_argument("--in-process", action="store_true", help="run units in this process (one slot)")
+        else:
+            cmd.add_argument("--gpu-name", help="estimate from this GPU model's rows of rates.jsonl (e.g. 'NVIDIA "
+                             "H200') instead of this machine's device")  # fmt: skip
     report = verbs.add_parser("report", help="tables and plots from a results folder")
     add_plan_args(report)
     report.add_argument("--results", type=Path, required=True, help="results folder")
@@ -346,7 +353,7 @@ def _block(args: argparse.Namespace, plan: RunPlan) -> GridBlock:
     budget = args.time_budget_s if args.time_budget_s is not None else plan.time_budget_s
     results = Results(args.results, plan.families)
     return GridBlock(plan, results, args.state, device, gpus, getattr(args, "in_process", False), budget or None,
-                 _commit())  # fmt: skip
+                     _commit(), getattr(args, "gpu_name", None))  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -358,11 +365,14 @@ def main(argv: list[str] | None = None) -> None:
     if args.verb == "merge":
         print(json.dumps(merge(args.source, args.results, args.commit or _commit())))
         return
-    plan = apply_args(load_plan(args.plan), args)
-    if args.verb == "report":
-        print(write_doc(plan, args.results, args.doc) if args.doc else write_folder(plan, args.results, args.out))
-        return
-    block = _block(args, plan)
+    try:
+        plan = apply_args(load_plan(args.plan), args)
+        if args.verb == "report":
+            print(write_doc(plan, args.results, args.doc) if args.doc else write_folder(plan, args.results, args.out))
+            return
+        block = _block(args, plan)
+    except (ValueError, FileNotFoundError) as err:  # a bad plan, knob, results folder or device
+        sys.exit(f"klalm-synthetic: {err}")
     if args.verb == "plan":
         print(plan_table(block))
         return
