@@ -14,7 +14,10 @@ a file barrier). Each measurement builds its models, warms up and captures (unti
 one that fails shows its error in its row and the others still run.
 
 With --rates, every captured measurement is appended to that rates file (klalm.tasks.results), so the grid runner
-estimates from them instead of its prior. Without CUDA (and without --device cpu) it says so and exits 0.
+estimates from them instead of its prior. With --compile BACKEND every step trains through torch.compile (e.g.
+`inductor`, which fuses a step's small kernels; run once with and once without to compare); the grid runner does
+not compile yet, so --compile and --rates do not go together. Without CUDA (and without --device cpu) it says so
+and exits 0.
 """
 
 from __future__ import annotations
@@ -54,6 +57,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seconds", type=float, default=2.0, help="timed seconds per measurement")
     p.add_argument("--device", default="cuda", help="cuda or cpu (cpu: eager only, to check the script)")
     p.add_argument("--rates", type=Path, help="append the captured measurements to this rates.jsonl")
+    p.add_argument("--compile", dest="compile_backend", help="train through torch.compile with this backend")
     p.add_argument("--worker", help=argparse.SUPPRESS)  # JSON: one process of a side-by-side measurement
     return p.parse_args(argv)
 
@@ -66,10 +70,10 @@ def a5_unit(args: argparse.Namespace, arch: str, depth: int, seeds: int) -> Unit
                 {"name": "a5", "length": 2} if train.aux_batch_size else None)  # fmt: skip
 
 
-def prepare(unit: Unit, device: torch.device, capture: bool) -> tuple[GroupTrainer, float]:
+def prepare(unit: Unit, device: torch.device, capture: bool, compile_backend: str | None) -> tuple[GroupTrainer, float]:
     """Build the members, warm up and (capture) and settle; returns the trainer and the seconds it took."""
     started = time.perf_counter()
-    members = [build_member(unit, seed, device, None) for seed in unit.seeds]
+    members = [build_member(unit, seed, device, None, compile_backend) for seed in unit.seeds]
     trainer = GroupTrainer(members, device, capture=capture)
     trainer.prepare()
     trainer.advance(SETTLE_STEPS)
@@ -87,8 +91,8 @@ def timed(trainer: GroupTrainer, seconds: float) -> tuple[int, float]:
     return steps, time.perf_counter() - start
 
 
-def measure(unit: Unit, device: torch.device, capture: bool, seconds: float) -> dict:
-    trainer, setup_s = prepare(unit, device, capture)
+def measure(unit: Unit, device: torch.device, capture: bool, seconds: float, compile_backend: str | None) -> dict:
+    trainer, setup_s = prepare(unit, device, capture, compile_backend)
     steps, elapsed = timed(trainer, seconds)
     return {"steps_per_s": steps / elapsed, "setup_s": setup_s, "captured": trainer.graph is not None}
 
@@ -97,7 +101,7 @@ def worker(spec: dict) -> None:
     """One of P processes: prepare, announce readiness, wait for the go file, time, write the result."""
     barrier = Path(spec["barrier"])
     unit, device = Unit.from_dict(spec["unit"]), torch.device(spec["device"])
-    trainer, setup_s = prepare(unit, device, device.type == "cuda")
+    trainer, setup_s = prepare(unit, device, device.type == "cuda", spec["compile_backend"])
     (barrier / f"ready-{spec['index']}").touch()
     waited = time.perf_counter()
     while not (barrier / "go").exists():
@@ -109,7 +113,7 @@ def worker(spec: dict) -> None:
     (barrier / f"result-{spec['index']}.json").write_text(json.dumps(result))
 
 
-def measure_processes(unit: Unit, device: str, procs: int, seconds: float) -> dict:
+def measure_processes(unit: Unit, device: str, procs: int, seconds: float, compile_backend: str | None) -> dict:
     """P processes of `unit` (one seed each) timed together; seed-steps/s summed."""
     with tempfile.TemporaryDirectory() as tmp:
         started = time.perf_counter()
@@ -118,7 +122,7 @@ def measure_processes(unit: Unit, device: str, procs: int, seconds: float) -> di
             env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // procs))
         for index in range(procs):
             spec = {"barrier": tmp, "index": index, "unit": dataclasses.asdict(unit), "device": device,
-                    "seconds": seconds}  # fmt: skip
+                    "seconds": seconds, "compile_backend": compile_backend}  # fmt: skip
             children.append(subprocess.Popen([sys.executable, __file__, "--worker", json.dumps(spec)], env=env))
         while not all((Path(tmp) / f"ready-{i}").exists() for i in range(procs)):
             if any(c.poll() not in (None, 0) for c in children) or time.perf_counter() - started > BARRIER_TIMEOUT_S:
@@ -162,12 +166,12 @@ def one_seed_table(args: argparse.Namespace, device: torch.device) -> tuple[str,
             unit = a5_unit(args, arch, depth, 1)
             line = [arch, str(depth)]
             try:
-                eager = measure(unit, device, False, args.seconds)
+                eager = measure(unit, device, False, args.seconds, args.compile_backend)
                 line.append(f"{eager['steps_per_s']:.0f}")
                 if device.type != "cuda":
                     line += ["—", "—", ""]
                 else:
-                    graph = measure(unit, device, True, args.seconds)
+                    graph = measure(unit, device, True, args.seconds, args.compile_backend)
                     captured_rates[arch, depth] = graph["steps_per_s"]
                     target = TARGETS.get((arch, depth))
                     met = "" if target is None else f"≥ {target}: {'yes' if graph['steps_per_s'] >= target else 'no'}"
@@ -203,12 +207,12 @@ def side_by_side(args: argparse.Namespace, device: torch.device, arch: str, kind
     """Seed-steps/s of `count` seeds in one process (kind "members") or in `count` processes (kind "procs")."""
     if kind == "members":
         unit = a5_unit(args, arch, 1, count)
-        got = measure(unit, device, device.type == "cuda", args.seconds)
+        got = measure(unit, device, device.type == "cuda", args.seconds, args.compile_backend)
         if args.rates and got["captured"]:
             append_rate(args.rates, unit, device, True, 1, 1 / got["steps_per_s"], got["setup_s"])
         return got["steps_per_s"] * count
     unit = a5_unit(args, arch, 1, 1)
-    got = measure_processes(unit, device.type, count, args.seconds)
+    got = measure_processes(unit, device.type, count, args.seconds, args.compile_backend)
     if args.rates and got["captured"]:
         step_s = sum(1 / r for r in got["per_process"]) / count
         append_rate(args.rates, unit, device, True, count, step_s, got["setup_s"])
@@ -217,6 +221,8 @@ def side_by_side(args: argparse.Namespace, device: torch.device, arch: str, kind
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
+    if args.compile_backend and args.rates:
+        sys.exit("bench_synthetic: --compile and --rates do not go together (the grid runner trains uncompiled)")
     if args.worker is not None:
         worker(json.loads(args.worker))
         return
@@ -225,7 +231,8 @@ def main(argv: list[str] | None = None) -> None:
         return
     device = torch.device(args.device)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-    print(f"## Synthetic trainer, A5 L={args.length} ({name}, torch {torch.__version__})\n", flush=True)
+    compiled = f", torch.compile backend {args.compile_backend}" if args.compile_backend else ""
+    print(f"## Synthetic trainer, A5 L={args.length} ({name}, torch {torch.__version__}{compiled})\n", flush=True)
     first, single = one_seed_table(args, device)
     second = side_by_side_table(args, device, single)
     print(f"\n{first}\n\n{second}")

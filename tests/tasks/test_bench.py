@@ -47,3 +47,12 @@ def test_cpu_tables_cover_every_option(tmp_path, capsys, one_thread):
     assert "| gpt | 2 seeds, one process | " in out and "| gpt | 2 processes, one seed each | " in out
     assert "error" not in out.split("seeds side by side")[1]
     assert not rates.exists()  # only captured measurements are rates for the runner
+
+
+def test_compile_is_a_measurement_not_a_rate(tmp_path, capsys, one_thread):
+    bench = _bench()
+    with pytest.raises(SystemExit, match="--compile and --rates do not go together"):
+        bench.main(["--device", "cpu", "--compile", "aot_eager", "--rates", str(tmp_path / "rates.jsonl")])
+    args = bench.parse_args(["--batch-size", "4", "--length", "4"])
+    got = bench.measure(bench.a5_unit(args, "gpt", 1, 1), torch.device("cpu"), False, 0.2, "aot_eager")
+    assert got["steps_per_s"] > 0 and not got["captured"]

@@ -24,8 +24,9 @@ def _unit(arch: str, seeds=(0,), steps: int = STEPS, depth: int = 1) -> Unit:
                 {"name": "a5", "length": 2}, 10, {"metric": "token_acc", "threshold": 0.9})  # fmt: skip
 
 
-def _losses(unit: Unit, capture: bool, steps: int) -> list[torch.Tensor]:
-    trainer = GroupTrainer([build_member(unit, s, CUDA, None) for s in unit.seeds], CUDA, capture=capture)
+def _losses(unit: Unit, capture: bool, steps: int, compile_backend: str | None = None) -> list[torch.Tensor]:
+    members = [build_member(unit, s, CUDA, None, compile_backend) for s in unit.seeds]
+    trainer = GroupTrainer(members, CUDA, capture=capture)
     trainer.prepare()
     trainer.advance(steps - trainer.steps_done)
     trainer.synchronize()
@@ -44,6 +45,14 @@ def test_captured_training_gives_the_eager_losses(arch):
     torch.testing.assert_close(captured[:WARMUP_STEPS], eager[:WARMUP_STEPS], rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(captured, eager, rtol=2e-3, atol=2e-3)
     assert captured[-5:].mean() < captured[:5].mean()  # it trains
+
+
+@pytest.mark.parametrize("arch", ["kla", "gpt"])
+def test_captured_inductor_training_gives_the_eager_losses(arch):
+    """The step trained through torch.compile (inductor; compiled during the eager warm-up) and then captured."""
+    unit = _unit(arch)
+    eager, compiled = _losses(unit, False, STEPS)[0], _losses(unit, True, STEPS, "inductor")[0]
+    torch.testing.assert_close(compiled, eager, rtol=2e-3, atol=2e-3)
 
 
 def test_members_in_one_graph_give_each_seeds_eager_losses():

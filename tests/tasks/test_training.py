@@ -107,6 +107,22 @@ def test_train_step_equals_a_plain_pytorch_loop(arch):
     assert member.step.item() == 12
 
 
+def test_compiled_training_equals_eager():
+    """A member that trains through torch.compile (aot_eager: the traced forward and backward, no C++ compiler)
+    takes the same steps as an eager one; evaluation and the state stay on the plain module. (The KLA layer under
+    compile: tests/models/mixers/test_kla.py.)"""
+    unit = _unit("gpt", steps=6)
+    eager, compiled = build_member(unit, 0, CPU, None), build_member(unit, 0, CPU, None, "aot_eager")
+    assert compiled.forward is not compiled.module and eager.forward is eager.module
+    for _ in range(6):
+        train_step(eager)
+        train_step(compiled)
+    torch.testing.assert_close(compiled.losses, eager.losses, rtol=1e-5, atol=1e-6)
+    for (name, got), want in zip(compiled.module.named_parameters(), eager.module.parameters()):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6, msg=name)
+    assert set(compiled.state_dict()["module"]) == set(eager.state_dict()["module"])  # no _orig_mod. prefix
+
+
 def test_the_lr_tensors_follow_the_schedule_group_by_group():
     unit = _unit("kla", steps=20)
     member = build_member(unit, 0, CPU, None)

@@ -121,12 +121,15 @@ class Member:
         settings: optimisation settings.
         device: where everything lives.
         seed: the seed this member was built and fed with (a label for results).
+        compile_backend: train through `torch.compile(module, backend=...)` ("inductor" fuses the small kernels of
+            a step; evaluation and the state stay on the plain module); None: eager.
     """
 
     def __init__(self, module: nn.Module, streams: list[Stream], settings: TrainSettings, device: torch.device,
-                 seed: int) -> None:  # fmt: skip
+                 seed: int, compile_backend: str | None = None) -> None:  # fmt: skip
         self.module, self.streams, self.settings = module.to(device), streams, settings
         self.device, self.seed = device, seed
+        self.forward = self.module if compile_backend is None else torch.compile(self.module, backend=compile_backend)
         self.module.train()
         self.params = [p for p in self.module.parameters() if p.requires_grad]
         self.optimizer = make_optimizer(self.module, settings, device)
@@ -159,7 +162,7 @@ def train_step(member: Member) -> None:
     batches = [stream.fill(member.step) for stream in member.streams]
     member.optimizer.zero_grad(set_to_none=True)
     with autocast(member.device):
-        loss = sum(token_cross_entropy(member.module(inputs), labels) for inputs, labels in batches)
+        loss = sum(token_cross_entropy(member.forward(inputs), labels) for inputs, labels in batches)
     loss.backward()
     if member.settings.grad_clip > 0:
         nn.utils.clip_grad_norm_(member.params, member.settings.grad_clip)

@@ -112,8 +112,13 @@ class Execution:
     commit: str = "unknown"
 
 
-def build_member(unit: Unit, seed: int, device: torch.device, split: tuple | None) -> Member:
-    """The model (initialised on the CPU under `seed`, so the same on every device) and its data streams."""
+def build_member(unit: Unit, seed: int, device: torch.device, split: tuple | None,
+                 compile_backend: str | None = None) -> Member:  # fmt: skip
+    """The model (initialised on the CPU under `seed`, so the same on every device) and its data streams.
+
+    compile_backend: passed to `Member` (trains through torch.compile; measured by scripts/bench_synthetic.py
+    --compile, not yet used by the grid runner).
+    """
     from klalm.models import build_model  # lazy: the model zoo is heavy to import
 
     task, settings = make_task(**unit.task), unit.train
@@ -127,7 +132,7 @@ def build_member(unit: Unit, seed: int, device: torch.device, split: tuple | Non
     if unit.aux_task is not None and settings.aux_batch_size > 0:
         aux = make_task(**unit.aux_task)
         streams.append(FreshStream(aux, settings.aux_batch_size, seed, AUX_STREAM, settings.steps, device))
-    return Member(wrap_readout(model, task, unit.d_model), streams, settings, device, seed)
+    return Member(wrap_readout(model, task, unit.d_model), streams, settings, device, seed, compile_backend)
 
 
 def mixer_settings(module: torch.nn.Module) -> dict[str, Any]:
