@@ -230,12 +230,15 @@ def test_run_unit_rows_and_rate():
     assert row["arch"] == "gdn" and row["steps"] == 20 and row["ended"] == "steps"
     assert row["evals"][-1][0] == 20 and 0 <= row["token_acc"] <= 1 and 0 <= row["seq_acc"] <= 1
     assert row["run"]["captured"] is False and row["run"]["members"] == 2 and row["run"]["commit"] == "abc"
+    assert row["run"]["backends"] == {"gated_delta_rule cpu float32": "torch"}  # which path ran
     assert outcome.rate["tokens_per_step"] == 8 * 4 + 4 * 2 and outcome.rate["step_s"] > 0
     assert unit.key(0) != unit.key(2)
     assert run_unit(_unit("kla"), CPU, Execution()).rows[0]["mixers"] == {"kla": {"block": "mamba", "d_state": 16}}
     blocks = {"mixer_options": {"kla": {"block": "plain"}}}
     plain = Unit("a5", A5, "kla", 1, 16, blocks, _unit().train, [0], 64, None, AUX, 10)
-    assert run_unit(plain, CPU, Execution()).rows[0]["mixers"]["kla"]["block"] == "plain"  # what ran is recorded
+    row = run_unit(plain, CPU, Execution()).rows[0]
+    assert row["mixers"]["kla"]["block"] == "plain" and row["run"]["backends"] == {"kla_scan cpu float32": "torch"}
+    assert run_unit(_unit("gpt"), CPU, Execution()).rows[0]["run"]["backends"] == {}  # attention: no op backend
 
 
 def _tiny_run(task: dict, arch="gpt", steps=150, n_layers=2, num_train=None, aux=None, batch=32, lr=3e-3):

@@ -10,13 +10,14 @@ torch path, any device) and one fast GPU path ("triton", or "fla" for the gated 
   the fast paths compute in float32, and float64 callers ask for float64 accuracy.
 
 "auto" decides once per (op, device, dtype) and logs its choice once: INFO, or WARNING with the reason when a CUDA
-device falls back to "torch".
+device falls back to "torch". `recording()` collects which backend every call inside it ran (results record it).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import torch
 
@@ -42,6 +43,18 @@ class OpBackends:
 
 
 _AUTO: dict[tuple[str, str, torch.dtype], str] = {}  # (op, device, dtype) -> choice (a dict: dynamo traces it)
+_RECORDS: list[dict[str, str]] = []  # the open `recording()` blocks, innermost last
+
+
+@contextlib.contextmanager
+def recording() -> Iterator[dict[str, str]]:
+    """Collect "<op> <device> <dtype>" -> backend name for every op call resolved inside the block."""
+    used: dict[str, str] = {}
+    _RECORDS.append(used)
+    try:
+        yield used
+    finally:
+        _RECORDS.remove(used)
 
 
 def resolve_backend(backends: OpBackends, backend: str, device: torch.device, dtype: torch.dtype) -> str:
@@ -53,11 +66,15 @@ def resolve_backend(backends: OpBackends, backend: str, device: torch.device, dt
     if backend != "auto":
         if backend not in backends.table:
             raise ValueError(f"unknown {backends.op} backend {backend!r}; valid: {sorted(backends.table) + ['auto']}")
-        return backend
-    key = (backends.op, str(device), dtype)
-    if key not in _AUTO:
-        _AUTO[key] = _decide(backends, device, dtype)
-    return _AUTO[key]
+        name = backend
+    else:
+        key = (backends.op, str(device), dtype)
+        if key not in _AUTO:
+            _AUTO[key] = _decide(backends, device, dtype)
+        name = _AUTO[key]
+    for used in _RECORDS:
+        used[f"{backends.op} {device} {str(dtype).removeprefix('torch.')}"] = name
+    return name
 
 
 def _decide(backends: OpBackends, device: torch.device, dtype: torch.dtype) -> str:

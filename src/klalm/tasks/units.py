@@ -28,6 +28,7 @@ from typing import Any
 
 import torch
 
+from klalm.ops.backends import recording
 from klalm.tasks import make_task, materialize
 from klalm.tasks.readouts import wrap_readout
 from klalm.tasks.streams import FreshStream, SplitStream
@@ -143,12 +144,15 @@ def mixer_settings(module: torch.nn.Module) -> dict[str, Any]:
     return {"kla": {"block": kla[0].block, "d_state": kla[0].d_state}} if kla else {}
 
 
-def run_record(device: torch.device, captured: bool, members: int, execution: Execution) -> dict[str, Any]:
-    """How and where a unit ran (part of its rows and its rate)."""
+def run_record(device: torch.device, captured: bool, members: int, execution: Execution,
+               backends: dict[str, str] | None = None) -> dict[str, Any]:  # fmt: skip
+    """How and where a unit ran (part of its rows and its rate); `backends`: which backend each op call ran
+    ("<op> <device> <dtype>" -> name, from klalm.ops.backends.recording)."""
     return {
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         "captured": captured,
         "members": members,
+        "backends": backends or {},
         **dataclasses.asdict(execution),
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "torch": torch.__version__,
@@ -240,11 +244,12 @@ def run_unit(unit: Unit, device: torch.device, execution: Execution, deadline: f
     trainer = GroupTrainer(members, device)
     stop = None if unit.stop is None else StopRule(**unit.stop)
     evals = None if saved is None else saved["evals"]
-    result = train_group(trainer, test, eval_every=unit.eval_every, stop=stop, deadline=deadline, evals=evals)
+    with recording() as used:
+        result = train_group(trainer, test, eval_every=unit.eval_every, stop=stop, deadline=deadline, evals=evals)
     wall_s = time.perf_counter() - started
     spent = {"train_s": spent["train_s"] + result.train_s, "wall_s": spent["wall_s"] + wall_s,
              "blocks": spent["blocks"] + 1}  # fmt: skip
-    common = run_record(device, trainer.graph is not None, len(unit.seeds), execution)
+    common = run_record(device, trainer.graph is not None, len(unit.seeds), execution, dict(sorted(used.items())))
     rate = rate_record(unit, common, result.step_s, result.train_s, wall_s - result.train_s, result.ended)
     rate["steps"] = result.steps  # the unit's step count after this run
     if result.ended == "paused":
