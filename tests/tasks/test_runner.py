@@ -28,7 +28,7 @@ from klalm.tasks.plans import (
 from klalm.tasks.results import Results, estimate_s, merge, read_jsonl
 from klalm.tasks.runner import MARGIN_S, MIN_TRAIN_S, GridBlock, main, parse_args, plan_table, solved_depths
 from klalm.tasks.train import TrainSettings
-from klalm.tasks.units import Execution, Unit, run_unit
+from klalm.tasks.units import Execution, Unit, pack_key, run_unit, run_units
 
 TINY_MAD = {
     "mad_in_context_recall": {"length": 16},
@@ -198,7 +198,7 @@ def test_a_block_starts_units_while_their_overhead_and_some_training_fit(tmp_pat
     block = _block(tmp_path, plan, budget=MARGIN_S + MIN_TRAIN_S + 5.0)
     unit = block.units[0]
     assert block.fits(unit)  # the prior says 20 steps x 48 s, far past the deadline: it starts and pauses there
-    assert block._claim().seeds == [0, 1]  # all its seeds, in one process
+    assert [u.seeds for u in block._claim()] == [[0, 1]]  # all its seeds, in one process
     assert not _block(tmp_path, plan, budget=MARGIN_S + MIN_TRAIN_S - 1.0).fits(unit)
     with pytest.raises(ValueError, match="--state"):
         GridBlock(plan, block.results, None, "cpu", 0, True, 60.0, "abc")
@@ -210,7 +210,7 @@ def test_a_block_resumes_paused_units_first_and_drops_stale_states(tmp_path):
     gpt1, kla1 = block.units[:2]
     run_unit(kla1, torch.device("cpu"), Execution(), deadline=time.time(), state=block.state)  # kla paused at 10
     assert [s for _, s in block.states()][:2] == ["ready", "resumes"]
-    assert block.steps_left(kla1) == 10 and block._claim().arch == "kla"  # paused units before plan order
+    assert block.steps_left(kla1) == 10 and block._claim()[0].arch == "kla"  # paused units before plan order
     assert "resumes" in plan_table(block)
     block.results.record(_outcome([_row(kla1, 0, 0.3), _row(kla1, 1, 0.3)]))  # its rows came from elsewhere
     assert _block(tmp_path, plan).saved() == {}  # a new block removes the state of the finished unit
@@ -228,6 +228,44 @@ def test_block_runs_resumes_and_reports(tmp_path):
     again.run()
     assert again.finished_rows == 0 and {s for _, s in again.states()} == {"done", "solved"}
     assert len(read_jsonl(tmp_path / "rates.jsonl")) == 9
+
+
+def test_units_that_differ_only_in_lr_or_weight_decay_share_a_pack_key():
+    unit = dataclasses.replace(_a5_unit(), stop=None)
+    other_lr = dataclasses.replace(unit, train=dataclasses.replace(unit.train, lr=3e-3, weight_decay=0.1))
+    assert pack_key(unit) == pack_key(other_lr) is not None
+    assert pack_key(dataclasses.replace(unit, task={"name": "a5", "length": 5})) != pack_key(unit)
+    assert pack_key(dataclasses.replace(unit, d_model=32)) != pack_key(unit)
+    assert pack_key(_a5_unit()) is None  # an early stop ends the whole group: never packed
+    with pytest.raises(ValueError, match="cannot share a process"):
+        run_units([unit, _a5_unit()], torch.device("cpu"), Execution())
+
+
+def test_a_pack_trains_an_lr_sweep_in_one_process_with_the_rows_of_separate_units(tmp_path):
+    """MQAR's two learning rates side by side (units_per_process 2), paused half way and resumed as a pack: the same
+    rows as each unit alone, one rate line per run of the pack."""
+    plan = _tiny_plan(families=["mqar"], units_per_process=2)
+    plan.mqar.eval_every = 10  # the first stretch of steps ends at step 10, where the deadline pauses the pack
+    alone = _block(tmp_path / "alone", dataclasses.replace(plan, units_per_process=1))
+    alone.run()
+    packed = _block(tmp_path / "packed", plan)
+    first = packed._claim()
+    assert [u.train.lr for u in first] == [1e-3, 3e-3]
+    packed.running.clear()
+    packed._busy.clear()
+    outcome = run_units(first, torch.device("cpu"), Execution(), deadline=time.time(), state=packed.state)
+    assert outcome.rows == [] and outcome.rate["units"] == 2 and outcome.rate["members"] == 2  # both paused
+    assert {s for _, s in packed.states()} == {"resumes"} and len(packed._claim()) == 2  # resumed as a pack
+    packed.running.clear()
+    packed._busy.clear()
+    packed.results.record(outcome)
+    packed.run()
+    key = ("train", "seed", "token_acc", "seq_acc", "final_loss", "evals", "steps")
+    rows = {name: [{k: r[k] for k in key} for r in read_jsonl(tmp_path / name / "mqar.jsonl")]
+            for name in ("alone", "packed")}  # fmt: skip
+    assert rows["packed"] == rows["alone"] and len(rows["alone"]) == 2
+    rates = read_jsonl(tmp_path / "packed" / "rates.jsonl")
+    assert [(r["units"], r["members"], r["ended"]) for r in rates] == [(2, 2, "paused"), (2, 2, "steps")]
 
 
 def test_failed_units_are_reported_not_fatal(tmp_path, capsys):

@@ -114,6 +114,7 @@ class RunPlan:
     device: str = "auto"  # auto: cuda if available, else cpu
     members: int = 1  # seeds trained side by side in one process (one CUDA graph)
     procs_per_gpu: int = 1  # units running at once on each GPU, one process each
+    units_per_process: int = 1  # units of one pack_key (an lr sweep) trained side by side in one process
     model_overrides: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)  # arch -> build_model kwargs
     estimate: Estimate = dataclasses.field(default_factory=Estimate)
     a5: A5Plan = dataclasses.field(default_factory=A5Plan)
@@ -256,6 +257,8 @@ def add_plan_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", help="auto, cpu, cuda")
     p.add_argument("--members", type=int, help="seeds trained side by side in one process (one CUDA graph)")
     p.add_argument("--procs-per-gpu", type=int, help="units running at once on each GPU, one process each")
+    p.add_argument("--units-per-process", type=int, help="units of one cell differing only in lr / weight decay "
+                   "trained side by side in one process (units without an early stop)")  # fmt: skip
     p.add_argument("--a5-lengths", type=_ints, help="A5 sequence lengths, e.g. 4,8,16")
     p.add_argument("--a5-depths", type=_ints, help="A5 depths, e.g. 1,2")
     p.add_argument("--a5-criterion", choices=sorted(CRITERIA), help="A5 'solved' metric")
@@ -265,7 +268,7 @@ def add_plan_args(p: argparse.ArgumentParser) -> None:
 
 def apply_args(plan: RunPlan, args: argparse.Namespace) -> RunPlan:
     """Command-line knobs on top of a plan; then `validate`."""
-    for name in ("device", "members", "procs_per_gpu"):
+    for name in ("device", "members", "procs_per_gpu", "units_per_process"):
         if getattr(args, name) is not None:
             setattr(plan, name, getattr(args, name))
     if args.archs is not None:
@@ -319,7 +322,7 @@ def validate(plan: RunPlan) -> None:
         bad = [v for v in values if v not in valid]
         if bad:
             raise KeyError(f"{key}: unknown {bad}; valid: {sorted(valid)}")
-    for key in ("members", "procs_per_gpu"):
+    for key in ("members", "procs_per_gpu", "units_per_process"):
         if getattr(plan, key) < 1:
             raise ValueError(f"{key}={getattr(plan, key)} must be >= 1")
     for i, stage in enumerate(plan.a5.stages):

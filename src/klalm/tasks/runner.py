@@ -39,8 +39,9 @@ from klalm.tasks.units import (
     Execution,
     Unit,
     UnitOutcome,
+    pack_key,
     remove_state,
-    run_unit,
+    run_units,
     saved_states,
     state_name,
 )
@@ -162,10 +163,12 @@ class GridBlock:
         saved = self.saved().get(state_name(unit))
         return unit.train.steps - (saved["step"] if saved else 0)
 
-    def estimate(self, unit: Unit, steps: int | None = None) -> tuple[float, str]:
-        """Estimated seconds of `steps` steps of the unit (default: those it has left) plus its overhead."""
+    def estimate(self, unit: Unit, steps: int | None = None, members: int | None = None) -> tuple[float, str]:
+        """Estimated seconds of `steps` steps of the unit (default: those it has left) plus its overhead; `members`:
+        the seeds side by side in its process when it runs in a pack (default: its own)."""
         steps = self.steps_left(unit) if steps is None else steps
-        return estimate_s(unit, self.results.rates, self.device_name, self.plan.procs_per_gpu, self.plan.estimate,
+        shaped = unit if members is None else dataclasses.replace(unit, seeds=list(range(members)))
+        return estimate_s(shaped, self.results.rates, self.device_name, self.plan.procs_per_gpu, self.plan.estimate,
                           steps)  # fmt: skip
 
     def fits(self, unit: Unit) -> bool:
@@ -175,8 +178,10 @@ class GridBlock:
             return True
         return self.estimate(unit, steps=0)[0] + MIN_TRAIN_S <= self.deadline - MARGIN_S - time.time()
 
-    def _claim(self) -> Unit | None:
-        """The next unit to start with its free seeds, paused units first; None when nothing can start any more."""
+    def _claim(self) -> list[Unit] | None:
+        """The next units to start with their free seeds, paused ones first: one unit, or a pack of up to
+        `units_per_process` units of its pack_key in the same state (all fresh, or all paused at the same step);
+        None when nothing can start any more."""
         with self._cond:
             while True:
                 states = self.states()
@@ -184,19 +189,36 @@ class GridBlock:
                     for unit, state in states:
                         part = dataclasses.replace(unit, seeds=self.free_seeds(unit))
                         if state == wanted and self.fits(part):
-                            self.running.append(part)
-                            self._busy.update(part.key(s) for s in part.seeds)
-                            return part
+                            pack = [part, *self._pack_mates(part, state, states)]
+                            self.running.extend(pack)
+                            self._busy.update(u.key(s) for u in pack for s in u.seeds)
+                            return pack
                 if not self.running:
                     return None
                 self._cond.wait()
 
+    def _pack_mates(self, first: Unit, state: str, states: list[tuple[Unit, str]]) -> list[Unit]:
+        """Units (with their free seeds) that can share `first`'s process."""
+        key = pack_key(first)
+        if key is None or self.plan.units_per_process == 1:
+            return []
+        step = self.steps_left(first)
+        mates = []
+        for unit, other_state in states:
+            part = dataclasses.replace(unit, seeds=self.free_seeds(unit))
+            if (other_state == state and part.cell() != first.cell() and pack_key(part) == key
+                    and self.steps_left(part) == step):  # fmt: skip
+                mates.append(part)
+            if len(mates) == self.plan.units_per_process - 1:
+                break
+        return mates
+
     # -- running ----------------------------------------------------------------------------------------------------
 
-    def _execute(self, unit: Unit, slot: int) -> UnitOutcome:
+    def _execute(self, pack: list[Unit], slot: int) -> UnitOutcome:
         deadline = None if self.deadline is None else self.deadline - MARGIN_S
         if self.in_process:
-            return run_unit(unit, torch.device(self.device), self.execution, deadline, self.state)
+            return run_units(pack, torch.device(self.device), self.execution, deadline, self.state)
         env = dict(os.environ)
         if self.device == "cpu" and self.slots > 1:  # the slots share the cores instead of each spinning on all
             env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // self.slots))
@@ -205,7 +227,7 @@ class GridBlock:
             env["CUDA_VISIBLE_DEVICES"] = visible[slot // self.plan.procs_per_gpu]
         with tempfile.TemporaryDirectory() as tmp:
             unit_file, out_file = Path(tmp) / "unit.json", Path(tmp) / "outcome.json"
-            unit_file.write_text(json.dumps(dataclasses.asdict(unit)))
+            unit_file.write_text(json.dumps([dataclasses.asdict(unit) for unit in pack]))
             execution = json.dumps(dataclasses.asdict(self.execution))
             command = [sys.executable, "-m", "klalm.tasks.units", "--unit", str(unit_file), "--out", str(out_file),
                        "--device", self.device, "--execution", execution]  # fmt: skip
@@ -219,30 +241,34 @@ class GridBlock:
             return UnitOutcome(**json.loads(out_file.read_text()))
 
     def _slot(self, slot: int) -> None:
-        while (unit := self._claim()) is not None:
-            seconds, source = self.estimate(unit)
+        while (pack := self._claim()) is not None:
+            unit, label = pack[0], " + ".join(u.label() for u in pack)
+            seconds, source = self.estimate(unit, members=sum(len(u.seeds) for u in pack))
             left, steps = self.steps_left(unit), unit.train.steps
             in_time = self.deadline is None or time.time() + seconds < self.deadline - MARGIN_S
             ends = "ends in this block" if in_time else "pauses at the deadline"
-            start = f"resumes at step {steps - left}" if left < steps else "starts"
-            log.info("slot %d: %s %s (%d steps left, est. %.0f s: %s): %s", slot, unit.label(), start, left, seconds,
+            start = f"resume{'s' if len(pack) == 1 else ''} at step {steps - left}" if left < steps else \
+                f"start{'s' if len(pack) == 1 else ''}"  # fmt: skip
+            log.info("slot %d: %s %s (%d steps left, est. %.0f s: %s): %s", slot, label, start, left, seconds,
                      source, ends)  # fmt: skip
             started = time.perf_counter()
             try:
-                outcome = self._execute(unit, slot)
+                outcome = self._execute(pack, slot)
                 wall_s = time.perf_counter() - started
                 outcome.rate["wall_s"] = wall_s
                 outcome.rate["overhead_s"] = wall_s - outcome.rate["train_s"]
                 self.results.record(outcome)
-                log.info("slot %d: %s: %s in %.0f s", slot, unit.label(), _summary(outcome), wall_s)
+                log.info("slot %d: %s: %s in %.0f s", slot, label, _summary(outcome), wall_s)
             except Exception as err:  # one broken unit must not end the block; main exits non-zero
-                log.exception("slot %d: %s failed", slot, unit.label())
+                log.exception("slot %d: %s failed", slot, label)
                 outcome, failure = None, f"{type(err).__name__}: {err}"
             with self._cond:
-                self.running.remove(unit)
-                keys = {unit.key(s) for s in unit.seeds}
+                keys = {u.key(s) for u in pack for s in u.seeds}
+                for member in pack:
+                    self.running.remove(member)
+                    if outcome is None:
+                        self.failed.append((member, failure))
                 if outcome is None:
-                    self.failed.append((unit, failure))
                     self._failed |= keys
                 else:
                     self._busy -= keys
@@ -271,7 +297,12 @@ class GridBlock:
 def _summary(outcome: UnitOutcome) -> str:
     if not outcome.rows:
         return f"paused at step {outcome.rate['steps']} ({outcome.rate['step_s'] * 1e3:.2f} ms/step), state saved"
-    accs = " ".join(f"s{r['seed']}={r['token_acc']:.3f}/{r['seq_acc']:.3f}" for r in outcome.rows)
+    packed = len({json.dumps(r["train"], sort_keys=True) for r in outcome.rows}) > 1  # name each row's lr, wd
+    accs = " ".join(
+        (f"lr={r['train']['lr']:g},wd={r['train']['weight_decay']:g}:" if packed else "")
+        + f"s{r['seed']}={r['token_acc']:.3f}/{r['seq_acc']:.3f}"
+        for r in outcome.rows
+    )
     row = outcome.rows[0]
     return f"{row['steps']} steps ({row['ended']}), token/seq acc {accs}"
 
@@ -371,8 +402,8 @@ def main(argv: list[str] | None = None) -> None:
             print(write_doc(plan, args.results, args.doc) if args.doc else write_folder(plan, args.results, args.out))
             return
         block = _block(args, plan)
-    except (ValueError, FileNotFoundError) as err:  # a bad plan, knob, results folder or device
-        sys.exit(f"klalm-synthetic: {err}")
+    except (KeyError, ValueError, FileNotFoundError) as err:  # a bad plan, knob, results folder or device
+        sys.exit(f"klalm-synthetic: {err.args[0] if isinstance(err, KeyError) else err}")
     if args.verb == "plan":
         print(plan_table(block))
         return

@@ -222,43 +222,74 @@ def _load_state(folder: Path, unit: Unit, device: torch.device) -> dict[str, Any
     return torch.load(folder / f"{name}.pt", map_location=device, weights_only=True)
 
 
+def pack_key(unit: Unit) -> str | None:
+    """Units with the same key may train side by side in one process (a pack): the same cell but for the learning
+    rate and weight decay, so one test set, one step count and one evaluation schedule serve them all. None for
+    units with an early stop (their group stops as a whole, so packing would stop the others too)."""
+    if unit.stop is not None:
+        return None
+    cell = unit.cell()
+    cell["train"] = {k: v for k, v in cell["train"].items() if k not in ("lr", "min_lr", "weight_decay")}
+    return json.dumps(cell, sort_keys=True)
+
+
 def run_unit(unit: Unit, device: torch.device, execution: Execution, deadline: float | None = None,
              state: Path | None = None) -> UnitOutcome:  # fmt: skip
     """Build, train and evaluate every seed of `unit` side by side (see klalm.tasks.train.train_group); resume it
     from its saved state in the folder `state` if there is one, and pause into that folder at `deadline`."""
+    return run_units([unit], device, execution, deadline, state)
+
+
+def run_units(units: list[Unit], device: torch.device, execution: Execution, deadline: float | None = None,
+              state: Path | None = None) -> UnitOutcome:  # fmt: skip
+    """`run_unit` for a pack: units of one `pack_key`, all their seeds side by side in one group (one CUDA graph),
+    all fresh or all paused at the same step. The outcome holds the rows of every unit and one rate for the pack
+    (`members`: seeds of all its units; `units`: how many)."""
     if deadline is not None and state is None:
         raise ValueError("a unit with a deadline needs a state folder to pause into")
+    keys = {pack_key(u) for u in units}
+    if len(units) > 1 and (len(keys) != 1 or None in keys):
+        raise ValueError(f"these units cannot share a process: {[u.label() for u in units]}")
     started = time.perf_counter()
-    task = make_task(**unit.task)
-    test = tuple(t.to(device) for t in materialize(task, unit.num_test, DATA_SEED, "test"))
+    task = make_task(**units[0].task)
+    test = tuple(t.to(device) for t in materialize(task, units[0].num_test, DATA_SEED, "test"))
     split = None
-    if unit.num_train is not None:
-        split = tuple(t.to(device) for t in materialize(task, unit.num_train, DATA_SEED, "train"))
-    members = [build_member(unit, seed, device, split) for seed in unit.seeds]
-    saved = None if state is None else _load_state(state, unit, device)
-    spent = {"train_s": 0.0, "wall_s": 0.0, "blocks": 0}
-    if saved is not None:
-        for member, member_state in zip(members, saved["members"], strict=True):
-            member.load_state_dict(member_state)
-        spent = saved["spent"]
+    if units[0].num_train is not None:
+        split = tuple(t.to(device) for t in materialize(task, units[0].num_train, DATA_SEED, "train"))
+    groups = [[build_member(unit, seed, device, split) for seed in unit.seeds] for unit in units]
+    saved = [None if state is None else _load_state(state, unit, device) for unit in units]
+    if len({None if s is None else int(s["members"][0]["step"]) for s in saved}) > 1:
+        raise ValueError(f"the units of a pack must all start at the same step: {[u.label() for u in units]}")
+    spent = [{"train_s": 0.0, "wall_s": 0.0, "blocks": 0} if s is None else s["spent"] for s in saved]
+    for members, unit_state in zip(groups, saved, strict=True):
+        if unit_state is not None:
+            for member, member_state in zip(members, unit_state["members"], strict=True):
+                member.load_state_dict(member_state)
+    members = [member for group in groups for member in group]
     trainer = GroupTrainer(members, device)
-    stop = None if unit.stop is None else StopRule(**unit.stop)
-    evals = None if saved is None else saved["evals"]
+    stop = None if units[0].stop is None else StopRule(**units[0].stop)
+    evals = None if saved[0] is None else [log for unit_state in saved for log in unit_state["evals"]]
     with recording() as used:
-        result = train_group(trainer, test, eval_every=unit.eval_every, stop=stop, deadline=deadline, evals=evals)
+        result = train_group(trainer, test, eval_every=units[0].eval_every, stop=stop, deadline=deadline, evals=evals)
     wall_s = time.perf_counter() - started
-    spent = {"train_s": spent["train_s"] + result.train_s, "wall_s": spent["wall_s"] + wall_s,
-             "blocks": spent["blocks"] + 1}  # fmt: skip
-    common = run_record(device, trainer.graph is not None, len(unit.seeds), execution, dict(sorted(used.items())))
-    rate = rate_record(unit, common, result.step_s, result.train_s, wall_s - result.train_s, result.ended)
-    rate["steps"] = result.steps  # the unit's step count after this run
-    if result.ended == "paused":
-        _save_state(state, unit, members, result.evals, spent)
-        return UnitOutcome([], rate)
-    if saved is not None:
-        remove_state(state, state_name(unit))
-    params = sum(p.numel() for p in members[0].module.parameters())
-    rows = [_row(unit, member, result, i, params, common, spent) for i, member in enumerate(members)]
+    common = run_record(device, trainer.graph is not None, len(members), execution, dict(sorted(used.items())))
+    rate = rate_record(units[0], common, result.step_s, result.train_s, wall_s - result.train_s, result.ended)
+    rate["steps"] = result.steps  # the units' step count after this run
+    rate["units"] = len(units)
+    rows, first = [], 0
+    for unit, group, unit_state, unit_spent in zip(units, groups, saved, spent, strict=True):
+        part = slice(first, first + len(group))
+        first = part.stop
+        unit_spent = {"train_s": unit_spent["train_s"] + result.train_s, "wall_s": unit_spent["wall_s"] + wall_s,
+                      "blocks": unit_spent["blocks"] + 1}  # fmt: skip
+        unit_result = dataclasses.replace(result, evals=result.evals[part], final_loss=result.final_loss[part])
+        if result.ended == "paused":
+            _save_state(state, unit, group, unit_result.evals, unit_spent)
+            continue
+        if unit_state is not None:
+            remove_state(state, state_name(unit))
+        params = sum(p.numel() for p in group[0].module.parameters())
+        rows += [_row(unit, member, unit_result, i, params, common, unit_spent) for i, member in enumerate(group)]
     return UnitOutcome(rows, rate)
 
 
@@ -285,16 +316,17 @@ def _row(unit: Unit, member: Member, result: GroupResult, index: int, params: in
 def main(argv: list[str] | None = None) -> None:
     """Child-process entry: run one unit (JSON file) and write its outcome (JSON file)."""
     p = argparse.ArgumentParser(description="Run one unit of synthetic work (used by the grid runner).")
-    p.add_argument("--unit", type=Path, required=True, help="JSON: the Unit")
+    p.add_argument("--unit", type=Path, required=True, help="JSON: the Unit, or a list of units of one pack_key")
     p.add_argument("--out", type=Path, required=True, help="JSON written: {'rows': [...], 'rate': {...}}")
     p.add_argument("--device", default="cuda", help="torch device (the runner sets CUDA_VISIBLE_DEVICES)")
     p.add_argument("--deadline", type=float, help="time.time() at which the unit pauses (needs --state)")
     p.add_argument("--state", type=Path, help="folder of paused units: resume from it, pause into it")
     p.add_argument("--execution", default="{}", help="JSON of Execution's fields")
     args = p.parse_args(argv)
-    unit = Unit.from_dict(json.loads(args.unit.read_text()))
+    values = json.loads(args.unit.read_text())
+    units = [Unit.from_dict(v) for v in (values if isinstance(values, list) else [values])]
     execution = Execution(**json.loads(args.execution))
-    outcome = run_unit(unit, torch.device(args.device), execution, args.deadline, args.state)
+    outcome = run_units(units, torch.device(args.device), execution, args.deadline, args.state)
     args.out.write_text(json.dumps(dataclasses.asdict(outcome)))
 
 
