@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from klalm.tasks import MAD_TASKS
+from klalm.tasks import MAD_TASKS, runner
 from klalm.tasks.plans import (
     FAMILY_NAMES,
     A5Plan,
@@ -256,6 +256,11 @@ def test_a_pack_trains_an_lr_sweep_in_one_process_with_the_rows_of_separate_unit
     outcome = run_units(first, torch.device("cpu"), Execution(), deadline=time.time(), state=packed.state)
     assert outcome.rows == [] and outcome.rate["units"] == 2 and outcome.rate["members"] == 2  # both paused
     assert {s for _, s in packed.states()} == {"resumes"} and len(packed._claim()) == 2  # resumed as a pack
+    packed.running.clear()
+    packed._busy.clear()
+    with pytest.MonkeyPatch.context() as patch:  # a pack never passes PACK_MAX_TOKENS tokens per step
+        patch.setattr(runner, "PACK_MAX_TOKENS", 2 * first[0].tokens_per_step() - 1)
+        assert len(packed._claim()) == 1
     packed.running.clear()
     packed._busy.clear()
     packed.results.record(outcome)

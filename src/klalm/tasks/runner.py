@@ -49,6 +49,8 @@ from klalm.tasks.units import (
 log = logging.getLogger("klalm.synthetic")
 
 MARGIN_S = 15.0  # units must end this long before the deadline (rows or state written, processes gone)
+PACK_MAX_TOKENS = 2**19  # a pack trains at most this many tokens per step over all its members: packing pays for
+# small, launch-bound steps, and MQAR's long cell (256 x 2048 tokens per member) would run out of GPU memory packed
 MIN_TRAIN_S = 60.0  # a unit starts only with its estimated overhead plus this many seconds of training left
 
 
@@ -202,13 +204,15 @@ class GridBlock:
         key = pack_key(first)
         if key is None or self.plan.units_per_process == 1:
             return []
-        step = self.steps_left(first)
+        step, tokens = self.steps_left(first), len(first.seeds) * first.tokens_per_step()
         mates = []
         for unit, other_state in states:
             part = dataclasses.replace(unit, seeds=self.free_seeds(unit))
+            more = len(part.seeds) * part.tokens_per_step()
             if (other_state == state and part.cell() != first.cell() and pack_key(part) == key
-                    and self.steps_left(part) == step):  # fmt: skip
+                    and self.steps_left(part) == step and tokens + more <= PACK_MAX_TOKENS):  # fmt: skip
                 mates.append(part)
+                tokens += more
             if len(mates) == self.plan.units_per_process - 1:
                 break
         return mates
