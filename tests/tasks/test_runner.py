@@ -230,15 +230,24 @@ def test_block_runs_resumes_and_reports(tmp_path):
     assert len(read_jsonl(tmp_path / "rates.jsonl")) == 9
 
 
-def test_units_that_differ_only_in_lr_or_weight_decay_share_a_pack_key():
-    unit = dataclasses.replace(_a5_unit(), stop=None)
-    other_lr = dataclasses.replace(unit, train=dataclasses.replace(unit.train, lr=3e-3, weight_decay=0.1))
-    assert pack_key(unit) == pack_key(other_lr) is not None
-    assert pack_key(dataclasses.replace(unit, task={"name": "a5", "length": 5})) != pack_key(unit)
+def test_units_that_differ_only_in_task_lr_or_weight_decay_share_a_pack_key():
+    unit = _a5_unit()
+    other = dataclasses.replace(unit, task={"name": "a5", "length": 5}, num_test=32,
+                                train=dataclasses.replace(unit.train, lr=3e-3, weight_decay=0.1))  # fmt: skip
+    assert pack_key(unit) == pack_key(other)
     assert pack_key(dataclasses.replace(unit, d_model=32)) != pack_key(unit)
-    assert pack_key(_a5_unit()) is None  # an early stop ends the whole group: never packed
+    assert pack_key(dataclasses.replace(unit, n_layers=2)) != pack_key(unit)
+    assert pack_key(dataclasses.replace(unit, stop=None)) != pack_key(unit)
     with pytest.raises(ValueError, match="cannot share a process"):
-        run_units([unit, _a5_unit()], torch.device("cpu"), Execution())
+        run_units([unit, dataclasses.replace(unit, d_model=32)], torch.device("cpu"), Execution())
+
+
+def test_a5_units_pack_only_with_a_state_folder(tmp_path):
+    plan = _tiny_plan(families=["a5"], units_per_process=2)
+    plan.a5.stages[0].lengths = [3, 4]
+    assert [u.task["length"] for u in _block(tmp_path, plan)._claim()] == [3, 4]
+    no_state = GridBlock(plan, Results(tmp_path, plan.families), None, "cpu", 0, True, None, "abc")
+    assert len(no_state._claim()) == 1  # the others could not pause when one cell is solved
 
 
 def test_a_pack_trains_an_lr_sweep_in_one_process_with_the_rows_of_separate_units(tmp_path):

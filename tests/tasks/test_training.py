@@ -28,7 +28,7 @@ from klalm.tasks.train import (
     train_group,
     train_step,
 )
-from klalm.tasks.units import Execution, Unit, build_member, run_unit, saved_states, state_name
+from klalm.tasks.units import Execution, Unit, build_member, run_unit, run_units, saved_states, state_name
 from klalm.train.optim import classify_parameters, cosine_multiplier, param_groups, warmup_cosine
 
 CPU = torch.device("cpu")
@@ -291,3 +291,29 @@ def test_member_moves_its_module_and_reads_the_settings():
     assert member.losses.shape == (7,) and member.step.item() == 0 and member.seed == 5
     with pytest.raises(ValueError, match="min_lr"):
         Member(module, [], TrainSettings(lr=1e-3, min_lr=1e-2), CPU, seed=0)
+
+
+def test_a_pack_of_a5_cells_ends_the_solved_one_and_pauses_the_others(tmp_path):
+    """Lengths 3 and 5 side by side: at the evaluation where one cell's seed reaches the threshold that cell ends
+    and the other pauses; resumed, it finishes as it would have alone (the same rows as two units run alone)."""
+    cells = [dataclasses.replace(_unit(steps=20, seeds=(0, 1)), task={"name": "a5", "length": n}) for n in (3, 5)]
+    first_eval = [[log[0][2] for log in (r["evals"] for r in run_unit(c, CPU, Execution()).rows)] for c in cells]
+    best = [max(accs) for accs in first_eval]  # each cell's best seed at step 10, no stop rule
+    assert best[0] != best[1]
+    stop = {"metric": "token_acc", "threshold": (best[0] + best[1]) / 2}
+    cells = [dataclasses.replace(c, stop=stop) for c in cells]
+    alone = [row for c in cells for row in run_unit(c, CPU, Execution()).rows]
+    with pytest.raises(ValueError, match="needs a state folder"):
+        run_units(cells, CPU, Execution())
+    packed = run_units(cells, CPU, Execution(), state=tmp_path)
+    solved = 0 if best[0] > best[1] else 1
+    assert {r["task"]["length"] for r in packed.rows} == {cells[solved].task["length"]}
+    assert packed.rate["ended"] == "threshold" and packed.rate["units"] == 2 and packed.rate["members"] == 4
+    (name,) = saved_states(tmp_path)
+    assert name == state_name(cells[1 - solved])
+    packed.rows += run_units([cells[1 - solved]], CPU, Execution(), state=tmp_path).rows
+    key = ("task", "seed", "token_acc", "seq_acc", "final_loss", "evals", "steps", "ended")
+    assert sorted((r["task"]["length"], [r[k] for k in key]) for r in packed.rows) == sorted(
+        (r["task"]["length"], [r[k] for k in key]) for r in alone
+    )
+    assert saved_states(tmp_path) == {}

@@ -201,9 +201,9 @@ class GridBlock:
 
     def _pack_mates(self, first: Unit, state: str, states: list[tuple[Unit, str]]) -> list[Unit]:
         """Units (with their free seeds) that can share `first`'s process."""
+        if self.plan.units_per_process == 1 or (first.stop is not None and self.state is None):
+            return []  # (a unit that stops early makes the others pause: they need a state folder)
         key = pack_key(first)
-        if key is None or self.plan.units_per_process == 1:
-            return []
         step, tokens = self.steps_left(first), len(first.seeds) * first.tokens_per_step()
         mates = []
         for unit, other_state in states:
@@ -301,14 +301,21 @@ class GridBlock:
 def _summary(outcome: UnitOutcome) -> str:
     if not outcome.rows:
         return f"paused at step {outcome.rate['steps']} ({outcome.rate['step_s'] * 1e3:.2f} ms/step), state saved"
-    packed = len({json.dumps(r["train"], sort_keys=True) for r in outcome.rows}) > 1  # name each row's lr, wd
+    packed = outcome.rate.get("units", 1) > 1  # name each row's cell
     accs = " ".join(
-        (f"lr={r['train']['lr']:g},wd={r['train']['weight_decay']:g}:" if packed else "")
-        + f"s{r['seed']}={r['token_acc']:.3f}/{r['seq_acc']:.3f}"
+        (f"{_cell_label(r)}:" if packed else "") + f"s{r['seed']}={r['token_acc']:.3f}/{r['seq_acc']:.3f}"
         for r in outcome.rows
     )
     row = outcome.rows[0]
-    return f"{row['steps']} steps ({row['ended']}), token/seq acc {accs}"
+    ended = len({json.dumps(r["task"], sort_keys=True) + json.dumps(r["train"], sort_keys=True) for r in outcome.rows})
+    paused = outcome.rate.get("units", 1) - ended
+    others = f"; {paused} unit(s) of the pack paused there, state saved" if paused else ""
+    return f"{row['steps']} steps ({row['ended']}), token/seq acc {accs}{others}"
+
+
+def _cell_label(row: dict) -> str:
+    task = ",".join(f"{k}={v}" for k, v in row["task"].items() if k not in ("name", "vocab"))
+    return f"{task},lr={row['train']['lr']:g},wd={row['train']['weight_decay']:g}"
 
 
 def plan_table(block: GridBlock) -> str:

@@ -273,7 +273,8 @@ def evaluate(module: nn.Module, inputs: Tensor, labels: Tensor, batch_size: int,
 
 @dataclasses.dataclass
 class StopRule:
-    """Stop the whole group at the first evaluation where any member's `metric` reaches `threshold`."""
+    """Stop at the first evaluation where any member's `metric` reaches `threshold` (the members of its cell: see
+    `train_group`'s `cells`)."""
 
     metric: str  # "token_acc" or "seq_acc"
     threshold: float
@@ -285,7 +286,8 @@ class GroupResult:
 
     ended: "steps" (all planned steps), "threshold" (a member reached the stop rule) or "paused" (the next stretch
     of steps would have ended after the deadline; the members hold the state to resume from). evals[i] lists member i's
-    evaluations as {"step", "loss" (mean since the previous evaluation), **evaluate()}.
+    evaluations as {"step", "loss" (mean since the previous evaluation), **evaluate()}. solved: with "threshold",
+    the cells whose member reached it (the others stopped with them, where they could resume from).
     """
 
     ended: str
@@ -295,25 +297,32 @@ class GroupResult:
     setup_s: float
     train_s: float
     step_s: float  # seconds per step (of the group) in the timed loop, evaluations included
+    solved: list[int] = dataclasses.field(default_factory=list)
 
 
 def train_group(
     trainer: GroupTrainer,
-    test: tuple[Tensor, Tensor],
+    test: tuple[Tensor, Tensor] | list[tuple[Tensor, Tensor]],
     *,
     eval_every: int | None,
     stop: StopRule | None = None,
     deadline: float | None = None,
     evals: list[list[dict]] | None = None,
+    cells: list[int] | None = None,
 ) -> GroupResult:
     """Train every member of `trainer` to its planned steps, evaluating on `test` every `eval_every` steps and at
     the end; stop early by `stop`; pause when the next stretch of steps (up to the next evaluation, at most
     CHECK_EVERY steps), at the measured rate, would end after `deadline` (a time.time() value).
 
     Args:
+        test: the held-out split, or one per cell.
         evals: the evaluations so far of members resumed from a paused run (GroupResult.evals); None for a new run.
+        cells: the cell of each member (default: all one cell). The stop rule looks at each cell's members: the
+            group stops when some cell's member reaches it, and `solved` names those cells.
     """
     members, total = trainer.members, trainer.members[0].settings.steps
+    cells = [0] * len(members) if cells is None else cells
+    tests = test if isinstance(test, list) else [test] * (max(cells) + 1)
     started = time.perf_counter()
     trainer.prepare()
     trainer.synchronize()
@@ -329,13 +338,15 @@ def train_group(
         step = trainer.steps_done
         if step == due:
             eval_start = time.perf_counter()
-            for member, log in zip(members, evals):
+            for member, log, cell in zip(members, evals, cells, strict=True):
                 loss = float(member.losses[last_eval:step].mean())
-                log.append({"step": step, "loss": loss, **_evaluate_member(member, test)})
+                log.append({"step": step, "loss": loss, **_evaluate_member(member, tests[cell])})
             eval_s, last_eval = time.perf_counter() - eval_start, step
-            if stop is not None and any(log[-1][stop.metric] >= stop.threshold for log in evals):
-                ended = "threshold"
-                break
+            if stop is not None:
+                solved = sorted({c for log, c in zip(evals, cells) if log[-1][stop.metric] >= stop.threshold})
+                if solved:
+                    ended = "threshold"
+                    break
         if step == total:
             break
         per_step = (time.perf_counter() - loop_start) / (step - loop_first)
@@ -350,7 +361,7 @@ def train_group(
     tail = slice(max(0, step - FINAL_LOSS_STEPS), step)
     final_loss = [float(m.losses[tail].mean()) for m in members]
     step_s = train_s / max(step - loop_first, 1)
-    return GroupResult(ended, step, evals, final_loss, setup_s, train_s, step_s)
+    return GroupResult(ended, step, evals, final_loss, setup_s, train_s, step_s, solved if ended == "threshold" else [])
 
 
 def _next_evaluation(step: int, total: int, eval_every: int | None) -> int:

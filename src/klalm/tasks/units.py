@@ -222,13 +222,12 @@ def _load_state(folder: Path, unit: Unit, device: torch.device) -> dict[str, Any
     return torch.load(folder / f"{name}.pt", map_location=device, weights_only=True)
 
 
-def pack_key(unit: Unit) -> str | None:
-    """Units with the same key may train side by side in one process (a pack): the same cell but for the learning
-    rate and weight decay, so one test set, one step count and one evaluation schedule serve them all. None for
-    units with an early stop (their group stops as a whole, so packing would stop the others too)."""
-    if unit.stop is not None:
-        return None
+def pack_key(unit: Unit) -> str:
+    """Units with the same key may train side by side in one process (a pack): the same family, arch, depth, width,
+    model, step count, evaluation and stop rule; the task (A5's length, MQAR's cell), learning rate and weight decay
+    may differ."""
     cell = unit.cell()
+    del cell["task"], cell["num_test"], cell["num_train"]
     cell["train"] = {k: v for k, v in cell["train"].items() if k not in ("lr", "min_lr", "weight_decay")}
     return json.dumps(cell, sort_keys=True)
 
@@ -243,20 +242,24 @@ def run_unit(unit: Unit, device: torch.device, execution: Execution, deadline: f
 def run_units(units: list[Unit], device: torch.device, execution: Execution, deadline: float | None = None,
               state: Path | None = None) -> UnitOutcome:  # fmt: skip
     """`run_unit` for a pack: units of one `pack_key`, all their seeds side by side in one group (one CUDA graph),
-    all fresh or all paused at the same step. The outcome holds the rows of every unit and one rate for the pack
-    (`members`: seeds of all its units; `units`: how many)."""
+    each unit with its own data, all fresh or all paused at the same step. When the seeds of one unit reach its stop
+    rule, that unit ends and the others pause there (the runner resumes them as a pack). The outcome holds the rows
+    of every unit that ended and one rate for the pack (`members`: seeds of all its units; `units`: how many)."""
     if deadline is not None and state is None:
         raise ValueError("a unit with a deadline needs a state folder to pause into")
-    keys = {pack_key(u) for u in units}
-    if len(units) > 1 and (len(keys) != 1 or None in keys):
+    if len({pack_key(u) for u in units}) != 1:
         raise ValueError(f"these units cannot share a process: {[u.label() for u in units]}")
+    if len(units) > 1 and units[0].stop is not None and state is None:
+        raise ValueError("a pack of units that stop early needs a state folder (the others pause when one stops)")
     started = time.perf_counter()
-    task = make_task(**units[0].task)
-    test = tuple(t.to(device) for t in materialize(task, units[0].num_test, DATA_SEED, "test"))
-    split = None
-    if units[0].num_train is not None:
-        split = tuple(t.to(device) for t in materialize(task, units[0].num_train, DATA_SEED, "train"))
-    groups = [[build_member(unit, seed, device, split) for seed in unit.seeds] for unit in units]
+    tests, groups = [], []
+    for unit in units:
+        task = make_task(**unit.task)
+        tests.append(tuple(t.to(device) for t in materialize(task, unit.num_test, DATA_SEED, "test")))
+        split = None
+        if unit.num_train is not None:
+            split = tuple(t.to(device) for t in materialize(task, unit.num_train, DATA_SEED, "train"))
+        groups.append([build_member(unit, seed, device, split) for seed in unit.seeds])
     saved = [None if state is None else _load_state(state, unit, device) for unit in units]
     if len({None if s is None else int(s["members"][0]["step"]) for s in saved}) > 1:
         raise ValueError(f"the units of a pack must all start at the same step: {[u.label() for u in units]}")
@@ -266,24 +269,26 @@ def run_units(units: list[Unit], device: torch.device, execution: Execution, dea
             for member, member_state in zip(members, unit_state["members"], strict=True):
                 member.load_state_dict(member_state)
     members = [member for group in groups for member in group]
+    cells = [i for i, group in enumerate(groups) for _ in group]
     trainer = GroupTrainer(members, device)
     stop = None if units[0].stop is None else StopRule(**units[0].stop)
     evals = None if saved[0] is None else [log for unit_state in saved for log in unit_state["evals"]]
     with recording() as used:
-        result = train_group(trainer, test, eval_every=units[0].eval_every, stop=stop, deadline=deadline, evals=evals)
+        result = train_group(trainer, tests, eval_every=units[0].eval_every, stop=stop, deadline=deadline,
+                             evals=evals, cells=cells)  # fmt: skip
     wall_s = time.perf_counter() - started
     common = run_record(device, trainer.graph is not None, len(members), execution, dict(sorted(used.items())))
     rate = rate_record(units[0], common, result.step_s, result.train_s, wall_s - result.train_s, result.ended)
     rate["steps"] = result.steps  # the units' step count after this run
     rate["units"] = len(units)
     rows, first = [], 0
-    for unit, group, unit_state, unit_spent in zip(units, groups, saved, spent, strict=True):
+    for index, (unit, group, unit_state, unit_spent) in enumerate(zip(units, groups, saved, spent, strict=True)):
         part = slice(first, first + len(group))
         first = part.stop
         unit_spent = {"train_s": unit_spent["train_s"] + result.train_s, "wall_s": unit_spent["wall_s"] + wall_s,
                       "blocks": unit_spent["blocks"] + 1}  # fmt: skip
         unit_result = dataclasses.replace(result, evals=result.evals[part], final_loss=result.final_loss[part])
-        if result.ended == "paused":
+        if result.ended == "paused" or (result.ended == "threshold" and index not in result.solved):
             _save_state(state, unit, group, unit_result.evals, unit_spent)
             continue
         if unit_state is not None:
