@@ -28,7 +28,7 @@ from klalm.tasks.plans import (
 from klalm.tasks.results import Results, estimate_s, merge, read_jsonl
 from klalm.tasks.runner import MARGIN_S, MIN_TRAIN_S, GridBlock, main, parse_args, plan_table, solved_depths
 from klalm.tasks.train import TrainSettings
-from klalm.tasks.units import Execution, Unit, pack_key, run_unit, run_units
+from klalm.tasks.units import Execution, Unit, build_member, pack_key, run_unit, run_units, state_mib
 
 TINY_MAD = {
     "mad_in_context_recall": {"length": 16},
@@ -248,6 +248,13 @@ def test_a5_units_pack_only_with_a_state_folder(tmp_path):
     assert [u.task["length"] for u in _block(tmp_path, plan)._claim()] == [3, 4]
     no_state = GridBlock(plan, Results(tmp_path, plan.families), None, "cpu", 0, True, None, "abc")
     assert len(no_state._claim()) == 1  # the others could not pause when one cell is solved
+    unit = dataclasses.replace(plan_units(plan)[0], seeds=[0, 1])
+    params = sum(p.numel() for p in build_member(unit, 0, torch.device("cpu"), None).module.parameters())
+    one = state_mib(unit)
+    assert one == 2 * (12 * params + 4 * unit.train.steps) / 2**20  # per seed: weights, 2 moments, the loss log
+    for max_mib, size in ((1.5 * one, 1), (2.5 * one, 2)):
+        bounded = dataclasses.replace(plan, max_state_mib=max_mib)
+        assert len(_block(tmp_path / str(size), bounded)._claim()) == size  # the paused states fit one carry
 
 
 def test_a_pack_trains_an_lr_sweep_in_one_process_with_the_rows_of_separate_units(tmp_path):

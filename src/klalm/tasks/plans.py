@@ -115,6 +115,7 @@ class RunPlan:
     members: int = 1  # seeds trained side by side in one process (one CUDA graph)
     procs_per_gpu: int = 1  # units running at once on each GPU, one process each
     units_per_process: int = 1  # units of one pack_key (an lr sweep) trained side by side in one process
+    max_state_mib: float | None = None  # a pack's paused states stay under this (they travel between GPU blocks)
     model_overrides: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)  # arch -> build_model kwargs
     estimate: Estimate = dataclasses.field(default_factory=Estimate)
     a5: A5Plan = dataclasses.field(default_factory=A5Plan)
@@ -257,8 +258,9 @@ def add_plan_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", help="auto, cpu, cuda")
     p.add_argument("--members", type=int, help="seeds trained side by side in one process (one CUDA graph)")
     p.add_argument("--procs-per-gpu", type=int, help="units running at once on each GPU, one process each")
-    p.add_argument("--units-per-process", type=int, help="units of one cell differing only in lr / weight decay "
-                   "trained side by side in one process (units without an early stop)")  # fmt: skip
+    p.add_argument("--units-per-process", type=int, help="units differing only in task, lr or weight decay "
+                   "trained side by side in one process (a pack)")  # fmt: skip
+    p.add_argument("--max-state-mib", type=float, help="a pack's paused states stay under this many MiB")
     p.add_argument("--a5-lengths", type=_ints, help="A5 sequence lengths, e.g. 4,8,16")
     p.add_argument("--a5-depths", type=_ints, help="A5 depths, e.g. 1,2")
     p.add_argument("--a5-criterion", choices=sorted(CRITERIA), help="A5 'solved' metric")
@@ -268,7 +270,7 @@ def add_plan_args(p: argparse.ArgumentParser) -> None:
 
 def apply_args(plan: RunPlan, args: argparse.Namespace) -> RunPlan:
     """Command-line knobs on top of a plan; then `validate`."""
-    for name in ("device", "members", "procs_per_gpu", "units_per_process"):
+    for name in ("device", "members", "procs_per_gpu", "units_per_process", "max_state_mib"):
         if getattr(args, name) is not None:
             setattr(plan, name, getattr(args, name))
     if args.archs is not None:

@@ -22,6 +22,7 @@ import argparse
 import dataclasses
 import json
 import logging
+import math
 import os
 import subprocess
 import sys
@@ -43,6 +44,7 @@ from klalm.tasks.units import (
     remove_state,
     run_units,
     saved_states,
+    state_mib,
     state_name,
 )
 
@@ -203,16 +205,18 @@ class GridBlock:
         """Units (with their free seeds) that can share `first`'s process."""
         if self.plan.units_per_process == 1 or (first.stop is not None and self.state is None):
             return []  # (a unit that stops early makes the others pause: they need a state folder)
-        key = pack_key(first)
-        step, tokens = self.steps_left(first), len(first.seeds) * first.tokens_per_step()
+        key, step = pack_key(first), self.steps_left(first)
+        tokens, mib = len(first.seeds) * first.tokens_per_step(), state_mib(first)
+        max_mib = math.inf if self.plan.max_state_mib is None else self.plan.max_state_mib
         mates = []
         for unit, other_state in states:
             part = dataclasses.replace(unit, seeds=self.free_seeds(unit))
-            more = len(part.seeds) * part.tokens_per_step()
-            if (other_state == state and part.cell() != first.cell() and pack_key(part) == key
-                    and self.steps_left(part) == step and tokens + more <= PACK_MAX_TOKENS):  # fmt: skip
+            if other_state != state or part.cell() == first.cell() or pack_key(part) != key:
+                continue
+            more_tokens, more_mib = len(part.seeds) * part.tokens_per_step(), state_mib(part)
+            if self.steps_left(part) == step and tokens + more_tokens <= PACK_MAX_TOKENS and mib + more_mib <= max_mib:
                 mates.append(part)
-                tokens += more
+                tokens, mib = tokens + more_tokens, mib + more_mib
             if len(mates) == self.plan.units_per_process - 1:
                 break
         return mates

@@ -222,6 +222,19 @@ def _load_state(folder: Path, unit: Unit, device: torch.device) -> dict[str, Any
     return torch.load(folder / f"{name}.pt", map_location=device, weights_only=True)
 
 
+def state_mib(unit: Unit) -> float:
+    """MiB of the unit's paused state: per seed the fp32 weights and both AdamW moments, and its loss log (the model
+    is built on the meta device to count its parameters)."""
+    from klalm.models import build_model  # lazy: the model zoo is heavy to import
+
+    task = make_task(**unit.task)
+    with torch.device("meta"):
+        model = build_model(unit.arch, d_model=unit.d_model, n_layers=unit.n_layers, vocab_size=task.vocab_size,
+                            **unit.model_overrides)  # fmt: skip
+        params = sum(p.numel() for p in wrap_readout(model, task, unit.d_model).parameters())
+    return len(unit.seeds) * (3 * 4 * params + 4 * unit.train.steps) / 2**20
+
+
 def pack_key(unit: Unit) -> str:
     """Units with the same key may train side by side in one process (a pack): the same family, arch, depth, width,
     model, step count, evaluation and stop rule; the task (A5's length, MQAR's cell), learning rate and weight decay
