@@ -130,11 +130,10 @@ def test_edge_cases_float32_against_float64(case, chunk):
     assert_all_close(ref_grad, grad, rtol=2e-3)
 
 
-@pytest.mark.xfail(strict=True, reason="the torch backend carries λ, η in information form: λ overflows when p = 0")
 def test_zero_process_noise_long_sequence_float32():
     """p = 0 (the mixer's `zero_process_noise` option) with a in [0.85, 0.95]: λ grows like a^(−2t) and passes
-    float32's range within 600 steps (a = 0.9: t ≈ 421). The Triton kernels carry (P, μ) and stay exact there
-    (tests/kernels: test_zero_process_noise_with_fast_decay); the torch backend does not yet."""
+    float32's range within 600 steps (a = 0.9: t ≈ 421). The torch backend carries (P, μ), as the Triton kernels
+    do (tests/kernels: test_zero_process_noise_with_fast_decay), and stays exact there."""
     x = make_inputs(batch=1, length=600, channels=3, state=2, seed=5)
     x["p"] = torch.zeros_like(x["p"])
     x["a"] = 0.85 + 0.1 * torch.rand(x["a"].shape, generator=torch.Generator().manual_seed(6), dtype=torch.float64)
