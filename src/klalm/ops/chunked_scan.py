@@ -38,13 +38,15 @@ returned state through (λ, η) = (1/P, μ/P): eμ_L += gη·λ_L, eP_L −= (g�
 step t, with z_t = Hμ_t·μ_t + HP_t·P_t:
 
     ∂ℓ/∂w_t = Hμ_t·i_t        ∂ℓ/∂N_t = −z_t·i_t        ∂ℓ/∂r_t = Hμ_t·P_t        ∂ℓ/∂φ_t = −z_t·P_t
-    gP'_t = ∂ℓ/∂P'_t = i_t·(HP_t + Hμ_t·r_t − φ_t·z_t) = i_t²·HP_t + i_t·(r_t − φ_t·μ_t)·Hμ_t
+    gP'_t = ∂ℓ/∂P'_t = i_t·(HP_t + Hμ_t·r_t − φ_t·z_t) = i_t²·(HP_t + ν_t·Hμ_t)
     Hμ_{t-1} = eμ_{t-1} + a·i_t·Hμ_t               HP_{t-1} = eP_{t-1} + a²·gP'_t
 
-(∂ℓ/∂r_t and ∂ℓ/∂φ_t use P'_t·i_t = P_t; the second form of gP' uses 1 − φ_t·P_t = i_t). So the adjoint
-handed from step t to state t − 1 is the lower-triangular map (Hμ, HP)_t ↦ A_t·(Hμ, HP)_t with
-A_t = [[a·i_t, 0], [a²·i_t·(r_t − φ_t·μ_t), a²·i_t²]]: its diagonal is at most 1, and as P underflows to 0,
-i_t → 1 and the gains tend to a and a² (the information-form adjoint's gain a²/(a² + p·λ)² is 1/a² there).
+with ν_t = r_t − a·φ_t·μ_{t-1} = Λ_t·k_t·(v_t − a·k_t·μ_{t-1}) (Λ·k times the innovation). ∂ℓ/∂r_t and ∂ℓ/∂φ_t
+use P'_t·i_t = P_t; the second form of gP' uses 1 − φ_t·P_t = i_t and r_t − φ_t·μ_t = i_t·ν_t, and is the one
+computed: the first cancels when φ_t·P'_t ≫ 1 (a confident token). So the adjoint handed from step t to
+state t − 1 is the lower-triangular map (Hμ, HP)_t ↦ A_t·(Hμ, HP)_t with A_t = [[a·i_t, 0], [a²·i_t²·ν_t,
+a²·i_t²]]: its diagonal is at most 1, and as P underflows to 0, i_t → 1 and the gains tend to a and a² (the
+information-form adjoint's gain a²/(a² + p·λ)² is 1/a² there).
 The reverse pass is the same two-level scan: per-chunk compositions of those affine maps (five running
 tensors), the carry across chunks, then an exact rerun that produces the local gradients step by step:
 
@@ -56,8 +58,11 @@ tensors), the carry across chunks, then an exact rerun that produces the local g
 plus the direct readout terms of `decode_from_prior` (mean a·μ, variance a²·P + p): ∂a += Σ (∂y·q·μ +
 2a·∂y_var·q²·P), ∂p += Σ ∂y_var·q². Memory: the forward saves the inputs and the chunk start states
 ([B, NC, M, S] each); the backward recomputes P and μ ([B, L, M, S] each, transient) and i_t from P_{t-1}.
-The final-state seed −(gλ + gη·μ_L)·λ_L² overflows float32 once λ_L passes ~1.8e19 when the loss uses the
-returned state (the Triton kernels share this); losses of y and y_var never form it.
+The final-state seed is where the interface's (λ, η) meets the inner (P, μ), and the Triton kernels share its
+two limits: −(gλ + gη·μ_L)·λ_L² overflows float32 once λ_L passes ~1.8e19, and when (gλ, gη) come back from a
+next call's (λ_0, η_0) the sum cancels, so this call's ∂p (only ∂p: HP reaches every other gradient times P)
+loses accuracy as λ_L grows (p = 0, λ_L ≈ 1e31: 1e-3 relative in float64, nothing left in float32). Losses of
+one call's y and y_var never form the seed.
 """
 
 from __future__ import annotations
@@ -233,8 +238,7 @@ class _Step(NamedTuple):
     e_mean: Tensor  # ∂ℓ/∂μ_t through the readout (and final state) alone
     e_cov: Tensor | None  # ∂ℓ/∂P_t through the readout (and final state) alone; None: zero
     gain: Tensor  # i_t = 1/(1 + φ_t·P'_t)
-    phi: Tensor  # φ_t
-    r: Tensor  # r_t
+    innov: Tensor  # r_t − a·φ_t·μ_{t-1} = Λ_t·k_t·(v_t − a·k_t·μ_{t-1})
     cov_prev: Tensor
     mean_prev: Tensor
     cov: Tensor
@@ -281,7 +285,8 @@ def _step_terms(s: _Adjoint, c: int) -> _Step:
         e_cov[:, n] -= seed.mul_(lam).mul_(lam)
     phi = _phi(x, c)
     gain = torch.addcmul(x.p, x.a2, cov_prev).mul_(phi).add_(1).reciprocal_()
-    return _Step(e_mean, e_cov, gain, phi, _r(x, c), cov_prev, mean_prev, cov, mean)
+    innov = torch.addcmul(_r(x, c), phi, x.a * mean_prev, value=-1)
+    return _Step(e_mean, e_cov, gain, innov, cov_prev, mean_prev, cov, mean)
 
 
 def _adjoint_carries(s: _Adjoint) -> tuple[Tensor, Tensor]:
@@ -299,7 +304,7 @@ def _adjoint_carries(s: _Adjoint) -> tuple[Tensor, Tensor]:
     for c in range(s.cov.shape[0] - 1, -1, -1):
         t = _step_terms(s, c)
         alpha, gamma = a * t.gain, a2 * t.gain * t.gain  # the step's map [[α, 0], [β, γ]]
-        beta = torch.addcmul(t.r, t.phi, t.mean, value=-1).mul_(t.gain).mul_(a2)
+        beta = gamma * t.innov
         e1, e2 = t.e_mean + b1, b2 if t.e_cov is None else t.e_cov + b2
         m21, m11, m22 = gamma * m21 + beta * m11, alpha * m11, gamma * m22
         b1, b2 = alpha * e1, gamma * e2 + beta * e1
@@ -331,7 +336,7 @@ def _gradient_sweep(s: _Adjoint, g_mean: Tensor, g_cov: Tensor) -> tuple[Tensor,
         if s.gy_var is not None:
             g_q[c].addcmul_(2 * x.q[c], _colsum(s.gy_var[c], out_var))
         g_w = h_mean * t.gain  # ∂ℓ/∂(a·μ_{t-1} + r_t·P'_t)
-        g_pred = torch.addcmul(h_cov, h_mean, t.r).addcmul_(t.phi, z, value=-1).mul_(t.gain)  # ∂ℓ/∂P'_t
+        g_pred = torch.addcmul(h_cov, h_mean, t.innov).mul_(t.gain).mul_(t.gain)  # ∂ℓ/∂P'_t
         acc_w.addcmul_(g_w, t.mean_prev)
         acc_c.addcmul_(g_pred, t.cov_prev)
         acc_p += g_pred
