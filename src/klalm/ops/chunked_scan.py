@@ -101,7 +101,8 @@ def default_chunk_size(length: int, step_elements: int, device: torch.device) ->
 
 
 class Chunked(NamedTuple):
-    """Inputs in time-major chunks: v, lam_v [C, B, NC, M]; k, q [C, B, NC, S]; a, p, a2 = a² [M, S]."""
+    """Inputs in time-major chunks: v, lam_v [C, B, NC, M]; k, q [C, B, NC, S]; a, p, a2 = a² [M, S]; one = 1 (0-dim,
+    so that 1 + φ·P' is one addcmul)."""
 
     v: Tensor
     lam_v: Tensor
@@ -110,6 +111,7 @@ class Chunked(NamedTuple):
     a: Tensor
     p: Tensor
     a2: Tensor
+    one: Tensor
 
 
 def _to_chunks(x: Tensor, chunk: int) -> Tensor:
@@ -128,7 +130,7 @@ def _from_chunks(x: Tensor, length: int) -> Tensor:
 
 def _chunked(v: Tensor, lambda_v: Tensor, k: Tensor, q: Tensor, a: Tensor, p: Tensor, chunk: int) -> Chunked:
     """The inputs of `kla_scan_torch` (compute dtype) cut into C-step chunks."""
-    return Chunked(*(_to_chunks(t, chunk) for t in (v, lambda_v, k, q)), a, p, a * a)
+    return Chunked(*(_to_chunks(t, chunk) for t in (v, lambda_v, k, q)), a, p, a * a, a.new_ones(()))
 
 
 def _phi(x: Chunked, c: int) -> Tensor:
@@ -144,7 +146,7 @@ def _r(x: Chunked, c: int) -> Tensor:
 def _filter_step(x: Chunked, c: int, cov: Tensor, mean: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """Step c of every chunk from (P_{t-1}, μ_{t-1}): returns (P_t, μ_t, i_t), [B, NC, M, S] each."""
     cov_pred = torch.addcmul(x.p, x.a2, cov)  # P' = a²·P + p
-    gain = _phi(x, c).mul_(cov_pred).add_(1).reciprocal_()  # i = 1/(1 + φ·P')
+    gain = torch.addcmul(x.one, _phi(x, c), cov_pred).reciprocal_()  # i = 1/(1 + φ·P')
     mean = torch.addcmul(x.a * mean, _r(x, c), cov_pred).mul_(gain)  # μ = i·(a·μ + r·P')
     return cov_pred.mul_(gain), mean, gain
 
@@ -235,8 +237,8 @@ def _refill(x: Chunked, cov_starts: Tensor, mean_starts: Tensor) -> tuple[Tensor
 class _Step(NamedTuple):
     """Per-step backward terms, [B, NC, M, S] each (see the module docstring)."""
 
-    e_mean: Tensor  # ∂ℓ/∂μ_t through the readout (and final state) alone
-    e_cov: Tensor | None  # ∂ℓ/∂P_t through the readout (and final state) alone; None: zero
+    h_mean: Tensor  # Hμ_t = ∂ℓ/∂μ_t, everything after step t included
+    h_cov: Tensor  # HP_t = ∂ℓ/∂P_t
     gain: Tensor  # i_t = 1/(1 + φ_t·P'_t)
     innov: Tensor  # r_t − a·φ_t·μ_{t-1} = Λ_t·k_t·(v_t − a·k_t·μ_{t-1})
     cov_prev: Tensor
@@ -261,32 +263,33 @@ class _Adjoint(NamedTuple):
     length: int
 
 
-def _step_terms(s: _Adjoint, c: int) -> _Step:
-    """The backward terms of step c of every chunk, with the final-state gradients seeded at step L."""
+def _step_terms(s: _Adjoint, c: int, later_mean: Tensor, later_cov: Tensor) -> _Step:
+    """Step c of every chunk in reverse: the total adjoints (Hμ_t, HP_t), i.e. what the later steps hand back
+    (later_mean, later_cov) plus the readout's terms eμ_t, eP_t (and at step L the final state's), and the
+    step's quantities that the reverse map and the gradients read."""
     x = s.x
     cov_prev, mean_prev = (s.cov[c - 1], s.mean[c - 1]) if c else (s.cov_starts, s.mean_starts)
     cov, mean = s.cov[c], s.mean[c]
-    q = x.q[c][..., None, :]  # [B, NC, 1, S]
-    e_mean = s.gy[c][..., None] * q  # [B, NC, M, S]
-    e_cov = None if s.gy_var is None else s.gy_var[c][..., None] * (q * q)
-    if s.prior:
-        e_mean.mul_(x.a)
-        if e_cov is not None:
-            e_cov.mul_(x.a2)
+    q, gy = x.q[c][..., None, :], s.gy[c][..., None]  # [B, NC, 1, S], [B, NC, M, 1]
+    h_mean = torch.addcmul(later_mean, gy * q, x.a) if s.prior else torch.addcmul(later_mean, gy, q)
+    h_cov = later_cov
+    if s.gy_var is not None:
+        gy_var, q2 = s.gy_var[c][..., None], q * q
+        h_cov = torch.addcmul(later_cov, gy_var * q2, x.a2) if s.prior else torch.addcmul(later_cov, gy_var, q2)
     chunk = s.cov.shape[0]
     if c == (s.length - 1) % chunk and (s.g_lam is not None or s.g_eta is not None):
         n = (s.length - 1) // chunk  # (λ, η) = (1/P, μ/P): ∂ℓ/∂μ = gη·λ, ∂ℓ/∂P = −(gλ + gη·μ)·λ²
         lam = cov[:, n].reciprocal()
         seed = torch.zeros_like(lam) if s.g_lam is None else s.g_lam.clone()
         if s.g_eta is not None:
-            e_mean[:, n] += s.g_eta * lam
+            h_mean[:, n] += s.g_eta * lam
             seed.addcmul_(s.g_eta, mean[:, n])
-        e_cov = torch.zeros_like(e_mean) if e_cov is None else e_cov
-        e_cov[:, n] -= seed.mul_(lam).mul_(lam)
+        h_cov = later_cov.clone() if h_cov is later_cov else h_cov
+        h_cov[:, n] -= seed.mul_(lam).mul_(lam)
     phi = _phi(x, c)
-    gain = torch.addcmul(x.p, x.a2, cov_prev).mul_(phi).add_(1).reciprocal_()
+    gain = torch.addcmul(x.one, phi, torch.addcmul(x.p, x.a2, cov_prev)).reciprocal_()
     innov = torch.addcmul(_r(x, c), phi, x.a * mean_prev, value=-1)
-    return _Step(e_mean, e_cov, gain, innov, cov_prev, mean_prev, cov, mean)
+    return _Step(h_mean, h_cov, gain, innov, cov_prev, mean_prev, cov, mean)
 
 
 def _adjoint_carries(s: _Adjoint) -> tuple[Tensor, Tensor]:
@@ -302,12 +305,11 @@ def _adjoint_carries(s: _Adjoint) -> tuple[Tensor, Tensor]:
     a, a2 = s.x.a, s.x.a2
     m11, m21, m22, b1, b2 = torch.ones_like(zero), zero, torch.ones_like(zero), zero, zero
     for c in range(s.cov.shape[0] - 1, -1, -1):
-        t = _step_terms(s, c)
+        t = _step_terms(s, c, b1, b2)
         alpha, gamma = a * t.gain, a2 * t.gain * t.gain  # the step's map [[α, 0], [β, γ]]
         beta = gamma * t.innov
-        e1, e2 = t.e_mean + b1, b2 if t.e_cov is None else t.e_cov + b2
         m21, m11, m22 = gamma * m21 + beta * m11, alpha * m11, gamma * m22
-        b1, b2 = alpha * e1, gamma * e2 + beta * e1
+        b1, b2 = alpha * t.h_mean, gamma * t.h_cov + beta * t.h_mean
     g_mean, g_cov = [zero[:, 0]], [zero[:, 0]]
     for n in range(n_chunks - 1, 0, -1):
         g_mean.append(m11[:, n] * g_mean[-1] + b1[:, n])
@@ -321,9 +323,8 @@ def _gradient_sweep(s: _Adjoint, g_mean: Tensor, g_cov: Tensor) -> tuple[Tensor,
     g_v, g_lam_v, g_k, g_q = (torch.empty_like(t) for t in (x.v, x.lam_v, x.k, x.q))
     acc_w, acc_c, acc_p = (torch.zeros_like(g_mean) for _ in range(3))  # Σ gw·μ_{t-1}, Σ P_{t-1}·gP', Σ gP'
     for c in range(s.cov.shape[0] - 1, -1, -1):
-        t = _step_terms(s, c)
-        h_mean = t.e_mean.add_(g_mean)
-        h_cov = g_cov if t.e_cov is None else t.e_cov.add_(g_cov)
+        t = _step_terms(s, c, g_mean, g_cov)
+        h_mean, h_cov = t.h_mean, t.h_cov
         z = torch.addcmul(h_mean * t.mean, h_cov, t.cov)  # Hμ·μ_t + HP·P_t
         g_r, g_phi_neg = h_mean * t.cov, z * t.cov  # ∂ℓ/∂r_t = Hμ·P_t, ∂ℓ/∂φ_t = −z·P_t
         k = x.k[c]
