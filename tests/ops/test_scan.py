@@ -130,20 +130,110 @@ def test_edge_cases_float32_against_float64(case, chunk):
     assert_all_close(ref_grad, grad, rtol=2e-3)
 
 
-@pytest.mark.xfail(strict=True, reason="the torch backend carries λ, η in information form: λ overflows when p = 0")
 def test_zero_process_noise_long_sequence_float32():
     """p = 0 (the mixer's `zero_process_noise` option) with a in [0.85, 0.95]: λ grows like a^(−2t) and passes
-    float32's range within 600 steps (a = 0.9: t ≈ 421). The Triton kernels carry (P, μ) and stay exact there
-    (tests/kernels: test_zero_process_noise_with_fast_decay); the torch backend does not yet."""
+    float32's range within 600 steps (a = 0.9: t ≈ 421). The torch backend carries (P, μ), as the Triton kernels
+    do (tests/kernels: test_zero_process_noise_with_fast_decay), and stays exact there."""
     x = make_inputs(batch=1, length=600, channels=3, state=2, seed=5)
     x["p"] = torch.zeros_like(x["p"])
     x["a"] = 0.85 + 0.1 * torch.rand(x["a"].shape, generator=torch.Generator().manual_seed(6), dtype=torch.float64)
     used = ("y", "y_var")
     ref_out, ref_grad = run_with_grads(kla_scan_reference, x, used=used)
     out, grad = run_with_grads(kla_scan_torch, {n: t.float() for n, t in x.items()}, used=used)
-    del ref_grad["p"], grad["p"]  # dp's true value is beyond float32 too
+    del ref_grad["p"], grad["p"]  # the reference's dp cancels here (see test_zero_process_noise_dp)
     assert_all_close({n: ref_out[n] for n in used}, {n: out[n] for n in used}, rtol=2e-4)
     assert_all_close(ref_grad, grad, rtol=2e-3)
+
+
+def _zero_noise_inputs(a_grid=False):
+    """The inputs above (p = 0, L = 600): a drawn in [0.85, 0.95], or with a_grid every a from 0.85 to 0.95."""
+    x = make_inputs(batch=1, length=600, channels=3, state=2, seed=5)
+    x["p"] = torch.zeros_like(x["p"])
+    if a_grid:
+        x["a"] = torch.linspace(0.85, 0.95, 6, dtype=torch.float64).view(3, 2)
+    else:
+        x["a"] = 0.85 + 0.1 * torch.rand(x["a"].shape, generator=torch.Generator().manual_seed(6), dtype=torch.float64)
+    return x
+
+
+def _two_calls(split):
+    """kla_scan_torch as two calls, the second starting from the first's final state (λ, η), gradients through it."""
+
+    def scan(v, lambda_v, k, q, a, p, state, prior):
+        y1, v1, mid = kla_scan_torch(v[:, :split], lambda_v[:, :split], k[:, :split], q[:, :split], a, p, state, prior)
+        y2, v2, end = kla_scan_torch(v[:, split:], lambda_v[:, split:], k[:, split:], q[:, split:], a, p, mid, prior)
+        return torch.cat([y1, y2], 1), torch.cat([v1, v2], 1), end
+
+    return scan
+
+
+def test_zero_process_noise_state_carry_float64():
+    """p = 0 with every a from 0.85 to 0.95: two halves of L = 600 with the state handed over equal one scan, the
+    outputs, the final state (λ up to ~2e85, far past float32's range) and every gradient through the hand-over but
+    dp, which loses accuracy there (λ_300 up to ~1e43; chunked_scan's docstring)."""
+    x = _zero_noise_inputs(a_grid=True)
+    used = ("y", "y_var")
+    one_out, one_grad = run_with_grads(kla_scan_torch, x, used=used)
+    two_out, two_grad = run_with_grads(_two_calls(300), x, used=used)
+    del one_grad["p"], two_grad["p"]
+    assert one_out["lam"].max() > 1e80
+    assert_all_close(one_out, two_out, rtol=1e-12)
+    assert_all_close(one_grad, two_grad, rtol=1e-10)
+
+
+def test_zero_process_noise_state_carry_float32():
+    """The halves in float32 against the float64 reference, with a drawn as in the first p = 0 test (0.889 to 0.939):
+    λ_300 (≈ 1e31) is still finite, so the state can cross the call boundary, and the second call runs on past
+    float32's range. With a = 0.85, λ_300 ≈ 1e43 would itself be beyond float32, which the (λ, η) state cannot hold."""
+    x = _zero_noise_inputs()
+    used = ("y", "y_var")
+    ref_out, ref_grad = run_with_grads(kla_scan_reference, x, used=used)
+    out, grad = run_with_grads(_two_calls(300), {n: t.float() for n, t in x.items()}, used=used)
+    del ref_grad["p"], grad["p"]  # the reference's dp cancels, and ours through the hand-over too
+    assert torch.isinf(out["lam"]).any()  # the honest final λ
+    assert_all_close({n: ref_out[n] for n in used}, {n: out[n] for n in used}, rtol=2e-4)
+    assert_all_close(ref_grad, grad, rtol=2e-3)
+
+
+@pytest.mark.parametrize("chunk", [None, 600], ids=["C25", "C600"])
+def test_zero_process_noise_decode_from_prior_float32(chunk):
+    """decode_from_prior at p = 0 (readout a·μ, a²·σ²), float32 against the float64 reference, chunked and not."""
+    x = _zero_noise_inputs()
+    used = ("y", "y_var")
+    torch_fn = lambda *a: kla_scan_torch(*a, chunk_size=chunk)  # noqa: E731
+    ref_out, ref_grad = run_with_grads(kla_scan_reference, x, prior=True, used=used)
+    out, grad = run_with_grads(torch_fn, {n: t.float() for n, t in x.items()}, prior=True, used=used)
+    del ref_grad["p"], grad["p"]  # the reference's dp cancels (see test_zero_process_noise_dp)
+    assert torch.isinf(out["lam"]).any()
+    assert_all_close({n: ref_out[n] for n in used}, {n: out[n] for n in used}, rtol=2e-4)
+    assert_all_close(ref_grad, grad, rtol=2e-3)
+
+
+def _covariance_loop(v, lambda_v, k, q, a, p, state, prior):
+    """The filter as a plain loop in covariance form, P = 1/λ and μ = η/λ (docs/kla.md), for autograd."""
+    cov, mean = 1 / state.lam, state.eta / state.lam
+    ys, y_vars = [], []
+    for t in range(v.shape[1]):
+        k_, q_ = k[:, t, None, :], q[:, t, None, :]
+        cov_pred = a * a * cov + p
+        gain = 1 / (1 + lambda_v[:, t, :, None] * k_ * k_ * cov_pred)
+        cov, mean = gain * cov_pred, gain * (a * mean + (v[:, t] * lambda_v[:, t])[:, :, None] * k_ * cov_pred)
+        out_mean, out_var = (a * mean, a * a * cov + p) if prior else (mean, cov)
+        ys.append((q_ * out_mean).sum(-1))
+        y_vars.append((q_ * q_ * out_var).sum(-1))
+    return torch.stack(ys, 1), torch.stack(y_vars, 1), KLAState(1 / cov, mean / cov)
+
+
+@pytest.mark.parametrize("prior", [False, True], ids=["posterior", "prior"])
+def test_zero_process_noise_dp(prior):
+    """dp at p = 0, L = 600 against autograd through the covariance-form loop. The information-form reference's
+    autograd sums terms of size ~λ into dp, which cancel: here it gives 1e15 to 1e17 against the true ~1e3."""
+    x = _zero_noise_inputs()
+    used = ("y", "y_var")
+    _, want = run_with_grads(_covariance_loop, x, prior, used=used)
+    for dtype, rtol in ((torch.float64, 1e-10), (torch.float32, 2e-3)):
+        _, got = run_with_grads(kla_scan_torch, {n: t.to(dtype) for n, t in x.items()}, prior, used=used)
+        assert_all_close({"p": want["p"]}, {"p": got["p"]}, rtol)
 
 
 def test_k_zero_keeps_gradients():

@@ -1,44 +1,68 @@
 """Parallel KLA scan in plain PyTorch (CPU and GPU) with a hand-derived exact backward.
 
-The filter (docs/kla.md, "The math") per (b, m, s), for t = 1..L from (λ_0, η_0):
+The filter (docs/kla.md, "The math") runs in covariance form, P = 1/λ and μ = η/λ, per (b, m, s) for t = 1..L
+from (P_0, μ_0) = (1/λ_0, η_0/λ_0):
 
-    φ_t = Λ_t·k_t²   r_t = v_t·Λ_t·k_t   d_t = a² + p·λ_{t-1}   g_t = a/d_t
-    λ_t = λ_{t-1}/d_t + φ_t              η_t = g_t·η_{t-1} + r_t
+    φ_t = Λ_t·k_t²      r_t = v_t·Λ_t·k_t      P'_t = a²·P_{t-1} + p      i_t = 1/(1 + φ_t·P'_t)
+    P_t = i_t·P'_t                              μ_t = i_t·(a·μ_{t-1} + r_t·P'_t)
+    y_t = Σ_s q_t·μ_t                           y_var_t = Σ_s q_t²·P_t
+
+(with `decode_from_prior` the readout is a·μ_t and a²·P_t + p). It is the information-form recursion rewritten,
+but where λ grows like a^(−2t) (p = 0, a < 1) and leaves float32's range (a = 0.9: t ≈ 421), P underflows
+harmlessly towards 0, and every gain below stays bounded (0 < i_t ≤ 1, a ≤ 1). The state crosses the interface
+as (λ, η): converted on entry, and returned as λ_L = 1/P_L, η_L = μ_L·λ_L (inf where λ_L is beyond the dtype's
+range: the honest value; y, y_var and their gradients do not depend on it).
 
 Forward: a two-level (chunked) scan. Time is cut into NC chunks of C steps, stored time-major as
 [C, B, NC, ...], so one step of every chunk is one contiguous slice; every pass loops over the C steps
 of all chunks at once, or over the NC chunk boundaries, never over all L steps:
 
-1. λ entering each chunk. λ_t is the Möbius map λ ↦ (A·λ + B)/(C·λ + D) of λ_{t-1} with the matrix
-   [[1 + p·φ_t, a²·φ_t], [p, a²]] (the design's (A, B, C, D) times a², so nothing divides by a). Each
-   chunk's 2×2 product is accumulated and renormalised by the sum of its four non-negative entries (a
-   matrix and its multiples are the same map), so it neither under- nor overflows; the chunk products
-   then carry λ across the NC boundaries.
-2. η entering each chunk. η is a first-order affine recurrence with gain g_t: per chunk the running
-   (gain product, local value) pair from the exact λ starts, then the carry across chunks. Products only
-   multiply (no cumprod-then-divide), so a vanishing gain underflows harmlessly to 0.
+1. P entering each chunk. P_t is the Möbius map P ↦ (A·P + B)/(C·P + D) of P_{t-1} with the matrix
+   [[a², p], [φ_t·a², 1 + φ_t·p]] (nothing divides by a). Each chunk's 2×2 product is accumulated and
+   renormalised by the sum of its four non-negative entries (a matrix and its multiples are the same map),
+   so it neither under- nor overflows; the chunk products then carry P across the NC boundaries.
+2. μ entering each chunk. μ is a first-order affine recurrence, μ_t = (a·i_t)·μ_{t-1} + r_t·P_t, with gain
+   a·i_t ≤ 1: per chunk the running (gain product, local value) pair from the exact P start, then the carry
+   across chunks. Products only multiply (no cumprod-then-divide), so a vanishing gain underflows to 0.
 3. Every chunk reruns the plain recursion from its exact start state and reads out y and y_var.
 
 With one chunk (C = L) passes 1 and 2 vanish and the forward is the sequential recursion; the default
 chunk size (`default_chunk_size`) picks that on CPU when one step already has enough elements to keep
 the cores busy, and C = ceil(√L) otherwise (always on GPU).
 
-Backward (exact, derived by hand; tests compare it with autograd through the sequential reference).
-With e_t = ∂ℓ/∂η_t and f_t = ∂ℓ/∂λ_t through the readout at t alone (plus the final-state gradients at
-t = L), the total adjoints obey two coupled reverse recursions:
+Backward (exact, derived by hand; tests compare it with autograd through the sequential reference). Write
+step t as w_t = a·μ_{t-1} + r_t·P'_t, N_t = 1 + φ_t·P'_t, P_t = P'_t/N_t, μ_t = w_t/N_t. Let Hμ_t, HP_t be the
+total adjoints ∂ℓ/∂μ_t, ∂ℓ/∂P_t, and eμ_t, eP_t their parts through the readout at t alone: eμ_t = q_t·∂y_t,
+eP_t = q_t²·∂y_var_t (times a and a² with `decode_from_prior`), plus at t = L the gradients (gλ, gη) of the
+returned state through (λ, η) = (1/P, μ/P): eμ_L += gη·λ_L, eP_L −= (gλ + gη·μ_L)·λ_L². The chain rule through
+step t, with z_t = Hμ_t·μ_t + HP_t·P_t:
 
-    Hη_t = e_t + g_{t+1}·Hη_{t+1}
-    Hλ_t = f_t − (a·p/d_{t+1}²)·η_t·Hη_{t+1} + (a²/d_{t+1}²)·Hλ_{t+1}
+    ∂ℓ/∂w_t = Hμ_t·i_t        ∂ℓ/∂N_t = −z_t·i_t        ∂ℓ/∂r_t = Hμ_t·P_t        ∂ℓ/∂φ_t = −z_t·P_t
+    gP'_t = ∂ℓ/∂P'_t = i_t·(HP_t + Hμ_t·r_t − φ_t·z_t) = i_t²·(HP_t + ν_t·Hμ_t)
+    Hμ_{t-1} = eμ_{t-1} + a·i_t·Hμ_t               HP_{t-1} = eP_{t-1} + a²·gP'_t
 
-i.e. the adjoint entering state t-1 from step t is the lower-triangular affine map
-(Pη, Pλ)_{t-1} = [[g_t, 0], [−c_t, w_t]]·(Hη_t, Hλ_t) with w_t = a²/d_t², c_t = a·p·η_{t-1}/d_t².
-They run as the same two-level scan in reverse (chunk maps of (Pη, Pλ), carry, exact rerun). Then,
-with u_t = (λ_{t-1}·Hλ_t + a·η_{t-1}·Hη_t)/d_t²:
-∂v_t = Λ_t·Σ_s Hη_t·k_t, ∂Λ_t = Σ_s (Hλ_t·k_t² + Hη_t·v_t·k_t), ∂k_t = Σ_m Λ_t·(2·k_t·Hλ_t + v_t·Hη_t),
-∂q_t = Σ_m (∂y_t·μ_t + 2·q_t·∂y_var_t·σ²_t), ∂a = Σ_{b,t} (Hη_t·η_{t-1}/d_t − 2·a·u_t),
-∂p = −Σ_{b,t} λ_{t-1}·u_t, and (∂λ_0, ∂η_0) = (Pλ_0, Pη_0), plus the direct readout terms of
-`decode_from_prior` (μ' = a·μ, σ'² = a²·σ² + p). Memory: the forward saves the inputs and the chunk
-start states ([B, NC, M, S] each); the backward recomputes λ and η ([B, L, M, S] each, transient).
+with ν_t = r_t − a·φ_t·μ_{t-1} = Λ_t·k_t·(v_t − a·k_t·μ_{t-1}) (Λ·k times the innovation). ∂ℓ/∂r_t and ∂ℓ/∂φ_t
+use P'_t·i_t = P_t; the second form of gP' uses 1 − φ_t·P_t = i_t and r_t − φ_t·μ_t = i_t·ν_t, and is the one
+computed: the first cancels when φ_t·P'_t ≫ 1 (a confident token). So the adjoint handed from step t to
+state t − 1 is the lower-triangular map (Hμ, HP)_t ↦ A_t·(Hμ, HP)_t with A_t = [[a·i_t, 0], [a²·i_t²·ν_t,
+a²·i_t²]]: its diagonal is at most 1, and as P underflows to 0, i_t → 1 and the gains tend to a and a² (the
+information-form adjoint's gain a²/(a² + p·λ)² is 1/a² there).
+The reverse pass is the same two-level scan: per-chunk compositions of those affine maps (five running
+tensors), the carry across chunks, then an exact rerun that produces the local gradients step by step:
+
+    ∂v_t = Λ_t·Σ_s k_t·∂ℓ/∂r_t                    ∂Λ_t = Σ_s (k_t²·∂ℓ/∂φ_t + v_t·k_t·∂ℓ/∂r_t)
+    ∂k_t = Σ_m Λ_t·(2·k_t·∂ℓ/∂φ_t + v_t·∂ℓ/∂r_t)  ∂q_t = Σ_m (∂y_t·mean_t + 2·q_t·∂y_var_t·var_t)
+    ∂a = Σ_{b,t} (Hμ_t·i_t·μ_{t-1} + 2a·P_{t-1}·gP'_t)          ∂p = Σ_{b,t} gP'_t
+    ∂η_0 = Hμ_0·P_0        ∂λ_0 = −P_0·(HP_0·P_0 + Hμ_0·μ_0)    with (Hμ_0, HP_0) = A_1·(Hμ_1, HP_1)
+
+plus the direct readout terms of `decode_from_prior` (mean a·μ, variance a²·P + p): ∂a += Σ (∂y·q·μ +
+2a·∂y_var·q²·P), ∂p += Σ ∂y_var·q². Memory: the forward saves the inputs and the chunk start states
+([B, NC, M, S] each); the backward recomputes P and μ ([B, L, M, S] each, transient) and i_t from P_{t-1}.
+The final-state seed is where the interface's (λ, η) meets the inner (P, μ), and the Triton kernels share its
+two limits: −(gλ + gη·μ_L)·λ_L² overflows float32 once λ_L passes ~1.8e19, and when (gλ, gη) come back from a
+next call's (λ_0, η_0) the sum cancels, so this call's ∂p (only ∂p: HP reaches every other gradient times P)
+loses accuracy as λ_L grows (p = 0, λ_L ≈ 1e31: 1e-3 relative in float64, nothing left in float32). Losses of
+one call's y and y_var never form the seed.
 """
 
 from __future__ import annotations
@@ -77,7 +101,8 @@ def default_chunk_size(length: int, step_elements: int, device: torch.device) ->
 
 
 class Chunked(NamedTuple):
-    """Inputs in time-major chunks: v, lam_v [C, B, NC, M]; k, q [C, B, NC, S]; a, p [M, S]."""
+    """Inputs in time-major chunks: v, lam_v [C, B, NC, M]; k, q [C, B, NC, S]; a, p, a2 = a² [M, S]; one = 1 (0-dim,
+    so that 1 + φ·P' is one addcmul)."""
 
     v: Tensor
     lam_v: Tensor
@@ -85,6 +110,8 @@ class Chunked(NamedTuple):
     q: Tensor
     a: Tensor
     p: Tensor
+    a2: Tensor
+    one: Tensor
 
 
 def _to_chunks(x: Tensor, chunk: int) -> Tensor:
@@ -101,6 +128,11 @@ def _from_chunks(x: Tensor, length: int) -> Tensor:
     return x.permute(1, 2, 0, 3).reshape(batch, n_chunks * chunk, width)[:, :length].contiguous()  # [B, L, X]
 
 
+def _chunked(v: Tensor, lambda_v: Tensor, k: Tensor, q: Tensor, a: Tensor, p: Tensor, chunk: int) -> Chunked:
+    """The inputs of `kla_scan_torch` (compute dtype) cut into C-step chunks."""
+    return Chunked(*(_to_chunks(t, chunk) for t in (v, lambda_v, k, q)), a, p, a * a, a.new_ones(()))
+
+
 def _phi(x: Chunked, c: int) -> Tensor:
     """φ = Λ·k² at step c of every chunk, [B, NC, M, S]."""
     return x.lam_v[c][..., None] * (x.k[c] * x.k[c])[..., None, :]
@@ -109,6 +141,14 @@ def _phi(x: Chunked, c: int) -> Tensor:
 def _r(x: Chunked, c: int) -> Tensor:
     """r = v·Λ·k at step c of every chunk, [B, NC, M, S]."""
     return (x.v[c] * x.lam_v[c])[..., None] * x.k[c][..., None, :]
+
+
+def _filter_step(x: Chunked, c: int, cov: Tensor, mean: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """Step c of every chunk from (P_{t-1}, μ_{t-1}): returns (P_t, μ_t, i_t), [B, NC, M, S] each."""
+    cov_pred = torch.addcmul(x.p, x.a2, cov)  # P' = a²·P + p
+    gain = torch.addcmul(x.one, _phi(x, c), cov_pred).reciprocal_()  # i = 1/(1 + φ·P')
+    mean = torch.addcmul(x.a * mean, _r(x, c), cov_pred).mul_(gain)  # μ = i·(a·μ + r·P')
+    return cov_pred.mul_(gain), mean, gain
 
 
 # The two contractions below are a product and a sum, not a (batched) matmul: on a CPU shared with other
@@ -125,230 +165,229 @@ def _colsum(w: Tensor, h: Tensor) -> Tensor:
     return (w[..., None] * h).sum(-2)
 
 
-def _lambda_starts(x: Chunked, lam0: Tensor) -> Tensor:
-    """λ entering every chunk, [B, NC, M, S]: per-chunk Möbius products, then the carry across chunks."""
+def _cov_starts(x: Chunked, cov0: Tensor) -> Tensor:
+    """P entering every chunk, [B, NC, M, S]: per-chunk Möbius products, then the carry across chunks."""
     chunk, batch, n_chunks = x.v.shape[:3]
     if n_chunks == 1:
-        return lam0[:, None]
-    a, p = x.a, x.p
-    a2 = a * a
-    shape = (batch, n_chunks, *a.shape)
-    ta, tb = lam0.new_ones(shape), lam0.new_zeros(shape)  # chunk product, starts as the identity
-    tc, td = lam0.new_zeros(shape), lam0.new_ones(shape)
-    for c in range(chunk):  # leaf [[1 + pφ, a²φ], [p, a²]] times the running product
-        phi = _phi(x, c)
-        la, lb = 1 + p * phi, a2 * phi
-        ta, tb, tc, td = la * ta + lb * tc, la * tb + lb * td, p * ta + a2 * tc, p * tb + a2 * td
+        return cov0[:, None]
+    a2, p = x.a2, x.p
+    shape = (batch, n_chunks, *a2.shape)
+    ta, tb = cov0.new_ones(shape), cov0.new_zeros(shape)  # chunk product, starts as the identity
+    tc, td = cov0.new_zeros(shape), cov0.new_ones(shape)
+    for c in range(chunk):  # leaf [[a², p], [φ·a², 1 + φ·p]] times the running product: its second row is
+        phi = _phi(x, c)  # the old second row plus φ times the new first row
+        ta, tb = torch.addcmul(p * tc, a2, ta), torch.addcmul(p * td, a2, tb)
+        tc, td = torch.addcmul(tc, phi, ta), torch.addcmul(td, phi, tb)
         inv_norm = (ta + tb + tc + td).reciprocal_()
         ta, tb, tc, td = ta * inv_norm, tb * inv_norm, tc * inv_norm, td * inv_norm
-    starts = [lam0]
+    starts = [cov0]
     for n in range(n_chunks - 1):
         s = starts[-1]
         starts.append((ta[:, n] * s + tb[:, n]) / (tc[:, n] * s + td[:, n]))
     return torch.stack(starts, 1)
 
 
-def _eta_starts(x: Chunked, lam_starts: Tensor, eta0: Tensor) -> Tensor:
-    """η entering every chunk, [B, NC, M, S]: per-chunk affine maps (gain product, local value), then the carry."""
+def _mean_starts(x: Chunked, cov_starts: Tensor, mean0: Tensor) -> Tensor:
+    """μ entering every chunk, [B, NC, M, S]: per-chunk affine maps (gain product, local value), then the carry."""
     chunk, _, n_chunks = x.v.shape[:3]
     if n_chunks == 1:
-        return eta0[:, None]
-    a2 = x.a * x.a
-    lam, g_run, r_run = lam_starts, torch.ones_like(lam_starts), torch.zeros_like(lam_starts)
-    for c in range(chunk):
-        d = torch.addcmul(a2, x.p, lam)
-        gain = x.a / d
-        g_run, r_run = gain * g_run, torch.addcmul(_r(x, c), gain, r_run)
-        lam = torch.addcdiv(_phi(x, c), lam, d)
-    starts = [eta0]
+        return mean0[:, None]
+    cov, g_run, m_run = cov_starts, torch.ones_like(cov_starts), torch.zeros_like(cov_starts)
+    for c in range(chunk):  # the step run on the local value gives m_run = a·i·m_run + r·P_t
+        cov, m_run, gain = _filter_step(x, c, cov, m_run)
+        g_run = gain.mul_(x.a).mul_(g_run)
+    starts = [mean0]
     for n in range(n_chunks - 1):
-        starts.append(g_run[:, n] * starts[-1] + r_run[:, n])
+        starts.append(g_run[:, n] * starts[-1] + m_run[:, n])
     return torch.stack(starts, 1)
 
 
-def _readout_sweep(x: Chunked, lam: Tensor, eta: Tensor, prior: bool, length: int):
-    """Rerun every chunk from its exact start; y, y_var [C, B, NC, M] and the state after step L."""
+def _readout(x: Chunked, c: int, cov: Tensor, mean: Tensor, prior: bool) -> tuple[Tensor, Tensor]:
+    """Per-state readout mean and variance at step c: (μ_t, P_t), or (a·μ_t, a²·P_t + p) with the prior."""
+    if prior:
+        return x.a * mean, torch.addcmul(x.p, x.a2, cov)
+    return mean, cov
+
+
+def _readout_sweep(x: Chunked, cov: Tensor, mean: Tensor, prior: bool, length: int):
+    """Rerun every chunk from its exact start; y, y_var [C, B, NC, M] and (P, μ) after step L."""
     chunk = x.v.shape[0]
-    a, p = x.a, x.p
-    a2 = a * a
     y, y_var = x.v.new_empty(x.v.shape), x.v.new_empty(x.v.shape)
     last_c, last_n = (length - 1) % chunk, (length - 1) // chunk
     for c in range(chunk):
-        d = torch.addcmul(a2, p, lam)
-        eta = torch.addcmul(_r(x, c), a / d, eta)
-        lam = torch.addcdiv(_phi(x, c), lam, d)
-        var = lam.reciprocal()
-        mean = eta * var
-        if prior:
-            mean, var = a * mean, torch.addcmul(p, a2, var)
-        y[c], y_var[c] = _rowsum(mean, x.q[c]), _rowsum(var, x.q[c] * x.q[c])
+        cov, mean, _ = _filter_step(x, c, cov, mean)
+        out_mean, out_var = _readout(x, c, cov, mean, prior)
+        y[c], y_var[c] = _rowsum(out_mean, x.q[c]), _rowsum(out_var, x.q[c] * x.q[c])
         if c == last_c:
-            final = KLAState(lam[:, last_n], eta[:, last_n])
+            final = cov[:, last_n], mean[:, last_n]
     return y, y_var, final
 
 
-def _refill(x: Chunked, lam_starts: Tensor, eta_starts: Tensor) -> tuple[Tensor, Tensor]:
-    """λ_t and η_t at every step, [C, B, NC, M, S] each, rerun from the chunk start states."""
-    a2 = x.a * x.a
-    lam_all = lam_starts.new_empty(x.v.shape[0], *lam_starts.shape)
-    eta_all = torch.empty_like(lam_all)
-    lam, eta = lam_starts, eta_starts
+def _refill(x: Chunked, cov_starts: Tensor, mean_starts: Tensor) -> tuple[Tensor, Tensor]:
+    """P_t and μ_t at every step, [C, B, NC, M, S] each, rerun from the chunk start states."""
+    cov_all = cov_starts.new_empty(x.v.shape[0], *cov_starts.shape)
+    mean_all = torch.empty_like(cov_all)
+    cov, mean = cov_starts, mean_starts
     for c in range(x.v.shape[0]):
-        d = torch.addcmul(a2, x.p, lam)
-        eta = torch.addcmul(_r(x, c), x.a / d, eta)
-        lam = torch.addcdiv(_phi(x, c), lam, d)
-        lam_all[c], eta_all[c] = lam, eta
-    return lam_all, eta_all
+        cov, mean, _ = _filter_step(x, c, cov, mean)
+        cov_all[c], mean_all[c] = cov, mean
+    return cov_all, mean_all
 
 
 class _Step(NamedTuple):
     """Per-step backward terms, [B, NC, M, S] each (see the module docstring)."""
 
-    e: Tensor  # ∂ℓ/∂η_t through the readout (and final state) alone
-    f: Tensor  # ∂ℓ/∂λ_t through the readout (and final state) alone
-    gain: Tensor  # g_t = a/d_t
-    w: Tensor  # a²/d_t²
-    c: Tensor  # a·p·η_{t-1}/d_t²
-    inv_d: Tensor  # 1/d_t
-    inv_d2: Tensor  # 1/d_t²
-    lam_prev: Tensor
-    eta_prev: Tensor
-    mean: Tensor  # readout mean per state (a·μ with decode_from_prior)
-    var: Tensor  # readout variance per state
+    h_mean: Tensor  # Hμ_t = ∂ℓ/∂μ_t, everything after step t included
+    h_cov: Tensor  # HP_t = ∂ℓ/∂P_t
+    gain: Tensor  # i_t = 1/(1 + φ_t·P'_t)
+    innov: Tensor  # r_t − a·φ_t·μ_{t-1} = Λ_t·k_t·(v_t − a·k_t·μ_{t-1})
+    cov_prev: Tensor
+    mean_prev: Tensor
+    cov: Tensor
+    mean: Tensor
 
 
 class _Adjoint(NamedTuple):
     """Everything the reverse sweeps read: chunked inputs, recomputed paths, upstream gradients."""
 
     x: Chunked
-    lam: Tensor  # [C, B, NC, M, S]
-    eta: Tensor
-    lam_starts: Tensor  # [B, NC, M, S]
-    eta_starts: Tensor
+    cov: Tensor  # [C, B, NC, M, S]
+    mean: Tensor
+    cov_starts: Tensor  # [B, NC, M, S]
+    mean_starts: Tensor
     gy: Tensor  # [C, B, NC, M]
     gy_var: Tensor | None  # None: y_var unused (its terms are skipped)
     g_lam: Tensor | None  # [B, M, S]: gradient of the final state, None when unused
     g_eta: Tensor | None
     prior: bool
     length: int
-    a2: Tensor  # a², [M, S]
-    ap: Tensor  # a·p, [M, S]
 
 
-def _step_terms(s: _Adjoint, c: int) -> _Step:
-    """The backward terms of step c of every chunk, with the final-state gradients seeded at step L."""
-    a, p, a2 = s.x.a, s.x.p, s.a2
-    lam_prev, eta_prev = (s.lam[c - 1], s.eta[c - 1]) if c else (s.lam_starts, s.eta_starts)
-    inv = s.lam[c].reciprocal()
-    q = s.x.q[c][..., None, :]  # [B, NC, 1, S]
-    gy_q = s.gy[c][..., None] * q  # [B, NC, M, S]
-    mean, e = s.eta[c] * inv, gy_q * inv
-    if s.prior:
-        mean, var, dvar = a * mean, torch.addcmul(p, a2, inv), a2 * inv
-        e.mul_(a)
-    else:
-        var = dvar = inv
-    f = gy_q.mul_(mean)
+def _step_terms(s: _Adjoint, c: int, later_mean: Tensor, later_cov: Tensor) -> _Step:
+    """Step c of every chunk in reverse: the total adjoints (Hμ_t, HP_t), i.e. what the later steps hand back
+    (later_mean, later_cov) plus the readout's terms eμ_t, eP_t (and at step L the final state's), and the
+    step's quantities that the reverse map and the gradients read."""
+    x = s.x
+    cov_prev, mean_prev = (s.cov[c - 1], s.mean[c - 1]) if c else (s.cov_starts, s.mean_starts)
+    cov, mean = s.cov[c], s.mean[c]
+    q, gy = x.q[c][..., None, :], s.gy[c][..., None]  # [B, NC, 1, S], [B, NC, M, 1]
+    h_mean = torch.addcmul(later_mean, gy * q, x.a) if s.prior else torch.addcmul(later_mean, gy, q)
+    h_cov = later_cov
     if s.gy_var is not None:
-        f.addcmul_(s.gy_var[c][..., None] * (q * q), dvar)
-    f.mul_(inv).neg_()
-    chunk = s.lam.shape[0]
-    if c == (s.length - 1) % chunk:
-        n = (s.length - 1) // chunk
+        gy_var, q2 = s.gy_var[c][..., None], q * q
+        h_cov = torch.addcmul(later_cov, gy_var * q2, x.a2) if s.prior else torch.addcmul(later_cov, gy_var, q2)
+    chunk = s.cov.shape[0]
+    if c == (s.length - 1) % chunk and (s.g_lam is not None or s.g_eta is not None):
+        n = (s.length - 1) // chunk  # (λ, η) = (1/P, μ/P): ∂ℓ/∂μ = gη·λ, ∂ℓ/∂P = −(gλ + gη·μ)·λ²
+        lam = cov[:, n].reciprocal()
+        seed = torch.zeros_like(lam) if s.g_lam is None else s.g_lam.clone()
         if s.g_eta is not None:
-            e[:, n] += s.g_eta
-        if s.g_lam is not None:
-            f[:, n] += s.g_lam
-    inv_d = torch.addcmul(a2, p, lam_prev).reciprocal_()
-    inv_d2 = inv_d * inv_d
-    return _Step(e, f, a * inv_d, a2 * inv_d2, s.ap * inv_d2 * eta_prev, inv_d, inv_d2, lam_prev, eta_prev, mean, var)
+            h_mean[:, n] += s.g_eta * lam
+            seed.addcmul_(s.g_eta, mean[:, n])
+        h_cov = later_cov.clone() if h_cov is later_cov else h_cov
+        h_cov[:, n] -= seed.mul_(lam).mul_(lam)
+    phi = _phi(x, c)
+    gain = torch.addcmul(x.one, phi, torch.addcmul(x.p, x.a2, cov_prev)).reciprocal_()
+    innov = torch.addcmul(_r(x, c), phi, x.a * mean_prev, value=-1)
+    return _Step(h_mean, h_cov, gain, innov, cov_prev, mean_prev, cov, mean)
 
 
 def _adjoint_carries(s: _Adjoint) -> tuple[Tensor, Tensor]:
-    """(Pη, Pλ) entering every chunk's last step from the later chunks, [B, NC, M, S] each.
+    """The adjoint (Hμ, HP) that the later chunks hand to every chunk's last state, [B, NC, M, S] each.
 
     Per chunk, the reverse steps compose into the lower-triangular affine map
-    (Pη, Pλ)_out = [[m11, 0], [m21, m22]]·(Pη, Pλ)_in + (b1, b2); the carry chains those maps backwards.
+    (Hμ, HP)_out = [[m11, 0], [m21, m22]]·(Hμ, HP)_in + (b1, b2); the carry chains those maps backwards.
     """
-    n_chunks = s.lam.shape[2]
-    zero = torch.zeros_like(s.lam_starts)
+    n_chunks = s.cov.shape[2]
+    zero = torch.zeros_like(s.cov_starts)
     if n_chunks == 1:
         return zero, zero
+    a, a2 = s.x.a, s.x.a2
     m11, m21, m22, b1, b2 = torch.ones_like(zero), zero, torch.ones_like(zero), zero, zero
-    for c in range(s.lam.shape[0] - 1, -1, -1):
-        t = _step_terms(s, c)
-        e1 = t.e + b1
-        m21, m11, m22 = t.w * m21 - t.c * m11, t.gain * m11, t.w * m22
-        b1, b2 = t.gain * e1, t.w * (t.f + b2) - t.c * e1
-    p_eta, p_lam = [zero[:, 0]], [zero[:, 0]]
+    for c in range(s.cov.shape[0] - 1, -1, -1):
+        t = _step_terms(s, c, b1, b2)
+        alpha, gamma = a * t.gain, a2 * t.gain * t.gain  # the step's map [[α, 0], [β, γ]]
+        beta = gamma * t.innov
+        m21, m11, m22 = gamma * m21 + beta * m11, alpha * m11, gamma * m22
+        b1, b2 = alpha * t.h_mean, gamma * t.h_cov + beta * t.h_mean
+    g_mean, g_cov = [zero[:, 0]], [zero[:, 0]]
     for n in range(n_chunks - 1, 0, -1):
-        p_eta.append(m11[:, n] * p_eta[-1] + b1[:, n])
-        p_lam.append(m21[:, n] * p_eta[-2] + m22[:, n] * p_lam[-1] + b2[:, n])
-    return torch.stack(p_eta[::-1], 1), torch.stack(p_lam[::-1], 1)
+        g_mean.append(m11[:, n] * g_mean[-1] + b1[:, n])
+        g_cov.append(m21[:, n] * g_mean[-2] + m22[:, n] * g_cov[-1] + b2[:, n])
+    return torch.stack(g_mean[::-1], 1), torch.stack(g_cov[::-1], 1)
 
 
-def _gradient_sweep(s: _Adjoint, p_eta: Tensor, p_lam: Tensor) -> tuple[Tensor, ...]:
+def _gradient_sweep(s: _Adjoint, g_mean: Tensor, g_cov: Tensor) -> tuple[Tensor, ...]:
     """Exact reverse sweep from the chunk carries: gradients of v, Λ, k, q (chunked), a, p, λ_0, η_0."""
     x, a = s.x, s.x.a
     g_v, g_lam_v, g_k, g_q = (torch.empty_like(t) for t in (x.v, x.lam_v, x.k, x.q))
-    acc_a, acc_u, acc_p = (torch.zeros_like(p_eta) for _ in range(3))  # Σ Hη·η_{t-1}/d, Σ u, Σ λ_{t-1}·u
-    for c in range(s.lam.shape[0] - 1, -1, -1):
-        t = _step_terms(s, c)
-        h_eta, h_lam = t.e.add_(p_eta), t.f.add_(p_lam)
+    acc_w, acc_c, acc_p = (torch.zeros_like(g_mean) for _ in range(3))  # Σ gw·μ_{t-1}, Σ P_{t-1}·gP', Σ gP'
+    for c in range(s.cov.shape[0] - 1, -1, -1):
+        t = _step_terms(s, c, g_mean, g_cov)
+        h_mean, h_cov = t.h_mean, t.h_cov
+        z = torch.addcmul(h_mean * t.mean, h_cov, t.cov)  # Hμ·μ_t + HP·P_t
+        g_r, g_phi_neg = h_mean * t.cov, z * t.cov  # ∂ℓ/∂r_t = Hμ·P_t, ∂ℓ/∂φ_t = −z·P_t
         k = x.k[c]
-        sk = _rowsum(h_eta, k)
+        sk = _rowsum(g_r, k)
         g_v[c] = x.lam_v[c] * sk
-        g_lam_v[c] = torch.addcmul(_rowsum(h_lam, k * k), x.v[c], sk)
-        g_k[c] = torch.addcmul(_colsum(x.lam_v[c] * x.v[c], h_eta), 2 * k, _colsum(x.lam_v[c], h_lam))
-        g_q[c] = _colsum(s.gy[c], t.mean)
+        g_lam_v[c] = torch.addcmul(_rowsum(g_phi_neg, k * k).neg_(), x.v[c], sk)
+        g_k[c] = torch.addcmul(_colsum(x.lam_v[c] * x.v[c], g_r), k, _colsum(x.lam_v[c], g_phi_neg), value=-2)
+        out_mean, out_var = _readout(x, c, t.cov, t.mean, s.prior)
+        g_q[c] = _colsum(s.gy[c], out_mean)
         if s.gy_var is not None:
-            g_q[c].addcmul_(2 * x.q[c], _colsum(s.gy_var[c], t.var))
-        u = torch.addcmul(t.lam_prev * h_lam, a * t.eta_prev, h_eta).mul_(t.inv_d2)
-        acc_a.addcmul_(h_eta, t.eta_prev * t.inv_d)
-        acc_u += u
-        acc_p.addcmul_(t.lam_prev, u)
-        if s.prior:  # direct readout terms of μ' = a·μ and σ'² = a²·σ² + p
+            g_q[c].addcmul_(2 * x.q[c], _colsum(s.gy_var[c], out_var))
+        g_w = h_mean * t.gain  # ∂ℓ/∂(a·μ_{t-1} + r_t·P'_t)
+        g_pred = torch.addcmul(h_cov, h_mean, t.innov).mul_(t.gain).mul_(t.gain)  # ∂ℓ/∂P'_t
+        acc_w.addcmul_(g_w, t.mean_prev)
+        acc_c.addcmul_(g_pred, t.cov_prev)
+        acc_p += g_pred
+        if s.prior:  # direct readout terms of μ' = a·μ and σ'² = a²·P + p
             q = x.q[c][..., None, :]  # [B, NC, 1, S]
-            inv = s.lam[c].reciprocal()
-            acc_a += s.gy[c][..., None] * q * s.eta[c] * inv
+            acc_w.addcmul_(s.gy[c][..., None] * q, t.mean)
             if s.gy_var is not None:
-                acc_a += 2 * a * s.gy_var[c][..., None] * q * q * inv
-                acc_p -= s.gy_var[c][..., None] * q * q
-        p_eta, p_lam = t.gain * h_eta, torch.addcmul(t.w * h_lam, t.c, h_eta, value=-1)
-    g_a = acc_a.sum((0, 1)) - 2 * a * acc_u.sum((0, 1))
-    return g_v, g_lam_v, g_k, g_q, g_a, -acc_p.sum((0, 1)), p_lam[:, 0], p_eta[:, 0]
+                q2_gy_var = s.gy_var[c][..., None] * (q * q)
+                acc_c.addcmul_(q2_gy_var, t.cov)
+                acc_p += q2_gy_var
+        g_mean, g_cov = a * g_w, x.a2 * g_pred
+    g_a = acc_w.sum((0, 1)) + 2 * a * acc_c.sum((0, 1))
+    cov0, mean0 = s.cov_starts[:, 0], s.mean_starts[:, 0]  # (λ_0, η_0) = (1/P_0, μ_0/P_0)
+    g_lam0 = torch.addcmul(g_cov[:, 0] * cov0, g_mean[:, 0], mean0).mul_(cov0).neg_()
+    return g_v, g_lam_v, g_k, g_q, g_a, acc_p.sum((0, 1)), g_lam0, g_mean[:, 0] * cov0
 
 
 class KLAScanFunction(torch.autograd.Function):
     """Autograd wrapper: forward = chunked parallel scan, backward = the exact adjoint sweeps above.
 
-    All tensors arrive in one compute dtype (float32 or float64); shapes as in `kla_scan_torch`.
+    All tensors arrive in one compute dtype (float32 or float64); shapes as in `kla_scan_torch`. The state
+    crosses the interface as (λ, η) and runs inside as (P, μ) = (1/λ, η/λ).
     """
 
     @staticmethod
     def forward(ctx, v, lambda_v, k, q, a, p, lam0, eta0, decode_from_prior: bool, chunk: int):
         length = v.shape[1]
-        x = Chunked(*(_to_chunks(t, chunk) for t in (v, lambda_v, k, q)), a, p)
-        lam_starts = _lambda_starts(x, lam0)
-        eta_starts = _eta_starts(x, lam_starts, eta0)
-        y, y_var, final = _readout_sweep(x, lam_starts, eta_starts, decode_from_prior, length)
-        ctx.save_for_backward(v, lambda_v, k, q, a, p, lam_starts, eta_starts)
+        x = _chunked(v, lambda_v, k, q, a, p, chunk)
+        cov0 = lam0.reciprocal()
+        cov_starts = _cov_starts(x, cov0)
+        mean_starts = _mean_starts(x, cov_starts, eta0 * cov0)
+        y, y_var, (cov, mean) = _readout_sweep(x, cov_starts, mean_starts, decode_from_prior, length)
+        ctx.save_for_backward(v, lambda_v, k, q, a, p, cov_starts, mean_starts)
         ctx.prior, ctx.chunk = decode_from_prior, chunk
         ctx.set_materialize_grads(False)  # outputs the loss does not use (y_var in training) arrive as None
-        return _from_chunks(y, length), _from_chunks(y_var, length), final.lam, final.eta
+        lam = cov.reciprocal()  # inf where P underflowed: λ beyond the dtype's range
+        return _from_chunks(y, length), _from_chunks(y_var, length), lam, mean * lam
 
     @staticmethod
     @once_differentiable
     def backward(ctx, gy, gy_var, g_lam, g_eta):
-        v, lambda_v, k, q, a, p, lam_starts, eta_starts = ctx.saved_tensors
+        v, lambda_v, k, q, a, p, cov_starts, mean_starts = ctx.saved_tensors
         length = v.shape[1]
-        x = Chunked(*(_to_chunks(t, ctx.chunk) for t in (v, lambda_v, k, q)), a, p)
-        lam, eta = _refill(x, lam_starts, eta_starts)
+        x = _chunked(v, lambda_v, k, q, a, p, ctx.chunk)
+        cov, mean = _refill(x, cov_starts, mean_starts)
         gy = torch.zeros_like(v) if gy is None else gy
         gyc, gvc = _to_chunks(gy, ctx.chunk), None if gy_var is None else _to_chunks(gy_var, ctx.chunk)
-        s = _Adjoint(x, lam, eta, lam_starts, eta_starts, gyc, gvc, g_lam, g_eta, ctx.prior, length, a * a, a * p)
-        p_eta, p_lam = _adjoint_carries(s)
-        g_v, g_lam_v, g_k, g_q, g_a, g_p, g_lam0, g_eta0 = _gradient_sweep(s, p_eta, p_lam)
+        s = _Adjoint(x, cov, mean, cov_starts, mean_starts, gyc, gvc, g_lam, g_eta, ctx.prior, length)
+        g_mean, g_cov = _adjoint_carries(s)
+        g_v, g_lam_v, g_k, g_q, g_a, g_p, g_lam0, g_eta0 = _gradient_sweep(s, g_mean, g_cov)
         grads = [_from_chunks(t, length) for t in (g_v, g_lam_v, g_k, g_q)]
         return (*grads, g_a, g_p, g_lam0, g_eta0, None, None)
 
