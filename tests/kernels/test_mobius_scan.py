@@ -139,8 +139,9 @@ def test_precision_from_logvar(device, config, dtype):
 @pytest.mark.parametrize("config", CONFIGS)
 def test_zero_process_noise_with_fast_decay(device, config):
     """p = 0 (the zero_process_noise ablation) with a in [0.1, 0.3]: λ grows like a^(−2t) past float32 within a
-    segment; the outputs and the gradients (all but dp, whose true value is beyond float32 too) stay exact, because
-    segments start from covariance-form states (P underflows to 0 harmlessly)."""
+    segment; the outputs and the gradients stay exact, because segments start from covariance-form states (P
+    underflows to 0 harmlessly). dp is left out: at p = 0 the float64 oracle's own dp (autograd through the
+    information form) cancels terms of size ~λ (tests/ops/test_scan.py::test_zero_process_noise_dp)."""
     x = make_inputs(2, 70, 6, 4, device, seed=21)
     x["p"] = torch.zeros_like(x["p"])
     x["a"] = 0.1 + 0.2 * torch.rand(x["a"].shape, generator=torch.Generator().manual_seed(22)).to(device)
