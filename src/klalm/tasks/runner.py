@@ -255,8 +255,8 @@ class GridBlock:
             left, steps = self.steps_left(unit), unit.train.steps
             in_time = self.deadline is None or time.time() + seconds < self.deadline - MARGIN_S
             ends = "ends in this block" if in_time else "pauses at the deadline"
-            start = f"resume{'s' if len(pack) == 1 else ''} at step {steps - left}" if left < steps else \
-                f"start{'s' if len(pack) == 1 else ''}"  # fmt: skip
+            verb = ("resume" if left < steps else "start") + ("s" if len(pack) == 1 else "")
+            start = f"{verb} at step {steps - left}" if left < steps else verb
             log.info("slot %d: %s %s (%d steps left, est. %.0f s: %s): %s", slot, label, start, left, seconds,
                      source, ends)  # fmt: skip
             started = time.perf_counter()
