@@ -3,13 +3,16 @@ without a GPU). The CPU tests of the step itself are in test_training.py."""
 
 from __future__ import annotations
 
+import dataclasses
+import time
+
 import pytest
 import torch
 
 from klalm.tasks import make_task, materialize
 from klalm.tasks.streams import FreshStream, SplitStream
 from klalm.tasks.train import WARMUP_STEPS, GroupTrainer, StopRule, TrainSettings, train_group
-from klalm.tasks.units import Execution, Unit, build_member, run_unit
+from klalm.tasks.units import Execution, Unit, build_member, run_unit, run_units
 
 pytestmark = pytest.mark.gpu
 CUDA = torch.device("cuda")
@@ -90,3 +93,18 @@ def test_run_unit_on_cuda_records_a_captured_run():
     assert [r["seed"] for r in outcome.rows] == [0, 1]
     assert all(r["run"]["captured"] and r["mixers"]["kla"]["block"] == "plain" for r in outcome.rows)
     assert outcome.rate["step_s"] > 0 and outcome.rate["device"] == torch.cuda.get_device_name(CUDA)
+
+
+def test_a_pack_on_cuda_gives_each_units_rows(tmp_path):
+    """Two A5 lengths side by side in one graph (klalm.tasks.units.run_units), paused half way and resumed as a pack,
+    against each unit trained alone and uninterrupted: the same evaluations up to bf16 reduction-order noise."""
+    cells = [dataclasses.replace(_unit("kla", steps=30), task={"name": "a5", "length": n}, stop=None) for n in (6, 8)]
+    alone = [run_unit(cell, CUDA, Execution()).rows[0] for cell in cells]
+    paused = run_units(cells, CUDA, Execution(), deadline=time.time(), state=tmp_path)
+    assert paused.rows == [] and paused.rate["units"] == 2 and paused.rate["members"] == 2
+    packed = run_units(cells, CUDA, Execution(), state=tmp_path).rows
+    assert [r["task"]["length"] for r in packed] == [6, 8] and all(r["run"]["captured"] for r in packed)
+    for got, want in zip(packed, alone):
+        assert got["steps"] == want["steps"] == 30
+        torch.testing.assert_close(got["final_loss"], want["final_loss"], rtol=2e-3, atol=2e-3)
+        assert abs(got["token_acc"] - want["token_acc"]) <= 0.02
