@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # Source this first in a command sent to the GPU machine (no network there):
 #   source scripts/device_setup.sh
-# It installs the wheels carried in .whl/ (downloaded beforehand with `pip download`) into /tmp/site and
+# It installs the wheels carried in .whl/ (downloaded beforehand with `pip download`) into .site/ (git-ignored) and
 # klalm itself (editable, no dependencies), so `import klalm`, `klalm.kernels` and the console scripts work.
 if compgen -G ".whl/*.whl" >/dev/null; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target .site .whl/*.whl \
     || return 1
-  export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+  export PYTHONPATH=$PWD/.site${PYTHONPATH:+:$PYTHONPATH}
 fi
 python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . || return 1
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1

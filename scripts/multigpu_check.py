@@ -1,6 +1,6 @@
 """Analysis of scripts/multigpu_check.sh: loss curves, token windows per rank, resume continuity, throughput.
 
-    python scripts/multigpu_check.py --work /tmp/klalm_multigpu --out outputs/multigpu_check
+    python scripts/multigpu_check.py --work outputs/multigpu_work --out outputs/multigpu_check
 
 Reads `<work>/plan.json` and `<work>/status.tsv` (written by the driver) and, for every run `<work>/<name>/mg/`,
 `csv/metrics.csv` (one row per optimiser step) and `token_audit/rank<r>.tsv` (`<step>\\t<window hash>` per consumed

@@ -22,7 +22,7 @@
 #   MG_EXTRA: Hydra overrides added to every run (space-separated), e.g. "optim.lr=1e-3 train.compile=true"
 #   MG_SKIP: run names not to run (e.g. "gpt_single fsdp2"); MG_WARMUP_STEPS (5; CPU 1): steps not timed
 #   MG_DEADLINE_S (360): runs that would start past it are skipped; MG_RUN_TIMEOUT_S (200): limit of one run
-#   MG_WORK (/tmp/klalm_multigpu): run folders (checkpoints stay there); OUT (outputs/multigpu_check): results
+#   MG_WORK (outputs/multigpu_work): run folders (checkpoints stay there); OUT (outputs/multigpu_check): results
 #   KLALM_SHARDS (.carry/enwiki_gpt2): shard folder with train/, val/, tokenizer/
 # Outputs in $OUT: results.md (tables), results.json (all numbers), runs.tar.gz (metrics, configs, token audits,
 # logs of every run; no checkpoints).
@@ -45,7 +45,7 @@ NUM_WORKERS=${MG_NUM_WORKERS:-1}
 read -r -a EXTRA <<< "${MG_EXTRA:-}"   # extra Hydra overrides for every run, e.g. "train.compile=true"
 KLA_EXP=${MG_KLA_EXPERIMENT:-kla_45m} GPT_EXP=${MG_GPT_EXPERIMENT:-gpt_45m}
 DEADLINE=${MG_DEADLINE_S:-360} RUN_TIMEOUT=${MG_RUN_TIMEOUT_S:-200}
-WORK=${MG_WORK:-/tmp/klalm_multigpu} OUT=${OUT:-outputs/multigpu_check}
+WORK=${MG_WORK:-$PWD/outputs/multigpu_work} OUT=${OUT:-outputs/multigpu_check}
 export KLALM_SHARDS=${KLALM_SHARDS:-$PWD/.carry/enwiki_gpt2}
 export PYTHON=${PYTHON:-$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo python3 )}
 export NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0} PYTHONUNBUFFERED=1 KLALM_RUN_ID=mg

@@ -1,7 +1,7 @@
 """`klalm-prepare-data`: pre-tokenise a data config's splits into memory-mapped token shards for full-speed runs.
 
     klalm-prepare-data --data enwiki_local --out data/shards/enwiki_gpt2
-    klalm-prepare-data --data enwiki_local --out /tmp/s --splits val --max-documents 100 \\
+    klalm-prepare-data --data enwiki_local --out data/shards/sample --splits val --max-documents 100 \\
         --override tokenizer.name_or_path=gpt2
     klalm-prepare-data --data files --override train='corpus/*.jsonl.gz' val=held_out.jsonl tokenizer=bpe \\
         --out data/shards/corpus
