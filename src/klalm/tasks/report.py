@@ -190,15 +190,20 @@ def _blocks(n: int) -> str:
     return f"{n} block" + ("s" if n != 1 else "")
 
 
+def _grid_section(cells: dict, heading: str, first: str, with_lr: bool, name: str, figure: Figure | None) -> str:
+    """The best-run table of MQAR or MAD under `heading`, and its line plot when a figure is asked for."""
+    text = f"{heading}\n\n" + _grid_table(cells, first, with_lr=with_lr)
+    if figure is not None:
+        plot_lines(cells, f"{name}: best held-out accuracy", figure[0])
+        text += f"\n\n![{name.split('-')[0]} accuracy]({figure[1]})"
+    return text
+
+
 def mqar_section(plan: RunPlan, rows: list[Row], figure: Figure | None) -> str:
     cells = best_runs(plan, rows, "mqar", lambda u: f"{u.arch}, {_blocks(u.n_layers)}, d={u.d_model}",
                       lambda u: f"L={u.task['length']} K={u.task['num_pairs']}")  # fmt: skip
-    text = "MQAR, held-out accuracy % at the query positions (best over learning rates and seeds):\n\n"
-    text += _grid_table(cells, "model", with_lr=True)
-    if figure is not None and rows:
-        plot_lines(cells, "MQAR: best held-out accuracy", figure[0])
-        text += f"\n\n![MQAR accuracy]({figure[1]})"
-    return text
+    heading = "MQAR, held-out accuracy % at the query positions (best over learning rates and seeds):"
+    return _grid_section(cells, heading, "model", True, "MQAR", figure if rows else None)
 
 
 def plot_lines(cells: dict, title: str, path: Path) -> None:
@@ -228,12 +233,8 @@ def plot_lines(cells: dict, title: str, path: Path) -> None:
 
 def mad_section(plan: RunPlan, rows: list[Row], figure: Figure | None) -> str:
     cells = best_runs(plan, rows, "mad", lambda u: u.arch, lambda u: u.task["name"].removeprefix("mad_"))
-    text = "MAD-Lab, held-out accuracy % (best over learning rates, weight decays and seeds):\n\n"
-    text += _grid_table(cells, "arch", with_lr=False)
-    if figure is not None and rows:
-        plot_lines(cells, "MAD-Lab: best held-out accuracy", figure[0])
-        text += f"\n\n![MAD accuracy]({figure[1]})"
-    return text
+    heading = "MAD-Lab, held-out accuracy % (best over learning rates, weight decays and seeds):"
+    return _grid_section(cells, heading, "arch", False, "MAD-Lab", figure if rows else None)
 
 
 SECTIONS = {"a5": a5_section, "mqar": mqar_section, "mad": mad_section}
