@@ -336,12 +336,17 @@ def _narrow(inputs: list[torch.Tensor], dtype: torch.dtype, which: tuple[int, ..
 
 SEGMENT_LENGTHS = (256, 512, 1024, 2048, 4096)
 SEGMENT_SHAPES = [dict(batch=1, length=16384, **WIDE), dict(batch=2, length=8192, **WIDE),
-                  dict(batch=1, length=65536, **WIDE), dict(batch=1, length=16384, channels=512, state=16)]  # fmt: skip
+                  dict(batch=1, length=65536, **WIDE), dict(batch=1, length=16384, channels=512, state=16),
+                  # where the sequential walk already has many chains: the main size and the kla_45m training steps
+                  # (32,768 tokens at T = 2048, 8192, 16384): where the split starts to pay
+                  dict(batch=8, length=2048, **WIDE), dict(batch=16, length=2048, channels=1024, state=16),
+                  dict(batch=4, length=8192, channels=1024, state=16),
+                  dict(batch=2, length=16384, channels=1024, state=16)]  # fmt: skip
 
 
 def run_segments() -> None:
     """f+b(y) ms by segment length at small B·M·S, against the sequential walk and the automatic choice: the data
-    for common.PARALLEL_MIN_CHAINS and MIN_SEGMENT_STEPS."""
+    for common.SEQUENTIAL_MIN_CHAINS, SPLIT_TARGET_CHAINS and MIN_SEGMENT_STEPS."""
     from klalm.kernels.common import ScanConfig, segment_chunks
 
     rows = []

@@ -67,12 +67,14 @@ def check_config(config: ScanConfig) -> None:
         )
 
 
-# The time-parallel split (kernels/NOTES.md, "Time-parallel scan"). Both numbers are first guesses from the sequential
-# kernels' measurements, for the GPU session to tune (`python kernels/bench_scan.py --lengths`): the sequential walk ran
-# at its best per token with B·M·S ≥ 196,608 chains (B8 M1536 S16 on an H200; fewer chains left the GPU idle), so the
-# split aims for that many (chain, segment) pairs; a segment shorter than MIN_SEGMENT_STEPS would spend more on its
-# summary and on the carry between segments than the extra parallelism gains.
-PARALLEL_MIN_CHAINS = 196_608
+# The time-parallel split (kernels/NOTES.md, "Time-parallel split"), set from `python kernels/bench_scan.py --segments`
+# on an H200 (2026-12-01): with B·M·S ≥ 196,608 chains (B8 M1536 S16, B16 M1024 S16) the sequential walk beat every
+# split (splits cost 10-30 % more: the summary and carry passes are extra work on a GPU already full); with 65,536 or
+# fewer the split won by 1.9-4.7x, best with about 2^20 (chain, segment) pairs: within 2 % of the best segment length
+# at all six such shapes, where the old target of 196,608 pairs was 4-29 % behind. Segments shorter than
+# MIN_SEGMENT_STEPS spend more on the summary and the carry than the extra parallelism gains.
+SEQUENTIAL_MIN_CHAINS = 196_608
+SPLIT_TARGET_CHAINS = 1 << 20
 MIN_SEGMENT_STEPS = 256
 
 
@@ -86,12 +88,16 @@ SUMMARY_UNROLL = 1
 def segment_chunks(batch: int, length: int, channels: int, state_size: int, config: ScanConfig) -> int:
     """Chunks per time-parallel segment; a result ≥ ceil(L / chunk) means one segment (the sequential walk).
 
-    `config.segment` > 0 fixes the segment length (in steps); 0 cuts L into the fewest segments that give
-    PARALLEL_MIN_CHAINS (b, m, s, segment) chains, none shorter than MIN_SEGMENT_STEPS.
+    `config.segment` > 0 fixes the segment length (in steps); 0 walks L in one segment when B·M·S ≥
+    SEQUENTIAL_MIN_CHAINS, else cuts it into the fewest segments that give SPLIT_TARGET_CHAINS (b, m, s, segment)
+    chains, none shorter than MIN_SEGMENT_STEPS.
     """
     if config.segment:
         return config.segment // config.chunk
-    wanted = triton.cdiv(PARALLEL_MIN_CHAINS, batch * channels * state_size)
+    chains = batch * channels * state_size
+    if chains >= SEQUENTIAL_MIN_CHAINS:
+        return triton.cdiv(length, config.chunk)
+    wanted = triton.cdiv(SPLIT_TARGET_CHAINS, chains)
     n_segments = min(wanted, max(1, length // MIN_SEGMENT_STEPS))
     return triton.cdiv(triton.cdiv(length, config.chunk), n_segments)
 

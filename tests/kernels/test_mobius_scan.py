@@ -189,14 +189,18 @@ def test_state_carried_across_calls(device, config):
 
 
 def test_segment_rule(monkeypatch):
-    """Automatic split: one segment when B·M·S fills the GPU or L is short, else enough segments for
-    PARALLEL_MIN_CHAINS chains, none shorter than MIN_SEGMENT_STEPS; a set `segment` wins."""
-    monkeypatch.setattr(common, "PARALLEL_MIN_CHAINS", 1000)
+    """Automatic split: one segment when B·M·S ≥ SEQUENTIAL_MIN_CHAINS or L is short, else enough segments for
+    SPLIT_TARGET_CHAINS chains, none shorter than MIN_SEGMENT_STEPS; a set `segment` wins."""
+    real = ScanConfig()  # the H200 numbers: the kla_45m step stays sequential, its long contexts split
+    assert segment_chunks(16, 2048, 1024, 16, real) == 2048 // 32
+    assert segment_chunks(2, 16384, 1024, 16, real) == 512 // 32  # 32 segments of 512 steps
+    monkeypatch.setattr(common, "SEQUENTIAL_MIN_CHAINS", 1000)
+    monkeypatch.setattr(common, "SPLIT_TARGET_CHAINS", 2000)
     monkeypatch.setattr(common, "MIN_SEGMENT_STEPS", 100)
     config = ScanConfig(chunk=10)
     assert segment_chunks(10, 1000, 10, 10, config) == 100  # 1000 chains: one segment of all 100 chunks
-    assert segment_chunks(1, 1000, 10, 10, config) == 10  # 100 chains: 10 segments of 10 chunks
-    assert segment_chunks(1, 1000, 5, 10, config) == 10  # 50 chains want 20 segments; at most 1000 // 100
+    assert segment_chunks(1, 1000, 50, 10, config) == 25  # 500 chains: 4 segments for 2000 pairs, 25 chunks each
+    assert segment_chunks(1, 1000, 10, 10, config) == 10  # 100 chains want 20 segments; at most 1000 // 100
     assert segment_chunks(1, 150, 1, 1, config) == 15  # too short to split
     assert segment_chunks(1, 1000, 1, 1, config._replace(segment=30)) == 3
     with pytest.raises(ValueError, match="segment=25"):
@@ -400,8 +404,8 @@ def test_gpu_prior_bf16():
 
 @pytest.mark.gpu
 def test_gpu_long_sequence_small_batch():
-    """B=1, L=16384, M=512, S=16 (the automatic split runs 24 segments of 704 steps) against the float64 reference."""
-    assert segment_chunks(1, 16384, 512, 16, ScanConfig()) * ScanConfig().chunk == 704
+    """B=1, L=16384, M=512, S=16 (the automatic split runs 64 segments of 256 steps) against the float64 reference."""
+    assert segment_chunks(1, 16384, 512, 16, ScanConfig()) * ScanConfig().chunk == 256
     x = make_inputs(1, 16384, 512, 16, "cuda", seed=7)
     (outs, grads), (ref_outs, ref_grads) = run_both(x, True, False, ScanConfig(), used=("y", "eta"))
     errors = {f"out {n}": rel_err(outs[n], r) for n, r in ref_outs.items()}
@@ -414,7 +418,11 @@ def test_gpu_long_sequence_small_batch():
 @pytest.mark.parametrize("config", [ScanConfig(), ScanConfig(segment=256)], ids=["auto", "segments256"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
 def test_gpu_16bit_inputs_real_size(dtype, config):
-    """The kla_45m scan (B16 L2048 M1024 S16, v, k, q in 16 bits) against the same values in float32."""
+    """The kla_45m scan (B16 L2048 M1024 S16, v, k, q in 16 bits) against the same values in float32: outputs and
+    per-element gradients elementwise; da, dp (each a float32 sum of B·L = 32,768 terms) against the float64 oracle,
+    at the bar every gradient meets in test_gpu_real_size. Elementwise, two float32 compilations of those sums differ
+    by as much as each differs from float64 (measured on an H200, results/gpu_2026-12-01c/da16.log: 4.2e-5 apart,
+    1.3e-4 and 9.1e-5 from float64 where |da| ≤ 3.2), so 1e-5 between the runs asked for more than float32 gives."""
     x = make_inputs(16, 2048, 1024, 16, "cuda", seed=8)
     low = {n: x[n].to(dtype) if n in NARROW else x[n] for n in NAMES}
     (outs, grads), (outs32, grads32) = (
@@ -425,22 +433,18 @@ def test_gpu_16bit_inputs_real_size(dtype, config):
         torch.testing.assert_close(
             outs[name].float(), outs32[name], rtol=tol, atol=1e-5, msg=lambda m, name=name: f"{name}: {m}"
         )
+    summed = {"a", "p"}
     for name in NAMES:
         assert grads[name].dtype == low[name].dtype, name
+        if name in summed:
+            continue
         tol = ULP[dtype] if name in NARROW else 1e-5
         close = torch.isclose(grads[name].float(), grads32[name], rtol=tol, atol=1e-5)
-        assert close.all(), f"d{name}: {_against_float64(low, dtype, name, grads[name], grads32[name], ~close)}"
-
-
-def _against_float64(inputs: dict, dtype: torch.dtype, name: str, g16, g32, bad) -> str:
-    """Why a 16-bit-input gradient differs from the float32-input one: both against the float64 reference at the
-    elements that differ (summation-order noise when both are equally far from it)."""
-    g64 = run_reference(inputs, dtype)[name]
-    diff = (g16.float() - g32).abs()[bad]
-    err16, err32 = ((g.float().double() - g64).abs()[bad] for g in (g16, g32))
-    return (f"{int(bad.sum())} of {bad.numel()} elements differ, by up to {diff.max():.2e}; there the 16-bit run is "
-            f"up to {err16.max():.2e} from float64 and the float32 run up to {err32.max():.2e} (|d{name}| up to "
-            f"{g64[bad].abs().max():.2e})")  # fmt: skip
+        assert close.all(), f"d{name}: {int((~close).sum())} of {close.numel()} elements differ"
+    ref = run_reference(low, dtype)
+    runs = {"16-bit": grads, "float32": grads32}
+    errors = {f"d{n} {run}": rel_err(g[n], ref[n]) for n in sorted(summed) for run, g in runs.items()}
+    assert all(e <= 1e-4 for e in errors.values()), errors
 
 
 def run_reference(inputs: dict, cotangent_dtype: torch.dtype) -> dict[str, torch.Tensor]:
