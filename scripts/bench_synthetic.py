@@ -15,9 +15,9 @@ one that fails shows its error in its row and the others still run.
 
 With --rates, every captured measurement is appended to that rates file (klalm.tasks.results), so the grid runner
 estimates from them instead of its prior. With --compile BACKEND every step trains through torch.compile (e.g.
-`inductor`, which fuses a step's small kernels; run once with and once without to compare); the grid runner does
-not compile yet, so --compile and --rates do not go together. Without CUDA (and without --device cpu) it says so
-and exits 0.
+`inductor`, which fuses a step's small kernels; run once with and once without to compare); rates measured so
+record the backend, and the grid runner estimates compiled units from them. Without CUDA (and without --device cpu)
+it says so and exits 0.
 """
 
 from __future__ import annotations
@@ -141,8 +141,8 @@ def measure_processes(unit: Unit, device: str, procs: int, seconds: float, compi
 
 
 def append_rate(path: Path, unit: Unit, device: torch.device, captured: bool, procs: int, step_s: float,
-                setup_s: float) -> None:  # fmt: skip
-    run = run_record(device, captured, len(unit.seeds), Execution(procs_per_gpu=procs))
+                setup_s: float, compile_backend: str | None) -> None:  # fmt: skip
+    run = run_record(device, captured, len(unit.seeds), Execution(procs_per_gpu=procs, compile_backend=compile_backend))
     rate = rate_record(unit, run, step_s, 0.0, setup_s, "bench")
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "a", encoding="utf-8") as handle:
@@ -177,7 +177,16 @@ def one_seed_table(args: argparse.Namespace, device: torch.device) -> tuple[str,
                     met = "" if target is None else f"≥ {target}: {'yes' if graph['steps_per_s'] >= target else 'no'}"
                     line += [f"{graph['steps_per_s']:.0f}", f"{graph['steps_per_s'] / eager['steps_per_s']:.1f}", met]
                     if args.rates:
-                        append_rate(args.rates, unit, device, True, 1, 1 / graph["steps_per_s"], graph["setup_s"])
+                        append_rate(
+                            args.rates,
+                            unit,
+                            device,
+                            True,
+                            1,
+                            1 / graph["steps_per_s"],
+                            graph["setup_s"],
+                            args.compile_backend,
+                        )
             except Exception as err:  # noqa: BLE001 - reported in the row; the other rows still run
                 line += [_error(err)] + [""] * (6 - len(line) - 1)
             rows.append(line)
@@ -209,20 +218,18 @@ def side_by_side(args: argparse.Namespace, device: torch.device, arch: str, kind
         unit = a5_unit(args, arch, 1, count)
         got = measure(unit, device, device.type == "cuda", args.seconds, args.compile_backend)
         if args.rates and got["captured"]:
-            append_rate(args.rates, unit, device, True, 1, 1 / got["steps_per_s"], got["setup_s"])
+            append_rate(args.rates, unit, device, True, 1, 1 / got["steps_per_s"], got["setup_s"], args.compile_backend)
         return got["steps_per_s"] * count
     unit = a5_unit(args, arch, 1, 1)
     got = measure_processes(unit, device.type, count, args.seconds, args.compile_backend)
     if args.rates and got["captured"]:
         step_s = sum(1 / r for r in got["per_process"]) / count
-        append_rate(args.rates, unit, device, True, count, step_s, got["setup_s"])
+        append_rate(args.rates, unit, device, True, count, step_s, got["setup_s"], args.compile_backend)
     return got["steps_per_s"]
 
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    if args.compile_backend and args.rates:
-        sys.exit("bench_synthetic: --compile and --rates do not go together (the grid runner trains uncompiled)")
     if args.worker is not None:
         worker(json.loads(args.worker))
         return

@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from klalm.tasks.results import read_jsonl
+
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "bench_synthetic.py"
 
 
@@ -49,10 +51,13 @@ def test_cpu_tables_cover_every_option(tmp_path, capsys, one_thread):
     assert not rates.exists()  # only captured measurements are rates for the runner
 
 
-def test_compile_is_a_measurement_not_a_rate(tmp_path, capsys, one_thread):
+def test_compiled_measurements_and_their_rates_name_the_backend(tmp_path, one_thread):
     bench = _bench()
-    with pytest.raises(SystemExit, match="--compile and --rates do not go together"):
-        bench.main(["--device", "cpu", "--compile", "aot_eager", "--rates", str(tmp_path / "rates.jsonl")])
     args = bench.parse_args(["--batch-size", "4", "--length", "4"])
-    got = bench.measure(bench.a5_unit(args, "gpt", 1, 1), torch.device("cpu"), False, 0.2, "aot_eager")
+    unit = bench.a5_unit(args, "gpt", 1, 1)
+    got = bench.measure(unit, torch.device("cpu"), False, 0.2, "aot_eager")
     assert got["steps_per_s"] > 0 and not got["captured"]
+    rates = tmp_path / "rates.jsonl"
+    for backend in ("inductor", None):
+        bench.append_rate(rates, unit, torch.device("cpu"), True, 1, 0.01, 1.0, backend)
+    assert [line["compile_backend"] for line in read_jsonl(rates)] == ["inductor", None]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import subprocess
 import time
 from pathlib import Path
 
@@ -83,6 +84,8 @@ def test_bad_plans_fail_clearly(tmp_path):
         load_plan("nope")
     with pytest.raises(KeyError, match="archs"):
         apply_args(load_plan("quick"), parse_args(["run", "--results", "x", "--archs", "gpt,transformer"]))
+    with pytest.raises(KeyError, match="compile_backend: unknown \\['inductr'\\]"):
+        apply_args(load_plan("quick"), parse_args(["run", "--results", "x", "--compile", "inductr"]))
     bad.write_text("a5:\n  train: {lr: 1.0e-3, min_lr: 1.0e-2}\n  stages: [{lengths: [3], depths: [1], seeds: [0]}]\n")
     with pytest.raises(ValueError, match="min_lr"):
         plan_units(load_plan(str(bad)))
@@ -94,6 +97,9 @@ def test_command_line_knobs_replace_plan_values_in_every_stage(capsys):
                        "--members", "1", "--time-budget-s", "0"])  # fmt: skip
     plan = apply_args(load_plan(args.plan), args)
     assert plan.archs == ["gpt", "kla"] and plan.members == 1 and plan.mad.epochs is None
+    assert load_plan("full").compile_backend == "inductor" and plan.compile_backend == "inductor"
+    eager = apply_args(load_plan("full"), parse_args(["run", "--results", "x", "--compile", "none"]))
+    assert eager.compile_backend is None
     assert plan.a5.train.steps == plan.mqar.train.steps == plan.mad.train.steps == 7
     units = plan_units(plan)
     a5 = [u for u in units if u.family == "a5"]
@@ -148,6 +154,18 @@ def test_estimates_use_the_rows_of_the_units_shape_and_name_them():
     assert "overhead 20 s (median of 1 unit runs)" in estimate_s(unit, others, "H", 1, prior)[1]
     with pytest.raises(KeyError, match="'gpt'"):
         estimate_s(_a5_unit(arch="gpt"), [], "H", 1, prior)
+
+
+def test_compiled_estimates_read_compiled_rates_else_eager_step_times_and_the_prior_overhead():
+    prior = Estimate(tokens_per_s={"kla": 4000.0}, overhead_s=5.0, safety=1.0)
+    unit, eager = _a5_unit(), _rate()  # an eager unit run: 10 ms per step, 10 s overhead
+    seconds, source = estimate_s(unit, [eager], "H", 1, prior, compile_backend="inductor")
+    assert seconds == pytest.approx(5 + 1000 * 0.01)
+    assert "from eager rates.jsonl lines 1; overhead 5 s (prior)" in source
+    compiled = _rate(step_s=0.004, overhead_s=40.0, compile_backend="inductor")
+    seconds, source = estimate_s(unit, [eager, compiled], "H", 1, prior, compile_backend="inductor")
+    assert seconds == pytest.approx(40 + 1000 * 0.004) and "from rates.jsonl lines 2;" in source
+    assert estimate_s(unit, [eager, compiled], "H", 1, prior)[0] == pytest.approx(10 + 1000 * 0.01)  # eager: line 1
 
 
 def _row(unit: Unit, seed: int, acc: float, **more) -> dict:
@@ -324,6 +342,22 @@ def test_units_run_in_child_processes_side_by_side(tmp_path):
     assert all(r["procs_per_gpu"] == 2 for r in read_jsonl(tmp_path / "rates.jsonl"))
     with pytest.raises(ValueError, match="one unit at a time"):
         _block(tmp_path, plan, in_process=True)
+
+
+def test_the_recorded_commit_says_when_the_tree_differs_from_it(tmp_path, monkeypatch):
+    monkeypatch.delenv("KLALM_COMMIT", raising=False)
+    monkeypatch.chdir(tmp_path)
+    assert runner._commit() == "unknown"  # not a git checkout
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run(["git", "init", "-q"], check=True)
+    (tmp_path / "f.txt").write_text("a")
+    subprocess.run(["git", "add", "f.txt"], check=True)
+    subprocess.run([*git, "commit", "-qm", "x"], check=True)
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    (tmp_path / "new.txt").write_text("untracked files do not count")
+    assert runner._commit() == head
+    (tmp_path / "f.txt").write_text("b")
+    assert runner._commit() == head + "-dirty"
 
 
 def test_merge_appends_only_new_rows_and_stamps_the_commit(tmp_path):

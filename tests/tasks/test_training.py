@@ -224,12 +224,13 @@ def test_a_saved_state_of_another_unit_is_refused(tmp_path):
 
 def test_run_unit_rows_and_rate():
     unit = _unit("gdn", seeds=(0, 2), steps=20)
-    outcome = run_unit(unit, CPU, Execution(commit="abc"))
+    outcome = run_unit(unit, CPU, Execution(commit="abc", compile_backend="inductor"))
     assert [r["seed"] for r in outcome.rows] == [0, 2]
     row = outcome.rows[0]
     assert row["arch"] == "gdn" and row["steps"] == 20 and row["ended"] == "steps"
     assert row["evals"][-1][0] == 20 and 0 <= row["token_acc"] <= 1 and 0 <= row["seq_acc"] <= 1
     assert row["run"]["captured"] is False and row["run"]["members"] == 2 and row["run"]["commit"] == "abc"
+    assert row["run"]["compile_backend"] is None and outcome.rate["compile_backend"] is None  # the CPU runs eager
     assert row["run"]["backends"] == {"gated_delta_rule cpu float32": "torch"}  # which path ran
     assert outcome.rate["tokens_per_step"] == 8 * 4 + 4 * 2 and outcome.rate["step_s"] > 0
     assert unit.key(0) != unit.key(2)

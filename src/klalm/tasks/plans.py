@@ -116,6 +116,7 @@ class RunPlan:
     procs_per_gpu: int = 1  # units running at once on each GPU, one process each
     units_per_process: int = 1  # units of one pack_key (an lr sweep) trained side by side in one process
     max_state_mib: float | None = None  # a pack's paused states stay under this (they travel between GPU blocks)
+    compile_backend: str | None = None  # torch.compile backend of the captured step on CUDA (None: eager)
     model_overrides: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)  # arch -> build_model kwargs
     estimate: Estimate = dataclasses.field(default_factory=Estimate)
     a5: A5Plan = dataclasses.field(default_factory=A5Plan)
@@ -261,6 +262,8 @@ def add_plan_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--units-per-process", type=int, help="units differing only in task, lr or weight decay "
                    "trained side by side in one process (a pack)")  # fmt: skip
     p.add_argument("--max-state-mib", type=float, help="a pack's paused states stay under this many MiB")
+    p.add_argument("--compile", dest="compile_backend", help="torch.compile backend of the training step on CUDA, "
+                   "e.g. inductor; none: eager")  # fmt: skip
     p.add_argument("--a5-lengths", type=_ints, help="A5 sequence lengths, e.g. 4,8,16")
     p.add_argument("--a5-depths", type=_ints, help="A5 depths, e.g. 1,2")
     p.add_argument("--a5-criterion", choices=sorted(CRITERIA), help="A5 'solved' metric")
@@ -273,6 +276,8 @@ def apply_args(plan: RunPlan, args: argparse.Namespace) -> RunPlan:
     for name in ("device", "members", "procs_per_gpu", "units_per_process", "max_state_mib"):
         if getattr(args, name) is not None:
             setattr(plan, name, getattr(args, name))
+    if args.compile_backend is not None:
+        plan.compile_backend = None if args.compile_backend == "none" else args.compile_backend
     if args.archs is not None:
         plan.archs = args.archs.split(",")
     if args.families is not None:
@@ -320,6 +325,10 @@ def validate(plan: RunPlan) -> None:
         "model_overrides": (list(plan.model_overrides), ARCH_LAYOUTS),
         "estimate.tokens_per_s": (list(plan.estimate.tokens_per_s), ARCH_LAYOUTS),
     }
+    if plan.compile_backend is not None:
+        import torch._dynamo  # lazy, as the model zoo above
+
+        checks["compile_backend"] = ([plan.compile_backend], torch._dynamo.list_backends(exclude_tags=()))
     for key, (values, valid) in checks.items():
         bad = [v for v in values if v not in valid]
         if bad:

@@ -103,25 +103,26 @@ class Results:
 
 
 def estimate_s(unit: Unit, rates: list[dict[str, Any]], device: str, procs_per_gpu: int, prior: Estimate,
-               steps: int | None = None) -> tuple[float, str]:  # fmt: skip
+               steps: int | None = None, *, compile_backend: str | None = None) -> tuple[float, str]:  # fmt: skip
     """Estimated wall seconds of `unit` on `device` and where they came from (rates.jsonl line numbers, or "prior").
 
     Args:
         steps: steps still to run (default: all the unit's steps; fewer for a unit resumed from its saved state).
+        compile_backend: the torch.compile backend the unit will train with (None: eager). Step times come from
+            rates of the same backend, else from eager ones (compiling was measured faster); the overhead
+            (compilation included) only from unit runs of the same backend, else the prior's.
 
     Raises:
         KeyError: no measurement and no prior for the unit's arch (estimate.tokens_per_s).
     """
     steps = unit.train.steps if steps is None else steps
     tokens, shape = unit.tokens_per_step(), (unit.n_layers, len(unit.seeds), procs_per_gpu)
-    kind = (device, unit.family, unit.arch, unit.d_model)
-    shapes: dict[tuple[int, int, int], list[tuple[int, dict]]] = {}
-    for line, r in enumerate(rates, start=1):
-        if (r["device"], r["family"], r["arch"], r["d_model"]) == kind:
-            shapes.setdefault((r["n_layers"], r["members"], r["procs_per_gpu"]), []).append((line, r))
+    shapes, eager = _rate_shapes(rates, (device, unit.family, unit.arch, unit.d_model, compile_backend)), ""
+    if not shapes and compile_backend is not None:
+        shapes, eager = _rate_shapes(rates, (device, unit.family, unit.arch, unit.d_model, None)), "eager "
     if shape in shapes:
         step_s, lines = _step_time(shapes[shape], tokens), [line for line, _ in shapes[shape]]
-        how = f"{step_s * 1e3:.2f} ms/step from rates.jsonl lines {_lines(lines)}"
+        how = f"{step_s * 1e3:.2f} ms/step from {eager}rates.jsonl lines {_lines(lines)}"
     elif shapes:
         bounds = [
             (_step_time(rows, tokens) * max(1.0, shape[0] / n) * max(1.0, shape[1] / m) * max(1.0, shape[2] / p), key)
@@ -130,18 +131,29 @@ def estimate_s(unit: Unit, rates: list[dict[str, Any]], device: str, procs_per_g
         ]
         step_s, key = min(bounds)
         how = (f"{step_s * 1e3:.2f} ms/step bounded from depth {key[0]}, {key[1]} seeds, {key[2]} proc/GPU on "
-               f"rates.jsonl lines {_lines([line for line, _ in shapes[key]])}")  # fmt: skip
+               f"{eager}rates.jsonl lines {_lines([line for line, _ in shapes[key]])}")  # fmt: skip
     else:
         if unit.arch not in prior.tokens_per_s:
             raise KeyError(f"estimate.tokens_per_s has no prior for arch {unit.arch!r}; add one to the plan")
         step_s = tokens * unit.n_layers * len(unit.seeds) * procs_per_gpu / prior.tokens_per_s[unit.arch]
         return (prior.overhead_s + steps * step_s) * prior.safety, "prior"
-    runs = [r for r in rates if r["device"] == device and r["ended"] != "bench"]
+    runs = [r for r in rates if r["device"] == device and r["ended"] != "bench"
+            and r.get("compile_backend") == compile_backend]  # fmt: skip
     same_arch = [r["overhead_s"] for r in runs if r["arch"] == unit.arch]
     overheads = same_arch or [r["overhead_s"] for r in runs]
     overhead_s = statistics.median(overheads) if overheads else prior.overhead_s
     where = f"median of {len(overheads)} {unit.arch + ' ' if same_arch else ''}unit runs" if overheads else "prior"
     return (overhead_s + steps * step_s) * prior.safety, f"{how}; overhead {overhead_s:.0f} s ({where})"
+
+
+def _rate_shapes(rates: list[dict[str, Any]], kind: tuple) -> dict[tuple[int, int, int], list[tuple[int, dict]]]:
+    """(depth, members, procs per GPU) -> the (line, rate) pairs of that shape among the rates of `kind`: (device,
+    family, arch, d_model, compile backend); rates from before the backend was recorded ran eager."""
+    shapes: dict[tuple[int, int, int], list[tuple[int, dict]]] = {}
+    for line, r in enumerate(rates, start=1):
+        if (r["device"], r["family"], r["arch"], r["d_model"], r.get("compile_backend")) == kind:
+            shapes.setdefault((r["n_layers"], r["members"], r["procs_per_gpu"]), []).append((line, r))
+    return shapes
 
 
 def _step_time(rows: list[tuple[int, dict]], tokens: int) -> float:

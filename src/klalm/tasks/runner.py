@@ -105,7 +105,8 @@ class GridBlock:
         self.in_process = in_process
         self.device_name = gpu_name or (torch.cuda.get_device_name(0) if device == "cuda" else "cpu")
         self.deadline = None if time_budget_s is None else time.time() + time_budget_s
-        self.execution = Execution(procs_per_gpu=plan.procs_per_gpu, commit=commit)
+        self.execution = Execution(procs_per_gpu=plan.procs_per_gpu, commit=commit,
+                                   compile_backend=plan.compile_backend if device == "cuda" else None)  # fmt: skip
         self.units = plan_units(plan)
         self.running: list[Unit] = []
         self.failed: list[tuple[Unit, str]] = []
@@ -173,7 +174,7 @@ class GridBlock:
         steps = self.steps_left(unit) if steps is None else steps
         shaped = unit if members is None else dataclasses.replace(unit, seeds=list(range(members)))
         return estimate_s(shaped, self.results.rates, self.device_name, self.plan.procs_per_gpu, self.plan.estimate,
-                          steps)  # fmt: skip
+                          steps, compile_backend=self.execution.compile_backend)  # fmt: skip
 
     def fits(self, unit: Unit) -> bool:
         """Whether the unit may start now: its estimated overhead and MIN_TRAIN_S of training end before the deadline
@@ -354,13 +355,17 @@ def _resolve_device(plan: RunPlan) -> str:
 
 
 def _commit() -> str:
+    """$KLALM_COMMIT, else git's short HEAD, with "-dirty" when tracked files differ from it (a run of uncommitted
+    code, or a copied tree whose .git is stale), else "unknown"."""
     if "KLALM_COMMIT" in os.environ:
         return os.environ["KLALM_COMMIT"]
     try:
-        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True)
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True)
+        changed = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
+                                 text=True, check=True)  # fmt: skip
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
-    return out.stdout.strip()
+    return head.stdout.strip() + ("-dirty" if changed.stdout.strip() else "")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

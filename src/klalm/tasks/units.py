@@ -111,14 +111,14 @@ class Execution:
 
     procs_per_gpu: int = 1  # units running at once on each GPU (one process each)
     commit: str = "unknown"
+    compile_backend: str | None = None  # torch.compile backend of the training step on CUDA (None: eager)
 
 
 def build_member(unit: Unit, seed: int, device: torch.device, split: tuple | None,
                  compile_backend: str | None = None) -> Member:  # fmt: skip
     """The model (initialised on the CPU under `seed`, so the same on every device) and its data streams.
 
-    compile_backend: passed to `Member` (trains through torch.compile; measured by scripts/bench_synthetic.py
-    --compile, not yet used by the grid runner).
+    compile_backend: passed to `Member` (trains through torch.compile; the grid runner's `Execution`).
     """
     from klalm.models import build_model  # lazy: the model zoo is heavy to import
 
@@ -265,6 +265,8 @@ def run_units(units: list[Unit], device: torch.device, execution: Execution, dea
     if len(units) > 1 and units[0].stop is not None and state is None:
         raise ValueError("a pack of units that stop early needs a state folder (the others pause when one stops)")
     started = time.perf_counter()
+    if device.type != "cuda":  # compiling pays for the launch-bound captured step only (docs/synthetic.md)
+        execution = dataclasses.replace(execution, compile_backend=None)
     tests, groups = [], []
     for unit in units:
         task = make_task(**unit.task)
@@ -272,7 +274,7 @@ def run_units(units: list[Unit], device: torch.device, execution: Execution, dea
         split = None
         if unit.num_train is not None:
             split = tuple(t.to(device) for t in materialize(task, unit.num_train, DATA_SEED, "train"))
-        groups.append([build_member(unit, seed, device, split) for seed in unit.seeds])
+        groups.append([build_member(unit, seed, device, split, execution.compile_backend) for seed in unit.seeds])
     saved = [None if state is None else _load_state(state, unit, device) for unit in units]
     if len({None if s is None else int(s["members"][0]["step"]) for s in saved}) > 1:
         raise ValueError(f"the units of a pack must all start at the same step: {[u.label() for u in units]}")
