@@ -381,6 +381,7 @@ def test_plan_verb_lists_units_with_estimates(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "| a5 length=4 kla depth=1 d=128 lr=0.001 seeds=0,1,2 | ready |" in out
     assert "| a5 length=4 kla depth=2 d=128 lr=0.001 seeds=0,1,2 | waits |" in out
+    assert "packs of up to 4 units run side by side" in out  # the sum counts each unit alone
     assert Path(tmp_path).is_dir()
 
 

@@ -337,6 +337,9 @@ def plan_table(block: GridBlock) -> str:
         f"pending (ready, resumes or waits): {pending / 60:.1f} unit-minutes at these estimates, at most (A5 depths"
     )
     lines.append("that a shallower solve makes unnecessary are dropped as the grid goes)")
+    if block.plan.units_per_process > 1:
+        lines.append(f"each unit is estimated alone; packs of up to {block.plan.units_per_process} units run side by "
+                     "side in one process and take less GPU time than the sum")  # fmt: skip
     return "\n".join(lines)
 
 
