@@ -6,11 +6,13 @@
     python kernels/bench_scan.py --lengths  # sequential vs time-parallel per token, 16,384 tokens a call, L 512..65536
     python kernels/bench_scan.py --dtypes   # fp32 vs 16-bit inputs at the kla_45m shape (B16 L2048 M1024 S16)
     python kernels/bench_scan.py --segments # f+b(y) by segment length at small batch: tunes common.segment_chunks
+    python kernels/bench_scan.py --registers  # registers and spills per thread by launch config (no GPU needed)
 
 Times are medians of `triton.testing.do_bench` in ms. The floor of a row is the larger of its HBM time
 (bytes that must move, at PEAK_HBM_GB_S) and its arithmetic time (FLOP_PER_ELEM operations per
 (b, t, m, s) element, at PEAK_FP32_TFLOPS); "× floor" is the measured time over that floor.
-Without CUDA it prints a skip message and exits 0.
+Without CUDA it prints a skip message and exits 0, except --registers, which compiles for sm_90 on any machine
+(kernels/sm90.py; with TRITON_INTERPRET unset).
 """
 
 from __future__ import annotations
@@ -238,7 +240,11 @@ def run_all(quick: bool, skip_torch: bool) -> None:
     print_table(HEADER, ss_rows)
 
 
-TUNE = [dict(), dict(chunk=32), dict(chunk=64), dict(num_stages=3, unroll=2), dict(block_m=16, num_stages=4, unroll=2)]
+# the backward is issue-bound with few warps to hide latency (kernels/NOTES.md): its variants hold fewer values per
+# thread (--registers shows how many registers each needs)
+BWD_VARIANTS = [dict(bwd_unroll=1), dict(bwd_num_stages=2, bwd_unroll=1), dict(bwd_block_m=8, bwd_unroll=1),
+                dict(bwd_num_warps=2), dict(bwd_block_m=32, bwd_num_warps=2)]  # fmt: skip
+TUNE = [dict(), dict(chunk=64), dict(num_stages=3, unroll=2), dict(block_m=16, num_stages=4, unroll=2), *BWD_VARIANTS]
 
 
 def run_tune() -> None:
@@ -249,6 +255,51 @@ def run_tune() -> None:
     rows = [[f"kla {tuple(c)}"] + bench_kla_row("triton", MAIN, c)[2:] for c in configs]
     rows += [[f"selective {tuple(c)}"] + bench_ss_row("triton", MAIN, c)[2:] for c in configs]
     print_table([f"config {ScanConfig._fields}"] + HEADER[2:], rows)
+
+
+TRAINING_FLAGS = dict(
+    HAS_INIT=False,
+    PRIOR=False,
+    SAVE_CKPT=True,
+    HAS_GYV=False,
+    HAS_GSTATE=False,
+    HAS_CARRY=False,
+    LOGVAR=False,
+    INIT_COV=False,
+    FAST_RCP=True,
+    S_PAD=16,
+)  # a KLA layer in training (S = 16)
+BF16_ROWS = {"V_FMT": 1, "K_FMT": 1, "Q_FMT": 1, "GY_FMT": 1}  # what a bf16 model hands the scan (common.BF16_PAIRS)
+
+
+def run_registers() -> None:
+    """Registers, local (spill) and shared memory of the KLA forward and backward kernels compiled for sm_90 by the
+    installed Triton, for the default config and BWD_VARIANTS, with float32 rows and with a bf16 model's rows."""
+    import triton
+
+    from klalm.kernels.common import ScanConfig
+    from klalm.kernels.mobius_scan_bwd import _kla_bwd_kernel
+    from klalm.kernels.mobius_scan_fwd import _kla_fwd_kernel
+    from klalm.kernels.sm90 import compile_sm90, resource_usage
+
+    rows = []
+    for i, config in enumerate(ScanConfig(**overrides) for overrides in [dict(), *BWD_VARIANTS]):
+        bwd = dict(
+            BM=config.bwd_block_m, CHUNK=config.chunk, NUM_STAGES=config.bwd_num_stages, UNROLL=config.bwd_unroll
+        )
+        kernels = {"bwd": (_kla_bwd_kernel, bwd, config.bwd_num_warps, config.bwd_num_stages)}
+        if i == 0:  # the variants change the backward only
+            fwd = dict(BM=config.block_m, CHUNK=config.chunk, NUM_STAGES=config.num_stages, UNROLL=config.unroll)
+            kernels = {"fwd": (_kla_fwd_kernel, fwd, config.num_warps, config.num_stages), **kernels}
+        for name, (fn, launch, warps, stages) in kernels.items():
+            for rows_name, formats in (("fp32", {}), ("bf16 v, k, q, dy", BF16_ROWS)):
+                use = resource_usage(compile_sm90(fn, {**TRAINING_FLAGS, **launch}, formats, warps, stages))
+                knobs = ", ".join(f"{k}={v}" for k, v in launch.items() if k != "CHUNK") + f", warps={warps}"
+                use = [str(use[k]) for k in ("registers", "stack_bytes", "shared_bytes")]
+                rows.append([name, knobs, rows_name, *use])
+    path = "the training path: y only, no initial state"
+    print(f"\nKLA kernels compiled for sm_90 by Triton {triton.__version__} ({path}):")
+    print_table(["kernel", "launch", "rows", "registers/thread", "stack (spill) bytes/thread", "shared bytes"], rows)
 
 
 LENGTHS_TOKENS = 16_384  # tokens per call of the --lengths sweep (B = max(1, tokens // L))
@@ -369,7 +420,11 @@ def main() -> None:
     parser.add_argument("--lengths", action="store_true", help="sequential vs time-parallel at fixed tokens per call")
     parser.add_argument("--dtypes", action="store_true", help="fp32 vs 16-bit inputs at the kla_45m scan shape")
     parser.add_argument("--segments", action="store_true", help="f+b(y) by segment length at small batch")
+    parser.add_argument("--registers", action="store_true", help="registers per thread by config (no GPU needed)")
     args = parser.parse_args()
+    if args.registers:
+        run_registers()
+        return
     if not torch.cuda.is_available():
         print("bench_scan: no CUDA device found; skipping (the kernels are benchmarked on a GPU only)")
         return

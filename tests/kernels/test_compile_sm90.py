@@ -21,23 +21,10 @@ import sys
 import pytest
 import torch
 
+from klalm.kernels.sm90 import ROW_TENSORS, compile_sm90
+
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="the gpu tests compile for the real device")
 
-# scalar arguments (everything else not a constexpr is a pointer)
-INTS = {"L", "M", "S", "N", "n_chunks", "seg_chunks", "seg_steps", "n_seg"}
-FLOATS = {"floor"}
-ROW_TENSORS = {  # pointer arguments read with `load_row`, by the name of their format constexpr
-    "V_FMT": "v_ptr",
-    "LV_FMT": "lam_v_ptr",
-    "K_FMT": "k_ptr",
-    "Q_FMT": "q_ptr",
-    "GY_FMT": "gy_ptr",
-    "GYV_FMT": "gyv_ptr",
-    "U_FMT": "u_ptr",
-    "DT_FMT": "dt_ptr",
-    "B_FMT": "B_ptr",
-    "C_FMT": "C_ptr",
-}
 FLAGS = dict(HAS_INIT=True, PRIOR=False, SAVE_CKPT=True, HAS_GYV=True, HAS_GSTATE=False, HAS_CARRY=True, LOGVAR=True)
 FLAGS |= dict(HAS_D=True, REVERSE=True, INIT_COV=True)
 LAUNCH = dict(BM=32, S_PAD=16, N_PAD=16, CHUNK=32, NUM_STAGES=3, UNROLL=2, FAST_RCP=True)
@@ -61,27 +48,7 @@ MIXED = {"V_FMT": BF16_PAIRS, "K_FMT": BF16_PAIRS, "GY_FMT": BF16_PAIRS, "U_FMT"
 
 def compile_ptx(fn, formats: dict[str, int]) -> str:
     """PTX of `fn` for sm_90 with one warp; row tensors in their `formats` (PLAIN: float32; pairs: int32 words)."""
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
-    signature, constexprs, attrs = {}, {}, {}
-    for i, name in enumerate(fn.arg_names):
-        if name in ROW_TENSORS:
-            constexprs[name] = formats.get(name, PLAIN)
-        elif name in FLAGS or name in LAUNCH:
-            constexprs[name] = {**FLAGS, **LAUNCH}[name]
-        elif name in FLOATS:
-            signature[name] = "fp32"
-            continue
-        else:
-            paired = any(formats.get(f) and ROW_TENSORS[f] == name for f in ROW_TENSORS)
-            signature[name] = "i32" if name in INTS else "*i32" if paired else "*fp32"
-            attrs[(i,)] = [["tt.divisibility", 16]]  # as Triton specialises real sizes (M, S multiples of 16)
-            continue
-        signature[name] = "constexpr"
-    source = ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs)
-    return triton.compile(source, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=1)).asm["ptx"]
+    return compile_sm90(fn, {**FLAGS, **LAUNCH}, formats, num_warps=1).asm["ptx"]
 
 
 def load_counts(ptx: str) -> dict[str, int]:
@@ -123,6 +90,19 @@ def test_16bit_rows_load_32_bits_and_are_pipelined(compiled, name):
     counts = compiled[name]
     assert counts["ld16"] == 0, "a 16-bit global load in the time loop: the pipeliner does not prefetch it"
     assert counts["cp_async"] > 0
+
+
+def test_registers_table_reads_the_compiled_kernels():
+    """`bench_scan.py --registers` (default config only): registers between 1 and the 255 a thread may hold."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    code = "from klalm.kernels import bench_scan; bench_scan.BWD_VARIANTS = []; bench_scan.run_registers()"
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = [line.split("|")[1:-1] for line in done.stdout.splitlines() if line.startswith("| fwd") or
+            line.startswith("| bwd")]  # fmt: skip
+    assert [(r[0].strip(), r[2].strip()) for r in rows] == [
+        ("fwd", "fp32"), ("fwd", "bf16 v, k, q, dy"), ("bwd", "fp32"), ("bwd", "bf16 v, k, q, dy")]  # fmt: skip
+    assert all(1 <= int(r[3]) <= 255 and int(r[4]) >= 0 and int(r[5]) > 0 for r in rows)
 
 
 if __name__ == "__main__":
