@@ -385,7 +385,8 @@ GPU_CONFIGS = [
 @pytest.mark.parametrize("config", GPU_CONFIGS, ids=str)
 def test_gpu_real_size(config):
     """B=2, L=2048, M=1536, S=16 forward and every gradient against the float64 reference on the GPU (the automatic
-    split: 4 time-parallel segments; one segment; 8 segments)."""
+    split, which cuts this size into 8 segments of 256 steps; one segment; another launch config with one segment
+    and with 8)."""
     x = make_inputs(2, 2048, 1536, 16, "cuda", seed=5)
     (outs, grads), (ref_outs, ref_grads) = run_both(x, True, False, config)
     errors = {f"out {n}": rel_err(outs[n], r) for n, r in ref_outs.items()}
