@@ -389,8 +389,11 @@ def test_plan_verb_estimates_for_a_named_gpu_and_bad_input_is_one_line(tmp_path,
     rate = _rate(device="NVIDIA H200", d_model=128, members=3, tokens_per_step=256 * 4 + 25 * 2, step_s=0.004)
     (tmp_path / "rates.jsonl").write_text(json.dumps(rate) + "\n")
     args = ["plan", "--plan", "full", "--families", "a5", "--archs", "kla", "--results", str(tmp_path)]
-    main([*args, "--gpu-name", "NVIDIA H200"])
+    main([*args, "--gpu-name", "NVIDIA H200", "--compile", "none"])
     assert "seeds=0,1,2 | ready | 471 | 4.00 ms/step from rates.jsonl lines 1;" in capsys.readouterr().out  # x 1.15
+    main([*args, "--gpu-name", "NVIDIA H200"])  # as that GPU runs the full plan: compiled, no compiled run yet
+    out = capsys.readouterr().out  # (60 s prior overhead + 100,000 x 4 ms) x 1.15
+    assert "seeds=0,1,2 | ready | 529 | 4.00 ms/step from eager rates.jsonl lines 1; overhead 60 s (prior)" in out
     main(args)  # this machine's device has no rows: the plan's prior
     assert "| prior |" in capsys.readouterr().out
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)

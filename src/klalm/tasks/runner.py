@@ -105,8 +105,9 @@ class GridBlock:
         self.in_process = in_process
         self.device_name = gpu_name or (torch.cuda.get_device_name(0) if device == "cuda" else "cpu")
         self.deadline = None if time_budget_s is None else time.time() + time_budget_s
+        on_gpu = device == "cuda" or gpu_name is not None  # `plan --gpu-name`: estimate as that GPU would run
         self.execution = Execution(procs_per_gpu=plan.procs_per_gpu, commit=commit,
-                                   compile_backend=plan.compile_backend if device == "cuda" else None)  # fmt: skip
+                                   compile_backend=plan.compile_backend if on_gpu else None)  # fmt: skip
         self.units = plan_units(plan)
         self.running: list[Unit] = []
         self.failed: list[tuple[Unit, str]] = []
