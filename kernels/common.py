@@ -70,8 +70,8 @@ def check_config(config: ScanConfig) -> None:
 # The time-parallel split (kernels/NOTES.md, "Time-parallel split"), set from `python kernels/bench_scan.py --segments`
 # on an H200 (2026-12-01): with B·M·S ≥ 196,608 chains (B8 M1536 S16, B16 M1024 S16) the sequential walk beat every
 # split (splits cost 10-30 % more: the summary and carry passes are extra work on a GPU already full); with 65,536 or
-# fewer the split won by 1.9-4.7x, best with about 2^20 (chain, segment) pairs: within 2 % of the best segment length
-# at all six such shapes, where the old target of 196,608 pairs was 4-29 % behind. Segments shorter than
+# fewer the split won by 1.9-9.6x, best with about 2^20 (chain, segment) pairs: within 2 % of the best segment length
+# at all six such shapes, where the old target of 196,608 pairs was 7-29 % behind. Segments shorter than
 # MIN_SEGMENT_STEPS spend more on the summary and the carry than the extra parallelism gains.
 SEQUENTIAL_MIN_CHAINS = 196_608
 SPLIT_TARGET_CHAINS = 1 << 20
