@@ -159,6 +159,8 @@ def test_estimates_use_the_rows_of_the_units_shape_and_name_them():
 def test_compiled_estimates_read_compiled_rates_else_eager_step_times_and_the_prior_overhead():
     prior = Estimate(tokens_per_s={"kla": 4000.0}, overhead_s=5.0, safety=1.0)
     unit, eager = _a5_unit(), _rate()  # an eager unit run: 10 ms per step, 10 s overhead
+    rates = [eager, _rate(tokens_per_step=100, step_s=0.016)]  # a pack's mean tokens per member set the step time
+    assert estimate_s(unit, rates, "H", 1, prior, tokens_per_step=70)[0] == pytest.approx(10 + 1000 * 0.013)
     seconds, source = estimate_s(unit, [eager], "H", 1, prior, compile_backend="inductor")
     assert seconds == pytest.approx(5 + 1000 * 0.01)
     assert "from eager rates.jsonl lines 1; overhead 5 s (prior)" in source

@@ -310,6 +310,8 @@ def test_a_pack_of_a5_cells_ends_the_solved_one_and_pauses_the_others(tmp_path):
     solved = 0 if best[0] > best[1] else 1
     assert {r["task"]["length"] for r in packed.rows} == {cells[solved].task["length"]}
     assert packed.rate["ended"] == "threshold" and packed.rate["units"] == 2 and packed.rate["members"] == 4
+    tokens = [c.tokens_per_step() for c in cells]  # lengths 3 and 5: the rate records a member's mean
+    assert tokens[0] != tokens[1] and packed.rate["tokens_per_step"] == round((tokens[0] + tokens[1]) / 2)
     (name,) = saved_states(tmp_path)
     assert name == state_name(cells[1 - solved])
     packed.rows += run_units([cells[1 - solved]], CPU, Execution(), state=tmp_path).rows

@@ -103,7 +103,8 @@ class Results:
 
 
 def estimate_s(unit: Unit, rates: list[dict[str, Any]], device: str, procs_per_gpu: int, prior: Estimate,
-               steps: int | None = None, *, compile_backend: str | None = None) -> tuple[float, str]:  # fmt: skip
+               steps: int | None = None, *, compile_backend: str | None = None,
+               tokens_per_step: int | None = None) -> tuple[float, str]:  # fmt: skip
     """Estimated wall seconds of `unit` on `device` and where they came from (rates.jsonl line numbers, or "prior").
 
     Args:
@@ -111,12 +112,13 @@ def estimate_s(unit: Unit, rates: list[dict[str, Any]], device: str, procs_per_g
         compile_backend: the torch.compile backend the unit will train with (None: eager). Step times come from
             rates of the same backend, else from eager ones (compiling was measured faster); the overhead
             (compilation included) only from unit runs of the same backend, else the prior's.
+        tokens_per_step: tokens of one member's step (default: the unit's; a pack's mean, `units.pack_tokens`).
 
     Raises:
         KeyError: no measurement and no prior for the unit's arch (estimate.tokens_per_s).
     """
     steps = unit.train.steps if steps is None else steps
-    tokens, shape = unit.tokens_per_step(), (unit.n_layers, len(unit.seeds), procs_per_gpu)
+    tokens, shape = tokens_per_step or unit.tokens_per_step(), (unit.n_layers, len(unit.seeds), procs_per_gpu)
     shapes, eager = _rate_shapes(rates, (device, unit.family, unit.arch, unit.d_model, compile_backend)), ""
     if not shapes and compile_backend is not None:
         shapes, eager = _rate_shapes(rates, (device, unit.family, unit.arch, unit.d_model, None)), "eager "

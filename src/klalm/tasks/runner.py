@@ -41,6 +41,7 @@ from klalm.tasks.units import (
     Unit,
     UnitOutcome,
     pack_key,
+    pack_tokens,
     remove_state,
     run_units,
     saved_states,
@@ -169,13 +170,15 @@ class GridBlock:
         saved = self.saved().get(state_name(unit))
         return unit.train.steps - (saved["step"] if saved else 0)
 
-    def estimate(self, unit: Unit, steps: int | None = None, members: int | None = None) -> tuple[float, str]:
-        """Estimated seconds of `steps` steps of the unit (default: those it has left) plus its overhead; `members`:
-        the seeds side by side in its process when it runs in a pack (default: its own)."""
+    def estimate(self, unit: Unit, steps: int | None = None, pack: list[Unit] | None = None) -> tuple[float, str]:
+        """Estimated seconds of `steps` steps of the unit (default: those it has left) plus its overhead; `pack`: the
+        units it runs beside, itself included (their seeds side by side, their mean tokens per member)."""
         steps = self.steps_left(unit) if steps is None else steps
-        shaped = unit if members is None else dataclasses.replace(unit, seeds=list(range(members)))
+        pack = pack or [unit]
+        shaped = dataclasses.replace(unit, seeds=list(range(sum(len(u.seeds) for u in pack))))
         return estimate_s(shaped, self.results.rates, self.device_name, self.plan.procs_per_gpu, self.plan.estimate,
-                          steps, compile_backend=self.execution.compile_backend)  # fmt: skip
+                          steps, compile_backend=self.execution.compile_backend,
+                          tokens_per_step=pack_tokens(pack))  # fmt: skip
 
     def fits(self, unit: Unit) -> bool:
         """Whether the unit may start now: its estimated overhead and MIN_TRAIN_S of training end before the deadline
@@ -253,7 +256,7 @@ class GridBlock:
     def _slot(self, slot: int) -> None:
         while (pack := self._claim()) is not None:
             unit, label = pack[0], " + ".join(u.label() for u in pack)
-            seconds, source = self.estimate(unit, members=sum(len(u.seeds) for u in pack))
+            seconds, source = self.estimate(unit, pack=pack)
             left, steps = self.steps_left(unit), unit.train.steps
             in_time = self.deadline is None or time.time() + seconds < self.deadline - MARGIN_S
             ends = "ends in this block" if in_time else "pauses at the deadline"

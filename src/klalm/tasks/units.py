@@ -245,6 +245,12 @@ def pack_key(unit: Unit) -> str:
     return json.dumps(cell, sort_keys=True)
 
 
+def pack_tokens(units: list[Unit]) -> int:
+    """Tokens per step of one member of a pack, averaged over its members (A5 packs mix lengths): what its rate line
+    records and its estimate reads."""
+    return round(sum(len(u.seeds) * u.tokens_per_step() for u in units) / sum(len(u.seeds) for u in units))
+
+
 def run_unit(unit: Unit, device: torch.device, execution: Execution, deadline: float | None = None,
              state: Path | None = None) -> UnitOutcome:  # fmt: skip
     """Build, train and evaluate every seed of `unit` side by side (see klalm.tasks.train.train_group); resume it
@@ -296,6 +302,7 @@ def run_units(units: list[Unit], device: torch.device, execution: Execution, dea
     rate = rate_record(units[0], common, result.step_s, result.train_s, wall_s - result.train_s, result.ended)
     rate["steps"] = result.steps  # the units' step count after this run
     rate["units"] = len(units)
+    rate["tokens_per_step"] = pack_tokens(units)
     rows, first = [], 0
     for index, (unit, group, unit_state, unit_spent) in enumerate(zip(units, groups, saved, spent, strict=True)):
         part = slice(first, first + len(group))
