@@ -269,18 +269,27 @@ TRAINING_FLAGS = dict(
     FAST_RCP=True,
     S_PAD=16,
 )  # a KLA layer in training (S = 16)
-BF16_ROWS = {"V_FMT": 1, "K_FMT": 1, "Q_FMT": 1, "GY_FMT": 1}  # what a bf16 model hands the scan (common.BF16_PAIRS)
+BF16_ROWS = ("V_FMT", "K_FMT", "Q_FMT", "GY_FMT")  # what a bf16 model hands the scan (as common.BF16_PAIRS)
+COMPILED_COLUMNS = {  # column -> key of sm90.resource_usage / sm90.code_counts
+    "registers/thread": "registers",
+    "stack (spill) bytes/thread": "stack_bytes",
+    "shared bytes": "shared_bytes",
+    "PTX instructions": "ptx_instructions",
+    "bar.sync": "bar_sync",
+    "convert_layout": "convert_layout",
+}
 
 
 def run_registers() -> None:
-    """Registers, local (spill) and shared memory of the KLA forward and backward kernels compiled for sm_90 by the
-    installed Triton, for the default config and BWD_VARIANTS, with float32 rows and with a bf16 model's rows."""
+    """What the KLA forward and backward kernels compiled for sm_90 by the installed Triton use (registers, spills,
+    shared memory) and contain (instructions, barriers, layout conversions), for the default config and
+    BWD_VARIANTS, with float32 rows and with a bf16 model's rows."""
     import triton
 
-    from klalm.kernels.common import ScanConfig
+    from klalm.kernels.common import BF16_PAIRS, ScanConfig
     from klalm.kernels.mobius_scan_bwd import _kla_bwd_kernel
     from klalm.kernels.mobius_scan_fwd import _kla_fwd_kernel
-    from klalm.kernels.sm90 import compile_sm90, resource_usage
+    from klalm.kernels.sm90 import code_counts, compile_sm90, resource_usage
 
     rows = []
     for i, config in enumerate(ScanConfig(**overrides) for overrides in [dict(), *BWD_VARIANTS]):
@@ -292,14 +301,14 @@ def run_registers() -> None:
             fwd = dict(BM=config.block_m, CHUNK=config.chunk, NUM_STAGES=config.num_stages, UNROLL=config.unroll)
             kernels = {"fwd": (_kla_fwd_kernel, fwd, config.num_warps, config.num_stages), **kernels}
         for name, (fn, launch, warps, stages) in kernels.items():
-            for rows_name, formats in (("fp32", {}), ("bf16 v, k, q, dy", BF16_ROWS)):
-                use = resource_usage(compile_sm90(fn, {**TRAINING_FLAGS, **launch}, formats, warps, stages))
+            for rows_name, formats in (("fp32", {}), ("bf16 v, k, q, dy", dict.fromkeys(BF16_ROWS, BF16_PAIRS.value))):
+                kernel = compile_sm90(fn, {**TRAINING_FLAGS, **launch}, formats, warps, stages)
+                found = resource_usage(kernel) | code_counts(kernel)
                 knobs = ", ".join(f"{k}={v}" for k, v in launch.items() if k != "CHUNK") + f", warps={warps}"
-                use = [str(use[k]) for k in ("registers", "stack_bytes", "shared_bytes")]
-                rows.append([name, knobs, rows_name, *use])
+                rows.append([name, knobs, rows_name, *(str(found[key]) for key in COMPILED_COLUMNS.values())])
     path = "the training path: y only, no initial state"
     print(f"\nKLA kernels compiled for sm_90 by Triton {triton.__version__} ({path}):")
-    print_table(["kernel", "launch", "rows", "registers/thread", "stack (spill) bytes/thread", "shared bytes"], rows)
+    print_table(["kernel", "launch", "rows", *COMPILED_COLUMNS], rows)
 
 
 LENGTHS_TOKENS = 16_384  # tokens per call of the --lengths sweep (B = max(1, tokens // L))

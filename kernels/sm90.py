@@ -1,5 +1,6 @@
 """Compile the scans' Triton kernels for an H100/H200 (sm_90) on a machine without a GPU, and read what the compiled
-code uses: registers and stack (register spills) per thread, shared memory per program.
+code uses: registers and stack (register spills) per thread, shared memory per program, and counts of its
+instructions, barriers and layout conversions.
 
 Triton's compiler lowers a kernel to PTX and assembles it with its own ptxas into a cubin; `cuobjdump -res-usage`
 (shipped in Triton's wheel beside ptxas) reads the cubin's resource use. tests/kernels/test_compile_sm90.py compiles
@@ -85,3 +86,13 @@ def resource_usage(kernel) -> dict[str, int]:
         raise RuntimeError(f"cuobjdump -res-usage printed no {missing}: {text[-500:]}")
     return {"registers": int(found["REG"][1]), "stack_bytes": int(found["STACK"][1]),
             "shared_bytes": kernel.metadata.shared}  # fmt: skip
+
+
+def code_counts(kernel) -> dict[str, int]:
+    """What the compiled code does, counted in its text: PTX instructions (lines that are not directives, labels or
+    braces), `bar.sync` barriers in the PTX, and `ttg.convert_layout` ops in the TTGIR (moves of a tensor between
+    register layouts; across lanes they go through shared memory). Counts of the whole kernel, loops unrolled."""
+    ptx = kernel.asm["ptx"].splitlines()
+    instructions = [line for line in ptx if line.strip() and not re.match(r"\s*(\.|//|\$|\{|\})", line)]
+    return {"ptx_instructions": len(instructions), "bar_sync": sum(line.count("bar.sync") for line in ptx),
+            "convert_layout": kernel.asm["ttgir"].count("ttg.convert_layout")}  # fmt: skip

@@ -177,16 +177,8 @@ def one_seed_table(args: argparse.Namespace, device: torch.device) -> tuple[str,
                     met = "" if target is None else f"≥ {target}: {'yes' if graph['steps_per_s'] >= target else 'no'}"
                     line += [f"{graph['steps_per_s']:.0f}", f"{graph['steps_per_s'] / eager['steps_per_s']:.1f}", met]
                     if args.rates:
-                        append_rate(
-                            args.rates,
-                            unit,
-                            device,
-                            True,
-                            1,
-                            1 / graph["steps_per_s"],
-                            graph["setup_s"],
-                            args.compile_backend,
-                        )
+                        step_s, backend = 1 / graph["steps_per_s"], args.compile_backend
+                        append_rate(args.rates, unit, device, True, 1, step_s, graph["setup_s"], backend)
             except Exception as err:  # noqa: BLE001 - reported in the row; the other rows still run
                 line += [_error(err)] + [""] * (6 - len(line) - 1)
             rows.append(line)

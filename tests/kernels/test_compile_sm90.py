@@ -103,6 +103,7 @@ def test_registers_table_reads_the_compiled_kernels():
     assert [(r[0].strip(), r[2].strip()) for r in rows] == [
         ("fwd", "fp32"), ("fwd", "bf16 v, k, q, dy"), ("bwd", "fp32"), ("bwd", "bf16 v, k, q, dy")]  # fmt: skip
     assert all(1 <= int(r[3]) <= 255 and int(r[4]) >= 0 and int(r[5]) > 0 for r in rows)
+    assert all(int(r[6]) > 0 and int(r[7]) >= 0 and int(r[8]) >= 0 for r in rows)  # instructions, barriers, layouts
 
 
 if __name__ == "__main__":
