@@ -76,6 +76,21 @@ def test_sections_show_results_and_unfinished_cells(tmp_path):
     assert "## a5" in markdown and (tmp_path / "out" / "synthetic_mqar.png").is_file()
 
 
+def test_paused_units_show_their_progress_as_unfinished(tmp_path):
+    plan = _plan()
+    kla8 = next(u for u in plan_units(plan) if (u.arch, u.task.get("length"), u.n_layers) == ("kla", 8, 1))
+    paused = [{**_row(kla8, s, acc), "steps": 700, "evals": [[500, 1.0, acc - 0.1, 0.0], [700, 0.9, acc, 0.1]]}
+              for s, acc in ((0, 0.6), (1, 0.5))]  # fmt: skip
+    older = {**paused[0], "steps": 500, "evals": paused[0]["evals"][:1]}
+    _write(tmp_path, "progress", [older, *paused])
+    text = sections(plan, tmp_path, tmp_path, "")["a5"]
+    assert "| kla | not run | … (paused: 60.0) |" in text  # L=4 not run; L=8 unfinished, best so far 60 %
+    assert "| kla | 8 | 1 | 0/3, 2 paused | none yet | 60.0 | 10.0 | paused at 700 of 100000 |" in text
+    _write(tmp_path, "a5", [_row(kla8, 0, 0.65)])  # seed 0 finished since: only seed 1 is still paused
+    assert "| kla | 8 | 1 | 1/3, 1 paused | none yet | 50.0 | 10.0 | paused at 700 of 100000 |" in sections(
+        plan, tmp_path, tmp_path, "")["a5"]  # fmt: skip
+
+
 def test_write_doc_fills_only_the_marked_sections(tmp_path):
     plan = _plan()
     doc = tmp_path / "doc.md"

@@ -29,7 +29,16 @@ from klalm.tasks.plans import (
 from klalm.tasks.results import Results, estimate_s, merge, read_jsonl
 from klalm.tasks.runner import MARGIN_S, MIN_TRAIN_S, GridBlock, main, parse_args, plan_table, solved_depths
 from klalm.tasks.train import TrainSettings
-from klalm.tasks.units import Execution, Unit, build_member, pack_key, run_unit, run_units, state_mib
+from klalm.tasks.units import (
+    Execution,
+    Unit,
+    build_member,
+    pack_key,
+    paused_rows,
+    run_unit,
+    run_units,
+    state_mib,
+)
 
 TINY_MAD = {
     "mad_in_context_recall": {"length": 16},
@@ -236,6 +245,36 @@ def test_a_block_resumes_paused_units_first_and_drops_stale_states(tmp_path):
     assert _block(tmp_path, plan).saved() == {}  # a new block removes the state of the finished unit
 
 
+def test_paused_units_leave_progress_rows_once(tmp_path, capsys):
+    plan = _tiny_plan(families=["a5"], archs=["kla"])
+    block = _block(tmp_path, plan)
+    kla1 = block.units[0]
+    run_unit(kla1, torch.device("cpu"), Execution(), deadline=time.time(), state=block.state)  # paused at step 10
+    rows = paused_rows(block.state, "abc")
+    assert [(r["seed"], r["steps"], r["ended"], r["commit"]) for r in rows] == [(0, 10, "paused", "abc"),
+                                                                                 (1, 10, "paused", "abc")]  # fmt: skip
+    assert [e[0] for e in rows[0]["evals"]] == [10] and rows[0]["token_acc"] == rows[0]["evals"][-1][2]
+    assert block.results.record_progress(rows) == 2 and block.results.record_progress(rows) == 0  # once per step
+    args = ["progress", "--state", str(block.state), "--results", str(tmp_path / "other")]
+    main(args)
+    assert json.loads(capsys.readouterr().out) == {"progress.jsonl": 2}
+    assert merge(tmp_path / "other", tmp_path, "abc")["progress.jsonl"] == 0  # the same pause, not twice
+    with pytest.raises(SystemExit, match="state folder .*nowhere does not exist"):
+        main(["progress", "--state", str(tmp_path / "nowhere"), "--results", str(tmp_path)])
+
+
+def test_a_finish_only_block_starts_only_what_ends_before_the_deadline(tmp_path):
+    plan = _tiny_plan(families=["a5"], estimate=Estimate(tokens_per_s={"gpt": 1.0}, overhead_s=1.0, safety=1.0))
+    budget = MARGIN_S + MIN_TRAIN_S + 5.0
+    unit = _block(tmp_path, plan).units[0]
+    finishing = GridBlock(plan, Results(tmp_path, ["a5"]), tmp_path / "state", "cpu", 0, True, budget, "abc",
+                          finish_only=True)  # fmt: skip
+    assert _block(tmp_path, plan, budget=budget).fits(unit) and not finishing.fits(unit)  # 20 steps x 48 s
+    cheap = dataclasses.replace(plan, estimate=Estimate(tokens_per_s={"gpt": 1e6}, overhead_s=1.0, safety=1.0))
+    assert GridBlock(cheap, Results(tmp_path, ["a5"]), tmp_path / "state", "cpu", 0, True, budget, "abc",
+                     finish_only=True).fits(unit)  # fmt: skip
+
+
 def test_block_runs_resumes_and_reports(tmp_path):
     plan = _tiny_plan(a5=dataclasses.replace(_tiny_plan().a5, threshold=0.0))
     block = _block(tmp_path, plan)
@@ -426,7 +465,7 @@ def _documented_commands() -> list[list[str]]:
 
 def test_every_documented_command_parses_and_its_plan_loads():
     calls = _documented_commands()
-    assert len(calls) >= 8 and {c[0] for c in calls} == {"run", "plan", "report", "merge"}
+    assert len(calls) >= 8 and {c[0] for c in calls} == {"run", "plan", "report", "merge", "progress"}
     for call in calls:
         if "--help" in call:
             with pytest.raises(SystemExit) as done:
@@ -434,5 +473,5 @@ def test_every_documented_command_parses_and_its_plan_loads():
             assert done.value.code == 0
             continue
         args = parse_args(call)
-        if args.verb != "merge":
+        if args.verb not in ("merge", "progress"):  # the verbs that take no plan
             assert plan_units(apply_args(load_plan(args.plan), args)), call

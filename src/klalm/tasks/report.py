@@ -7,6 +7,8 @@ unfinished, never as a result:
   finished all its seeds without; `≤d` = solved at d while a shallower depth is unfinished; `>D` = every planned
   depth up to D finished unsolved; `>k …` = depths up to k finished unsolved and the next is unfinished (`…` when
   k = 0); `not run` = no run of the cell has finished. In brackets the best held-out accuracy of the cell.
+  The runs table lists finished runs, and then units paused at a block's end with their step and best accuracy
+  so far (progress.jsonl; such a unit may be resumed, or its state may be lost: either way it is unfinished).
 - MQAR: best held-out accuracy over learning rates and seeds per (arch, depth, width) and (length, pairs) cell, the
   best lr in brackets, `(k/n)` when only k of the cell's n planned runs have finished.
 - MAD: best accuracy over learning rates, weight decays and seeds per task, `(k/n)` likewise.
@@ -77,10 +79,17 @@ def min_depth(depths: dict[int, tuple[int, list[Row]]], metric: str, threshold: 
     return (f">{highest_unsolved} …" if highest_unsolved else "…"), "unfinished"
 
 
-def a5_section(plan: RunPlan, rows: list[Row], figure: Figure | None) -> str:
+def a5_section(plan: RunPlan, rows: list[Row], figure: Figure | None, progress: list[Row] = ()) -> str:
+    """The minimum-depth table, the runs table (with the paused units of `progress`) and the figure."""
     metric, threshold = CRITERIA[plan.a5.criterion], plan.a5.threshold
     grid = a5_grid(plan, rows)
     lengths = sorted({length for per_arch in grid.values() for length in per_arch})
+    paused = paused_runs(plan, rows, progress)
+    paused_best: dict[tuple[str, int], float] = {}  # (arch, length) -> best accuracy of its paused seeds so far
+    for unit, seen in paused:
+        best = max((e[EVAL_COLUMNS[metric]] for r in seen for e in r["evals"]), default=0.0)
+        key = (unit.arch, unit.task["length"])
+        paused_best[key] = max(best, paused_best.get(key, 0.0))
     table, cells = [], {}
     for arch, per_length in grid.items():
         line = [arch]
@@ -90,6 +99,8 @@ def a5_section(plan: RunPlan, rows: list[Row], figure: Figure | None) -> str:
                 continue
             text, state = min_depth(per_length[length], metric, threshold)
             done = [r for _, rs in per_length[length].values() for r in rs]
+            if state == "open" and (arch, length) in paused_best:
+                text, state = f"… (paused: {_pct(paused_best[arch, length])})", "unfinished"
             cells[arch, length] = (text, state)
             line.append(text + (f" ({_pct(max(r[metric] for r in done))})" if done else ""))
         table.append(line)
@@ -98,7 +109,7 @@ def a5_section(plan: RunPlan, rows: list[Row], figure: Figure | None) -> str:
         f"A5, minimum blocks ({criterion}; best accuracy % in brackets):",
         _table(["arch"] + [f"L={n}" for n in lengths], table),
         "A5 runs (finished seeds / planned, seeds that reached the threshold, best accuracies %, steps):",
-        a5_runs_table(grid, metric, threshold),
+        a5_runs_table(grid, metric, threshold, paused),
     ]
     if figure is not None and rows:
         plot_a5(cells, lengths, max(d for a in grid.values() for c in a.values() for d in c), plan, figure[0])
@@ -106,7 +117,26 @@ def a5_section(plan: RunPlan, rows: list[Row], figure: Figure | None) -> str:
     return "\n\n".join(parts)
 
 
-def a5_runs_table(grid: dict, metric: str, threshold: float) -> str:
+EVAL_COLUMNS = {"token_acc": 2, "seq_acc": 3}  # positions in a row's compact evals: [step, loss, token, seq]
+
+
+def paused_runs(plan: RunPlan, rows: list[Row], progress: list[Row]) -> list[tuple[Unit, list[Row]]]:
+    """Planned A5 units with unfinished seeds that have progress rows: the latest row of each such seed."""
+    finished = {row_key(r) for r in rows}
+    latest: dict[str, Row] = {}
+    for row in progress:
+        key = row_key(row)
+        if key not in finished and (key not in latest or row["steps"] > latest[key]["steps"]):
+            latest[key] = row
+    out = []
+    for unit in plan_units(plan):
+        seen = [latest[unit.key(s)] for s in unit.seeds if unit.key(s) in latest]
+        if unit.family == "a5" and seen:
+            out.append((unit, seen))
+    return out
+
+
+def a5_runs_table(grid: dict, metric: str, threshold: float, paused: list[tuple[Unit, list[Row]]] = ()) -> str:
     lines = []
     for arch, per_length in grid.items():
         for length, per_depth in sorted(per_length.items()):
@@ -118,6 +148,13 @@ def a5_runs_table(grid: dict, metric: str, threshold: float) -> str:
                 lines.append([arch, str(length), str(depth), f"{len(done)}/{seeds}", solved,
                               _pct(max(r["token_acc"] for r in done)), _pct(max(r["seq_acc"] for r in done)),
                               f"{steps[0]}" if steps[0] == steps[-1] else f"{steps[0]}-{steps[-1]}"])  # fmt: skip
+    for unit, seen in paused:
+        evals = [e for r in seen for e in r["evals"]]
+        token, seq = (_pct(max((e[i] for e in evals), default=0.0)) for i in EVAL_COLUMNS.values())
+        seeds, done = grid[unit.arch][unit.task["length"]][unit.n_layers]
+        lines.append([unit.arch, str(unit.task["length"]), str(unit.n_layers),
+                      f"{len(done)}/{seeds}, {len(seen)} paused", "none yet", token, seq,
+                      f"paused at {min(r['steps'] for r in seen)} of {unit.train.steps}"])  # fmt: skip
     if not lines:
         return "(none finished yet)"
     return _table(["arch", "L", "blocks", "seeds", "solved by", "token acc", "seq acc", "steps"], lines)
@@ -249,7 +286,11 @@ def sections(plan: RunPlan, folder: Path, image_dir: Path, link_prefix: str) -> 
     out = {}
     for family in plan.families:
         name = f"synthetic_{family}.png"
-        out[family] = SECTIONS[family](plan, results.rows[family], (image_dir / name, link_prefix + name))
+        figure = (image_dir / name, link_prefix + name)
+        if family == "a5":  # the one family whose report lists paused units
+            out[family] = a5_section(plan, results.rows[family], figure, results.progress)
+        else:
+            out[family] = SECTIONS[family](plan, results.rows[family], figure)
     return out
 
 

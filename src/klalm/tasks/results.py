@@ -2,6 +2,8 @@
 
     <results>/a5.jsonl  mqar.jsonl  mad.jsonl   one row per finished (cell, seed) (klalm.tasks.units)
     <results>/rates.jsonl                       one row per unit run: device, shape, seconds per step, overhead
+    <results>/progress.jsonl                    one row per (cell, seed) of a unit paused at a block's end, per pause:
+                                                its step and evaluations so far (klalm.tasks.units.paused_rows)
 
 Rows are only ever appended, one JSON object per line, as each unit finishes, so an interrupted block keeps every
 unit it finished. A (cell, seed) with a row is finished and is not run again.
@@ -37,6 +39,7 @@ from klalm.tasks.plans import Estimate
 from klalm.tasks.units import Unit, UnitOutcome, row_key
 
 RATES_FILE = "rates.jsonl"
+PROGRESS_FILE = "progress.jsonl"
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
@@ -83,6 +86,7 @@ class Results:
         folder.mkdir(parents=True, exist_ok=True)
         self.rows = {family: read_jsonl(family_file(folder, family)) for family in families}
         self.rates = read_jsonl(folder / RATES_FILE)
+        self.progress = read_jsonl(folder / PROGRESS_FILE)
         self.keys = {row_key(row) for rows in self.rows.values() for row in rows}
         self._lock = threading.Lock()
 
@@ -100,6 +104,21 @@ class Results:
                 self.keys.update(row_key(row) for row in rows)
             append_lines(self.folder / RATES_FILE, [outcome.rate])
             self.rates.append(outcome.rate)
+
+    def record_progress(self, rows: list[dict[str, Any]]) -> int:
+        """Append the progress rows (`units.paused_rows`) not recorded yet, by (cell, seed, step); returns how many."""
+        with self._lock:
+            known = {progress_key(r) for r in self.progress}
+            new = [r for r in rows if progress_key(r) not in known]
+            if new:
+                append_lines(self.folder / PROGRESS_FILE, new)
+                self.progress.extend(new)
+            return len(new)
+
+
+def progress_key(row: dict[str, Any]) -> str:
+    """A progress row's identity: its (cell, seed) and the step it paused at."""
+    return f"{row_key(row)}@{row['steps']}"
 
 
 def estimate_s(unit: Unit, rates: list[dict[str, Any]], device: str, procs_per_gpu: int, prior: Estimate,
@@ -185,11 +204,11 @@ def merge(source: Path, folder: Path, commit: str) -> dict[str, int]:
     added = {}
     for path in sorted(source.glob("*.jsonl")):
         mine = read_jsonl(folder / path.name)
-        key = _rate_key if path.name == RATES_FILE else row_key
+        key = {RATES_FILE: _rate_key, PROGRESS_FILE: progress_key}.get(path.name, row_key)
         known = {key(r) for r in mine}
         new = [r for r in read_jsonl(path) if key(r) not in known]
         for row in new:
-            run = row.get("run", row)
+            run = row.get("run", row)  # result rows keep the commit in "run"; rates and progress rows at the top
             if run.get("commit") == "unknown":
                 run["commit"] = commit
         if new:

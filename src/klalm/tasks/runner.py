@@ -14,6 +14,11 @@ before the deadline; one that cannot finish in time pauses at the deadline, its 
 (klalm.tasks.units), and the next block resumes it exactly. States of units that finished or were solved meanwhile
 (rows merged from elsewhere) are removed when a block starts. Slots run units side by side: `procs_per_gpu` child
 processes on each GPU, each training `members` seeds in one CUDA graph; a finished unit's rows are appended at once.
+
+States live outside git (46 MiB for a pack of three KLA units) and are lost with the machine that holds them, so at
+its end a block also appends every paused unit's evaluations so far to progress.jsonl (`klalm-synthetic progress`
+does the same for a state folder that came back). A block run with `--finish-only` starts only units whose
+estimate ends before the deadline: the last block before the states would be lost.
 """
 
 from __future__ import annotations
@@ -42,6 +47,7 @@ from klalm.tasks.units import (
     UnitOutcome,
     pack_key,
     pack_tokens,
+    paused_rows,
     remove_state,
     run_units,
     saved_states,
@@ -93,10 +99,12 @@ class GridBlock:
         time_budget_s: this block's wall-clock budget from now (None: no deadline).
         commit: recorded with every row.
         gpu_name: estimate for this GPU model (as rates.jsonl names it) instead of the device's own (`plan` only).
+        finish_only: start only units (and packs) whose estimate ends before the deadline.
     """
 
     def __init__(self, plan: RunPlan, results: Results, state: Path | None, device: str, gpus: int, in_process: bool,
-                 time_budget_s: float | None, commit: str, gpu_name: str | None = None) -> None:  # fmt: skip
+                 time_budget_s: float | None, commit: str, gpu_name: str | None = None,
+                 finish_only: bool = False) -> None:  # fmt: skip
         if time_budget_s is not None and state is None:
             raise ValueError("a block with a time budget needs --state (the folder its unfinished units pause into)")
         self.plan, self.results, self.state, self.device, self.gpus = plan, results, state, device, gpus
@@ -106,6 +114,7 @@ class GridBlock:
         self.in_process = in_process
         self.device_name = gpu_name or (torch.cuda.get_device_name(0) if device == "cuda" else "cpu")
         self.deadline = None if time_budget_s is None else time.time() + time_budget_s
+        self.finish_only = finish_only
         on_gpu = device == "cuda" or gpu_name is not None  # `plan --gpu-name`: estimate as that GPU would run
         self.execution = Execution(procs_per_gpu=plan.procs_per_gpu, commit=commit,
                                    compile_backend=plan.compile_backend if on_gpu else None)  # fmt: skip
@@ -180,12 +189,15 @@ class GridBlock:
                           steps, compile_backend=self.execution.compile_backend,
                           tokens_per_step=pack_tokens(pack))  # fmt: skip
 
-    def fits(self, unit: Unit) -> bool:
-        """Whether the unit may start now: its estimated overhead and MIN_TRAIN_S of training end before the deadline
-        (a unit that cannot finish pauses at the deadline)."""
+    def fits(self, unit: Unit, pack: list[Unit] | None = None) -> bool:
+        """Whether the unit (in `pack`) may start now: its estimated overhead and MIN_TRAIN_S of training end before
+        the deadline (a unit that cannot finish pauses at the deadline); with finish_only, all its steps do."""
         if self.deadline is None:
             return True
-        return self.estimate(unit, steps=0)[0] + MIN_TRAIN_S <= self.deadline - MARGIN_S - time.time()
+        left = self.deadline - MARGIN_S - time.time()
+        if self.finish_only:
+            return self.estimate(unit, pack=pack)[0] <= left
+        return self.estimate(unit, steps=0)[0] + MIN_TRAIN_S <= left
 
     def _claim(self) -> list[Unit] | None:
         """The next units to start with their free seeds, paused ones first: one unit, or a pack of up to
@@ -199,6 +211,8 @@ class GridBlock:
                         part = dataclasses.replace(unit, seeds=self.free_seeds(unit))
                         if state == wanted and self.fits(part):
                             pack = [part, *self._pack_mates(part, state, states)]
+                            while len(pack) > 1 and not self.fits(part, pack):  # a bigger pack steps slower
+                                pack.pop()
                             self.running.extend(pack)
                             self._busy.update(u.key(s) for u in pack for s in u.seeds)
                             return pack
@@ -305,6 +319,8 @@ class GridBlock:
         if self.state is not None:
             size = sum(path.stat().st_size for path in self.state.glob("*") if path.is_file()) / 2**20
             log.info("saved states: %d unit(s), %.1f MiB in %s", len(self.saved()), size, self.state)
+            recorded = self.results.record_progress(paused_rows(self.state, self.execution.commit))
+            log.info("progress.jsonl: %d row(s) of paused seeds recorded", recorded)
 
 
 def _summary(outcome: UnitOutcome) -> str:
@@ -389,6 +405,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                          "(needed by a run with a time budget)")  # fmt: skip
         if verb == "run":
             cmd.add_argument("--in-process", action="store_true", help="run units in this process (one slot)")
+            cmd.add_argument("--finish-only", action="store_true", help="start only units estimated to end before "
+                             "the deadline (the last block before the states would be lost)")  # fmt: skip
         else:
             cmd.add_argument("--gpu-name", help="estimate from this GPU model's rows of rates.jsonl (e.g. 'NVIDIA "
                              "H200') instead of this machine's device")  # fmt: skip
@@ -402,6 +420,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     merged.add_argument("--from", dest="source", type=Path, required=True, help="the folder that came back")
     merged.add_argument("--results", type=Path, required=True, help="the committed results folder")
     merged.add_argument("--commit", default=None, help="commit recorded where rows say 'unknown' (default: HEAD)")
+    progress = verbs.add_parser("progress", help="record the evaluations of the units paused in a state folder")
+    progress.add_argument("--state", type=Path, required=True, help="the state folder (e.g. one that came back)")
+    progress.add_argument("--results", type=Path, required=True, help="the results folder (progress.jsonl)")
+    progress.add_argument("--commit", default=None, help="the commit that ran the paused units (default: HEAD)")
     return p.parse_args(argv)
 
 
@@ -411,7 +433,7 @@ def _block(args: argparse.Namespace, plan: RunPlan) -> GridBlock:
     budget = args.time_budget_s if args.time_budget_s is not None else plan.time_budget_s
     results = Results(args.results, plan.families)
     return GridBlock(plan, results, args.state, device, gpus, getattr(args, "in_process", False), budget or None,
-                     _commit(), getattr(args, "gpu_name", None))  # fmt: skip
+                     _commit(), getattr(args, "gpu_name", None), getattr(args, "finish_only", False))  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -422,6 +444,12 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     if args.verb == "merge":
         print(json.dumps(merge(args.source, args.results, args.commit or _commit())))
+        return
+    if args.verb == "progress":
+        if not args.state.is_dir():
+            sys.exit(f"klalm-synthetic: state folder {args.state} does not exist")
+        rows = paused_rows(args.state, args.commit or _commit())
+        print(json.dumps({"progress.jsonl": Results(args.results, []).record_progress(rows)}))
         return
     try:
         plan = apply_args(load_plan(args.plan), args)

@@ -222,6 +222,28 @@ def _load_state(folder: Path, unit: Unit, device: torch.device) -> dict[str, Any
     return torch.load(folder / f"{name}.pt", map_location=device, weights_only=True)
 
 
+def paused_rows(folder: Path, commit: str) -> list[dict[str, Any]]:
+    """One progress row per seed of every unit paused in `folder`: its cell and seed, the step it paused at, its
+    evaluations so far (as a result row's `evals`), the last one's accuracies, and `commit` (the code that ran it).
+    States are not committed and do not outlive the machine that holds them; these rows are what a lost one leaves
+    behind (klalm.tasks.results, progress.jsonl)."""
+    rows = []
+    for name, saved in saved_states(folder).items():
+        unit = Unit.from_dict(saved["unit"])
+        evals = torch.load(folder / f"{name}.pt", map_location="cpu", weights_only=True)["evals"]
+        for seed, seed_evals in zip(unit.seeds, evals, strict=True):
+            last = seed_evals[-1] if seed_evals else {"token_acc": None, "seq_acc": None}
+            rows.append({**unit.cell(), "seed": seed, "steps": saved["step"], "planned_steps": unit.train.steps,
+                         "ended": "paused", "token_acc": last["token_acc"], "seq_acc": last["seq_acc"],
+                         "evals": compact_evals(seed_evals), "spent": saved["spent"], "commit": commit})  # fmt: skip
+    return rows
+
+
+def compact_evals(evals: list[dict[str, float]]) -> list[list[float]]:
+    """A seed's evaluations as [step, loss, token accuracy, sequence accuracy] lists (result and progress rows)."""
+    return [[e["step"], round(e["loss"], 5), e["token_acc"], e["seq_acc"]] for e in evals]
+
+
 def state_mib(unit: Unit) -> float:
     """MiB of the unit's paused state: per seed the fp32 weights and both AdamW moments, and its loss log (the model
     is built on the meta device to count its parameters)."""
@@ -333,7 +355,7 @@ def _row(unit: Unit, member: Member, result: GroupResult, index: int, params: in
         "token_acc": evals[-1]["token_acc"],
         "seq_acc": evals[-1]["seq_acc"],
         "final_loss": result.final_loss[index],
-        "evals": [[e["step"], round(e["loss"], 5), e["token_acc"], e["seq_acc"]] for e in evals],
+        "evals": compact_evals(evals),
         "params": params,
         "mixers": mixer_settings(member.module),
         "run": {**common, **timing},
