@@ -375,8 +375,8 @@ def run_dtypes() -> None:
     variants = {  # name -> (v, Λ or log σ², k, q, a, p), precision floor (None: the second tensor is Λ)
         "fp32 v, Λ, k, q": (f32, None),
         "fp32 v, log σ², k, q": (with_logvar, FLOOR),
-        "bf16 v, k, q; fp32 Λ (the layer before the in-kernel Λ)": (_narrow(f32, torch.bfloat16, LAYER_NARROW), None),
-        "bf16 v, log σ², k, q (the layer now)": (_narrow(with_logvar, torch.bfloat16, ALL_NARROW), FLOOR),
+        "bf16 v, k, q; fp32 Λ (what the KLA layer passes)": (_narrow(f32, torch.bfloat16, LAYER_NARROW), None),
+        "bf16 v, log σ², k, q (kla_scan_logvar)": (_narrow(with_logvar, torch.bfloat16, ALL_NARROW), FLOOR),
         "fp16 v, k, q; fp32 Λ": (_narrow(f32, torch.float16, LAYER_NARROW), None),
     }
     rows = []
