@@ -18,7 +18,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from klalm.kernels.common import PLAIN
+from klalm.kernels.common import BF16_PAIRS, PLAIN
 
 INTS = {"L", "M", "S", "N", "n_chunks", "seg_chunks", "seg_steps", "n_seg"}  # scalar int arguments
 FLOATS = {"floor"}  # scalar float arguments
@@ -34,6 +34,14 @@ ROW_TENSORS = {  # pointer arguments read with `common.load_row`, by the name of
     "B_FMT": "B_ptr",
     "C_FMT": "C_ptr",
 }
+OUTPUTS_LIKE = {  # pointer arguments written in the dtype of an input row tensor, by that tensor's format constexpr
+    "y_ptr": ("V_FMT", "U_FMT"),
+    "y_var_ptr": ("V_FMT",),
+    "dv_ptr": ("V_FMT",),
+    "dlv_ptr": ("LV_FMT",),
+    "du_ptr": ("U_FMT",),
+    "ddt_ptr": ("DT_FMT",),
+}
 
 
 def compile_sm90(fn, constexprs: dict[str, Any], formats: dict[str, int] | None = None, num_warps: int = 1,
@@ -42,8 +50,9 @@ def compile_sm90(fn, constexprs: dict[str, Any], formats: dict[str, int] | None 
 
     constexprs: a value for each of fn's constexpr arguments (extra names are ignored); formats: the `load_row`
     format of each row tensor by its format constexpr's name (default PLAIN; a paired tensor's pointer is then an
-    int32 pointer). Every other argument is a float32 pointer, or an int32/float32 scalar (INTS, FLOATS), and
-    pointers and ints are marked divisible by 16, as Triton specialises the real sizes (M, S multiples of 16).
+    int32 pointer, and the outputs written in its dtype, OUTPUTS_LIKE, are bf16 or fp16 pointers, as the ops launch
+    them). Every other argument is a float32 pointer, or an int32/float32 scalar (INTS, FLOATS), and pointers and
+    ints are marked divisible by 16, as Triton specialises the real sizes (M, S multiples of 16).
     """
     import triton
     from triton.backends.compiler import GPUTarget
@@ -61,7 +70,9 @@ def compile_sm90(fn, constexprs: dict[str, Any], formats: dict[str, int] | None 
             continue
         else:
             paired = any(formats.get(f, PLAIN.value) != PLAIN.value and ROW_TENSORS[f] == name for f in ROW_TENSORS)
-            signature[name] = "i32" if name in INTS else "*i32" if paired else "*fp32"
+            like = [formats[f] for f in OUTPUTS_LIKE.get(name, ()) if formats.get(f, PLAIN.value) != PLAIN.value]
+            output = ("*bf16" if like[0] == BF16_PAIRS.value else "*fp16") if like else "*fp32"
+            signature[name] = "i32" if name in INTS else "*i32" if paired else output
             attrs[(i,)] = [["tt.divisibility", 16]]
             continue
         signature[name] = "constexpr"
