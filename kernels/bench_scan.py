@@ -379,14 +379,34 @@ def run_dtypes() -> None:
         "bf16 v, log σ², k, q (kla_scan_logvar)": (_narrow(with_logvar, torch.bfloat16, ALL_NARROW), FLOOR),
         "fp16 v, k, q; fp32 Λ": (_narrow(f32, torch.float16, LAYER_NARROW), None),
     }
+    from klalm.kernels.mobius_scan_bwd import _kla_bwd_kernel
+    from klalm.kernels.mobius_scan_fwd import _kla_fwd_kernel
+
     rows = []
     for name, (inputs, floor) in variants.items():
         for block_m in (32, 64):
             runners = scan_runners("triton", inputs, ScanConfig(block_m=block_m), precision_floor=floor)
-            rows.append([name, str(block_m)] + [timed_ms(runners[m]) for m in ("fwd", "fwd+bwd (y)")])
+            known = compiled_kernels(_kla_fwd_kernel) | compiled_kernels(_kla_bwd_kernel)
+            row = [name, str(block_m), timed_ms(runners["fwd"]), launched(_kla_fwd_kernel, known)]
+            known |= compiled_kernels(_kla_fwd_kernel)
+            rows.append(row + [timed_ms(runners["fwd+bwd (y)"]), launched(_kla_bwd_kernel, known)])
     shape = "B{batch} L{length} M{channels} S{state}".format(**DTYPE_SHAPE)
-    print(f"\nKLA scan inputs by dtype, {shape} (bwd_block_m 16):")
-    print_table(["inputs", "block_m", "fwd ms", "f+b(y) ms"], rows)
+    print(f"\nKLA scan inputs by dtype, {shape} (bwd_block_m 16; registers and spills as the GPU's compiler built "
+          "the kernels each call launched):")  # fmt: skip
+    print_table(["inputs", "block_m", "fwd ms", "fwd regs, spills", "f+b(y) ms", "bwd regs, spills"], rows)
+
+
+def compiled_kernels(fn) -> dict[str, object]:
+    """key -> Triton CompiledKernel of every variant of the @triton.jit kernel `fn` compiled in this process."""
+    return {key: kernel for caches in fn.device_caches.values() for key, kernel in caches[0].items()}
+
+
+def launched(fn, known: dict[str, object]) -> str:
+    """Registers and spills of the variants of `fn` compiled since `known` was taken (those a call just launched)."""
+    new = [kernel for key, kernel in compiled_kernels(fn).items() if key not in known]
+    for kernel in new:
+        kernel._init_handles()  # loads the binary; Triton reads its registers and spills from the driver then
+    return "; ".join(f"{kernel.n_regs}, {kernel.n_spills}" for kernel in new) or "(cached)"
 
 
 def _narrow(inputs: list[torch.Tensor], dtype: torch.dtype, which: tuple[int, ...]) -> list[torch.Tensor]:
