@@ -33,6 +33,7 @@ from klalm.tasks.units import (
     Execution,
     Unit,
     build_member,
+    evaluate_saved,
     pack_key,
     paused_rows,
     run_unit,
@@ -261,6 +262,15 @@ def test_paused_units_leave_progress_rows_once(tmp_path, capsys):
     assert merge(tmp_path / "other", tmp_path, "abc")["progress.jsonl"] == 0  # the same pause, not twice
     with pytest.raises(SystemExit, match="state folder .*nowhere does not exist"):
         main(["progress", "--state", str(tmp_path / "nowhere"), "--results", str(tmp_path)])
+    saved = evaluate_saved(block.state, torch.device("cpu"))  # the weights reloaded score what training recorded
+    assert [(r["seed"], r["steps"]) for r in saved] == [(0, 10), (1, 10)]
+    assert all(r["token_acc"] == r["recorded_token_acc"] and len(r["position_acc"]) == 3 for r in saved)
+    main(["evaluate", "--state", str(block.state), "--plot", str(tmp_path / "positions.png")])
+    table = capsys.readouterr().out
+    assert "| a5 length=3 kla depth=1" in table and "| token acc (recorded) |" in table
+    assert (tmp_path / "positions.png").stat().st_size > 1000
+    with pytest.raises(SystemExit, match="no paused unit in"):
+        main(["evaluate", "--state", str(tmp_path / "nowhere")])
 
 
 def test_a_finish_only_block_starts_only_what_ends_before_the_deadline(tmp_path):
@@ -465,7 +475,7 @@ def _documented_commands() -> list[list[str]]:
 
 def test_every_documented_command_parses_and_its_plan_loads():
     calls = _documented_commands()
-    assert len(calls) >= 8 and {c[0] for c in calls} == {"run", "plan", "report", "merge", "progress"}
+    assert len(calls) >= 8 and {c[0] for c in calls} == {"run", "plan", "report", "merge", "progress", "evaluate"}
     for call in calls:
         if "--help" in call:
             with pytest.raises(SystemExit) as done:
@@ -473,5 +483,5 @@ def test_every_documented_command_parses_and_its_plan_loads():
             assert done.value.code == 0
             continue
         args = parse_args(call)
-        if args.verb not in ("merge", "progress"):  # the verbs that take no plan
+        if args.verb not in ("merge", "progress", "evaluate"):  # the verbs that take no plan
             assert plan_units(apply_args(load_plan(args.plan), args)), call

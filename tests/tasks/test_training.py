@@ -65,7 +65,10 @@ def test_evaluate_token_and_sequence_accuracy():
     inputs = torch.tensor([[0, 0, 0], [1, 1, 1], [2, 2, 2]])
     labels = torch.tensor([[1, 2, 3], [1, -100, 0], [-100, -100, -100]])
     metrics = evaluate(_Fixed(predictions), inputs, labels, batch_size=2, device=CPU)
-    assert metrics == {"token_acc": 4 / 5, "seq_acc": 1 / 2, "scored_tokens": 5}
+    assert metrics == {"token_acc": 4 / 5, "seq_acc": 1 / 2, "scored_tokens": 5, "position_acc": [1.0, 1.0, 0.5]}
+    unscored = labels.clone()
+    unscored[:, 1] = -100
+    assert evaluate(_Fixed(predictions), inputs, unscored, batch_size=2, device=CPU)["position_acc"] == [1.0, None, 0.5]
     with pytest.raises(ValueError, match="scored"):
         evaluate(_Fixed(predictions), inputs[2:], labels[2:], batch_size=2, device=CPU)
 

@@ -294,6 +294,41 @@ def sections(plan: RunPlan, folder: Path, image_dir: Path, link_prefix: str) -> 
     return out
 
 
+# ---------------------------------------------------------------------------------------- saved units, by position
+
+
+def positions_markdown(rows: list[Row]) -> str:
+    """`units.evaluate_saved` rows as a table: accuracies (%) overall and at every position, one line per seed."""
+    width = max(len(r["position_acc"]) for r in rows)
+    lines = [[r["unit"], str(r["seed"]), str(r["steps"]), _pct(r["recorded_token_acc"] or 0.0), _pct(r["token_acc"]),
+              _pct(r["seq_acc"])] + ["" if a is None else f"{100 * a:.0f}" for a in r["position_acc"]]
+             + [""] * (width - len(r["position_acc"])) for r in rows]  # fmt: skip
+    header = ["unit", "seed", "step", "token acc (recorded)", "token acc", "seq acc", *map(str, range(width))]
+    return _table(header, lines)
+
+
+def plot_positions(rows: list[Row], path: Path) -> None:
+    """Held-out accuracy by position, one line per unit (the mean over its seeds, the seeds' range shaded)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for i, unit in enumerate(dict.fromkeys(r["unit"] for r in rows)):
+        accs = [[100 * (a or 0.0) for a in r["position_acc"]] for r in rows if r["unit"] == unit]
+        x = range(len(accs[0]))
+        mean = [sum(col) / len(col) for col in zip(*accs, strict=True)]
+        ax.plot(x, mean, marker="o", ms=3, color=f"C{i}", label=unit)
+        ax.fill_between(x, [min(c) for c in zip(*accs, strict=True)], [max(c) for c in zip(*accs, strict=True)],
+                        color=f"C{i}", alpha=0.2)  # fmt: skip
+    ax.set(xlabel="position", ylabel="held-out token accuracy (%)", ylim=(0, 101), title="Accuracy by position")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
 def write_doc(plan: RunPlan, folder: Path, doc: Path) -> str:
     """Rewrite the <!-- synthetic:FAMILY --> sections of `doc` (plots in doc's img/ folder); returns a summary."""
     image_dir = doc.parent / "img"

@@ -5,6 +5,8 @@
     klalm-synthetic plan --plan full --families a5 --results results/synthetic     # what is done, what is left
     klalm-synthetic report --plan full --results results/synthetic --doc docs/synthetic.md
     klalm-synthetic merge --from <copy of a results folder> --results results/synthetic
+    klalm-synthetic progress --state .carry/synthetic_state --results results/synthetic   # paused units' evaluations
+    klalm-synthetic evaluate --state .carry/synthetic_state --plot positions.png        # their accuracy by position
 
 A block first resumes the units paused in the state folder (plan order), then walks the plan's other units in
 order (klalm.tasks.plans) and starts each that is ready: its (cell, seed)s have no row yet; for A5, every shallower
@@ -45,6 +47,7 @@ from klalm.tasks.units import (
     Execution,
     Unit,
     UnitOutcome,
+    evaluate_saved,
     pack_key,
     pack_tokens,
     paused_rows,
@@ -424,6 +427,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     progress.add_argument("--state", type=Path, required=True, help="the state folder (e.g. one that came back)")
     progress.add_argument("--results", type=Path, required=True, help="the results folder (progress.jsonl)")
     progress.add_argument("--commit", default=None, help="the commit that ran the paused units (default: HEAD)")
+    assess = verbs.add_parser("evaluate", help="evaluate the units paused in a state folder, by position")
+    assess.add_argument("--state", type=Path, required=True, help="the state folder")
+    assess.add_argument("--device", default="cpu", help="torch device to evaluate on (default: cpu)")
+    assess.add_argument("--plot", type=Path, default=None, help="also plot accuracy by position to this PNG")
     return p.parse_args(argv)
 
 
@@ -444,6 +451,16 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     if args.verb == "merge":
         print(json.dumps(merge(args.source, args.results, args.commit or _commit())))
+        return
+    if args.verb == "evaluate":
+        from klalm.tasks.report import plot_positions, positions_markdown
+
+        rows = evaluate_saved(args.state, torch.device(args.device)) if args.state.is_dir() else []
+        if not rows:
+            sys.exit(f"klalm-synthetic: no paused unit in {args.state}")
+        print(positions_markdown(rows))
+        if args.plot is not None:
+            plot_positions(rows, args.plot)
         return
     if args.verb == "progress":
         if not args.state.is_dir():

@@ -250,10 +250,12 @@ def evaluate(module: nn.Module, inputs: Tensor, labels: Tensor, batch_size: int,
 
     Returns:
         {"token_acc": correct scored tokens / scored tokens, "seq_acc": sequences with every scored token correct
-        / sequences with at least one scored token, "scored_tokens": count}.
+        / sequences with at least one scored token, "scored_tokens": count, "position_acc": the token accuracy at
+        each position 0..L-1, None where no label is scored}.
     """
     module.eval()
     correct = total = seq_correct = seq_total = 0
+    position_hits = position_scored = torch.zeros(labels.shape[1], dtype=torch.long)
     for lo in range(0, inputs.shape[0], batch_size):
         x, y = inputs[lo : lo + batch_size].to(device), labels[lo : lo + batch_size].to(device)
         with autocast(device):
@@ -262,13 +264,16 @@ def evaluate(module: nn.Module, inputs: Tensor, labels: Tensor, batch_size: int,
         hits = (predictions == y) & scored
         correct += int(hits.sum())
         total += int(scored.sum())
+        position_hits, position_scored = position_hits + hits.sum(0).cpu(), position_scored + scored.sum(0).cpu()
         has_scored = scored.any(1)
         seq_correct += int(((hits == scored).all(1) & has_scored).sum())
         seq_total += int(has_scored.sum())
     module.train()
     if total == 0:
         raise ValueError("the test split has no scored positions (every label is -100)")
-    return {"token_acc": correct / total, "seq_acc": seq_correct / max(seq_total, 1), "scored_tokens": total}
+    position_acc = [h / n if n else None for h, n in zip(position_hits.tolist(), position_scored.tolist(), strict=True)]
+    return {"token_acc": correct / total, "seq_acc": seq_correct / max(seq_total, 1), "scored_tokens": total,
+            "position_acc": position_acc}  # fmt: skip
 
 
 @dataclasses.dataclass

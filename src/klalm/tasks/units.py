@@ -32,7 +32,7 @@ from klalm.ops.backends import recording
 from klalm.tasks import make_task, materialize
 from klalm.tasks.readouts import wrap_readout
 from klalm.tasks.streams import FreshStream, SplitStream
-from klalm.tasks.train import GroupResult, GroupTrainer, Member, StopRule, TrainSettings, train_group
+from klalm.tasks.train import GroupResult, GroupTrainer, Member, StopRule, TrainSettings, evaluate, train_group
 
 DATA_SEED = 0  # every arch and seed trains (split tasks) and is tested on the same fixed splits
 MAIN_STREAM, AUX_STREAM = 0, 1  # stream ids of FreshStream under a seed
@@ -232,10 +232,30 @@ def paused_rows(folder: Path, commit: str) -> list[dict[str, Any]]:
         unit = Unit.from_dict(saved["unit"])
         evals = torch.load(folder / f"{name}.pt", map_location="cpu", weights_only=True)["evals"]
         for seed, seed_evals in zip(unit.seeds, evals, strict=True):
-            last = seed_evals[-1] if seed_evals else {"token_acc": None, "seq_acc": None}
+            last = seed_evals[-1] if seed_evals else {}
             rows.append({**unit.cell(), "seed": seed, "steps": saved["step"], "planned_steps": unit.train.steps,
-                         "ended": "paused", "token_acc": last["token_acc"], "seq_acc": last["seq_acc"],
+                         "ended": "paused", "token_acc": last.get("token_acc"), "seq_acc": last.get("seq_acc"),
+                         "position_acc": last.get("position_acc"),
                          "evals": compact_evals(seed_evals), "spent": saved["spent"], "commit": commit})  # fmt: skip
+    return rows
+
+
+def evaluate_saved(folder: Path, device: torch.device) -> list[dict[str, Any]]:
+    """Every seed of every unit paused in `folder`, its weights loaded from the state and evaluated on the unit's
+    held-out split (`train.evaluate`, so with per-position accuracy): one row per seed with the unit's label, arch,
+    task, depth, seed, step, and the accuracy its last evaluation in training recorded (`recorded_token_acc`)."""
+    rows = []
+    for name, saved in saved_states(folder).items():
+        unit = Unit.from_dict(saved["unit"])
+        state = torch.load(folder / f"{name}.pt", map_location="cpu", weights_only=True)
+        test = materialize(make_task(**unit.task), unit.num_test, DATA_SEED, "test")
+        for seed, member_state, evals in zip(unit.seeds, state["members"], state["evals"], strict=True):
+            member = build_member(unit, seed, device, None)
+            member.module.load_state_dict(member_state["module"])
+            rows.append({"unit": unit.label(), "arch": unit.arch, "task": unit.task, "n_layers": unit.n_layers,
+                         "seed": seed, "steps": saved["step"],
+                         "recorded_token_acc": evals[-1]["token_acc"] if evals else None,
+                         **evaluate(member.module, *test, unit.train.eval_batch_size, device)})  # fmt: skip
     return rows
 
 
@@ -354,6 +374,7 @@ def _row(unit: Unit, member: Member, result: GroupResult, index: int, params: in
         "ended": result.ended,
         "token_acc": evals[-1]["token_acc"],
         "seq_acc": evals[-1]["seq_acc"],
+        "position_acc": evals[-1].get("position_acc"),  # rows before 2026-12-01 (fourth session) lack it
         "final_loss": result.final_loss[index],
         "evals": compact_evals(evals),
         "params": params,
