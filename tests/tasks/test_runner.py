@@ -283,6 +283,15 @@ def test_a_finish_only_block_starts_only_what_ends_before_the_deadline(tmp_path)
     cheap = dataclasses.replace(plan, estimate=Estimate(tokens_per_s={"gpt": 1e6}, overhead_s=1.0, safety=1.0))
     assert GridBlock(cheap, Results(tmp_path, ["a5"]), tmp_path / "state", "cpu", 0, True, budget, "abc",
                      finish_only=True).fits(unit)  # fmt: skip
+    # a pack steps slower than its first unit alone (the prior: time grows with the seeds side by side), so one
+    # that would not end in time is cut down to what does
+    prior = Estimate(tokens_per_s={"gpt": 50.0}, overhead_s=1.0, safety=1.0)
+    packed = dataclasses.replace(plan, units_per_process=2, estimate=prior)
+    packed.a5.stages[0].lengths = [3, 4]  # the prior: 13.8 s alone, 26.6 s packed with the other length
+    for budget, size in ((MARGIN_S + 30.0, 2), (MARGIN_S + 20.0, 1), (MARGIN_S + 10.0, 0)):
+        block = GridBlock(packed, Results(tmp_path / str(size), ["a5"]), tmp_path / "state", "cpu", 0, True, budget,
+                          "abc", finish_only=True)  # fmt: skip
+        assert len(block._claim() or []) == size
 
 
 def test_block_runs_resumes_and_reports(tmp_path):
