@@ -397,12 +397,18 @@ def run_dtypes() -> None:
 
 
 def compiled_kernels(fn) -> dict[str, object]:
-    """key -> Triton CompiledKernel of every variant of the @triton.jit kernel `fn` compiled in this process."""
-    return {key: kernel for caches in fn.device_caches.values() for key, kernel in caches[0].items()}
+    """key -> Triton CompiledKernel of every variant of the @triton.jit kernel `fn` compiled in this process ({}
+    under TRITON_INTERPRET, where nothing is compiled)."""
+    caches = getattr(fn, "device_caches", {})
+    return {key: kernel for cache in caches.values() for key, kernel in cache[0].items()}
 
 
 def launched(fn, known: dict[str, object]) -> str:
     """Registers and spills of the variants of `fn` compiled since `known` was taken (those a call just launched)."""
+    from klalm.kernels.common import interpreting
+
+    if interpreting():
+        return "interpreted"
     new = [kernel for key, kernel in compiled_kernels(fn).items() if key not in known]
     for kernel in new:
         kernel._init_handles()  # loads the binary; Triton reads its registers and spills from the driver then
