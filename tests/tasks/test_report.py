@@ -66,8 +66,8 @@ def test_sections_show_results_and_unfinished_cells(tmp_path):
     text = sections(plan, tmp_path, tmp_path, "")
     assert "| kla | 1 (97.0) | not run |" in text["a5"]
     assert "| gpt | >1 … (50.0) | not run |" in text["a5"]
-    assert "| kla | 4 | 1 | 3/3 | 0 | 97.0 | 48.5 | 500 |" in text["a5"]
-    assert "| gpt | 4 | 2 | 1/3 | none | 50.0 | 25.0 | 500 |" in text["a5"]
+    assert "| kla | 4 | 1 | 3/3 | 0 | 97.0 | 48.5 | — | 500 |" in text["a5"]  # no accuracy by position recorded
+    assert "| gpt | 4 | 2 | 1/3 | none | 50.0 | 25.0 | — | 500 |" in text["a5"]
     lr = mqar[1].train.lr
     assert f"| kla, 2 blocks, d=64 | 60.0 (lr {lr:g}) (3/4) | not run | not run | not run |" in text["mqar"]
     assert "| gpt, 2 blocks, d=64 | not run |" in text["mqar"] and "L=2048 K=256" in text["mqar"]
@@ -85,10 +85,12 @@ def test_paused_units_show_their_progress_as_unfinished(tmp_path):
     _write(tmp_path, "progress", [older, *paused])
     text = sections(plan, tmp_path, tmp_path, "")["a5"]
     assert "| kla | not run | … (paused: 60.0) |" in text  # L=4 not run; L=8 unfinished, best so far 60 %
-    assert "| kla | 8 | 1 | 0/3, 2 paused | none yet | 60.0 | 10.0 | paused at 700 of 100000 |" in text
-    _write(tmp_path, "a5", [_row(kla8, 0, 0.65)])  # seed 0 finished since: only seed 1 is still paused
-    assert "| kla | 8 | 1 | 1/3, 1 paused | none yet | 50.0 | 10.0 | paused at 700 of 100000 |" in sections(
+    assert "| kla | 8 | 1 | 0/3, 2 paused | none yet | 60.0 | 10.0 | — | paused at 700 of 100000 |" in text
+    by_position = [1.0, 0.95, None, 0.9, 0.5, 0.9, 0.0, 0.0]  # reach 4: position 2 is not scored, 4 is below 90 %
+    _write(tmp_path, "a5", [{**_row(kla8, 0, 0.65), "position_acc": by_position}])  # seed 0 finished since
+    assert "| kla | 8 | 1 | 1/3, 1 paused | none yet | 50.0 | 10.0 | — | paused at 700 of 100000 |" in sections(
         plan, tmp_path, tmp_path, "")["a5"]  # fmt: skip
+    assert "| kla | 8 | 1 | 1/3 | none | 65.0 | 32.5 | 4 | 500 |" in sections(plan, tmp_path, tmp_path, "")["a5"]
 
 
 def test_write_doc_fills_only_the_marked_sections(tmp_path):

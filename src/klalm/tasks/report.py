@@ -108,7 +108,8 @@ def a5_section(plan: RunPlan, rows: list[Row], figure: Figure | None, progress: 
     parts = [
         f"A5, minimum blocks ({criterion}; best accuracy % in brackets):",
         _table(["arch"] + [f"L={n}" for n in lengths], table),
-        "A5 runs (finished seeds / planned, seeds that reached the threshold, best accuracies %, steps):",
+        "A5 runs (finished seeds / planned, seeds that reached the threshold, best accuracies %, reach: the most "
+        "leading positions a seed gets right at the threshold, steps):",
         a5_runs_table(grid, metric, threshold, paused),
     ]
     if figure is not None and rows:
@@ -147,17 +148,26 @@ def a5_runs_table(grid: dict, metric: str, threshold: float, paused: list[tuple[
                 steps = sorted(r["steps"] for r in done)
                 lines.append([arch, str(length), str(depth), f"{len(done)}/{seeds}", solved,
                               _pct(max(r["token_acc"] for r in done)), _pct(max(r["seq_acc"] for r in done)),
+                              _reach(done, threshold),
                               f"{steps[0]}" if steps[0] == steps[-1] else f"{steps[0]}-{steps[-1]}"])  # fmt: skip
     for unit, seen in paused:
         evals = [e for r in seen for e in r["evals"]]
         token, seq = (_pct(max((e[i] for e in evals), default=0.0)) for i in EVAL_COLUMNS.values())
         seeds, done = grid[unit.arch][unit.task["length"]][unit.n_layers]
         lines.append([unit.arch, str(unit.task["length"]), str(unit.n_layers),
-                      f"{len(done)}/{seeds}, {len(seen)} paused", "none yet", token, seq,
+                      f"{len(done)}/{seeds}, {len(seen)} paused", "none yet", token, seq, _reach(seen, threshold),
                       f"paused at {min(r['steps'] for r in seen)} of {unit.train.steps}"])  # fmt: skip
     if not lines:
         return "(none finished yet)"
-    return _table(["arch", "L", "blocks", "seeds", "solved by", "token acc", "seq acc", "steps"], lines)
+    return _table(["arch", "L", "blocks", "seeds", "solved by", "token acc", "seq acc", "reach", "steps"], lines)
+
+
+def _reach(rows: list[Row], threshold: float) -> str:
+    """The most leading positions that some seed gets right at least `threshold` of the time (its last evaluation),
+    "—" when no row records accuracy by position (rows before 2026-12-01's fourth session)."""
+    reaches = [next((i for i, a in enumerate(r["position_acc"]) if a is not None and a < threshold),
+                    len(r["position_acc"])) for r in rows if r.get("position_acc")]  # fmt: skip
+    return str(max(reaches)) if reaches else "—"
 
 
 BAR_STYLES = {"solved": (None, 1.0), "unsolved": ("//", 0.35), "unfinished": ("..", 0.15), "open": ("..", 0.08)}
