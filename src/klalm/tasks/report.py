@@ -22,7 +22,7 @@ from typing import Any
 from klalm.markdown import fill_sections
 from klalm.tasks.plans import CRITERIA, RunPlan, plan_units
 from klalm.tasks.results import Results
-from klalm.tasks.units import Unit, row_key
+from klalm.tasks.units import EVAL_COLUMNS, Unit, row_key
 
 Row = dict[str, Any]
 Figure = tuple[Path, str]  # (PNG file to write, its path as the Markdown links it)
@@ -87,9 +87,8 @@ def a5_section(plan: RunPlan, rows: list[Row], figure: Figure | None, progress: 
     paused = paused_runs(plan, rows, progress)
     paused_best: dict[tuple[str, int], float] = {}  # (arch, length) -> best accuracy of its paused seeds so far
     for unit, seen in paused:
-        best = max((e[EVAL_COLUMNS[metric]] for r in seen for e in r["evals"]), default=0.0)
         key = (unit.arch, unit.task["length"])
-        paused_best[key] = max(best, paused_best.get(key, 0.0))
+        paused_best[key] = max(_best_so_far(seen, metric), paused_best.get(key, 0.0))
     table, cells = [], {}
     for arch, per_length in grid.items():
         line = [arch]
@@ -116,9 +115,6 @@ def a5_section(plan: RunPlan, rows: list[Row], figure: Figure | None, progress: 
         plot_a5(cells, lengths, max(d for a in grid.values() for c in a.values() for d in c), plan, figure[0])
         parts.append(f"![A5 minimum blocks]({figure[1]})")
     return "\n\n".join(parts)
-
-
-EVAL_COLUMNS = {"token_acc": 2, "seq_acc": 3}  # positions in a row's compact evals: [step, loss, token, seq]
 
 
 def paused_runs(plan: RunPlan, rows: list[Row], progress: list[Row]) -> list[tuple[Unit, list[Row]]]:
@@ -151,8 +147,7 @@ def a5_runs_table(grid: dict, metric: str, threshold: float, paused: list[tuple[
                               _reach(done, threshold),
                               f"{steps[0]}" if steps[0] == steps[-1] else f"{steps[0]}-{steps[-1]}"])  # fmt: skip
     for unit, seen in paused:
-        evals = [e for r in seen for e in r["evals"]]
-        token, seq = (_pct(max((e[i] for e in evals), default=0.0)) for i in EVAL_COLUMNS.values())
+        token, seq = (_pct(_best_so_far(seen, metric)) for metric in EVAL_COLUMNS)
         seeds, done = grid[unit.arch][unit.task["length"]][unit.n_layers]
         lines.append([unit.arch, str(unit.task["length"]), str(unit.n_layers),
                       f"{len(done)}/{seeds}, {len(seen)} paused", "none yet", token, seq, _reach(seen, threshold),
@@ -160,6 +155,11 @@ def a5_runs_table(grid: dict, metric: str, threshold: float, paused: list[tuple[
     if not lines:
         return "(none finished yet)"
     return _table(["arch", "L", "blocks", "seeds", "solved by", "token acc", "seq acc", "reach", "steps"], lines)
+
+
+def _best_so_far(progress: list[Row], metric: str) -> float:
+    """The best `metric` over every evaluation of these progress rows (0 when they hold none)."""
+    return max((e[EVAL_COLUMNS[metric]] for r in progress for e in r["evals"]), default=0.0)
 
 
 def _reach(rows: list[Row], threshold: float) -> str:

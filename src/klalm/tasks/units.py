@@ -228,10 +228,9 @@ def paused_rows(folder: Path, commit: str) -> list[dict[str, Any]]:
     States are not committed and do not outlive the machine that holds them; these rows are what a lost one leaves
     behind (klalm.tasks.results, progress.jsonl)."""
     rows = []
-    for name, saved in saved_states(folder).items():
+    for saved in saved_states(folder).values():
         unit = Unit.from_dict(saved["unit"])
-        evals = torch.load(folder / f"{name}.pt", map_location="cpu", weights_only=True)["evals"]
-        for seed, seed_evals in zip(unit.seeds, evals, strict=True):
+        for seed, seed_evals in zip(unit.seeds, _load_state(folder, unit, torch.device("cpu"))["evals"], strict=True):
             last = seed_evals[-1] if seed_evals else {}
             rows.append({**unit.cell(), "seed": seed, "steps": saved["step"], "planned_steps": unit.train.steps,
                          "ended": "paused", "token_acc": last.get("token_acc"), "seq_acc": last.get("seq_acc"),
@@ -245,9 +244,9 @@ def evaluate_saved(folder: Path, device: torch.device) -> list[dict[str, Any]]:
     held-out split (`train.evaluate`, so with per-position accuracy): one row per seed with the unit's label, arch,
     task, depth, seed, step, and the accuracy its last evaluation in training recorded (`recorded_token_acc`)."""
     rows = []
-    for name, saved in saved_states(folder).items():
+    for saved in saved_states(folder).values():
         unit = Unit.from_dict(saved["unit"])
-        state = torch.load(folder / f"{name}.pt", map_location="cpu", weights_only=True)
+        state = _load_state(folder, unit, torch.device("cpu"))
         test = materialize(make_task(**unit.task), unit.num_test, DATA_SEED, "test")
         for seed, member_state, evals in zip(unit.seeds, state["members"], state["evals"], strict=True):
             member = build_member(unit, seed, device, None)
@@ -257,6 +256,9 @@ def evaluate_saved(folder: Path, device: torch.device) -> list[dict[str, Any]]:
                          "recorded_token_acc": evals[-1]["token_acc"] if evals else None,
                          **evaluate(member.module, *test, unit.train.eval_batch_size, device)})  # fmt: skip
     return rows
+
+
+EVAL_COLUMNS = {"token_acc": 2, "seq_acc": 3}  # where `compact_evals` puts each accuracy
 
 
 def compact_evals(evals: list[dict[str, float]]) -> list[list[float]]:
@@ -374,7 +376,7 @@ def _row(unit: Unit, member: Member, result: GroupResult, index: int, params: in
         "ended": result.ended,
         "token_acc": evals[-1]["token_acc"],
         "seq_acc": evals[-1]["seq_acc"],
-        "position_acc": evals[-1].get("position_acc"),  # rows before 2026-12-01 (fourth session) lack it
+        "position_acc": evals[-1].get("position_acc"),  # absent from evaluations restored from an older state
         "final_loss": result.final_loss[index],
         "evals": compact_evals(evals),
         "params": params,
