@@ -482,9 +482,30 @@ def _documented_commands() -> list[list[str]]:
     return calls
 
 
+def test_positions_of_finished_runs_filter_table_and_plot(tmp_path, capsys):
+    plan = _tiny_plan(families=["a5"], archs=["gpt", "kla"])
+    block = _block(tmp_path, plan)
+    gpt1, kla1, gpt2, _ = block.units
+    block.results.record(_outcome([_row(kla1, 0, 0.9, position_acc=[1.0, 0.875, 0.5]),
+                                   _row(kla1, 1, 0.4, position_acc=[1.0, 0.25, None]),
+                                   _row(gpt2, 0, 0.7, position_acc=[1.0, 1.0, 0.125]),
+                                   _row(gpt1, 0, 0.5)]))  # fmt: skip  # a row from before position_acc
+    main(["positions", "--results", str(tmp_path), "--plot", str(tmp_path / "positions.png")])
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "| unit | seed | step | token acc | seq acc | 0 | 1 | 2 |"  # no "recorded" column here
+    assert lines[2:] == ["| gpt L=3 depth=2 | 0 | 20 | 70.0 | 0.0 | 100 | 100 | 12 |",
+                         "| kla L=3 depth=1 | 0 | 20 | 90.0 | 0.0 | 100 | 88 | 50 |",
+                         "| kla L=3 depth=1 | 1 | 20 | 40.0 | 0.0 | 100 | 25 |  |"]  # fmt: skip
+    assert (tmp_path / "positions.png").stat().st_size > 1000
+    main(["positions", "--results", str(tmp_path), "--archs", "kla", "--depths", "1", "--lengths", "3"])
+    assert len(capsys.readouterr().out.splitlines()) == 4
+    with pytest.raises(SystemExit, match="no A5 row with accuracy by position in .* matches"):
+        main(["positions", "--results", str(tmp_path), "--depths", "4"])
+
+
 def test_every_documented_command_parses_and_its_plan_loads():
     calls = _documented_commands()
-    assert len(calls) >= 8 and {c[0] for c in calls} == {"run", "plan", "report", "merge", "progress", "evaluate"}
+    assert len(calls) >= 8 and {c[0] for c in calls} == {"run", "plan", "report", "merge", "progress", "evaluate", "positions"}
     for call in calls:
         if "--help" in call:
             with pytest.raises(SystemExit) as done:
@@ -492,5 +513,5 @@ def test_every_documented_command_parses_and_its_plan_loads():
             assert done.value.code == 0
             continue
         args = parse_args(call)
-        if args.verb not in ("merge", "progress", "evaluate"):  # the verbs that take no plan
+        if args.verb not in ("merge", "progress", "evaluate", "positions"):  # the verbs that take no plan
             assert plan_units(apply_args(load_plan(args.plan), args)), call

@@ -236,7 +236,8 @@ def plan_units(plan: RunPlan) -> list[Unit]:
 # ------------------------------------------------------------------------------------------------- command line
 
 
-def _ints(text: str) -> list[int]:
+def int_list(text: str) -> list[int]:
+    """ "0,1,2" -> [0, 1, 2] (a command-line list)."""
     return [int(x) for x in text.split(",") if x]
 
 
@@ -254,7 +255,7 @@ def add_plan_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--archs", help="comma-separated archs for build_model, e.g. kla,gpt,mamba,gdn,gpt_kla")
     p.add_argument("--families", help="comma-separated subset of a5,mqar,mad")
     p.add_argument("--steps", type=int, help="optimiser steps of every run (MAD: replaces epochs)")
-    p.add_argument("--seeds", type=_ints, help="seeds of every stage, e.g. 0,1,2")
+    p.add_argument("--seeds", type=int_list, help="seeds of every stage, e.g. 0,1,2")
     p.add_argument("--lrs", help="learning rates of mqar and mad, e.g. 1e-3,3e-3")
     p.add_argument("--device", help="auto, cpu, cuda")
     p.add_argument("--members", type=int, help="seeds trained side by side in one process (one CUDA graph)")
@@ -264,8 +265,8 @@ def add_plan_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-state-mib", type=float, help="a pack's paused states stay under this many MiB")
     p.add_argument("--compile", dest="compile_backend", help="torch.compile backend of the training step on CUDA, "
                    "e.g. inductor; none: eager")  # fmt: skip
-    p.add_argument("--a5-lengths", type=_ints, help="A5 sequence lengths, e.g. 4,8,16")
-    p.add_argument("--a5-depths", type=_ints, help="A5 depths, e.g. 1,2")
+    p.add_argument("--a5-lengths", type=int_list, help="A5 sequence lengths, e.g. 4,8,16")
+    p.add_argument("--a5-depths", type=int_list, help="A5 depths, e.g. 1,2")
     p.add_argument("--a5-criterion", choices=sorted(CRITERIA), help="A5 'solved' metric")
     p.add_argument("--mqar-cells", type=_cells, help="MQAR LENGTHxPAIRS cells, e.g. 64x4,128x8,256x16")
     p.add_argument("--mad-tasks", help=f"comma-separated subset of {','.join(MAD_TASKS)}")

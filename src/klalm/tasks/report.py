@@ -307,18 +307,35 @@ def sections(plan: RunPlan, folder: Path, image_dir: Path, link_prefix: str) -> 
 # ---------------------------------------------------------------------------------------- saved units, by position
 
 
+def finished_positions(rows: list[Row], archs: list[str], lengths: list[int], depths: list[int]) -> list[Row]:
+    """The A5 result rows that carry accuracy by position, of the given archs, lengths and depths (empty: all), in
+    the form `units.evaluate_saved` gives paused units (a `unit` label per (arch, length, depth)), sorted by arch,
+    depth, length and seed."""
+    kept = [r for r in rows if r.get("position_acc") and (not archs or r["arch"] in archs)
+            and (not lengths or r["task"]["length"] in lengths) and (not depths or r["n_layers"] in depths)]  # fmt: skip
+    kept.sort(key=lambda r: (r["arch"], r["n_layers"], r["task"]["length"], r["seed"]))
+    return [{**r, "unit": f"{r['arch']} L={r['task']['length']} depth={r['n_layers']}"} for r in kept]
+
+
 def positions_markdown(rows: list[Row]) -> str:
-    """`units.evaluate_saved` rows as a table: accuracies (%) overall and at every position, one line per seed."""
+    """Rows of `units.evaluate_saved` or `finished_positions` as a table: accuracies (%) overall and at every
+    position, one line per seed (with the accuracy training last recorded, where the rows were re-evaluated)."""
     width = max(len(r["position_acc"]) for r in rows)
-    lines = [[r["unit"], str(r["seed"]), str(r["steps"]), _pct(r["recorded_token_acc"] or 0.0), _pct(r["token_acc"]),
-              _pct(r["seq_acc"])] + ["" if a is None else f"{100 * a:.0f}" for a in r["position_acc"]]
-             + [""] * (width - len(r["position_acc"])) for r in rows]  # fmt: skip
-    header = ["unit", "seed", "step", "token acc (recorded)", "token acc", "seq acc", *map(str, range(width))]
+    recorded = all("recorded_token_acc" in r for r in rows)
+    lines = []
+    for r in rows:
+        accs = [_pct(r["recorded_token_acc"] or 0.0)] if recorded else []
+        accs += [_pct(r["token_acc"]), _pct(r["seq_acc"])]
+        by_position = ["" if a is None else f"{100 * a:.0f}" for a in r["position_acc"]]
+        lines.append([r["unit"], str(r["seed"]), str(r["steps"]), *accs, *by_position] + [""] * (width - len(by_position)))
+    header = ["unit", "seed", "step", *(["token acc (recorded)"] if recorded else []), "token acc", "seq acc",
+              *map(str, range(width))]  # fmt: skip
     return _table(header, lines)
 
 
 def plot_positions(rows: list[Row], path: Path) -> None:
-    """Held-out accuracy by position, one line per unit (the mean over its seeds, the seeds' range shaded)."""
+    """Held-out accuracy by position, one line per unit: its best seed (highest token accuracy, the seed that decides
+    whether the cell is solved), the range over its seeds shaded."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -326,13 +343,16 @@ def plot_positions(rows: list[Row], path: Path) -> None:
 
     fig, ax = plt.subplots(figsize=(7, 4))
     for i, unit in enumerate(dict.fromkeys(r["unit"] for r in rows)):
-        accs = [[100 * (a or 0.0) for a in r["position_acc"]] for r in rows if r["unit"] == unit]
-        x = range(len(accs[0]))
-        mean = [sum(col) / len(col) for col in zip(*accs, strict=True)]
-        ax.plot(x, mean, marker="o", ms=3, color=f"C{i}", label=unit)
+        seeds = [r for r in rows if r["unit"] == unit]
+        accs = [[100 * (a or 0.0) for a in r["position_acc"]] for r in seeds]
+        best = accs[max(range(len(seeds)), key=lambda j: seeds[j]["token_acc"])]
+        x = range(len(best))
+        ax.plot(x, best, marker="o", ms=3, color=f"C{i}", label=f"{unit} ({len(seeds)} seeds)")
         ax.fill_between(x, [min(c) for c in zip(*accs, strict=True)], [max(c) for c in zip(*accs, strict=True)],
-                        color=f"C{i}", alpha=0.2)  # fmt: skip
-    ax.set(xlabel="position", ylabel="held-out token accuracy (%)", ylim=(0, 101), title="Accuracy by position")
+                        color=f"C{i}", alpha=0.15)  # fmt: skip
+    ax.xaxis.get_major_locator().set_params(integer=True)
+    ax.set(xlabel="position", ylabel="held-out token accuracy (%)", ylim=(0, 101),
+           title="Accuracy by position (line: best seed; shaded: all seeds)")
     ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=120)

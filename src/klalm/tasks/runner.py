@@ -7,6 +7,7 @@
     klalm-synthetic merge --from <copy of a results folder> --results results/synthetic
     klalm-synthetic progress --state .carry/synthetic_state --results results/synthetic   # paused units' evaluations
     klalm-synthetic evaluate --state .carry/synthetic_state --plot positions.png        # their accuracy by position
+    klalm-synthetic positions --results results/synthetic --archs kla --plot positions.png  # finished runs' too
 
 A block first resumes the units paused in the state folder (plan order), then walks the plan's other units in
 order (klalm.tasks.plans) and starts each that is ready: its (cell, seed)s have no row yet; for A5, every shallower
@@ -40,7 +41,7 @@ from pathlib import Path
 
 import torch
 
-from klalm.tasks.plans import RunPlan, add_plan_args, apply_args, load_plan, plan_units
+from klalm.tasks.plans import RunPlan, add_plan_args, apply_args, int_list, load_plan, plan_units
 from klalm.tasks.results import Results, estimate_s, merge
 from klalm.tasks.units import (
     CELL_FIELDS,
@@ -431,6 +432,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     assess.add_argument("--state", type=Path, required=True, help="the state folder")
     assess.add_argument("--device", default="cpu", help="torch device to evaluate on (default: cpu)")
     assess.add_argument("--plot", type=Path, default=None, help="also plot accuracy by position to this PNG")
+    shown = verbs.add_parser("positions", help="finished A5 runs' held-out accuracy by position")
+    shown.add_argument("--results", type=Path, required=True, help="the results folder (a5.jsonl)")
+    shown.add_argument("--archs", type=lambda text: [a for a in text.split(",") if a], default=[], help="comma-separated archs (default: all)")
+    shown.add_argument("--lengths", type=int_list, default=[], help="comma-separated A5 lengths (default: all)")
+    shown.add_argument("--depths", type=int_list, default=[], help="comma-separated depths (default: all)")
+    shown.add_argument("--plot", type=Path, default=None, help="also plot accuracy by position to this PNG")
     return p.parse_args(argv)
 
 
@@ -452,12 +459,17 @@ def main(argv: list[str] | None = None) -> None:
     if args.verb == "merge":
         print(json.dumps(merge(args.source, args.results, args.commit or _commit())))
         return
-    if args.verb == "evaluate":
-        from klalm.tasks.report import plot_positions, positions_markdown
+    if args.verb in ("evaluate", "positions"):
+        from klalm.tasks.report import finished_positions, plot_positions, positions_markdown
 
-        rows = evaluate_saved(args.state, torch.device(args.device)) if args.state.is_dir() else []
-        if not rows:
-            sys.exit(f"klalm-synthetic: no paused unit in {args.state}")
+        if args.verb == "evaluate":
+            rows = evaluate_saved(args.state, torch.device(args.device)) if args.state.is_dir() else []
+            if not rows:
+                sys.exit(f"klalm-synthetic: no paused unit in {args.state}")
+        else:
+            rows = finished_positions(Results(args.results, ["a5"]).rows["a5"], args.archs, args.lengths, args.depths)
+            if not rows:
+                sys.exit(f"klalm-synthetic: no A5 row with accuracy by position in {args.results} matches")
         print(positions_markdown(rows))
         if args.plot is not None:
             plot_positions(rows, args.plot)
