@@ -505,7 +505,8 @@ def test_positions_of_finished_runs_filter_table_and_plot(tmp_path, capsys):
 
 def test_every_documented_command_parses_and_its_plan_loads():
     calls = _documented_commands()
-    assert len(calls) >= 8 and {c[0] for c in calls} == {"run", "plan", "report", "merge", "progress", "evaluate", "positions"}
+    verbs = {"run", "plan", "report", "merge", "progress", "evaluate", "positions"}
+    assert len(calls) >= 8 and {c[0] for c in calls} == verbs
     for call in calls:
         if "--help" in call:
             with pytest.raises(SystemExit) as done:

@@ -312,7 +312,8 @@ def finished_positions(rows: list[Row], archs: list[str], lengths: list[int], de
     the form `units.evaluate_saved` gives paused units (a `unit` label per (arch, length, depth)), sorted by arch,
     depth, length and seed."""
     kept = [r for r in rows if r.get("position_acc") and (not archs or r["arch"] in archs)
-            and (not lengths or r["task"]["length"] in lengths) and (not depths or r["n_layers"] in depths)]  # fmt: skip
+            and (not lengths or r["task"]["length"] in lengths)
+            and (not depths or r["n_layers"] in depths)]  # fmt: skip
     kept.sort(key=lambda r: (r["arch"], r["n_layers"], r["task"]["length"], r["seed"]))
     return [{**r, "unit": f"{r['arch']} L={r['task']['length']} depth={r['n_layers']}"} for r in kept]
 
@@ -327,7 +328,8 @@ def positions_markdown(rows: list[Row]) -> str:
         accs = [_pct(r["recorded_token_acc"] or 0.0)] if recorded else []
         accs += [_pct(r["token_acc"]), _pct(r["seq_acc"])]
         by_position = ["" if a is None else f"{100 * a:.0f}" for a in r["position_acc"]]
-        lines.append([r["unit"], str(r["seed"]), str(r["steps"]), *accs, *by_position] + [""] * (width - len(by_position)))
+        padding = [""] * (width - len(by_position))
+        lines.append([r["unit"], str(r["seed"]), str(r["steps"]), *accs, *by_position, *padding])
     header = ["unit", "seed", "step", *(["token acc (recorded)"] if recorded else []), "token acc", "seq acc",
               *map(str, range(width))]  # fmt: skip
     return _table(header, lines)
@@ -352,7 +354,7 @@ def plot_positions(rows: list[Row], path: Path) -> None:
                         color=f"C{i}", alpha=0.15)  # fmt: skip
     ax.xaxis.get_major_locator().set_params(integer=True)
     ax.set(xlabel="position", ylabel="held-out token accuracy (%)", ylim=(0, 101),
-           title="Accuracy by position (line: best seed; shaded: all seeds)")
+           title="Accuracy by position (line: best seed; shaded: all seeds)")  # fmt: skip
     ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
