@@ -247,13 +247,20 @@ BWD_VARIANTS = [dict(bwd_unroll=1), dict(bwd_num_stages=2, bwd_unroll=1), dict(b
 TUNE = [dict(), dict(chunk=64), dict(num_stages=3, unroll=2), dict(block_m=16, num_stages=4, unroll=2), *BWD_VARIANTS]
 
 
-def run_tune() -> None:
-    """Time the Triton kernels over launch configs at the main size."""
-    from klalm.kernels.common import ScanConfig
+def tune_configs(default):
+    """TUNE's variants of a scan's default launch config (each dict replaces those fields), the default first and
+    each distinct config once."""
+    return list(dict.fromkeys(default._replace(**overrides) for overrides in TUNE))
 
-    configs = [ScanConfig(**overrides) for overrides in TUNE]
-    rows = [[f"kla {tuple(c)}"] + bench_kla_row("triton", MAIN, c)[2:] for c in configs]
-    rows += [[f"selective {tuple(c)}"] + bench_ss_row("triton", MAIN, c)[2:] for c in configs]
+
+def run_tune() -> None:
+    """Time the Triton kernels over launch configs at the main size, each scan from its own default config."""
+    from klalm.kernels.common import ScanConfig
+    from klalm.kernels.mobius_scan import DEFAULT_CONFIG as KLA_DEFAULT
+    from klalm.kernels.selective_scan import DEFAULT_CONFIG as SS_DEFAULT
+
+    rows = [[f"kla {tuple(c)}"] + bench_kla_row("triton", MAIN, c)[2:] for c in tune_configs(KLA_DEFAULT)]
+    rows += [[f"selective {tuple(c)}"] + bench_ss_row("triton", MAIN, c)[2:] for c in tune_configs(SS_DEFAULT)]
     print_table([f"config {ScanConfig._fields}"] + HEADER[2:], rows)
 
 

@@ -45,3 +45,17 @@ def test_tables_run_at_tiny_shapes(tiny_bench, capsys, run, n_rows, n_timings):
     rows = [row for row in table_rows(capsys.readouterr().out) if row[0] not in ("L", "inputs", "shape")]  # data
     assert len(rows) == n_rows and len(tiny_bench) == n_timings
     assert all(cell for row in rows for cell in row)
+
+
+def test_tune_times_each_scan_from_its_own_default(tiny_bench, capsys, monkeypatch):
+    from klalm.kernels.mobius_scan import DEFAULT_CONFIG as KLA_DEFAULT
+    from klalm.kernels.selective_scan import DEFAULT_CONFIG as SS_DEFAULT
+
+    monkeypatch.setattr(bench_scan, "MAIN", dict(batch=1, length=9, channels=4, state=2))
+    monkeypatch.setattr(bench_scan, "TUNE", [dict(), dict(unroll=2), dict(chunk=64)])
+    bench_scan.run_tune()
+    labels = [row[0] for row in table_rows(capsys.readouterr().out) if not row[0].startswith("config")]
+    kla, selective = ([tuple(c) for c in bench_scan.tune_configs(d)] for d in (KLA_DEFAULT, SS_DEFAULT))
+    assert SS_DEFAULT.chunk == 64 and len(selective) == 2  # its chunk-64 variant is its default: timed once
+    assert labels == [f"kla {c}" for c in kla] + [f"selective {c}" for c in selective]
+    assert selective[0] == tuple(SS_DEFAULT) and kla[0] == tuple(KLA_DEFAULT) and len(kla) == 3
