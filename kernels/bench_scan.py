@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -372,9 +373,10 @@ ALL_NARROW = (0, 1, 2, 3)  # and log σ², once Λ is formed in the kernels
 FLOOR = 1e-4  # the KLA layer's precision floor
 
 
-def run_dtypes() -> None:
+def run_dtypes(asm_dir: Path | None = None) -> None:
     """fp32 against 16-bit inputs at the kla_45m scan shape: the KLA layer's inputs before and after the in-kernel
-    Λ, each at block_m 32 and 64 (64 channels on one warp: two per thread, another way to 32-bit 16-bit loads)."""
+    Λ, each at block_m 32 and 64 (64 channels on one warp: two per thread, another way to 32-bit 16-bit loads).
+    With `asm_dir`, the code of every kernel a row launched is written there (`write_asm`)."""
     from klalm.kernels.common import ScanConfig
 
     f32 = kla_inputs(**DTYPE_SHAPE)
@@ -390,13 +392,19 @@ def run_dtypes() -> None:
     from klalm.kernels.mobius_scan_fwd import _kla_fwd_kernel
 
     rows = []
-    for name, (inputs, floor) in variants.items():
+    for i, (name, (inputs, floor)) in enumerate(variants.items()):
         for block_m in (32, 64):
             runners = scan_runners("triton", inputs, ScanConfig(block_m=block_m), precision_floor=floor)
             known = compiled_kernels(_kla_fwd_kernel) | compiled_kernels(_kla_bwd_kernel)
-            row = [name, str(block_m), timed_ms(runners["fwd"]), launched(_kla_fwd_kernel, known)]
+            fwd_ms = timed_ms(runners["fwd"])
+            fwd = new_kernels(_kla_fwd_kernel, known)
             known |= compiled_kernels(_kla_fwd_kernel)
-            rows.append(row + [timed_ms(runners["fwd+bwd (y)"]), launched(_kla_bwd_kernel, known)])
+            fwd_bwd_ms = timed_ms(runners["fwd+bwd (y)"])
+            bwd = new_kernels(_kla_bwd_kernel, known)
+            if asm_dir is not None:
+                write_asm(fwd, asm_dir, f"row{i}_bm{block_m}_fwd")
+                write_asm(bwd, asm_dir, f"row{i}_bm{block_m}_bwd")
+            rows.append([name, str(block_m), fwd_ms, registers(fwd), fwd_bwd_ms, registers(bwd)])
     shape = "B{batch} L{length} M{channels} S{state}".format(**DTYPE_SHAPE)
     print(f"\nKLA scan inputs by dtype, {shape} (bwd_block_m 16; registers and spills as the GPU's compiler built "
           "the kernels each call launched):")  # fmt: skip
@@ -410,16 +418,42 @@ def compiled_kernels(fn) -> dict[str, object]:
     return {key: kernel for cache in caches.values() for key, kernel in cache[0].items()}
 
 
-def launched(fn, known: dict[str, object]) -> str:
-    """Registers and spills of the variants of `fn` compiled since `known` was taken (those a call just launched)."""
+def new_kernels(fn, known: dict[str, object]) -> list | None:
+    """The variants of `fn` compiled since `known` was taken (those a call just launched), their binaries loaded so
+    that Triton has read their registers and spills from the driver; None under TRITON_INTERPRET."""
     from klalm.kernels.common import interpreting
 
     if interpreting():
-        return "interpreted"
+        return None
     new = [kernel for key, kernel in compiled_kernels(fn).items() if key not in known]
     for kernel in new:
-        kernel._init_handles()  # loads the binary; Triton reads its registers and spills from the driver then
-    return "; ".join(f"{kernel.n_regs}, {kernel.n_spills}" for kernel in new) or "(cached)"
+        kernel._init_handles()
+    return new
+
+
+def registers(kernels: list | None) -> str:
+    """ "registers, spill bytes" of each kernel ("interpreted" when nothing was compiled, "(cached)" when the call
+    launched only kernels compiled before)."""
+    if kernels is None:
+        return "interpreted"
+    return "; ".join(f"{kernel.n_regs}, {kernel.n_spills}" for kernel in kernels) or "(cached)"
+
+
+ASM_KINDS = ("ttgir", "ptx", "sass")
+
+
+def write_asm(kernels: list | None, folder: Path, stem: str) -> None:
+    """Each kernel's TTGIR, PTX and SASS as `folder/stem[_j].{kind}` (SASS needs the cuobjdump Triton ships; a kind
+    that cannot be produced is written as a one-line note)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for j, kernel in enumerate(kernels or []):
+        name = stem if len(kernels) == 1 else f"{stem}_{j}"
+        for kind in ASM_KINDS:
+            try:
+                text = kernel.asm[kind]
+            except Exception as err:  # noqa: BLE001 - a missing disassembler must not lose the table
+                text = f"not available: {type(err).__name__}: {err}\n"
+            (folder / f"{name}.{kind}").write_text(text)
 
 
 def _narrow(inputs: list[torch.Tensor], dtype: torch.dtype, which: tuple[int, ...]) -> list[torch.Tensor]:
@@ -463,6 +497,8 @@ def main() -> None:
     parser.add_argument("--dtypes", action="store_true", help="fp32 vs 16-bit inputs at the kla_45m scan shape")
     parser.add_argument("--segments", action="store_true", help="f+b(y) by segment length at small batch")
     parser.add_argument("--registers", action="store_true", help="registers per thread by config (no GPU needed)")
+    parser.add_argument("--asm", type=Path, default=None, help="with --dtypes: write the TTGIR, PTX and SASS of "
+                        "every kernel each row launched into this folder")  # fmt: skip
     args = parser.parse_args()
     if args.registers:
         run_registers()
@@ -471,7 +507,7 @@ def main() -> None:
         print("bench_scan: no CUDA device found; skipping (the kernels are benchmarked on a GPU only)")
         return
     print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}")
-    chosen = [run for flag, run in ((args.lengths, run_lengths), (args.dtypes, run_dtypes),
+    chosen = [run for flag, run in ((args.lengths, run_lengths), (args.dtypes, lambda: run_dtypes(args.asm)),
                                     (args.segments, run_segments), (args.tune, run_tune)) if flag]  # fmt: skip
     for run in chosen:
         run()

@@ -59,3 +59,22 @@ def test_tune_times_each_scan_from_its_own_default(tiny_bench, capsys, monkeypat
     assert SS_DEFAULT.chunk == 64 and len(selective) == 2  # its chunk-64 variant is its default: timed once
     assert labels == [f"kla {c}" for c in kla] + [f"selective {c}" for c in selective]
     assert selective[0] == tuple(SS_DEFAULT) and kla[0] == tuple(KLA_DEFAULT) and len(kla) == 3
+
+
+def test_write_asm_writes_each_kind_and_notes_what_cannot_be_made(tmp_path):
+    class Asm(dict):
+        def __missing__(self, kind):
+            raise RuntimeError("cuobjdump not found")
+
+    class Kernel:
+        def __init__(self, ptx):
+            self.asm = Asm(ttgir="#ttg", ptx=ptx)
+
+    bench_scan.write_asm([Kernel(".version 8.0")], tmp_path / "one", "row0_bm32_fwd")
+    assert (tmp_path / "one" / "row0_bm32_fwd.ptx").read_text() == ".version 8.0"
+    assert (tmp_path / "one" / "row0_bm32_fwd.sass").read_text().startswith("not available: RuntimeError: cuobjdump")
+    bench_scan.write_asm([Kernel("a"), Kernel("b")], tmp_path / "two", "row1_bm64_bwd")
+    assert sorted(f.name for f in (tmp_path / "two").iterdir()) == [
+        f"row1_bm64_bwd_{j}.{kind}" for j in (0, 1) for kind in ("ptx", "sass", "ttgir")]  # fmt: skip
+    bench_scan.write_asm(None, tmp_path / "none", "row2")  # interpreted: nothing compiled, nothing written
+    assert list((tmp_path / "none").iterdir()) == []
