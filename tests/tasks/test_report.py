@@ -119,3 +119,21 @@ def test_docs_synthetic_md_is_what_the_committed_results_produce(tmp_path):
     assert doc.read_text() == (REPO / "docs" / "synthetic.md").read_text()
     for png in (tmp_path / "docs" / "img").glob("*.png"):
         assert (REPO / "docs" / "img" / png.name).is_file(), png.name
+
+
+def test_paused_mqar_units_show_how_far_they_got(tmp_path):
+    plan = _plan()
+    mqar = [u for u in plan_units(plan) if u.family == "mqar" and u.arch == "kla" and u.task["length"] == 64][:2]
+    planned_steps = mqar[0].train.steps
+    paused = [{**_row(u, 0, 0.0), "token_acc": None, "seq_acc": None, "steps": 300, "planned_steps": planned_steps,
+               "evals": []} for u in mqar]  # fmt: skip
+    _write(tmp_path, "progress", paused)  # MQAR evaluates only at the end: nothing measured yet
+    text = sections(plan, tmp_path, tmp_path, "")["mqar"]
+    assert f"| kla, 2 blocks, d=64 | … (paused at 300 of {planned_steps}) |" in text
+    _write(tmp_path, "progress", [{**paused[1], "steps": 400, "token_acc": 0.25, "evals": [[400, 2.0, 0.25, 0.0]]}])
+    assert f"| kla, 2 blocks, d=64 | … (paused at 300 of {planned_steps}: 25.0) |" in sections(
+        plan, tmp_path, tmp_path, "")["mqar"]  # fmt: skip
+    _write(tmp_path, "mqar", [_row(mqar[0], 0, 0.5)])  # one learning rate finished since
+    lr = mqar[0].train.lr
+    text = sections(plan, tmp_path, tmp_path, "")["mqar"]
+    assert f"| kla, 2 blocks, d=64 | 50.0 (lr {lr:g}) (1/4, 1 paused) |" in text

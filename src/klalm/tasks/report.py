@@ -84,7 +84,7 @@ def a5_section(plan: RunPlan, rows: list[Row], figure: Figure | None, progress: 
     metric, threshold = CRITERIA[plan.a5.criterion], plan.a5.threshold
     grid = a5_grid(plan, rows)
     lengths = sorted({length for per_arch in grid.values() for length in per_arch})
-    paused = paused_runs(plan, rows, progress)
+    paused = paused_runs(plan, rows, progress, "a5")
     paused_best: dict[tuple[str, int], float] = {}  # (arch, length) -> best accuracy of its paused seeds so far
     for unit, seen in paused:
         key = (unit.arch, unit.task["length"])
@@ -117,8 +117,8 @@ def a5_section(plan: RunPlan, rows: list[Row], figure: Figure | None, progress: 
     return "\n\n".join(parts)
 
 
-def paused_runs(plan: RunPlan, rows: list[Row], progress: list[Row]) -> list[tuple[Unit, list[Row]]]:
-    """Planned A5 units with unfinished seeds that have progress rows: the latest row of each such seed."""
+def paused_runs(plan: RunPlan, rows: list[Row], progress: list[Row], family: str) -> list[tuple[Unit, list[Row]]]:
+    """Planned units of `family` with unfinished seeds that have progress rows: the latest row of each such seed."""
     finished = {row_key(r) for r in rows}
     latest: dict[str, Row] = {}
     for row in progress:
@@ -128,7 +128,7 @@ def paused_runs(plan: RunPlan, rows: list[Row], progress: list[Row]) -> list[tup
     out = []
     for unit in plan_units(plan):
         seen = [latest[unit.key(s)] for s in unit.seeds if unit.key(s) in latest]
-        if unit.family == "a5" and seen:
+        if unit.family == family and seen:
             out.append((unit, seen))
     return out
 
@@ -209,27 +209,41 @@ def plot_a5(cells: dict, lengths: list[int], deepest: int, plan: RunPlan, path: 
 # ------------------------------------------------------------------------------------------------------------ MQAR
 
 
-def best_runs(plan: RunPlan, rows: list[Row], family: str, row_of, column_of) -> dict:
-    """(row label, column label) -> (finished rows, planned runs) over a family's planned units."""
-    cells: dict[tuple[str, str], tuple[list[Row], int]] = {}
+def best_runs(plan: RunPlan, rows: list[Row], family: str, row_of, column_of, progress: list[Row] = ()) -> dict:
+    """(row label, column label) -> (finished rows, planned runs, latest progress rows of paused seeds) over a
+    family's planned units."""
+    paused = {_unit_id(unit): seen for unit, seen in paused_runs(plan, rows, progress, family)}
+    cells: dict[tuple[str, str], tuple[list[Row], int, list[Row]]] = {}
     for unit, runs in planned(plan, rows, family):
         key = (row_of(unit), column_of(unit))
-        done, count = cells.get(key, ([], 0))
-        cells[key] = (done + _done(runs), count + len(runs))
+        done, count, seen = cells.get(key, ([], 0, []))
+        cells[key] = (done + _done(runs), count + len(runs), seen + paused.get(_unit_id(unit), []))
     return cells
 
 
-def _best_text(done: list[Row], count: int, with_lr: bool) -> str:
+def _unit_id(unit: Unit) -> tuple[str, ...]:
+    return tuple(unit.key(seed) for seed in unit.seeds)
+
+
+def _best_text(done: list[Row], count: int, paused: list[Row], with_lr: bool) -> str:
+    """A cell of the MQAR or MAD table: the best finished run (and how many of the planned ones finished), or, with
+    none finished, how far its paused seeds got ("not run" when none started)."""
     if not done:
-        return "not run"
+        if not paused:
+            return "not run"
+        best = _best_so_far(paused, "token_acc")
+        so_far = f": {_pct(best)}" if any(r["evals"] for r in paused) else ""
+        return f"… (paused at {min(r['steps'] for r in paused)} of {paused[0]['planned_steps']}{so_far})"
     best = max(done, key=lambda r: r["token_acc"])
     text = _pct(best["token_acc"]) + (f" (lr {best['train']['lr']:g})" if with_lr else "")
-    return text + ("" if len(done) == count else f" ({len(done)}/{count})")
+    waiting = f", {len(paused)} paused" if paused else ""
+    return text + ("" if len(done) == count else f" ({len(done)}/{count}{waiting})")
 
 
 def _grid_table(cells: dict, first: str, with_lr: bool) -> str:
     rows_, columns = list(dict.fromkeys(r for r, _ in cells)), list(dict.fromkeys(c for _, c in cells))
-    lines = [[r] + [_best_text(*cells[r, c], with_lr) if (r, c) in cells else "" for c in columns] for r in rows_]
+    lines = [[r] + [_best_text(*cells[r, c], with_lr=with_lr) if (r, c) in cells else "" for c in columns]
+             for r in rows_]  # fmt: skip
     return _table([first, *columns], lines)
 
 
@@ -246,9 +260,9 @@ def _grid_section(cells: dict, heading: str, first: str, with_lr: bool, name: st
     return text
 
 
-def mqar_section(plan: RunPlan, rows: list[Row], figure: Figure | None) -> str:
+def mqar_section(plan: RunPlan, rows: list[Row], figure: Figure | None, progress: list[Row] = ()) -> str:
     cells = best_runs(plan, rows, "mqar", lambda u: f"{u.arch}, {_blocks(u.n_layers)}, d={u.d_model}",
-                      lambda u: f"L={u.task['length']} K={u.task['num_pairs']}")  # fmt: skip
+                      lambda u: f"L={u.task['length']} K={u.task['num_pairs']}", progress)  # fmt: skip
     heading = "MQAR, held-out accuracy % at the query positions (best over learning rates and seeds):"
     return _grid_section(cells, heading, "model", True, "MQAR", figure if rows else None)
 
@@ -278,8 +292,8 @@ def plot_lines(cells: dict, title: str, path: Path) -> None:
 # ------------------------------------------------------------------------------------------------------------ MAD
 
 
-def mad_section(plan: RunPlan, rows: list[Row], figure: Figure | None) -> str:
-    cells = best_runs(plan, rows, "mad", lambda u: u.arch, lambda u: u.task["name"].removeprefix("mad_"))
+def mad_section(plan: RunPlan, rows: list[Row], figure: Figure | None, progress: list[Row] = ()) -> str:
+    cells = best_runs(plan, rows, "mad", lambda u: u.arch, lambda u: u.task["name"].removeprefix("mad_"), progress)
     heading = "MAD-Lab, held-out accuracy % (best over learning rates, weight decays and seeds):"
     return _grid_section(cells, heading, "arch", False, "MAD-Lab", figure if rows else None)
 
@@ -297,10 +311,7 @@ def sections(plan: RunPlan, folder: Path, image_dir: Path, link_prefix: str) -> 
     for family in plan.families:
         name = f"synthetic_{family}.png"
         figure = (image_dir / name, link_prefix + name)
-        if family == "a5":  # the one family whose report lists paused units
-            out[family] = a5_section(plan, results.rows[family], figure, results.progress)
-        else:
-            out[family] = SECTIONS[family](plan, results.rows[family], figure)
+        out[family] = SECTIONS[family](plan, results.rows[family], figure, results.progress)
     return out
 
 
