@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from klalm.train.app import run
-from klalm.train.profiling import OTHER, ProfileSteps, categorize
+from klalm.train.profiling import CATEGORIES, OTHER, ProfileSteps, categorize
 
 from .conftest import TINY, compose_train
 
@@ -48,10 +48,18 @@ def test_profiles_one_step_of_a_tiny_run(tmp_path):
     run(compose_train(overrides, tmp_path / "run"))
     table = (out / "profile.md").read_text()
     assert (out / "trace.json").stat().st_size > 0
-    rows = {line.split(" | ")[0].strip("| "): line.split(" | ")[1] for line in table.splitlines()[2:]}
+    by_category, largest = table.split("\n\n")
+    rows = {line.split(" | ")[0].strip("| "): line.split(" | ")[1] for line in by_category.splitlines()[2:]}
     assert {"scan", "matmul", "optimizer", "data", OTHER, "wall clock"} <= set(rows)
     for category in ("matmul", "optimizer", OTHER, "wall clock"):
         assert float(rows[category]) > 0, table
+    top = [line.split(" | ") for line in largest.splitlines()[2:]]  # the largest operators, most time first
+    assert largest.startswith("| operator (20 largest by time) |") and len(top) == 20
+    times = [float(row[2]) for row in top]
+    assert times == sorted(times, reverse=True) and times[0] > 0
+    assert {row[1] for row in top} <= {category for category, _ in CATEGORIES} | {OTHER}
+    busy = float(next(ms for name, ms in rows.items() if name.startswith("sum")))
+    assert sum(times) <= busy + 0.01 * len(times)  # a part of the summed time (each number rounded to 0.01 ms)
 
 
 def test_bad_arguments():

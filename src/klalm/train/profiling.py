@@ -4,7 +4,7 @@
 its directory:
 
     profile.md     a Markdown table: time per step by category (scan, attention, matmul, optimizer, data, other),
-                   the sum over categories, and the wall-clock time of a step
+                   the sum over categories, and the wall-clock time of a step; then the 20 largest kernels
     trace.json     the Chrome trace of those steps (open in https://ui.perfetto.dev or chrome://tracing)
 
 On a GPU the categories split the device's kernels and copies by name; on a CPU they split the self time of the
@@ -43,21 +43,45 @@ def categorize(name: str) -> str:
     return next((category for category, pattern in CATEGORIES if pattern.search(name)), OTHER)
 
 
+def _timed(events: list, on_gpu: bool):
+    """(name, µs) of each profiler event that counts: device kernels and copies on a GPU, operators' self time on a
+    CPU."""
+    for event in events:
+        if on_gpu and event.device_type == DeviceType.CUDA:
+            yield event.name, event.time_range.elapsed_us()
+        elif not on_gpu and event.device_type == DeviceType.CPU:
+            yield event.name, event.self_cpu_time_total
+
+
 def breakdown(events: list, on_gpu: bool) -> dict[str, tuple[float, int]]:
     """{category: (total µs, count)} over profiler events: device kernels and copies on a GPU, operators' self time
     on a CPU."""
     totals: dict[str, tuple[float, int]] = {}
-    for event in events:
-        if on_gpu and event.device_type == DeviceType.CUDA:
-            us = event.time_range.elapsed_us()
-        elif not on_gpu and event.device_type == DeviceType.CPU:
-            us = event.self_cpu_time_total
-        else:
-            continue
-        category = categorize(event.name)
+    for name, us in _timed(events, on_gpu):
+        category = categorize(name)
         total, count = totals.get(category, (0.0, 0))
         totals[category] = (total + us, count + 1)
     return totals
+
+
+TOP_KERNELS = 20  # rows of the table of the largest kernels
+
+
+def top_kernels_table(events: list, on_gpu: bool, steps: int, n: int = TOP_KERNELS) -> str:
+    """Markdown table of the `n` kernels (operators on a CPU) with the most time, per step: what each category is
+    made of (e.g. which fused elementwise kernels cost most)."""
+    totals: dict[str, tuple[float, int]] = {}
+    for name, us in _timed(events, on_gpu):
+        total, count = totals.get(name, (0.0, 0))
+        totals[name] = (total + us, count + 1)
+    what = "kernel" if on_gpu else "operator"
+    header = f"| {what} ({n} largest by time) | category | ms per step | calls per step |"
+    lines = [header, "| --- | --- | ---: | ---: |"]
+    for name, (us, count) in sorted(totals.items(), key=lambda item: -item[1][0])[:n]:
+        shown = name if len(name) <= 100 else name[:97] + "..."
+        shown = shown.replace("|", "\\|")
+        lines.append(f"| `{shown}` | {categorize(name)} | {us / 1e3 / steps:.2f} | {count / steps:.0f} |")
+    return "\n".join(lines) + "\n"
 
 
 def breakdown_table(totals: dict[str, tuple[float, int]], steps: int, wall_ms: float, on_gpu: bool) -> str:
@@ -111,8 +135,9 @@ class ProfileSteps(Callback):
             torch.cuda.synchronize(pl_module.device)
         wall_ms = 1e3 * (time.perf_counter() - self._started)
         self._profiler.__exit__(None, None, None)
-        totals = breakdown(self._profiler.events(), on_gpu)
-        self.table = breakdown_table(totals, self.steps, wall_ms, on_gpu)
+        events = self._profiler.events()
+        self.table = breakdown_table(breakdown(events, on_gpu), self.steps, wall_ms, on_gpu)
+        self.table += "\n" + top_kernels_table(events, on_gpu, self.steps)
         if trainer.is_global_zero:
             self.out_dir.mkdir(parents=True, exist_ok=True)
             (self.out_dir / "profile.md").write_text(self.table)
