@@ -501,6 +501,9 @@ def test_positions_of_finished_runs_filter_table_and_plot(tmp_path, capsys):
     assert len(capsys.readouterr().out.splitlines()) == 4
     with pytest.raises(SystemExit, match="no A5 row with accuracy by position in .* matches"):
         main(["positions", "--results", str(tmp_path), "--depths", "4"])
+    with pytest.raises(SystemExit, match="results folder .*nowhere does not exist"):
+        main(["positions", "--results", str(tmp_path / "nowhere")])
+    assert not (tmp_path / "nowhere").exists()  # a mistyped folder is not created
 
 
 def test_every_documented_command_parses_and_its_plan_loads():

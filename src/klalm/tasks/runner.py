@@ -468,6 +468,8 @@ def main(argv: list[str] | None = None) -> None:
             if not rows:
                 sys.exit(f"klalm-synthetic: no paused unit in {args.state}")
         else:
+            if not args.results.is_dir():
+                sys.exit(f"klalm-synthetic: results folder {args.results} does not exist")
             rows = finished_positions(Results(args.results, ["a5"]).rows["a5"], args.archs, args.lengths, args.depths)
             if not rows:
                 sys.exit(f"klalm-synthetic: no A5 row with accuracy by position in {args.results} matches")
