@@ -236,9 +236,14 @@ def plan_units(plan: RunPlan) -> list[Unit]:
 # ------------------------------------------------------------------------------------------------- command line
 
 
+def name_list(text: str) -> list[str]:
+    """ "kla,gpt" -> ["kla", "gpt"] (a command-line list)."""
+    return [x for x in text.split(",") if x]
+
+
 def int_list(text: str) -> list[int]:
     """ "0,1,2" -> [0, 1, 2] (a command-line list)."""
-    return [int(x) for x in text.split(",") if x]
+    return [int(x) for x in name_list(text)]
 
 
 def _cells(text: str) -> list[list[int]]:

@@ -41,7 +41,7 @@ from pathlib import Path
 
 import torch
 
-from klalm.tasks.plans import RunPlan, add_plan_args, apply_args, int_list, load_plan, plan_units
+from klalm.tasks.plans import RunPlan, add_plan_args, apply_args, int_list, load_plan, name_list, plan_units
 from klalm.tasks.results import Results, estimate_s, merge
 from klalm.tasks.units import (
     CELL_FIELDS,
@@ -434,8 +434,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     assess.add_argument("--plot", type=Path, default=None, help="also plot accuracy by position to this PNG")
     shown = verbs.add_parser("positions", help="finished A5 runs' held-out accuracy by position")
     shown.add_argument("--results", type=Path, required=True, help="the results folder (a5.jsonl)")
-    shown.add_argument("--archs", type=lambda text: [a for a in text.split(",") if a], default=[],
-                       help="comma-separated archs (default: all)")  # fmt: skip
+    shown.add_argument("--archs", type=name_list, default=[], help="comma-separated archs (default: all)")
     shown.add_argument("--lengths", type=int_list, default=[], help="comma-separated A5 lengths (default: all)")
     shown.add_argument("--depths", type=int_list, default=[], help="comma-separated depths (default: all)")
     shown.add_argument("--plot", type=Path, default=None, help="also plot accuracy by position to this PNG")
