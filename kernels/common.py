@@ -189,3 +189,24 @@ def load_row(ptr, start, limit, N: tl.constexpr, FMT: tl.constexpr):
             lo = w.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
             hi = (w >> 16).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
         return tl.interleave(lo, hi)
+
+
+@triton.jit
+def load_row_spread(ptr, start, limit, N: tl.constexpr, FMT: tl.constexpr):
+    """`load_row` for a row whose neighbouring elements sit in different lanes of the caller's layout (the KLA
+    forward's [BM] channel rows: lane c holds channels c, c + 8, c + 16, c + 24). There the two halves of a word
+    belong to two lanes, so `load_row`'s `tl.interleave` is an exchange through shared memory (a barrier and a
+    round trip at every step, on the same scratch buffer as the y stores). Here each element reads the whole word
+    that holds it (each word is read twice, by the two lanes that need it: the same one-word-per-lane cp.async as a
+    float32 row) and keeps its own half in place; the row comes out in whatever layout the caller uses, exactly.
+    """
+    if FMT == PLAIN:
+        return load_row(ptr, start, limit, N, FMT)
+    else:
+        i = tl.arange(0, N)
+        w = tl.load(ptr + (start // 2 + i // 2), mask=start + i < limit, other=0)
+        shift = (i % 2) * 16  # element start + i is the low half of its word when i is even (start is even)
+        if FMT == BF16_PAIRS:  # a bf16 is the high half of a float32
+            return ((w >> shift) << 16).to(tl.float32, bitcast=True)
+        else:
+            return (w >> shift).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)

@@ -155,7 +155,7 @@ def _kla_bwd_kernel(
             tl.store(scr_mu_ptr + o_scr + (t - t0) * S_PAD * BM, b_mu, eviction_policy="evict_last")
             row_m, row_s = (i_b * L + t) * M, (i_b * L + t) * S
             b_v, b_lv, b_k, _ = _load_step(
-                v_ptr, lam_v_ptr, k_ptr, k_ptr, row_m, row_s, m0, M, S, BM, S_PAD, V_FMT, LV_FMT, K_FMT, K_FMT
+                v_ptr, lam_v_ptr, k_ptr, k_ptr, row_m, row_s, m0, M, S, BM, S_PAD, V_FMT, LV_FMT, K_FMT, K_FMT, False
             )
             if LOGVAR:
                 b_lv = _precision(b_lv, floor)
@@ -171,7 +171,7 @@ def _kla_bwd_kernel(
             b_mum = tl.load(scr_mu_ptr + o_scr + (t - t0) * S_PAD * BM, eviction_policy="evict_last")
             row_m, row_s = (i_b * L + t) * M, (i_b * L + t) * S
             b_v, b_x, b_k, b_q = _load_step(
-                v_ptr, lam_v_ptr, k_ptr, q_ptr, row_m, row_s, m0, M, S, BM, S_PAD, V_FMT, LV_FMT, K_FMT, Q_FMT
+                v_ptr, lam_v_ptr, k_ptr, q_ptr, row_m, row_s, m0, M, S, BM, S_PAD, V_FMT, LV_FMT, K_FMT, Q_FMT, False
             )
             b_lv = b_x
             if LOGVAR:
@@ -254,7 +254,7 @@ def _kla_bwd_summary_kernel(
     for t in tl.range(i_seg * seg_chunks * CHUNK, t1, num_stages=NUM_STAGES, loop_unroll_factor=UNROLL):
         row_m, row_s = (i_b * L + t) * M, (i_b * L + t) * S
         b_v, b_lv, b_k, b_q = _load_step(
-            v_ptr, lam_v_ptr, k_ptr, q_ptr, row_m, row_s, m0, M, S, BM, S_PAD, V_FMT, LV_FMT, K_FMT, Q_FMT
+            v_ptr, lam_v_ptr, k_ptr, q_ptr, row_m, row_s, m0, M, S, BM, S_PAD, V_FMT, LV_FMT, K_FMT, Q_FMT, False
         )
         if LOGVAR:
             b_lv = _precision(b_lv, floor)

@@ -48,7 +48,16 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from klalm.kernels.common import ScanConfig, as_rows, interpreting, load_row, rcp, segment_chunks, state_pad
+from klalm.kernels.common import (
+    ScanConfig,
+    as_rows,
+    interpreting,
+    load_row,
+    load_row_spread,
+    rcp,
+    segment_chunks,
+    state_pad,
+)
 
 SUMMARY_SIZE = tl.constexpr(7)  # numbers per (b, m, s) of a segment's forward map: Txx, Txz, Tzx, Tzz, Twx, Tww, Twz
 
@@ -85,12 +94,18 @@ def _precision_slope(b_x, b_lv):
 def _load_step(
     v_ptr, lam_v_ptr, k_ptr, q_ptr, row_m, row_s, m0, M, S,
     BM: tl.constexpr, S_PAD: tl.constexpr,
-    V_FMT: tl.constexpr, LV_FMT: tl.constexpr, K_FMT: tl.constexpr, Q_FMT: tl.constexpr,
+    V_FMT: tl.constexpr, LV_FMT: tl.constexpr, K_FMT: tl.constexpr, Q_FMT: tl.constexpr, SPREAD: tl.constexpr,
 ):  # fmt: skip
     """One step's v, Λ [BM] (channels m0..) and k, q [S_PAD] as float32, padding 0; row_m, row_s: element offsets
-    of the step's [M] and [S] rows; *_FMT: each tensor's `common.load_row` format."""
-    b_v = load_row(v_ptr, row_m + m0, row_m + M, BM, V_FMT)
-    b_lv = load_row(lam_v_ptr, row_m + m0, row_m + M, BM, LV_FMT)
+    of the step's [M] and [S] rows; *_FMT: each tensor's `common.load_row` format. SPREAD: the caller's layout puts
+    neighbouring channels in different lanes (the forward kernels), so 16-bit v, Λ rows are read with
+    `common.load_row_spread`; the backward keeps them in one lane and reads words of two (`common.load_row`)."""
+    if SPREAD:
+        b_v = load_row_spread(v_ptr, row_m + m0, row_m + M, BM, V_FMT)
+        b_lv = load_row_spread(lam_v_ptr, row_m + m0, row_m + M, BM, LV_FMT)
+    else:
+        b_v = load_row(v_ptr, row_m + m0, row_m + M, BM, V_FMT)
+        b_lv = load_row(lam_v_ptr, row_m + m0, row_m + M, BM, LV_FMT)
     b_k = load_row(k_ptr, row_s, row_s + S, S_PAD, K_FMT)
     b_q = load_row(q_ptr, row_s, row_s + S, S_PAD, Q_FMT)
     return b_v, b_lv, b_k, b_q
@@ -144,7 +159,7 @@ def _kla_fwd_kernel(
         for t in tl.range(i_c * CHUNK, t1, num_stages=NUM_STAGES, loop_unroll_factor=UNROLL):
             row_m, row_s = (i_b * L + t) * M, (i_b * L + t) * S
             b_v, b_lv, b_k, b_q = _load_step(
-                v_ptr, lam_v_ptr, k_ptr, q_ptr, row_m, row_s, m0, M, S, BM, S_PAD, V_FMT, LV_FMT, K_FMT, Q_FMT
+                v_ptr, lam_v_ptr, k_ptr, q_ptr, row_m, row_s, m0, M, S, BM, S_PAD, V_FMT, LV_FMT, K_FMT, Q_FMT, True
             )
             if LOGVAR:  # the tensor holds log σ²
                 b_lv = _precision(b_lv, floor)
@@ -194,7 +209,7 @@ def _kla_fwd_summary_kernel(
     for t in tl.range(i_seg * seg_steps, (i_seg + 1) * seg_steps, num_stages=NUM_STAGES, loop_unroll_factor=UNROLL):
         row_m, row_s = (i_b * L + t) * M, (i_b * L + t) * S
         b_v, b_lv, b_k, _ = _load_step(
-            v_ptr, lam_v_ptr, k_ptr, k_ptr, row_m, row_s, m0, M, S, BM, S_PAD, V_FMT, LV_FMT, K_FMT, K_FMT
+            v_ptr, lam_v_ptr, k_ptr, k_ptr, row_m, row_s, m0, M, S, BM, S_PAD, V_FMT, LV_FMT, K_FMT, K_FMT, True
         )
         if LOGVAR:
             b_lv = _precision(b_lv, floor)
