@@ -34,7 +34,7 @@ from pathlib import Path
 
 import torch
 
-from klalm.tasks.plans import load_plan
+from klalm.tasks.plans import int_list, load_plan, name_list
 from klalm.tasks.train import GroupTrainer
 from klalm.tasks.units import Execution, Unit, build_member, rate_record, run_record
 
@@ -47,13 +47,13 @@ TARGETS = {("kla", 1): 500, ("gpt", 1): 700}  # captured steps/s wanted on one H
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--plan", default="full", help="plan whose A5 recipe and model_overrides are measured")
-    p.add_argument("--archs", default="kla,gpt,mamba,gdn", help="archs of table 1")
-    p.add_argument("--depths", default="1,2", help="depths of table 1")
+    p.add_argument("--archs", type=name_list, default="kla,gpt,mamba,gdn", help="archs of table 1")
+    p.add_argument("--depths", type=int_list, default="1,2", help="depths of table 1")
     p.add_argument("--length", type=int, default=12, help="A5 sequence length")
     p.add_argument("--batch-size", type=int, help="main batch (default: the plan's)")
-    p.add_argument("--side-archs", default="kla,gpt", help="archs of table 2 (at depth 1)")
-    p.add_argument("--members", default="2,3", help="seeds in one process (one graph) for table 2")
-    p.add_argument("--procs", default="2,3", help="processes of one seed each for table 2")
+    p.add_argument("--side-archs", type=name_list, default="kla,gpt", help="archs of table 2 (at depth 1)")
+    p.add_argument("--members", type=int_list, default="2,3", help="seeds in one process (one graph) for table 2")
+    p.add_argument("--procs", type=int_list, default="2,3", help="processes of one seed each for table 2")
     p.add_argument("--seconds", type=float, default=2.0, help="timed seconds per measurement")
     p.add_argument("--device", default="cuda", help="cuda or cpu (cpu: eager only, to check the script)")
     p.add_argument("--rates", type=Path, help="append the captured measurements to this rates.jsonl")
@@ -161,8 +161,8 @@ def _error(err: Exception) -> str:
 
 def one_seed_table(args: argparse.Namespace, device: torch.device) -> tuple[str, dict]:
     rows, captured_rates = [], {}
-    for arch in args.archs.split(","):
-        for depth in map(int, args.depths.split(",")):
+    for arch in args.archs:
+        for depth in args.depths:
             unit = a5_unit(args, arch, depth, 1)
             line = [arch, str(depth)]
             try:
@@ -189,9 +189,9 @@ def one_seed_table(args: argparse.Namespace, device: torch.device) -> tuple[str,
 
 def side_by_side_table(args: argparse.Namespace, device: torch.device, single: dict) -> str:
     rows = []
-    options = [("members", m) for m in map(int, args.members.split(","))]
-    options += [("procs", p) for p in map(int, args.procs.split(","))]
-    for arch in args.side_archs.split(","):
+    options = [("members", m) for m in args.members]
+    options += [("procs", p) for p in args.procs]
+    for arch in args.side_archs:
         base = single.get((arch, 1))
         for kind, count in options:
             what = f"{count} seeds, one process" if kind == "members" else f"{count} processes, one seed each"

@@ -120,6 +120,11 @@ def test_command_line_knobs_replace_plan_values_in_every_stage(capsys):
     with pytest.raises(SystemExit):
         parse_args(["run", "--results", "x", "--mqar-cells", "64-4"])
     assert "--mqar-cells: wants LENGTHxPAIRS items like 64x4,128x8; got '64-4'" in capsys.readouterr().err
+    empty_items = parse_args(["run", "--results", "x", "--archs", "gpt,,kla,", "--lrs", "1e-3,", "--families", "a5,"])
+    assert empty_items.archs == ["gpt", "kla"] and empty_items.lrs == [1e-3] and empty_items.families == ["a5"]
+    with pytest.raises(SystemExit):
+        parse_args(["run", "--results", "x", "--lrs", "1e-3,fast"])
+    assert "--lrs: invalid float_list value: '1e-3,fast'" in capsys.readouterr().err
 
 
 def _rate(**changes):

@@ -246,6 +246,11 @@ def int_list(text: str) -> list[int]:
     return [int(x) for x in name_list(text)]
 
 
+def float_list(text: str) -> list[float]:
+    """ "1e-3,3e-3" -> [0.001, 0.003] (a command-line list)."""
+    return [float(x) for x in name_list(text)]
+
+
 def _cells(text: str) -> list[list[int]]:
     """ "64x4,128x8" -> [[64, 4], [128, 8]]."""
     try:
@@ -257,11 +262,11 @@ def _cells(text: str) -> list[list[int]]:
 def add_plan_args(p: argparse.ArgumentParser) -> None:
     """The knobs that change a plan (each replaces the value in every stage of the plan)."""
     p.add_argument("--plan", default="full", help="configs/synthetic/<name>.yaml (full, quick, cpu) or a YAML path")
-    p.add_argument("--archs", help="comma-separated archs for build_model, e.g. kla,gpt,mamba,gdn,gpt_kla")
-    p.add_argument("--families", help="comma-separated subset of a5,mqar,mad")
+    p.add_argument("--archs", type=name_list, help="comma-separated archs, e.g. kla,gpt,mamba,gdn,gpt_kla")
+    p.add_argument("--families", type=name_list, help="comma-separated subset of a5,mqar,mad")
     p.add_argument("--steps", type=int, help="optimiser steps of every run (MAD: replaces epochs)")
     p.add_argument("--seeds", type=int_list, help="seeds of every stage, e.g. 0,1,2")
-    p.add_argument("--lrs", help="learning rates of mqar and mad, e.g. 1e-3,3e-3")
+    p.add_argument("--lrs", type=float_list, help="learning rates of mqar and mad, e.g. 1e-3,3e-3")
     p.add_argument("--device", help="auto, cpu, cuda")
     p.add_argument("--members", type=int, help="seeds trained side by side in one process (one CUDA graph)")
     p.add_argument("--procs-per-gpu", type=int, help="units running at once on each GPU, one process each")
@@ -274,7 +279,7 @@ def add_plan_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--a5-depths", type=int_list, help="A5 depths, e.g. 1,2")
     p.add_argument("--a5-criterion", choices=sorted(CRITERIA), help="A5 'solved' metric")
     p.add_argument("--mqar-cells", type=_cells, help="MQAR LENGTHxPAIRS cells, e.g. 64x4,128x8,256x16")
-    p.add_argument("--mad-tasks", help=f"comma-separated subset of {','.join(MAD_TASKS)}")
+    p.add_argument("--mad-tasks", type=name_list, help=f"comma-separated subset of {','.join(MAD_TASKS)}")
 
 
 def apply_args(plan: RunPlan, args: argparse.Namespace) -> RunPlan:
@@ -285,9 +290,9 @@ def apply_args(plan: RunPlan, args: argparse.Namespace) -> RunPlan:
     if args.compile_backend is not None:
         plan.compile_backend = None if args.compile_backend == "none" else args.compile_backend
     if args.archs is not None:
-        plan.archs = args.archs.split(",")
+        plan.archs = args.archs
     if args.families is not None:
-        plan.families = args.families.split(",")
+        plan.families = args.families
     if args.steps is not None:
         for family in (plan.a5, plan.mqar, plan.mad):
             family.train.steps = args.steps
@@ -303,15 +308,13 @@ def apply_args(plan: RunPlan, args: argparse.Namespace) -> RunPlan:
         value = getattr(args, knob)
         if value is None:
             continue
-        if knob == "lrs":
-            value = [float(x) for x in value.split(",")]
         field = knob.removeprefix("a5_").removeprefix("mqar_")
         for target in targets:
             setattr(target, field, list(value))
     if args.a5_criterion is not None:
         plan.a5.criterion = args.a5_criterion
     if args.mad_tasks is not None:
-        plan.mad.tasks = args.mad_tasks.split(",")
+        plan.mad.tasks = args.mad_tasks
     validate(plan)
     return plan
 
