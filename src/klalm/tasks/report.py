@@ -347,26 +347,34 @@ def positions_markdown(rows: list[Row]) -> str:
 
 
 def plot_positions(rows: list[Row], path: Path) -> None:
-    """Held-out accuracy by position, one line per unit: its best seed (highest token accuracy, the seed that decides
-    whether the cell is solved), the range over its seeds shaded."""
+    """Held-out accuracy by position: one panel per A5 length, one colour per arch and one line style per depth;
+    each line is a (arch, length, depth) unit's best seed (highest token accuracy, the seed that decides whether the
+    cell is solved), the range over its seeds shaded."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7, 4))
-    for i, unit in enumerate(dict.fromkeys(r["unit"] for r in rows)):
-        seeds = [r for r in rows if r["unit"] == unit]
-        accs = [[100 * (a or 0.0) for a in r["position_acc"]] for r in seeds]
-        best = accs[max(range(len(seeds)), key=lambda j: seeds[j]["token_acc"])]
-        x = range(len(best))
-        ax.plot(x, best, marker="o", ms=3, color=f"C{i}", label=f"{unit} ({len(seeds)} seeds)")
-        ax.fill_between(x, [min(c) for c in zip(*accs, strict=True)], [max(c) for c in zip(*accs, strict=True)],
-                        color=f"C{i}", alpha=0.15)  # fmt: skip
-    ax.xaxis.get_major_locator().set_params(integer=True)
-    ax.set(xlabel="position", ylabel="held-out token accuracy (%)", ylim=(0, 101),
-           title="Accuracy by position (line: best seed; shaded: all seeds)")  # fmt: skip
-    ax.legend(fontsize=7)
+    lengths = sorted({r["task"]["length"] for r in rows})
+    colours = {arch: f"C{i}" for i, arch in enumerate(dict.fromkeys(r["arch"] for r in rows))}
+    styles = ["-", "--", ":", "-."]
+    fig, axes = plt.subplots(1, len(lengths), figsize=(3.2 * len(lengths) + 1.0, 3.6), sharey=True, squeeze=False)
+    for ax, length in zip(axes[0], lengths, strict=True):
+        at_length = [r for r in rows if r["task"]["length"] == length]
+        for arch, depth in dict.fromkeys((r["arch"], r["n_layers"]) for r in at_length):
+            seeds = [r for r in at_length if (r["arch"], r["n_layers"]) == (arch, depth)]
+            accs = [[100 * (a or 0.0) for a in r["position_acc"]] for r in seeds]
+            best = accs[max(range(len(seeds)), key=lambda j: seeds[j]["token_acc"])]
+            x = range(len(best))
+            ax.plot(x, best, marker="o", ms=2.5, color=colours[arch], ls=styles[(depth - 1) % len(styles)],
+                    label=f"{arch}, {depth} block{'s' * (depth > 1)} ({len(seeds)} seeds)")  # fmt: skip
+            ax.fill_between(x, [min(c) for c in zip(*accs, strict=True)], [max(c) for c in zip(*accs, strict=True)],
+                            color=colours[arch], alpha=0.12)  # fmt: skip
+        ax.xaxis.get_major_locator().set_params(integer=True)
+        ax.set(title=f"L = {length}", xlabel="position", ylim=(0, 101))
+        ax.legend(fontsize=6.5, loc="lower left")
+    axes[0][0].set_ylabel("held-out token accuracy (%)")
+    fig.suptitle("A5 accuracy by position (line: best seed; shaded: all seeds)", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
