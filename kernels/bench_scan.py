@@ -69,18 +69,21 @@ def timed(fn: Callable[[], object]) -> tuple[float, float]:
 
 
 def scan_runners(
-    backend: str, inputs: list[torch.Tensor], config=None, precision_floor: float | None = None
+    backend: str, inputs: list[torch.Tensor], config=None, precision_floor: float | None = None, variance: bool = True
 ) -> dict[str, Callable[[], object]]:
     """Callables for the forward and the forward+backward of one backend (with `precision_floor`, inputs[1] is
-    log σ² and the Triton kernels form Λ from it)."""
+    log σ² and the Triton kernels form Λ from it). "fwd" computes y_var unless `variance` is False; "fwd+bwd"
+    always (its loss reads it); "fwd+bwd (y)" never, as a KLA layer in training (`kla_scan(variance=False)`)."""
     if backend == "triton":
         from klalm.kernels.mobius_scan import kla_scan_triton
 
-        scan = lambda *x: kla_scan_triton(*x, config=config, precision_floor=precision_floor)
+        scan = lambda *x, variance=True: kla_scan_triton(
+            *x, config=config, precision_floor=precision_floor, variance=variance
+        )  # fmt: skip
     else:
         from klalm.ops.scan import kla_scan
 
-        scan = lambda *x: kla_scan(*x, backend=backend)
+        scan = lambda *x, variance=True: kla_scan(*x, backend=backend, variance=variance)
     grads_in = [x.detach().clone().requires_grad_() for x in inputs]
 
     def fwd_bwd():
@@ -89,14 +92,14 @@ def scan_runners(
         for x in grads_in:
             x.grad = None
 
-    def fwd_bwd_y():  # the training path: a KLA layer that does not return its variance uses y only
-        scan(*grads_in)[0].sum().backward()
+    def fwd_bwd_y():  # the training path: a KLA layer that does not return its variance asks for y only
+        scan(*grads_in, variance=False)[0].sum().backward()
         for x in grads_in:
             x.grad = None
 
     def fwd():
         with torch.no_grad():
-            return scan(*inputs)
+            return scan(*inputs, variance=variance)
 
     return {"fwd": fwd, "fwd+bwd": fwd_bwd, "fwd+bwd (y)": fwd_bwd_y}
 
@@ -270,6 +273,7 @@ TRAINING_FLAGS = dict(
     PRIOR=False,
     SAVE_CKPT=True,
     HAS_GYV=False,
+    WITH_VAR=False,
     HAS_GSTATE=False,
     HAS_CARRY=False,
     LOGVAR=False,
@@ -394,21 +398,24 @@ def run_dtypes(asm_dir: Path | None = None) -> None:
     rows = []
     for i, (name, (inputs, floor)) in enumerate(variants.items()):
         for block_m in (32, 64):
-            runners = scan_runners("triton", inputs, ScanConfig(block_m=block_m), precision_floor=floor)
+            config = ScanConfig(block_m=block_m)
+            runners = scan_runners("triton", inputs, config, precision_floor=floor)
             known = compiled_kernels(_kla_fwd_kernel) | compiled_kernels(_kla_bwd_kernel)
             fwd_ms = timed_ms(runners["fwd"])
             fwd = new_kernels(_kla_fwd_kernel, known)
+            y_only_ms = timed_ms(scan_runners("triton", inputs, config, precision_floor=floor, variance=False)["fwd"])
             known |= compiled_kernels(_kla_fwd_kernel)
             fwd_bwd_ms = timed_ms(runners["fwd+bwd (y)"])
             bwd = new_kernels(_kla_bwd_kernel, known)
             if asm_dir is not None:
                 write_asm(fwd, asm_dir, f"row{i}_bm{block_m}_fwd")
                 write_asm(bwd, asm_dir, f"row{i}_bm{block_m}_bwd")
-            rows.append([name, str(block_m), fwd_ms, registers(fwd), fwd_bwd_ms, registers(bwd)])
+            rows.append([name, str(block_m), fwd_ms, registers(fwd), y_only_ms, fwd_bwd_ms, registers(bwd)])
     shape = "B{batch} L{length} M{channels} S{state}".format(**DTYPE_SHAPE)
     print(f"\nKLA scan inputs by dtype, {shape} (bwd_block_m 16; registers and spills as the GPU's compiler built "
           "the kernels each call launched):")  # fmt: skip
-    print_table(["inputs", "block_m", "fwd ms", "fwd regs, spills", "f+b(y) ms", "bwd regs, spills"], rows)
+    header = ["inputs", "block_m", "fwd ms", "fwd regs, spills", "fwd ms, no y_var", "f+b(y) ms", "bwd regs, spills"]
+    print_table(header, rows)
 
 
 def compiled_kernels(fn) -> dict[str, object]:

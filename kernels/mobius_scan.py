@@ -41,23 +41,26 @@ def kla_scan_fwd_op(
     config: list[int],
     save_ckpt: bool,
     precision_floor: float | None,
+    with_variance: bool,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     """(y, y_var, λ, η, ckpt_P, ckpt_mu) of `mobius_scan_fwd` on contiguous inputs; `config` is a ScanConfig as a
-    list; without `save_ckpt` the two chunk-state tensors are empty."""
+    list; without `save_ckpt` the two chunk-state tensors are empty, without `with_variance` y_var is."""
     outs = mobius_scan_fwd(
-        v, lambda_v, k, q, a, p, lam0, eta0, decode_from_prior, ScanConfig(*config), save_ckpt, precision_floor
-    )
+        v, lambda_v, k, q, a, p, lam0, eta0, decode_from_prior, ScanConfig(*config), save_ckpt, precision_floor,
+        with_variance,
+    )  # fmt: skip
     return *outs[:4], *(v.new_empty(0, dtype=torch.float32) if c is None else c for c in outs[4:])
 
 
 @kla_scan_fwd_op.register_fake
-def _(v, lambda_v, k, q, a, p, lam0, eta0, decode_from_prior, config, save_ckpt, precision_floor):
+def _(v, lambda_v, k, q, a, p, lam0, eta0, decode_from_prior, config, save_ckpt, precision_floor, with_variance):
     batch, length, channels = v.shape
     state_size, n_chunks = k.shape[-1], triton.cdiv(length, ScanConfig(*config).chunk)
     ckpt_shape = (batch, n_chunks, state_size, channels) if save_ckpt else (0,)
     state = v.new_empty(batch, channels, state_size, dtype=torch.float32)
     ckpt = v.new_empty(ckpt_shape, dtype=torch.float32)
-    return torch.empty_like(v), torch.empty_like(v), state, torch.empty_like(state), ckpt, torch.empty_like(ckpt)
+    y_var = torch.empty_like(v) if with_variance else v.new_empty(0)
+    return torch.empty_like(v), y_var, state, torch.empty_like(state), ckpt, torch.empty_like(ckpt)
 
 
 @torch.library.custom_op("klalm::kla_scan_bwd", mutates_args=())
@@ -96,7 +99,7 @@ def _(v, lambda_v, k, q, a, p, lam0, eta0, *rest):
 
 
 def _setup_context(ctx, inputs, output):
-    v, lambda_v, k, q, a, p, lam0, eta0, decode_from_prior, config, _, precision_floor = inputs
+    v, lambda_v, k, q, a, p, lam0, eta0, decode_from_prior, config, _, precision_floor, _ = inputs
     _, _, lam, eta, ckpt_P, ckpt_mu = output
     ctx.save_for_backward(v, lambda_v, k, q, a, p, lam0, eta0, lam, eta, ckpt_P, ckpt_mu)
     ctx.decode_from_prior, ctx.config, ctx.precision_floor = decode_from_prior, config, precision_floor
@@ -108,10 +111,11 @@ def _backward(ctx, gy, gyv, glam, geta, _gckpt_P, _gckpt_mu):
     saved = ctx.saved_tensors
     v, lam0 = saved[0], saved[6]
     gy = torch.zeros_like(v) if gy is None else gy.contiguous()
-    gyv = None if gyv is None else gyv.contiguous()  # None: y_var unused, the kernels skip its terms
+    # None: y_var unused (or not computed, without with_variance: then it is empty), the kernels skip its terms
+    gyv = None if gyv is None or gyv.numel() == 0 else gyv.contiguous()
     grads = kla_scan_bwd_op(*saved, gy, gyv, glam, geta, ctx.decode_from_prior, ctx.config, ctx.precision_floor)
     initial = (None, None) if lam0 is None else grads[6:]
-    return (*grads[:6], *initial, None, None, None, None)
+    return (*grads[:6], *initial, None, None, None, None, None)
 
 
 kla_scan_fwd_op.register_autograd(_backward, setup_context=_setup_context)
@@ -129,7 +133,8 @@ def kla_scan_triton(
     config: ScanConfig | None = None,
     *,
     precision_floor: float | None = None,
-) -> tuple[Tensor, Tensor, KLAState]:
+    variance: bool = True,
+) -> tuple[Tensor, Tensor | None, KLAState]:
     """Run the KLA filter over a sequence with the fused Triton kernels (differentiable in every tensor).
 
     Args:
@@ -144,6 +149,8 @@ def kla_scan_triton(
         config: launch parameters (`DEFAULT_CONFIG` by default; its `segment` picks the time-parallel split).
         precision_floor: when given, lambda_v holds log σ² and the kernels form Λ = 1/(softplus(log σ²) +
             precision_floor) as they load it (no float32 [B, L, M] Λ in memory); its gradient is then d/d log σ².
+        variance: False skips y_var (its products, reduction and store in the forward kernel) and returns None
+            in its place.
     Returns:
         y, y_var [B, L, M] in v's dtype and the final KLAState (float32 [B, M, S] each), as the reference.
     Shapes and dtypes are always checked; values (Λ > 0 etc.) on CPU tensors or when $KLALM_CHECK_INPUTS=1
@@ -160,13 +167,15 @@ def kla_scan_triton(
     check_offsets(v.shape[1], v.shape[2], k.shape[-1])
     lam0, eta0 = (None, None) if initial_state is None else (initial_state.lam, initial_state.eta)
     if v.shape[1] == 0:
-        return _empty_scan(v, k.shape[-1], lam0, eta0)
+        y, y_var, state = _empty_scan(v, k.shape[-1], lam0, eta0)
+        return y, y_var if variance else None, state
     config = config or DEFAULT_CONFIG
     check_config(config)
     args = [x.contiguous() if x is not None else None for x in (v, lambda_v, k, q, a, p, lam0, eta0)]
     save_ckpt = torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in args)
-    y, y_var, lam, eta, _, _ = kla_scan_fwd_op(*args, decode_from_prior, list(config), save_ckpt, precision_floor)
-    return y, y_var, KLAState(lam, eta)
+    outs = kla_scan_fwd_op(*args, decode_from_prior, list(config), save_ckpt, precision_floor, variance)
+    y, y_var, lam, eta, _, _ = outs
+    return y, y_var if variance else None, KLAState(lam, eta)
 
 
 def _empty_scan(v: Tensor, state_size: int, lam0: Tensor | None, eta0: Tensor | None):

@@ -119,7 +119,7 @@ def _kla_fwd_kernel(
     BM: tl.constexpr, S_PAD: tl.constexpr, CHUNK: tl.constexpr, NUM_STAGES: tl.constexpr, UNROLL: tl.constexpr,
     HAS_INIT: tl.constexpr, PRIOR: tl.constexpr, SAVE_CKPT: tl.constexpr, FAST_RCP: tl.constexpr,
     LOGVAR: tl.constexpr, V_FMT: tl.constexpr, LV_FMT: tl.constexpr, K_FMT: tl.constexpr, Q_FMT: tl.constexpr,
-    INIT_COV: tl.constexpr,
+    INIT_COV: tl.constexpr, WITH_VAR: tl.constexpr,
 ):  # fmt: skip
     i_b, i_seg = tl.program_id(0).to(tl.int64), tl.program_id(2)
     n_seg = tl.num_programs(2)
@@ -166,14 +166,13 @@ def _kla_fwd_kernel(
             b_phi = b_lv[None, :] * (b_k * b_k)[:, None]  # [S_PAD, BM]
             b_r = (b_v * b_lv)[None, :] * b_k[:, None]  # [S_PAD, BM]
             b_P, b_mu, _, _ = _filter_step(b_P, b_mu, b_a, b_a2, b_p, b_phi, b_r, FAST_RCP)
-            if PRIOR:
-                b_mean, b_var = b_a * b_mu, b_a2 * b_P + b_p
-            else:
-                b_mean, b_var = b_mu, b_P
+            b_mean = b_a * b_mu if PRIOR else b_mu
             b_y = tl.sum(b_q[:, None] * b_mean, axis=0)  # [BM]
-            b_yv = tl.sum((b_q * b_q)[:, None] * b_var, axis=0)  # [BM]
             tl.store(y_ptr + row_m + o_m, b_y.to(y_ptr.dtype.element_ty), mask=m_m)
-            tl.store(y_var_ptr + row_m + o_m, b_yv.to(y_var_ptr.dtype.element_ty), mask=m_m)
+            if WITH_VAR:  # off when no one reads y_var (a KLA layer in training): its products, sum and store
+                b_var = b_a2 * b_P + b_p if PRIOR else b_P
+                b_yv = tl.sum((b_q * b_q)[:, None] * b_var, axis=0)  # [BM]
+                tl.store(y_var_ptr + row_m + o_m, b_yv.to(y_var_ptr.dtype.element_ty), mask=m_m)
     if i_seg == n_seg - 1:
         b_lam = 1.0 / b_P
         tl.store(lam_out_ptr + i_b * M * S + o_ms, b_lam, mask=m_sm)
@@ -309,6 +308,7 @@ def mobius_scan_fwd(
     config: ScanConfig,
     save_ckpt: bool,
     precision_floor: float | None = None,
+    with_variance: bool = True,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor | None, Tensor | None]:
     """Launch the forward kernels on contiguous inputs (checked by the caller).
 
@@ -317,8 +317,9 @@ def mobius_scan_fwd(
     The kernels read and write state-shaped tensors once per program in their own [.., M, S] layout; only the
     chunk states, touched every chunk, are stored channel-contiguous. Time segments (`common.segment_chunks`)
     run in parallel from start states found by the summary and carry kernels.
-    Returns y, y_var [B, L, M] in v's dtype; final λ, η [B, M, S] float32; and, when `save_ckpt`, the
-    states (P, μ) before every chunk, each [B, NC, S, M] float32 with NC = ceil(L / chunk), else None.
+    Returns y, y_var [B, L, M] in v's dtype (y_var empty, never computed, without `with_variance`); final λ, η
+    [B, M, S] float32; and, when `save_ckpt`, the states (P, μ) before every chunk, each [B, NC, S, M] float32
+    with NC = ceil(L / chunk), else None.
     """
     batch, length, channels = v.shape
     state_size = k.shape[-1]
@@ -329,7 +330,8 @@ def mobius_scan_fwd(
         seg_steps = seg_chunks * config.chunk
         lam0, eta0 = _segment_starts(v, lambda_v, k, a, p, lam0, eta0, seg_steps, n_seg, config, precision_floor)
         # from here lam0, eta0 hold every segment's start (P, μ): INIT_COV
-    y, y_var = torch.empty_like(v), torch.empty_like(v)
+    y = torch.empty_like(v)
+    y_var = torch.empty_like(v) if with_variance else v.new_empty(0)
     lam = v.new_empty(batch, channels, state_size, dtype=torch.float32)
     eta = torch.empty_like(lam)
     ckpt_P = ckpt_mu = None
@@ -339,13 +341,13 @@ def mobius_scan_fwd(
     grid = (batch, triton.cdiv(channels, config.block_m), n_seg)
     (v, v_fmt), (lambda_v, lv_fmt), (k, k_fmt), (q, q_fmt) = (as_rows(x) for x in (v, lambda_v, k, q))
     _kla_fwd_kernel[grid](
-        v, lambda_v, k, q, a, p, lam0, eta0, y, y_var, lam, eta, ckpt_P, ckpt_mu,
+        v, lambda_v, k, q, a, p, lam0, eta0, y, y_var if with_variance else y, lam, eta, ckpt_P, ckpt_mu,
         length, channels, state_size, n_chunks, seg_chunks, precision_floor or 0.0,
         BM=config.block_m, S_PAD=state_pad(state_size), CHUNK=config.chunk,
         NUM_STAGES=config.num_stages, UNROLL=config.unroll,
         HAS_INIT=lam0 is not None, PRIOR=decode_from_prior, SAVE_CKPT=save_ckpt,
         FAST_RCP=not interpreting(), LOGVAR=precision_floor is not None,
-        V_FMT=v_fmt, LV_FMT=lv_fmt, K_FMT=k_fmt, Q_FMT=q_fmt, INIT_COV=n_seg > 1,
+        V_FMT=v_fmt, LV_FMT=lv_fmt, K_FMT=k_fmt, Q_FMT=q_fmt, INIT_COV=n_seg > 1, WITH_VAR=with_variance,
         num_warps=config.num_warps,
     )  # fmt: skip
     return y, y_var, lam, eta, ckpt_P, ckpt_mu

@@ -231,6 +231,26 @@ def test_unused_outputs(device, used, prior, config, monkeypatch):
             assert rel_err(grads[name], ref) <= 1e-4, f"d{name}: rel err {rel_err(grads[name], ref):.2e}"
 
 
+@pytest.mark.parametrize("config", CONFIGS)
+@pytest.mark.parametrize("prior", [False, True], ids=["posterior", "prior"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_without_variance(device, config, prior, dtype):
+    """variance=False (a KLA layer in training): y_var is None, y, the final state and every gradient are bitwise
+    those of the full scan, whose y_var the loss does not use."""
+    x = make_inputs(2, 13, 6, 5, device, seed=21)
+    runs = []
+    for variance in (True, False):
+        leaves = [x[n].to(dtype if n in NARROW else torch.float32).clone().requires_grad_() for n in NAMES]
+        y, y_var, state = kla_scan_triton(
+            *leaves[:6], KLAState(*leaves[6:]), prior, config, variance=variance
+        )  # fmt: skip
+        (y.float().sum() + state.lam.sum() + state.eta.sum()).backward()
+        runs.append((y_var, [y, state.lam, state.eta, *(t.grad for t in leaves)]))
+    (full_var, full), (no_var, without) = runs
+    assert full_var is not None and full_var.shape == x["v"].shape and no_var is None
+    assert all(torch.equal(a, b) for a, b in zip(full, without, strict=True))
+
+
 @pytest.mark.parametrize("batch,length,channels,state", [(1, 5, 1, 1), (1, 3, 3, 64)], ids=["M1-S1", "S64"])
 def test_edge_sizes(device, batch, length, channels, state):
     x = make_inputs(batch, length, channels, state, device, seed=8)
@@ -343,15 +363,19 @@ def test_bad_inputs_raise(device, monkeypatch):
         kla_scan_triton(*args[:4], args[4] + 1.0, args[5])
 
 
-@pytest.mark.parametrize("config,use_init", [(TINY, False), (SEGMENTS, True)], ids=["sequential", "segments-init"])
-def test_custom_ops_pass_opcheck(device, config, use_init):
+@pytest.mark.parametrize(
+    "config,use_init,variance",
+    [(TINY, False, False), (SEGMENTS, True, True)],
+    ids=["sequential-no-variance", "segments-init"],
+)
+def test_custom_ops_pass_opcheck(device, config, use_init, variance):
     """klalm::kla_scan_fwd / kla_scan_bwd: schema, fake (shape-only) implementations, autograd registration and
     AOT dispatch with dynamic shapes, as torch.library.opcheck tests them."""
     x = make_inputs(2, 9, 6, 4, device, seed=17)
     lam0, eta0 = (x["lam0"], x["eta0"]) if use_init else (None, None)
     leaves = [x[n].clone().requires_grad_() for n in NAMES[:6]]
     init = [None if t is None else t.clone().requires_grad_() for t in (lam0, eta0)]
-    fwd_args = (*leaves, *init, True, list(config), True, None)
+    fwd_args = (*leaves, *init, True, list(config), True, None, variance)
     torch.library.opcheck(torch.ops.klalm.kla_scan_fwd.default, fwd_args)
     y, y_var, lam, eta, ckpt_P, ckpt_mu = torch.ops.klalm.kla_scan_fwd(*fwd_args)
     bwd_args = (*(t.detach() for t in leaves), lam0, eta0, lam.detach(), eta.detach(), ckpt_P, ckpt_mu)

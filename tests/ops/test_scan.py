@@ -316,6 +316,21 @@ def test_auto_sends_float64_to_torch_even_on_cuda(monkeypatch):
     assert backends.resolve_backend(scan.KLA_SCAN_OP, "auto", cuda, torch.bfloat16) == "triton"
 
 
+@pytest.mark.parametrize("backend", ["reference", "torch", "triton"])
+def test_variance_false_returns_none_and_the_same_rest(backend):
+    """variance=False: y_var is None, y and the final state are those of the full scan (triton interpreted on CPU),
+    for kla_scan and kla_scan_logvar."""
+    x = {n: t.float() for n, t in make_inputs(length=7).items()}
+    args = [x[n] for n in NAMES[:6]]
+    for scan in (kla_scan, lambda *a, **kw: kla_scan_logvar(*a, precision_floor=1e-4, **kw)):
+        full = scan(*args, KLAState(x["lam0"], x["eta0"]), backend=backend)
+        y, y_var, state = scan(*args, KLAState(x["lam0"], x["eta0"]), backend=backend, variance=False)
+        assert y_var is None and full[1] is not None
+        assert torch.equal(y, full[0]) and torch.equal(state.lam, full[2].lam) and torch.equal(state.eta, full[2].eta)
+    empty = [t[:, :0] if t.dim() == 3 else t for t in args]
+    assert kla_scan(*empty, backend=backend, variance=False)[1] is None
+
+
 def test_fresh_state_default_and_empty_sequence():
     x = make_inputs(length=4)
     args = [x[n] for n in NAMES[:6]]
@@ -433,14 +448,16 @@ def test_public_signatures():
     import inspect
 
     scan_params = inspect.signature(kla_scan).parameters
-    assert list(scan_params) == [*NAMES[:6], "initial_state", "backend", "decode_from_prior"]
+    assert list(scan_params) == [*NAMES[:6], "initial_state", "backend", "decode_from_prior", "variance"]
     assert scan_params["backend"].default == "auto" and scan_params["backend"].kind is inspect.Parameter.KEYWORD_ONLY
+    assert scan_params["variance"].default is True and scan_params["variance"].kind is inspect.Parameter.KEYWORD_ONLY
     assert scan_params["initial_state"].default is None and scan_params["decode_from_prior"].default is False
     logvar_params = inspect.signature(kla_scan_logvar).parameters
     assert list(logvar_params) == ["v", "logvar", *NAMES[2:6], "initial_state", *list(scan_params)[7:]][:7] + [
         "precision_floor",
         "backend",
         "decode_from_prior",
+        "variance",
     ]
     assert logvar_params["precision_floor"].kind is inspect.Parameter.KEYWORD_ONLY
     step_params = inspect.signature(kla_step).parameters

@@ -11,6 +11,7 @@ return convention, `(y, y_var, KLAState(lam, eta))`:
 
 `kla_scan_logvar` takes log σ² instead of Λ (the KLA layer's sensor); the Triton kernels form
 Λ = 1/(softplus(log σ²) + floor) as they load it, the other backends through `precision_from_logvar`.
+`variance=False` (both scans) returns None for y_var: the Triton kernels then skip it, the other backends drop it.
 """
 
 from __future__ import annotations
@@ -37,7 +38,8 @@ def _kla_scan_triton(
     initial_state: KLAState | None,
     decode_from_prior: bool,
     precision_floor: float | None = None,
-) -> tuple[Tensor, Tensor, KLAState]:
+    variance: bool = True,
+) -> tuple[Tensor, Tensor | None, KLAState]:
     """Lazy entry of the Triton backend: import it on first use. It needs CUDA tensors (or Triton's CPU interpreter,
     TRITON_INTERPRET=1); `kla_scan_triton` raises a ValueError otherwise.
 
@@ -47,7 +49,9 @@ def _kla_scan_triton(
         from klalm.kernels.mobius_scan import kla_scan_triton
     except ImportError as err:
         raise RuntimeError(f"kla_scan backend 'triton' is unavailable: cannot import klalm.kernels ({err})") from err
-    return kla_scan_triton(v, lambda_v, k, q, a, p, initial_state, decode_from_prior, precision_floor=precision_floor)
+    return kla_scan_triton(
+        v, lambda_v, k, q, a, p, initial_state, decode_from_prior, precision_floor=precision_floor, variance=variance
+    )
 
 
 def _triton_usable(device: torch.device) -> tuple[bool, str]:
@@ -78,7 +82,8 @@ def kla_scan(
     *,
     backend: str = "auto",
     decode_from_prior: bool = False,
-) -> tuple[Tensor, Tensor, KLAState]:
+    variance: bool = True,
+) -> tuple[Tensor, Tensor | None, KLAState]:
     """Run the KLA filter (docs/kla.md) over a sequence; differentiable in every tensor argument.
 
     Per (b, m, s): φ_t = Λ_t·k_t², r_t = v_t·Λ_t·k_t, d_t = a² + p·λ_{t-1}, λ_t = λ_{t-1}/d_t + φ_t,
@@ -94,10 +99,12 @@ def kla_scan(
         initial_state: `KLAState(lam, eta)`, each [B, M, S] with lam > 0; None means λ_0 = 1, η_0 = 0.
         backend: "auto", "reference", "torch" or "triton" (`klalm.ops.backends` says what "auto" picks).
         decode_from_prior: read out the one-step-ahead prediction a·μ_t, a²·σ²_t + p instead of μ_t, σ²_t.
+        variance: False returns None for y_var (a KLA layer in training reads y only); the Triton kernels then do
+            not compute it.
 
     Returns:
         y: posterior-mean readout, [B, L, M], in v's dtype.
-        y_var: readout variance, [B, L, M], in v's dtype, > 0.
+        y_var: readout variance, [B, L, M], in v's dtype, > 0 (None when `variance` is False).
         state: final `KLAState(lam, eta)`, each [B, M, S], float32 (float64 for float64 inputs).
 
     Raises:
@@ -108,7 +115,10 @@ def kla_scan(
     name = resolve_backend(KLA_SCAN_OP, backend, v.device, v.dtype)
     if name != "triton":  # the Triton entry (`kla_scan_triton`) runs the same checks itself
         check_inputs(v, lambda_v, k, q, a, p, initial_state, force_values=name == "reference")
-    return BACKENDS[name](v, lambda_v, k, q, a, p, initial_state, decode_from_prior)
+    if name == "triton":
+        return _kla_scan_triton(v, lambda_v, k, q, a, p, initial_state, decode_from_prior, variance=variance)
+    y, y_var, state = BACKENDS[name](v, lambda_v, k, q, a, p, initial_state, decode_from_prior)
+    return y, y_var if variance else None, state
 
 
 def kla_scan_logvar(
@@ -123,7 +133,8 @@ def kla_scan_logvar(
     precision_floor: float,
     backend: str = "auto",
     decode_from_prior: bool = False,
-) -> tuple[Tensor, Tensor, KLAState]:
+    variance: bool = True,
+) -> tuple[Tensor, Tensor | None, KLAState]:
     """`kla_scan` with the value precision given as log σ²: Λ = 1/(softplus(log σ²) + precision_floor).
 
     The Triton backend forms Λ inside its kernels as it loads log σ² (in its own dtype, e.g. bf16), so no float32
@@ -139,8 +150,10 @@ def kla_scan_logvar(
     name = resolve_backend(KLA_SCAN_OP, backend, v.device, v.dtype)
     if name != "triton":
         lambda_v = precision_from_logvar(logvar, precision_floor)
-        return kla_scan(v, lambda_v, k, q, a, p, initial_state, backend=name, decode_from_prior=decode_from_prior)
-    return _kla_scan_triton(v, logvar, k, q, a, p, initial_state, decode_from_prior, precision_floor)
+        return kla_scan(
+            v, lambda_v, k, q, a, p, initial_state, backend=name, decode_from_prior=decode_from_prior, variance=variance
+        )
+    return _kla_scan_triton(v, logvar, k, q, a, p, initial_state, decode_from_prior, precision_floor, variance)
 
 
 def kla_step(

@@ -214,8 +214,9 @@ class KLAMixer(Mixer):
             y, y_var = y[:, None], y_var[:, None]  # [B, 1, M]
         else:
             y, y_var, fstate = kla_scan(
-                v, lambda_v, k, q, a, p, fstate, backend=self.backend, decode_from_prior=self.decode_from_prior
-            )
+                v, lambda_v, k, q, a, p, fstate, backend=self.backend, decode_from_prior=self.decode_from_prior,
+                variance=return_variance,
+            )  # fmt: skip
         gate = F.silu(g)
         out = self.out_proj(((y + self.skip * z) * gate).to(x.dtype))
         new_state = KLAMixerState(window, fstate)
