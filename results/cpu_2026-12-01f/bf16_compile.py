@@ -12,7 +12,7 @@ out = Path(sys.argv[2] if len(sys.argv) > 2 else "asm")
 out.mkdir(parents=True, exist_ok=True)
 BIN = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
 # the no-grad forward of --dtypes (kla_scan_triton under torch.no_grad: save_ckpt False, one segment)
-FLAGS = dict(HAS_INIT=False, PRIOR=False, SAVE_CKPT=False, LOGVAR=False, INIT_COV=False, FAST_RCP=True, S_PAD=16,
+FLAGS = dict(HAS_INIT=False, PRIOR=False, SAVE_CKPT=False, LOGVAR=False, INIT_COV=False, WITH_VAR=True, FAST_RCP=True, S_PAD=16,
              BM=32, CHUNK=32, NUM_STAGES=4, UNROLL=4)
 CASES = {"fp32": {}, "bf16": dict(V_FMT=BF16_PAIRS.value, K_FMT=BF16_PAIRS.value, Q_FMT=BF16_PAIRS.value),
          "fp16": dict(V_FMT=FP16_PAIRS.value, K_FMT=FP16_PAIRS.value, Q_FMT=FP16_PAIRS.value)}
