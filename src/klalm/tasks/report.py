@@ -179,6 +179,7 @@ def plot_a5(cells: dict, lengths: list[int], deepest: int, plan: RunPlan, path: 
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
 
     archs = list(dict.fromkeys(arch for arch, _ in cells))
     width = 0.8 / max(len(archs), 1)
@@ -191,16 +192,20 @@ def plot_a5(cells: dict, lengths: list[int], deepest: int, plan: RunPlan, path: 
             x = j + (i - (len(archs) - 1) / 2) * width
             height = int(text.lstrip("≤")) if state == "solved" else deepest + 1
             hatch, alpha = BAR_STYLES[state]
-            ax.bar(x, height, width, color=f"C{i}", hatch=hatch, alpha=alpha, label=arch if j == 0 else None)
+            ax.bar(x, height, width, color=f"C{i}", hatch=hatch, alpha=alpha)
             ax.annotate(text, (x, height + 0.05), ha="center", va="bottom", fontsize=7, rotation=90)
     ax.axhline(deepest + 0.5, color="grey", lw=0.8, ls=":")
     ax.set_xticks(range(len(lengths)), [f"L={n}" for n in lengths])
     ax.set_yticks(range(1, deepest + 2), [*map(str, range(1, deepest + 1)), f"not solved\n(≤ {deepest})"])
     ax.set_ylim(0, deepest + 2.2)
     ax.set(xlabel="sequence length", ylabel="minimum blocks")
-    title = f"A5: fewest blocks reaching {100 * plan.a5.threshold:.0f}% ({plan.a5.criterion} acc); dotted: unfinished"
-    ax.set_title(title, fontsize=10)
-    ax.legend(fontsize=8, ncols=len(archs), loc="upper center", bbox_to_anchor=(0.5, -0.14), frameon=False)
+    ax.set_title(f"A5: fewest blocks reaching {100 * plan.a5.threshold:.0f}% ({plan.a5.criterion} acc)", fontsize=10)
+    # the legend names the colours (solid, whatever a cell's first bar looks like) and the three bar styles
+    handles = [Patch(color=f"C{i}", label=arch) for i, arch in enumerate(archs)]
+    handles += [Patch(facecolor="grey", hatch=BAR_STYLES[state][0], alpha=BAR_STYLES[state][1], label=label)
+                for state, label in (("unsolved", "not solved"), ("unfinished", "unfinished or not run"))]  # fmt: skip
+    ax.legend(handles=handles, fontsize=8, ncols=len(handles), loc="upper center", bbox_to_anchor=(0.5, -0.14),
+              frameon=False)  # fmt: skip
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
