@@ -147,9 +147,12 @@ def ss_floor_ms(mode: str, batch: int, length: int, channels: int, state: int) -
     return max(bytes_ / (PEAK_HBM_GB_S * 1e9), flops / (PEAK_FP32_TFLOPS * 1e12)) * 1e3, bytes_, flops
 
 
-def ss_runners(backend: str, shape: dict, config=None) -> dict[str, Callable[[], object]]:
+def ss_runners(
+    backend: str, shape: dict, config=None, narrow: torch.dtype | None = None
+) -> dict[str, Callable[[], object]]:
     """Forward and forward+backward callables of the selective scan (Mamba-1 shapes: u, Δ [B, L, M], A [M, N],
-    B, C [B, L, N], D [M]); "fwd+bwd (y)" leaves the final state without gradient, as a Mamba layer in training."""
+    B, C [B, L, N], D [M]); "fwd+bwd (y)" leaves the final state without gradient, as a Mamba layer in training.
+    `narrow`: u, B and C in this dtype (what a Mamba layer hands the scan under autocast; Δ stays float32)."""
     from klalm.ops.selective_scan import selective_scan
 
     batch, length, channels, n = shape["batch"], shape["length"], shape["channels"], shape["state"]
@@ -159,6 +162,8 @@ def ss_runners(backend: str, shape: dict, config=None) -> dict[str, Callable[[],
               -torch.exp(0.5 * torch.randn(channels, n, device=dev)),
               torch.randn(batch, length, n, device=dev), torch.randn(batch, length, n, device=dev),
               torch.randn(channels, device=dev)]  # fmt: skip
+    if narrow is not None:
+        inputs = _narrow(inputs, narrow, SS_LAYER_NARROW)
     if backend == "triton":
         from klalm.kernels.selective_scan import selective_scan_triton
 
@@ -373,6 +378,7 @@ def run_lengths() -> None:
 
 DTYPE_SHAPE = dict(batch=16, length=2048, channels=1024, state=16)  # the kla_45m layer's scan
 LAYER_NARROW = (0, 2, 3)  # v, k, q: what the KLA layer hands the scan in 16 bits under autocast
+SS_LAYER_NARROW = (0, 3, 4)  # u, B, C: what a Mamba layer hands the selective scan in 16 bits under autocast
 ALL_NARROW = (0, 1, 2, 3)  # and log σ², once Λ is formed in the kernels
 FLOOR = 1e-4  # the KLA layer's precision floor
 
@@ -416,6 +422,21 @@ def run_dtypes(asm_dir: Path | None = None) -> None:
           "the kernels each call launched):")  # fmt: skip
     header = ["inputs", "block_m", "fwd ms", "fwd regs, spills", "fwd ms, no y_var", "f+b(y) ms", "bwd regs, spills"]
     print_table(header, rows)
+
+    from klalm.kernels.selective_scan import _ss_bwd_kernel, _ss_fwd_kernel
+
+    ss_rows = []
+    ss_variants = {"fp32 u, Δ, B, C": None, "bf16 u, B, C; fp32 Δ (what the Mamba layer passes)": torch.bfloat16}
+    for name, narrow in ss_variants.items():
+        runners = ss_runners("triton", DTYPE_SHAPE, narrow=narrow)
+        known = compiled_kernels(_ss_fwd_kernel) | compiled_kernels(_ss_bwd_kernel)
+        fwd_ms = timed_ms(runners["fwd"])
+        fwd = new_kernels(_ss_fwd_kernel, known)
+        known |= compiled_kernels(_ss_fwd_kernel)
+        fwd_bwd_ms = timed_ms(runners["fwd+bwd (y)"])
+        ss_rows.append([name, fwd_ms, registers(fwd), fwd_bwd_ms, registers(new_kernels(_ss_bwd_kernel, known))])
+    print(f"\nSelective scan inputs by dtype, {shape.replace('S', 'N')} (its default config):")
+    print_table(["inputs", "fwd ms", "fwd regs, spills", "f+b(y) ms", "bwd regs, spills"], ss_rows)
 
 
 def compiled_kernels(fn) -> dict[str, object]:
