@@ -173,8 +173,8 @@ def kla_scan_triton(
     check_config(config)
     args = [x.contiguous() if x is not None else None for x in (v, lambda_v, k, q, a, p, lam0, eta0)]
     save_ckpt = torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in args)
-    outs = kla_scan_fwd_op(*args, decode_from_prior, list(config), save_ckpt, precision_floor, variance)
-    y, y_var, lam, eta, _, _ = outs
+    options = (decode_from_prior, list(config), save_ckpt, precision_floor, variance)
+    y, y_var, lam, eta, _, _ = kla_scan_fwd_op(*args, *options)
     return y, y_var if variance else None, KLAState(lam, eta)
 
 
