@@ -192,6 +192,19 @@ def load_row(ptr, start, limit, N: tl.constexpr, FMT: tl.constexpr):
 
 
 @triton.jit
+def row_start(ptr, t, stride, FMT: tl.constexpr):
+    """Row t of a [rows, stride] tensor read with `load_row` in format FMT (ptr: the tensor, or its int32 view for
+    the paired formats, whose rows have an even length): `load_row(row_start(ptr, t, M, FMT), m0, M, ...)` reads
+    elements m0.. of row t, and its offsets and mask are the same at every t. A kernel takes each batch row's start
+    once (a 64-bit product) and steps within it by int32 t·stride (`check_offsets`), so a time step's row pointer is
+    one scalar add and its masks are loop-invariant."""
+    if FMT == PLAIN:
+        return ptr + t * stride
+    else:
+        return ptr + (t * stride) // 2  # words of two elements
+
+
+@triton.jit
 def load_row_spread(ptr, start, limit, N: tl.constexpr, FMT: tl.constexpr):
     """`load_row` for a row whose neighbouring elements sit in different lanes of the caller's layout (the KLA
     forward's [BM] channel rows: lane c holds channels c, c + 8, c + 16, c + 24). There the two halves of a word

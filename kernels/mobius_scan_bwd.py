@@ -52,6 +52,8 @@ from klalm.kernels.common import (
     as_rows,
     interpreting,
     load_row,
+    rcp,
+    row_start,
     segment_chunks,
     state_pad,
     to_kernel_layout,
@@ -101,6 +103,19 @@ def _var_readout_adjoint(b_gP, b_ga2, b_gp, b_dq, b_P, b_a2, b_p, b_q, b_gyv, PR
 
 
 @triton.jit
+def _store_reduced_row(ptr, x, o_m, o_s, m_m, S_PAD: tl.constexpr, BM: tl.constexpr):
+    """Store x [BM] (a sum over s: every state row of the [S_PAD, BM] layout holds it) at ptr + o_m where m_m,
+    written by the s = 0 row of that layout, so no exchange is compiled: a plain [BM] store is converted to a
+    one-element-per-lane layout through shared memory, with a barrier, at every step. The offsets are written
+    with a contiguity of 4 elements (o_m itself has BM), so that a 16-bit row, too, gets the [S_PAD, BM] layout of
+    4 channels per lane (the store of 8 contiguous 16-bit elements per lane would be another layout)."""
+    o = (o_m // 4) * 4 + o_m % 4  # = o_m
+    p = ptr + (o[None, :] + 0 * o_s[:, None])  # [S_PAD, BM]
+    m = (o_s == 0)[:, None] & m_m[None, :]
+    tl.store(p, tl.broadcast_to(x[None, :], (S_PAD, BM)), mask=m, eviction_policy="evict_first")
+
+
+@triton.jit
 def _kla_bwd_kernel(
     v_ptr, lam_v_ptr, k_ptr, q_ptr, a_ptr, p_ptr, lam0_ptr, eta0_ptr,
     ckpt_P_ptr, ckpt_mu_ptr, lam_out_ptr, eta_out_ptr, gy_ptr, gyv_ptr, glam_ptr, geta_ptr,
@@ -138,8 +153,19 @@ def _kla_bwd_kernel(
     b_gp = tl.zeros([S_PAD, BM], tl.float32)
     o_ckpt = (i_b * n_chunks * S + o_s[:, None]) * M + o_m[None, :]  # [S_PAD, BM] into [B, NC, S, M]
     i_prog = (i_b * n_mb + i_mb) * n_seg + i_seg
-    o_scr = (i_prog * CHUNK * S_PAD + o_s[:, None]) * BM + tl.arange(0, BM)[None, :]  # [S_PAD, BM]
-    o_part = (i_b * n_mb + i_mb) * L * S + o_s  # [S_PAD] into [B, NMB, L, S] at t = 0
+    # the per-step loads and stores index from this program's rows with int32 offsets (t·M, t·S, the scratch slot)
+    # and masks that do not change with t: no 64-bit address arithmetic and no compares in the time loops
+    p_scr_P = scr_P_ptr + i_prog * CHUNK * S_PAD * BM
+    p_scr_mu = scr_mu_ptr + i_prog * CHUNK * S_PAD * BM
+    o_scr = o_s[:, None] * BM + tl.arange(0, BM)[None, :]  # [S_PAD, BM] into one [S_PAD, BM] slot
+    p_v, p_lv = row_start(v_ptr, i_b * L, M, V_FMT), row_start(lam_v_ptr, i_b * L, M, LV_FMT)
+    p_k, p_q = row_start(k_ptr, i_b * L, S, K_FMT), row_start(q_ptr, i_b * L, S, Q_FMT)
+    p_gy, p_gyv = row_start(gy_ptr, i_b * L, M, GY_FMT), gyv_ptr
+    if HAS_GYV:  # else gyv_ptr is None
+        p_gyv = row_start(gyv_ptr, i_b * L, M, GYV_FMT)
+    p_dv, p_dlv = dv_ptr + i_b * L * M, dlv_ptr + i_b * L * M
+    p_dk = dk_ptr + (i_b * n_mb + i_mb) * L * S  # [B, NMB, L, S] at t = 0
+    p_dq = dq_ptr + (i_b * n_mb + i_mb) * L * S
     c1 = (i_seg + 1) * seg_chunks
     if c1 > n_chunks:
         c1 = n_chunks
@@ -151,38 +177,40 @@ def _kla_bwd_kernel(
         b_P = tl.load(ckpt_P_ptr + o_ckpt + (t0 // CHUNK) * S * M, mask=m_sm, other=1.0)
         b_mu = tl.load(ckpt_mu_ptr + o_ckpt + (t0 // CHUNK) * S * M, mask=m_sm, other=0.0)
         for t in tl.range(t0, t1, num_stages=NUM_STAGES, loop_unroll_factor=UNROLL):  # recompute the chunk's states
-            tl.store(scr_P_ptr + o_scr + (t - t0) * S_PAD * BM, b_P, eviction_policy="evict_last")
-            tl.store(scr_mu_ptr + o_scr + (t - t0) * S_PAD * BM, b_mu, eviction_policy="evict_last")
-            row_m, row_s = (i_b * L + t) * M, (i_b * L + t) * S
-            b_v, b_lv, b_k, _ = _load_step(
-                v_ptr, lam_v_ptr, k_ptr, k_ptr, row_m, row_s, m0, M, S, BM, S_PAD, V_FMT, LV_FMT, K_FMT, K_FMT, False
-            )
+            tl.store(p_scr_P + (t - t0) * S_PAD * BM + o_scr, b_P, eviction_policy="evict_last")
+            tl.store(p_scr_mu + (t - t0) * S_PAD * BM + o_scr, b_mu, eviction_policy="evict_last")
+            b_v = load_row(row_start(p_v, t, M, V_FMT), m0, M, BM, V_FMT)
+            b_lv = load_row(row_start(p_lv, t, M, LV_FMT), m0, M, BM, LV_FMT)
+            b_k = load_row(row_start(p_k, t, S, K_FMT), 0, S, S_PAD, K_FMT)
             if LOGVAR:
                 b_lv = _precision(b_lv, floor)
             b_phi = b_lv[None, :] * (b_k * b_k)[:, None]
             b_r = (b_v * b_lv)[None, :] * b_k[:, None]
             b_P, b_mu, _, _ = _filter_step(b_P, b_mu, b_a, b_a2, b_p, b_phi, b_r, FAST_RCP)
         tl.debug_barrier()
+        # b_P, b_mu now hold the state after the chunk's last step; walking back, the state after step t is the
+        # one loaded before step t + 1 (the value recomputing it gives), so only P'_t and i_t are recomputed
         for j in tl.range(
             0, t1 - t0, num_stages=NUM_STAGES, loop_unroll_factor=UNROLL
         ):  # reverse adjoint over the chunk
             t = t1 - 1 - j
-            b_Pm = tl.load(scr_P_ptr + o_scr + (t - t0) * S_PAD * BM, eviction_policy="evict_last")
-            b_mum = tl.load(scr_mu_ptr + o_scr + (t - t0) * S_PAD * BM, eviction_policy="evict_last")
-            row_m, row_s = (i_b * L + t) * M, (i_b * L + t) * S
-            b_v, b_x, b_k, b_q = _load_step(
-                v_ptr, lam_v_ptr, k_ptr, q_ptr, row_m, row_s, m0, M, S, BM, S_PAD, V_FMT, LV_FMT, K_FMT, Q_FMT, False
-            )
+            b_Pm = tl.load(p_scr_P + (t - t0) * S_PAD * BM + o_scr, eviction_policy="evict_last")
+            b_mum = tl.load(p_scr_mu + (t - t0) * S_PAD * BM + o_scr, eviction_policy="evict_last")
+            b_v = load_row(row_start(p_v, t, M, V_FMT), m0, M, BM, V_FMT)
+            b_x = load_row(row_start(p_lv, t, M, LV_FMT), m0, M, BM, LV_FMT)
+            b_k = load_row(row_start(p_k, t, S, K_FMT), 0, S, S_PAD, K_FMT)
+            b_q = load_row(row_start(p_q, t, S, Q_FMT), 0, S, S_PAD, Q_FMT)
             b_lv = b_x
             if LOGVAR:
                 b_lv = _precision(b_x, floor)
-            b_gy = load_row(gy_ptr, row_m + m0, row_m + M, BM, GY_FMT)
+            b_gy = load_row(row_start(p_gy, t, M, GY_FMT), m0, M, BM, GY_FMT)
             b_phi = b_lv[None, :] * (b_k * b_k)[:, None]  # [S_PAD, BM]
             b_r = (b_v * b_lv)[None, :] * b_k[:, None]  # [S_PAD, BM]
-            b_P, b_mu, b_Pp, b_i = _filter_step(b_Pm, b_mum, b_a, b_a2, b_p, b_phi, b_r, FAST_RCP)
+            b_Pp = b_a2 * b_Pm + b_p  # as _filter_step forms P'_t and i_t
+            b_i = rcp(1.0 + b_phi * b_Pp, FAST_RCP)
             b_gmu, b_ga, b_dq = _mean_readout_adjoint(b_gmu, b_ga, b_mu, b_a, b_q, b_gy, PRIOR)
             if HAS_GYV:  # y_var was used
-                b_gyv = load_row(gyv_ptr, row_m + m0, row_m + M, BM, GYV_FMT)
+                b_gyv = load_row(row_start(p_gyv, t, M, GYV_FMT), m0, M, BM, GYV_FMT)
                 b_gP, b_ga2, b_gp, b_dq = _var_readout_adjoint(
                     b_gP, b_ga2, b_gp, b_dq, b_P, b_a2, b_p, b_q, b_gyv, PRIOR
                 )
@@ -204,10 +232,11 @@ def _kla_bwd_kernel(
             b_dk = tl.sum(b_lv[None, :] * (2.0 * b_k[:, None] * b_gphi + b_v[None, :] * b_gr), axis=1)  # [S_PAD]
             # written once and read only by torch after the kernel: evict first, so the scratch keeps its L2 lines
             b_dv, b_dlv = b_dv.to(dv_ptr.dtype.element_ty), b_dlv.to(dlv_ptr.dtype.element_ty)
-            tl.store(dv_ptr + row_m + o_m, b_dv, mask=m_m, eviction_policy="evict_first")
-            tl.store(dlv_ptr + row_m + o_m, b_dlv, mask=m_m, eviction_policy="evict_first")
-            tl.store(dk_ptr + o_part + t * S, b_dk, mask=m_s, eviction_policy="evict_first")
-            tl.store(dq_ptr + o_part + t * S, tl.sum(b_dq, axis=1), mask=m_s, eviction_policy="evict_first")
+            _store_reduced_row(p_dv + t * M, b_dv, o_m, o_s, m_m, S_PAD, BM)
+            _store_reduced_row(p_dlv + t * M, b_dlv, o_m, o_s, m_m, S_PAD, BM)
+            tl.store(p_dk + t * S + o_s, b_dk, mask=m_s, eviction_policy="evict_first")
+            tl.store(p_dq + t * S + o_s, tl.sum(b_dq, axis=1), mask=m_s, eviction_policy="evict_first")
+            b_P, b_mu = b_Pm, b_mum  # the state after step t - 1
         tl.debug_barrier()
     o_part_ms = (i_b * n_seg + i_seg) * M * S + o_m[None, :] * S + o_s[:, None]  # [S_PAD, BM] into [B, n_seg, M, S]
     tl.store(da_ptr + o_part_ms, b_ga + 2.0 * b_a * b_ga2, mask=m_sm)

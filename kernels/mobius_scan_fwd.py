@@ -55,6 +55,7 @@ from klalm.kernels.common import (
     load_row,
     load_row_spread,
     rcp,
+    row_start,
     segment_chunks,
     state_pad,
 )
@@ -145,6 +146,10 @@ def _kla_fwd_kernel(
         b_P = tl.full([S_PAD, BM], 1.0, tl.float32)
         b_mu = tl.zeros([S_PAD, BM], tl.float32)
     o_ckpt = (i_b * n_chunks * S + o_s[:, None]) * M + o_m[None, :]  # [S_PAD, BM] into [B, NC, S, M]
+    # the batch row's start (64-bit, once); within it the steps index with int32 offsets (`common.row_start`)
+    v_row, lv_row = row_start(v_ptr, i_b * L, M, V_FMT), row_start(lam_v_ptr, i_b * L, M, LV_FMT)
+    k_row, q_row = row_start(k_ptr, i_b * L, S, K_FMT), row_start(q_ptr, i_b * L, S, Q_FMT)
+    y_row, yv_row = y_ptr + i_b * L * M, y_var_ptr + i_b * L * M
     c1 = (i_seg + 1) * seg_chunks
     if c1 > n_chunks:
         c1 = n_chunks
@@ -157,10 +162,11 @@ def _kla_fwd_kernel(
         if t1 > L:
             t1 = L
         for t in tl.range(i_c * CHUNK, t1, num_stages=NUM_STAGES, loop_unroll_factor=UNROLL):
-            row_m, row_s = (i_b * L + t) * M, (i_b * L + t) * S
+            row_m = t * M  # int32 within the batch row
             b_v, b_lv, b_k, b_q = _load_step(
-                v_ptr, lam_v_ptr, k_ptr, q_ptr, row_m, row_s, m0, M, S, BM, S_PAD, V_FMT, LV_FMT, K_FMT, Q_FMT, True
-            )
+                row_start(v_row, t, M, V_FMT), row_start(lv_row, t, M, LV_FMT), row_start(k_row, t, S, K_FMT),
+                row_start(q_row, t, S, Q_FMT), 0, 0, m0, M, S, BM, S_PAD, V_FMT, LV_FMT, K_FMT, Q_FMT, True,
+            )  # fmt: skip
             if LOGVAR:  # the tensor holds log σ²
                 b_lv = _precision(b_lv, floor)
             b_phi = b_lv[None, :] * (b_k * b_k)[:, None]  # [S_PAD, BM]
@@ -168,11 +174,14 @@ def _kla_fwd_kernel(
             b_P, b_mu, _, _ = _filter_step(b_P, b_mu, b_a, b_a2, b_p, b_phi, b_r, FAST_RCP)
             b_mean = b_a * b_mu if PRIOR else b_mu
             b_y = tl.sum(b_q[:, None] * b_mean, axis=0)  # [BM]
-            tl.store(y_ptr + row_m + o_m, b_y.to(y_ptr.dtype.element_ty), mask=m_m)
             if WITH_VAR:  # off when no one reads y_var (a KLA layer in training): its products, sum and store
                 b_var = b_a2 * b_P + b_p if PRIOR else b_P
                 b_yv = tl.sum((b_q * b_q)[:, None] * b_var, axis=0)  # [BM]
-                tl.store(y_var_ptr + row_m + o_m, b_yv.to(y_var_ptr.dtype.element_ty), mask=m_m)
+                # y and y_var as one [BM, 2] store: one layout exchange (a shared-memory round trip) per step
+                b_out = tl.join(b_y, b_yv).to(y_ptr.dtype.element_ty)
+                tl.store(tl.join(y_row + row_m + o_m, yv_row + row_m + o_m), b_out, mask=m_m[:, None])
+            else:
+                tl.store(y_row + row_m + o_m, b_y.to(y_ptr.dtype.element_ty), mask=m_m)
     if i_seg == n_seg - 1:
         b_lam = 1.0 / b_P
         tl.store(lam_out_ptr + i_b * M * S + o_ms, b_lam, mask=m_sm)
