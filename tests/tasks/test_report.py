@@ -137,3 +137,6 @@ def test_paused_mqar_units_show_how_far_they_got(tmp_path):
     lr = mqar[0].train.lr
     text = sections(plan, tmp_path, tmp_path, "")["mqar"]
     assert f"| kla, 2 blocks, d=64 | 50.0 (lr {lr:g}) (1/4, 1 paused) |" in text
+    _write(tmp_path, "mqar", [_row(mqar[0], 0, 0.5), {**_row(mqar[1], 0, 0.995), "ended": "threshold", "steps": 3128}])
+    text = sections(plan, tmp_path, tmp_path, "")["mqar"]  # a run the stop rule ended says when
+    assert f"| kla, 2 blocks, d=64 | 99.5 (lr {mqar[1].train.lr:g}, stopped at 3,128 steps) (2/4) |" in text, text

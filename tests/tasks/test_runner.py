@@ -80,6 +80,8 @@ def test_full_plan_is_the_design_recipe_in_the_issue_order():
     assert zoology.depths == [2] and len(zoology.lrs) == 4 and min(zoology.d_models) >= 64
     assert max(zoology.d_models) <= 256 and len(zoology.d_models) > 1
     assert (long.archs, long.cells, long.depths) == (["kla"], [[2048, 256]], [1, 2])
+    mqar = [u for u in plan_units(plan) if u.family == "mqar"]  # Zoology: evaluated every epoch, stopped at 99 %
+    assert {(u.eval_every, u.stop["threshold"], u.stop["metric"]) for u in mqar} == {(391, 0.99, "token_acc")}
 
 
 def test_bad_plans_fail_clearly(tmp_path):
@@ -96,6 +98,9 @@ def test_bad_plans_fail_clearly(tmp_path):
         apply_args(load_plan("quick"), parse_args(["run", "--results", "x", "--archs", "gpt,transformer"]))
     with pytest.raises(KeyError, match="compile_backend: unknown \\['inductr'\\]"):
         apply_args(load_plan("quick"), parse_args(["run", "--results", "x", "--compile", "inductr"]))
+    bad.write_text("mqar:\n  stop_at: 0.99\n")
+    with pytest.raises(ValueError, match="mqar.stop_at=0.99 needs mqar.eval_every"):
+        apply_args(load_plan(str(bad)), parse_args(["run", "--results", "x"]))
     bad.write_text("a5:\n  train: {lr: 1.0e-3, min_lr: 1.0e-2}\n  stages: [{lengths: [3], depths: [1], seeds: [0]}]\n")
     with pytest.raises(ValueError, match="min_lr"):
         plan_units(load_plan(str(bad)))

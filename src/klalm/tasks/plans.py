@@ -67,12 +67,17 @@ class MQARStage:
 
 @dataclasses.dataclass
 class MQARPlan:
-    """MQAR: held-out accuracy at the query positions; the best learning rate of each cell is reported."""
+    """MQAR: held-out accuracy at the query positions; the best learning rate of each cell is reported.
+
+    With `stop_at`, a run stops at the first evaluation (every `eval_every` steps) where its accuracy reaches it, as
+    Zoology's trainer stops at 99 % validation accuracy; its row then holds that evaluation's accuracy.
+    """
 
     vocab: int = 8192
     num_train: int = 100_000
     num_test: int = 3_000
     eval_every: int | None = None
+    stop_at: float | None = None
     stages: list[MQARStage] = dataclasses.field(default_factory=list)
     train: TrainSettings = dataclasses.field(default_factory=TrainSettings)
 
@@ -186,6 +191,7 @@ def a5_units(plan: RunPlan) -> list[Unit]:
 def mqar_units(plan: RunPlan) -> list[Unit]:
     """Stage by stage; within a stage cell by cell, then depth, width, arch, learning rate."""
     mqar, units = plan.mqar, []
+    stop = None if mqar.stop_at is None else {"metric": "token_acc", "threshold": mqar.stop_at}
     for stage in mqar.stages:
         archs = [a for a in stage.archs if a in plan.archs]
         for (length, pairs), depth, d_model, arch, lr in itertools.product(
@@ -195,7 +201,7 @@ def mqar_units(plan: RunPlan) -> list[Unit]:
             train = dataclasses.replace(mqar.train, lr=lr)
             for seeds in _seed_groups(stage.seeds, plan.members):
                 units.append(Unit("mqar", task, arch, depth, d_model, plan.model_overrides.get(arch, {}), train, seeds,
-                                  mqar.num_test, mqar.num_train, None, mqar.eval_every))  # fmt: skip
+                                  mqar.num_test, mqar.num_train, None, mqar.eval_every, stop))  # fmt: skip
     return units
 
 
@@ -345,6 +351,8 @@ def validate(plan: RunPlan) -> None:
     for key in ("members", "procs_per_gpu", "units_per_process"):
         if getattr(plan, key) < 1:
             raise ValueError(f"{key}={getattr(plan, key)} must be >= 1")
+    if plan.mqar.stop_at is not None and not plan.mqar.eval_every:
+        raise ValueError(f"mqar.stop_at={plan.mqar.stop_at} needs mqar.eval_every (the evaluations it stops at)")
     for i, stage in enumerate(plan.a5.stages):
         if any(n < 1 for n in stage.lengths) or any(d < 1 for d in stage.depths):
             raise ValueError(f"a5.stages[{i}]: lengths and depths must be >= 1, got {stage.lengths}, {stage.depths}")

@@ -240,7 +240,10 @@ def _best_text(done: list[Row], count: int, paused: list[Row], with_lr: bool) ->
         so_far = f": {_pct(best)}" if any(r["evals"] for r in paused) else ""
         return f"… (paused at {min(r['steps'] for r in paused)} of {paused[0]['planned_steps']}{so_far})"
     best = max(done, key=lambda r: r["token_acc"])
-    text = _pct(best["token_acc"]) + (f" (lr {best['train']['lr']:g})" if with_lr else "")
+    notes = [f"lr {best['train']['lr']:g}"] if with_lr else []
+    if best.get("ended") == "threshold":  # stopped early by the plan's stop rule (MQAR's 99 %)
+        notes.append(f"stopped at {best['steps']:,} steps")
+    text = _pct(best["token_acc"]) + (f" ({', '.join(notes)})" if notes else "")
     waiting = f", {len(paused)} paused" if paused else ""
     return text + ("" if len(done) == count else f" ({len(done)}/{count}{waiting})")
 
