@@ -1,7 +1,7 @@
 """Per-iteration counts of the backward's innermost loops (SASS and PTX), by kind.
 usage: python bwd_count.py STEM [STEM...]  (STEM.sass, STEM.ptx)"""
 import re, sys
-from collections import Counter
+from bf16_count import count  # the same per-kind count of a loop's lines
 
 def loops(lines, label_re, branch_re):
     labels = {}
@@ -52,17 +52,6 @@ PTX_CATS = [
     ("32-bit int arith", r'^(add|sub|mul|mad|shl|shr|and|or|xor)\.(s32|u32|b32|lo\.s32)'),
     ("mov", r'^mov'), ("selp", r'^selp'), ("setp", r'^setp'), ("other", r'.'),
 ]
-
-def count(lines, cats):
-    c = Counter()
-    for l in lines:
-        op = re.sub(r'/\*[0-9a-f]+\*/', '', l).strip()
-        op = re.sub(r'^@!?U?P\w+\s+', '', op)
-        for name, pat in cats:
-            if re.search(pat, op):
-                c[name] += 1
-                break
-    return c
 
 if __name__ == "__main__":
     ONLY_MAIN = sys.argv[1] == "--main"

@@ -10,12 +10,13 @@ M % BM = 0 at the kla_45m shape; a tree without those constants ignores them). F
 launch constants (the unroll and stage probes).
 """
 
-import subprocess
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "cpu_2026-12-01f"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "ss"))
 import compile_loops as cl  # noqa: E402
+from compile_ss import write_kernel  # noqa: E402  (the files each compiled case is written as)
 
 if __name__ == "__main__":
     tag, out = sys.argv[1], Path(sys.argv[2])
@@ -27,14 +28,7 @@ if __name__ == "__main__":
     for case, (fn, constexprs, formats, warps, _) in cases.items():
         constexprs = {**constexprs, "EVEN_S": True, "EVEN_M": True, **overrides}
         kernel = cl.compile_sm90(fn, constexprs, formats, warps, constexprs["NUM_STAGES"])
-        stem = out / f"{tag}_bwd_{case}"
-        for ext in ("ttgir", "ptx"):
-            stem.with_suffix(f".{ext}").write_text(kernel.asm[ext])
-        stem.with_suffix(".cubin").write_bytes(kernel.asm["cubin"])
-        for suffix, flags in ((".sass", ["-c", "-g"]), (".hex.sass", ["-c", "-hex"])):
-            text = subprocess.run([str(cl.BIN / "nvdisasm"), *flags, str(stem.with_suffix(".cubin"))],
-                                  capture_output=True, text=True, check=True).stdout  # fmt: skip
-            Path(f"{stem}{suffix}").write_text(text)
+        write_kernel(kernel, out / f"{tag}_bwd_{case}")
         found = cl.resource_usage(kernel) | cl.code_counts(kernel)
         print(
             f"{tag} {case}: " + ", ".join(f"{k} {found[k]}" for k in ("registers", "stack_bytes", "ptx_instructions"))

@@ -26,17 +26,23 @@ CASES = {
     "bwd_bf16dt32": (ss._ss_bwd_kernel, cl.SS_BWD, LAYER, cl.SS.bwd_num_warps, cl.SS.bwd_num_stages),
 }
 
+
+def write_kernel(kernel, stem: Path) -> None:
+    """A compiled kernel's stem.{ttgir,ptx,cubin}, and its SASS plain (stem.sass) and with control codes
+    (stem.hex.sass)."""
+    for ext in ("ttgir", "ptx"):
+        stem.with_suffix(f".{ext}").write_text(kernel.asm[ext])
+    stem.with_suffix(".cubin").write_bytes(kernel.asm["cubin"])
+    for suffix, flags in ((".sass", ["-c", "-g"]), (".hex.sass", ["-c", "-hex"])):
+        text = subprocess.run([str(cl.BIN / "nvdisasm"), *flags, str(stem.with_suffix(".cubin"))],
+                              capture_output=True, text=True, check=True).stdout  # fmt: skip
+        Path(f"{stem}{suffix}").write_text(text)
+
+
 if __name__ == "__main__":
     tag, out = sys.argv[1], Path(sys.argv[2])
     out.mkdir(parents=True, exist_ok=True)
     for case, (fn, constexprs, formats, warps, stages) in CASES.items():
         kernel = cl.compile_sm90(fn, constexprs, formats, warps, stages)
-        stem = out / f"{tag}_{case}"
-        for ext in ("ttgir", "ptx"):
-            stem.with_suffix(f".{ext}").write_text(kernel.asm[ext])
-        stem.with_suffix(".cubin").write_bytes(kernel.asm["cubin"])
-        for suffix, flags in ((".sass", ["-c", "-g"]), (".hex.sass", ["-c", "-hex"])):
-            text = subprocess.run([str(cl.BIN / "nvdisasm"), *flags, str(stem.with_suffix(".cubin"))],
-                                  capture_output=True, text=True, check=True).stdout  # fmt: skip
-            Path(f"{stem}{suffix}").write_text(text)
+        write_kernel(kernel, out / f"{tag}_{case}")
         print(f"{tag} {case}: registers {cl.resource_usage(kernel)['registers']}")
