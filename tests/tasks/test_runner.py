@@ -101,6 +101,9 @@ def test_bad_plans_fail_clearly(tmp_path):
     bad.write_text("mqar:\n  stop_at: 0.99\n")
     with pytest.raises(ValueError, match="mqar.stop_at=0.99 needs mqar.eval_every"):
         apply_args(load_plan(str(bad)), parse_args(["run", "--results", "x"]))
+    bad.write_text("mqar:\n  stop_at: 99\n  eval_every: 391\n")  # a percentage where a fraction belongs
+    with pytest.raises(ValueError, match=r"mqar.stop_at=99 is an accuracy: it must be in \(0, 1\]"):
+        apply_args(load_plan(str(bad)), parse_args(["run", "--results", "x"]))
     bad.write_text("a5:\n  train: {lr: 1.0e-3, min_lr: 1.0e-2}\n  stages: [{lengths: [3], depths: [1], seeds: [0]}]\n")
     with pytest.raises(ValueError, match="min_lr"):
         plan_units(load_plan(str(bad)))

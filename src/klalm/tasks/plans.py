@@ -351,6 +351,8 @@ def validate(plan: RunPlan) -> None:
     for key in ("members", "procs_per_gpu", "units_per_process"):
         if getattr(plan, key) < 1:
             raise ValueError(f"{key}={getattr(plan, key)} must be >= 1")
+    if plan.mqar.stop_at is not None and not 0 < plan.mqar.stop_at <= 1:
+        raise ValueError(f"mqar.stop_at={plan.mqar.stop_at} is an accuracy: it must be in (0, 1]")
     if plan.mqar.stop_at is not None and not plan.mqar.eval_every:
         raise ValueError(f"mqar.stop_at={plan.mqar.stop_at} needs mqar.eval_every (the evaluations it stops at)")
     for i, stage in enumerate(plan.a5.stages):
