@@ -36,6 +36,7 @@ from klalm.kernels.common import (
     check_offsets,
     from_kernel_layout,
     load_row,
+    row_start,
     segment_chunks,
     state_pad,
     to_kernel_layout,
@@ -52,16 +53,35 @@ PAIR = tl.constexpr(2)  # numbers per (b, m, n) of a segment map: (G, H) forward
 
 @triton.jit
 def _ss_load_step(
-    u_ptr, dt_ptr, B_ptr, C_ptr, row_m, row_n, m0, M, N,
+    u_ptr, dt_ptr, B_ptr, C_ptr, t, row_m, row_n, m0, M, N,
     BM: tl.constexpr, N_PAD: tl.constexpr,
     U_FMT: tl.constexpr, DT_FMT: tl.constexpr, B_FMT: tl.constexpr, C_FMT: tl.constexpr,
 ):  # fmt: skip
-    """One step's u, Δ [BM] (channels m0..) and B, C [N_PAD] as float32, padding 0 (`common.load_row` formats)."""
-    b_u = load_row(u_ptr, row_m + m0, row_m + M, BM, U_FMT)
-    b_dt = load_row(dt_ptr, row_m + m0, row_m + M, BM, DT_FMT)
-    b_B = load_row(B_ptr, row_n, row_n + N, N_PAD, B_FMT)
-    b_C = load_row(C_ptr, row_n, row_n + N, N_PAD, C_FMT)
+    """One step's u, Δ [BM] (channels m0..) and B, C [N_PAD] as float32, padding 0 (`common.load_row` formats): the
+    elements row_m + m0.. and row_n.. of row t of each pointer (`common.row_start`). Two ways to call it:
+    - the forward kernels: pointers at one batch row's start, t the step, row_m = row_n = 0. The step then adds int32
+      offsets t·M, t·N (`common.check_offsets`) and the masks stay the same at every t;
+    - the backward kernels: the tensors' starts, t = 0, 64-bit row_m = (b·L + t)·M and row_n = (b·L + t)·N. The
+      forward's way, there, compiled to fewer instructions but a bf16 reverse walk whose shuffle reductions ptxas
+      overlapped less, and that loop is latency-bound: it ran slower on the H200."""
+    b_u = load_row(row_start(u_ptr, t, M, U_FMT), row_m + m0, row_m + M, BM, U_FMT)
+    b_dt = load_row(row_start(dt_ptr, t, M, DT_FMT), row_m + m0, row_m + M, BM, DT_FMT)
+    b_B = load_row(row_start(B_ptr, t, N, B_FMT), row_n, row_n + N, N_PAD, B_FMT)
+    b_C = load_row(row_start(C_ptr, t, N, C_FMT), row_n, row_n + N, N_PAD, C_FMT)
     return b_u, b_dt, b_B, b_C
+
+
+@triton.jit
+def _ss_store_reduced_row(ptr, x, o_m, o_n, m_m, N_PAD: tl.constexpr, BM: tl.constexpr):
+    """Store x [BM] (a sum over n: every state row of the [N_PAD, BM] layout holds it) at ptr + o_m where m_m,
+    written by the n = 0 row of that layout, so no exchange is compiled (a plain [BM] store is converted to a
+    one-element-per-lane layout through shared memory, with a barrier, at every step). The offsets carry a
+    contiguity of 4 elements (o_m itself has BM), so that a 16-bit row, too, keeps the [N_PAD, BM] layout of 4
+    channels per lane (as mobius_scan_bwd's reduced-row stores)."""
+    o = (o_m // 4) * 4 + o_m % 4  # = o_m
+    p = ptr + (o[None, :] + 0 * o_n[:, None])  # [N_PAD, BM]
+    m = (o_n == 0)[:, None] & m_m[None, :]
+    tl.store(p, tl.broadcast_to(x[None, :], (N_PAD, BM)).to(ptr.dtype.element_ty), mask=m)
 
 
 @triton.jit
@@ -87,6 +107,10 @@ def _ss_fwd_kernel(
     else:
         b_h = tl.zeros([N_PAD, BM], tl.float32)
     o_ckpt = (i_b * n_chunks * N + o_n[:, None]) * M + o_m[None, :]  # [N_PAD, BM] into [B, NC, N, M]
+    # the batch row's start (64-bit, once); within it every step offsets by int32 t·M, t·N (`_ss_load_step`)
+    p_u, p_dt = row_start(u_ptr, i_b * L, M, U_FMT), row_start(dt_ptr, i_b * L, M, DT_FMT)
+    p_B, p_C = row_start(B_ptr, i_b * L, N, B_FMT), row_start(C_ptr, i_b * L, N, C_FMT)
+    p_y = y_ptr + i_b * L * M
     c1 = (i_seg + 1) * seg_chunks
     if c1 > n_chunks:
         c1 = n_chunks
@@ -97,13 +121,12 @@ def _ss_fwd_kernel(
         if t1 > L:
             t1 = L
         for t in tl.range(i_c * CHUNK, t1, num_stages=NUM_STAGES, loop_unroll_factor=UNROLL):
-            row_m, row_n = (i_b * L + t) * M, (i_b * L + t) * N
             b_u, b_dt, b_B, b_C = _ss_load_step(
-                u_ptr, dt_ptr, B_ptr, C_ptr, row_m, row_n, m0, M, N, BM, N_PAD, U_FMT, DT_FMT, B_FMT, C_FMT
+                p_u, p_dt, p_B, p_C, t, 0, 0, m0, M, N, BM, N_PAD, U_FMT, DT_FMT, B_FMT, C_FMT
             )
             b_h = tl.exp2(b_dt[None, :] * b_A2) * b_h + (b_dt * b_u)[None, :] * b_B[:, None]
             b_y = tl.sum(b_C[:, None] * b_h, axis=0) + b_D * b_u  # [BM]
-            tl.store(y_ptr + row_m + o_m, b_y.to(y_ptr.dtype.element_ty), mask=m_m)
+            _ss_store_reduced_row(p_y + t * M, b_y, o_m, o_n, m_m, N_PAD, BM)
     if i_seg == n_seg - 1:
         tl.store(h_out_ptr + i_b * M * N + o_nm, b_h, mask=m_nm)
 
@@ -126,10 +149,11 @@ def _ss_fwd_summary_kernel(
     b_A2 = tl.load(A_ptr + o_nm, mask=m_nm, other=0.0).to(tl.float32) * LOG2E
     b_G = tl.full([N_PAD, BM], 1.0, tl.float32)
     b_H = tl.zeros([N_PAD, BM], tl.float32)
+    p_u, p_dt = row_start(u_ptr, i_b * L, M, U_FMT), row_start(dt_ptr, i_b * L, M, DT_FMT)
+    p_B = row_start(B_ptr, i_b * L, N, B_FMT)
     for t in tl.range(i_seg * seg_steps, (i_seg + 1) * seg_steps, num_stages=NUM_STAGES, loop_unroll_factor=UNROLL):
-        row_m, row_n = (i_b * L + t) * M, (i_b * L + t) * N
         b_u, b_dt, b_B, _ = _ss_load_step(
-            u_ptr, dt_ptr, B_ptr, B_ptr, row_m, row_n, m0, M, N, BM, N_PAD, U_FMT, DT_FMT, B_FMT, B_FMT
+            p_u, p_dt, p_B, p_B, t, 0, 0, m0, M, N, BM, N_PAD, U_FMT, DT_FMT, B_FMT, B_FMT
         )
         b_decay = tl.exp2(b_dt[None, :] * b_A2)
         b_G = b_decay * b_G
@@ -191,7 +215,7 @@ def _ss_bwd_summary_kernel(
     for t in tl.range(i_seg * seg_steps, t1, num_stages=NUM_STAGES, loop_unroll_factor=UNROLL):
         row_m, row_n = (i_b * L + t) * M, (i_b * L + t) * N
         _, b_dt, b_C, _ = _ss_load_step(
-            u_ptr, dt_ptr, C_ptr, C_ptr, row_m, row_n, m0, M, N, BM, N_PAD, U_FMT, DT_FMT, C_FMT, C_FMT
+            u_ptr, dt_ptr, C_ptr, C_ptr, 0, row_m, row_n, m0, M, N, BM, N_PAD, U_FMT, DT_FMT, C_FMT, C_FMT
         )
         b_gy = load_row(gy_ptr, row_m + m0, row_m + M, BM, GY_FMT)
         b_Q = tl.exp2(b_dt[None, :] * b_A2) * b_Q
@@ -231,8 +255,13 @@ def _ss_bwd_kernel(
     b_dD = tl.zeros([BM], tl.float32)
     o_ckpt = (i_b * n_chunks * N + o_n[:, None]) * M + o_m[None, :]  # [N_PAD, BM] into [B, NC, N, M]
     i_prog = (i_b * n_mb + i_mb) * n_seg + i_seg
-    o_scr = (i_prog * CHUNK * N_PAD + o_n[:, None]) * BM + tl.arange(0, BM)[None, :]  # [N_PAD, BM]
-    o_part = (i_b * n_mb + i_mb) * L * N + o_n  # [N_PAD] into [B, NMB, L, N] at t = 0
+    # the scratch and the outputs from this program's rows with int32 per-step offsets and masks fixed over t (the
+    # loads keep the 64-bit offsets: see `_ss_load_step`)
+    p_scr = scr_ptr + i_prog * CHUNK * N_PAD * BM
+    o_scr = o_n[:, None] * BM + tl.arange(0, BM)[None, :]  # [N_PAD, BM] into one [N_PAD, BM] slot
+    p_du, p_ddt = du_ptr + i_b * L * M, ddt_ptr + i_b * L * M
+    p_dB = dB_ptr + (i_b * n_mb + i_mb) * L * N  # [B, NMB, L, N] at t = 0
+    p_dC = dC_ptr + (i_b * n_mb + i_mb) * L * N
     c1 = (i_seg + 1) * seg_chunks
     if c1 > n_chunks:
         c1 = n_chunks
@@ -243,10 +272,10 @@ def _ss_bwd_kernel(
             t1 = L
         b_h = tl.load(ckpt_ptr + o_ckpt + (t0 // CHUNK) * N * M, mask=m_nm, other=0.0)
         for t in tl.range(t0, t1, num_stages=NUM_STAGES, loop_unroll_factor=UNROLL):  # recompute the chunk's states
-            tl.store(scr_ptr + o_scr + (t - t0) * N_PAD * BM, b_h)
+            tl.store(p_scr + (t - t0) * N_PAD * BM + o_scr, b_h)
             row_m, row_n = (i_b * L + t) * M, (i_b * L + t) * N
             b_u, b_dt, b_B, _ = _ss_load_step(
-                u_ptr, dt_ptr, B_ptr, B_ptr, row_m, row_n, m0, M, N, BM, N_PAD, U_FMT, DT_FMT, B_FMT, B_FMT
+                u_ptr, dt_ptr, B_ptr, B_ptr, 0, row_m, row_n, m0, M, N, BM, N_PAD, U_FMT, DT_FMT, B_FMT, B_FMT
             )
             b_h = tl.exp2(b_dt[None, :] * b_A2) * b_h + (b_dt * b_u)[None, :] * b_B[:, None]
         tl.debug_barrier()
@@ -254,10 +283,10 @@ def _ss_bwd_kernel(
             0, t1 - t0, num_stages=NUM_STAGES, loop_unroll_factor=UNROLL
         ):  # reverse recursion over the chunk
             t = t1 - 1 - j
-            b_hm = tl.load(scr_ptr + o_scr + (t - t0) * N_PAD * BM)  # h_{t-1}
+            b_hm = tl.load(p_scr + (t - t0) * N_PAD * BM + o_scr)  # h_{t-1}
             row_m, row_n = (i_b * L + t) * M, (i_b * L + t) * N
             b_u, b_dt, b_B, b_C = _ss_load_step(
-                u_ptr, dt_ptr, B_ptr, C_ptr, row_m, row_n, m0, M, N, BM, N_PAD, U_FMT, DT_FMT, B_FMT, C_FMT
+                u_ptr, dt_ptr, B_ptr, C_ptr, 0, row_m, row_n, m0, M, N, BM, N_PAD, U_FMT, DT_FMT, B_FMT, C_FMT
             )
             b_gy = load_row(gy_ptr, row_m + m0, row_m + M, BM, GY_FMT)
             b_decay = tl.exp2(b_dt[None, :] * b_A2)  # [N_PAD, BM]
@@ -273,10 +302,10 @@ def _ss_bwd_kernel(
             b_dC = tl.sum(b_h * b_gy[None, :], axis=1)  # [N_PAD]
             b_dB = tl.sum(b_gh * b_du_dt[None, :], axis=1)  # [N_PAD]
             b_gh = b_gh * b_decay
-            tl.store(du_ptr + row_m + o_m, b_du.to(du_ptr.dtype.element_ty), mask=m_m)
-            tl.store(ddt_ptr + row_m + o_m, b_ddt.to(ddt_ptr.dtype.element_ty), mask=m_m)
-            tl.store(dB_ptr + o_part + t * N, b_dB, mask=m_n)
-            tl.store(dC_ptr + o_part + t * N, b_dC, mask=m_n)
+            _ss_store_reduced_row(p_du + t * M, b_du, o_m, o_n, m_m, N_PAD, BM)
+            _ss_store_reduced_row(p_ddt + t * M, b_ddt, o_m, o_n, m_m, N_PAD, BM)
+            tl.store(p_dB + t * N + o_n, b_dB, mask=m_n)
+            tl.store(p_dC + t * N + o_n, b_dC, mask=m_n)
         tl.debug_barrier()
     tl.store(dA_ptr + (i_b * n_seg + i_seg) * M * N + o_nm, b_dA, mask=m_nm)
     tl.store(dD_ptr + (i_b * n_seg + i_seg) * M + o_m, b_dD, mask=m_m)

@@ -1,0 +1,26 @@
+# GPU call of 2026-12-01 (eighth session): `bench_scan.py --dtypes` on main, then with each candidate patch of
+# results/cpu_2026-12-01g applied (a name "a+b" applies both; reverted after its run), then, while time is left,
+# the kernel GPU tests with the patches of TEST (same "a+b" form) applied. Run from the repository root.
+source scripts/device_setup.sh || exit 1
+start=$SECONDS
+limit=${LIMIT:-600}
+patch_path() { for d in ss kla_bwd; do [[ -f results/cpu_2026-12-01g/$d/$1.patch ]] && echo results/cpu_2026-12-01g/$d/$1.patch; done; }
+patches() { local p=(); IFS=+ read -ra names <<< "$1"; for n in "${names[@]}"; do p+=("$(patch_path "$n")"); done; echo "${p[@]}"; }
+left() { echo $(( limit - (SECONDS - start) )); }
+run() {  # run NAME: one --dtypes table into $OUT/dtypes_NAME.md, unless too little of the call is left
+  if (( $(left) < ${MARGIN:-110} )); then echo "== $1 skipped (time)"; return; fi
+  echo "== $1 $(date +%T)"; timeout 100 python3 kernels/bench_scan.py --dtypes > "$OUT/dtypes_$1.md" 2>&1; tail -3 "$OUT/dtypes_$1.md"
+}
+for c in ${CANDIDATES:-main}; do
+  if [[ $c == main* ]]; then run "$c"; continue; fi
+  p=$(patches "$c")
+  git apply $p || { echo "== $c does not apply"; continue; }
+  run "$c"
+  git apply -R $p
+done
+if [[ -n $TEST ]] && (( $(left) > 200 )); then
+  p=$(patches "$TEST"); git apply $p && echo "== tests with $TEST $(date +%T)" \
+    && timeout $(( $(left) - 15 )) python3 -m pytest -q -m gpu tests/kernels/test_selective_scan.py tests/kernels/test_mobius_scan.py 2>&1 | tail -15 | tee "$OUT/tests_$TEST.log"
+  git apply -R $p
+elif [[ -n $TEST ]]; then echo "== tests skipped (time)"; fi
+echo "== end $(date +%T)"
