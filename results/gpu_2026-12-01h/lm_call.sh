@@ -10,7 +10,7 @@ lm() {  # lm NAME MODELS SEQ_LENS: one bench_lm table, unless less than MIN s ar
   if (( $(left) < ${MIN:-60} )); then echo "== lm $1 skipped (time)"; return; fi
   echo "== lm $1 $(date +%T), $(left) s left"
   timeout $(( $(left) - 10 )) python3 scripts/bench_lm.py --models $2 --seq-lens $3 --tokens-per-step 32768 \
-    --compile on --out $OUT/$1.md > $OUT/$1.log 2>&1; tail -6 $OUT/$1.log
+    --compile on --out $OUT/$1.md > /tmp/$1.log 2>&1; tail -6 /tmp/$1.log
 }
 lm lm_45m_2048 kla_45m,gpt_45m,mamba_45m 2048
 lm lm_45m_16384 kla_45m,gpt_45m 16384
