@@ -174,14 +174,20 @@ def load_row(ptr, start, limit, N: tl.constexpr, FMT: tl.constexpr):
     """Elements [start, start + N) of a flat tensor as float32 [N]; positions ≥ limit read 0.
 
     ptr is the tensor (FMT PLAIN) or its int32 view (BF16_PAIRS, FP16_PAIRS; start and limit are even);
-    start and limit count elements in both cases.
+    start and limit count elements in both cases. limit None: the caller knows the N elements are in bounds, and
+    they are read without a mask (a per-lane mask costs predicate arithmetic at every pipelined copy).
     """
+    mask, other = None, None
     if FMT == PLAIN:
         o = start + tl.arange(0, N)
-        return tl.load(ptr + o, mask=o < limit, other=0.0).to(tl.float32)
+        if limit is not None:
+            mask, other = o < limit, 0.0
+        return tl.load(ptr + o, mask=mask, other=other).to(tl.float32)
     else:
         o = start // 2 + tl.arange(0, N // 2)  # words
-        w = tl.load(ptr + o, mask=o < limit // 2, other=0)
+        if limit is not None:
+            mask, other = o < limit // 2, 0
+        w = tl.load(ptr + o, mask=mask, other=other)
         if FMT == BF16_PAIRS:  # element 2j is the low half of word j (little-endian)
             lo = (w << 16).to(tl.float32, bitcast=True)
             hi = (w & -65536).to(tl.float32, bitcast=True)

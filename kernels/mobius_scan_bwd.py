@@ -123,7 +123,8 @@ def _kla_bwd_kernel(
     L, M, S, n_chunks, seg_chunks, floor,
     BM: tl.constexpr, S_PAD: tl.constexpr, CHUNK: tl.constexpr, NUM_STAGES: tl.constexpr, UNROLL: tl.constexpr,
     HAS_INIT: tl.constexpr, PRIOR: tl.constexpr, HAS_GYV: tl.constexpr, HAS_GSTATE: tl.constexpr,
-    HAS_CARRY: tl.constexpr, FAST_RCP: tl.constexpr, LOGVAR: tl.constexpr,
+    HAS_CARRY: tl.constexpr, FAST_RCP: tl.constexpr, LOGVAR: tl.constexpr, EVEN_S: tl.constexpr,
+    EVEN_M: tl.constexpr,
     V_FMT: tl.constexpr, LV_FMT: tl.constexpr, K_FMT: tl.constexpr, Q_FMT: tl.constexpr, GY_FMT: tl.constexpr,
     GYV_FMT: tl.constexpr,
 ):  # fmt: skip
@@ -166,6 +167,14 @@ def _kla_bwd_kernel(
     p_dv, p_dlv = dv_ptr + i_b * L * M, dlv_ptr + i_b * L * M
     p_dk = dk_ptr + (i_b * n_mb + i_mb) * L * S  # [B, NMB, L, S] at t = 0
     p_dq = dq_ptr + (i_b * n_mb + i_mb) * L * S
+    # the per-step rows' bounds; None where the rows are whole (S == S_PAD: k, q; M % BM == 0: v, Λ, gy), which
+    # reads them without a per-lane mask: with one, ptxas made each 4-byte copy of k, q a branch with 13-cycle
+    # predicate stalls, and every masked copy needs predicate arithmetic (sm_90 code, kernels/NOTES.md)
+    s_end, m_end = S, M
+    if EVEN_S:
+        s_end = None
+    if EVEN_M:
+        m_end = None
     c1 = (i_seg + 1) * seg_chunks
     if c1 > n_chunks:
         c1 = n_chunks
@@ -179,9 +188,9 @@ def _kla_bwd_kernel(
         for t in tl.range(t0, t1, num_stages=NUM_STAGES, loop_unroll_factor=UNROLL):  # recompute the chunk's states
             tl.store(p_scr_P + (t - t0) * S_PAD * BM + o_scr, b_P, eviction_policy="evict_last")
             tl.store(p_scr_mu + (t - t0) * S_PAD * BM + o_scr, b_mu, eviction_policy="evict_last")
-            b_v = load_row(row_start(p_v, t, M, V_FMT), m0, M, BM, V_FMT)
-            b_lv = load_row(row_start(p_lv, t, M, LV_FMT), m0, M, BM, LV_FMT)
-            b_k = load_row(row_start(p_k, t, S, K_FMT), 0, S, S_PAD, K_FMT)
+            b_v = load_row(row_start(p_v, t, M, V_FMT), m0, m_end, BM, V_FMT)
+            b_lv = load_row(row_start(p_lv, t, M, LV_FMT), m0, m_end, BM, LV_FMT)
+            b_k = load_row(row_start(p_k, t, S, K_FMT), 0, s_end, S_PAD, K_FMT)
             if LOGVAR:
                 b_lv = _precision(b_lv, floor)
             b_phi = b_lv[None, :] * (b_k * b_k)[:, None]
@@ -196,21 +205,21 @@ def _kla_bwd_kernel(
             t = t1 - 1 - j
             b_Pm = tl.load(p_scr_P + (t - t0) * S_PAD * BM + o_scr, eviction_policy="evict_last")
             b_mum = tl.load(p_scr_mu + (t - t0) * S_PAD * BM + o_scr, eviction_policy="evict_last")
-            b_v = load_row(row_start(p_v, t, M, V_FMT), m0, M, BM, V_FMT)
-            b_x = load_row(row_start(p_lv, t, M, LV_FMT), m0, M, BM, LV_FMT)
-            b_k = load_row(row_start(p_k, t, S, K_FMT), 0, S, S_PAD, K_FMT)
-            b_q = load_row(row_start(p_q, t, S, Q_FMT), 0, S, S_PAD, Q_FMT)
+            b_v = load_row(row_start(p_v, t, M, V_FMT), m0, m_end, BM, V_FMT)
+            b_x = load_row(row_start(p_lv, t, M, LV_FMT), m0, m_end, BM, LV_FMT)
+            b_k = load_row(row_start(p_k, t, S, K_FMT), 0, s_end, S_PAD, K_FMT)
+            b_q = load_row(row_start(p_q, t, S, Q_FMT), 0, s_end, S_PAD, Q_FMT)
             b_lv = b_x
             if LOGVAR:
                 b_lv = _precision(b_x, floor)
-            b_gy = load_row(row_start(p_gy, t, M, GY_FMT), m0, M, BM, GY_FMT)
+            b_gy = load_row(row_start(p_gy, t, M, GY_FMT), m0, m_end, BM, GY_FMT)
             b_phi = b_lv[None, :] * (b_k * b_k)[:, None]  # [S_PAD, BM]
             b_r = (b_v * b_lv)[None, :] * b_k[:, None]  # [S_PAD, BM]
             b_Pp = b_a2 * b_Pm + b_p  # as _filter_step forms P'_t and i_t
             b_i = rcp(1.0 + b_phi * b_Pp, FAST_RCP)
             b_gmu, b_ga, b_dq = _mean_readout_adjoint(b_gmu, b_ga, b_mu, b_a, b_q, b_gy, PRIOR)
             if HAS_GYV:  # y_var was used
-                b_gyv = load_row(row_start(p_gyv, t, M, GYV_FMT), m0, M, BM, GYV_FMT)
+                b_gyv = load_row(row_start(p_gyv, t, M, GYV_FMT), m0, m_end, BM, GYV_FMT)
                 b_gP, b_ga2, b_gp, b_dq = _var_readout_adjoint(
                     b_gP, b_ga2, b_gp, b_dq, b_P, b_a2, b_p, b_q, b_gyv, PRIOR
                 )
@@ -433,7 +442,8 @@ def mobius_scan_bwd(
         *rows[:4], a_t, p_t, lam0, eta0, ckpt_P, ckpt_mu, lam, eta, *rows[4:], glam, geta,
         carry, dv, dlv, dk_part, dq_part, da_part, dp_part, dlam0, deta0, scr_P, scr_mu,
         length, channels, state_size, n_chunks, seg_chunks, precision_floor or 0.0,
-        HAS_INIT=lam0 is not None, HAS_GSTATE=has_gstate, HAS_CARRY=carry is not None, **launch,
+        HAS_INIT=lam0 is not None, HAS_GSTATE=has_gstate, HAS_CARRY=carry is not None, EVEN_S=state_size == s_pad,
+        EVEN_M=channels % config.bwd_block_m == 0, **launch,
     )  # fmt: skip
     dk, dq = dk_part.sum(1).to(k.dtype), dq_part.sum(1).to(q.dtype)
     da, dp = da_part.sum((0, 1)).to(a.dtype), dp_part.sum((0, 1)).to(p.dtype)
