@@ -1,0 +1,81 @@
+"""y, y_var, the final state and every gradient of `kla_scan_triton` under the Triton interpreter, saved for one tree
+or compared bit for bit between two saved runs (results/cpu_2026-12-01g/kla_bwd/bit_identity.py, extended to the
+final state, fp16 rows, decode from the prior and the log-variance path):
+
+    TRITON_INTERPRET=1 PYTHONPATH=<shim> .venv/bin/python bit_identity_fwd.py save OUT.pt   # in each tree
+    .venv/bin/python bit_identity_fwd.py compare head.pt patched.pt
+
+Cases (B, L, M, S, initial state, segment): sequential and time-parallel (segment 32), S < S_PAD and M % BM != 0;
+rows fp32, bf16 or fp16 v, k, q with fp32 Λ, and log σ² given instead of Λ (precision floor 1e-4) in fp32 or in the
+rows' 16-bit dtype; y-only and y + y_var losses.
+"""
+
+import sys
+
+import torch
+
+SHAPES = [(2, 70, 32, 16, False, 0), (1, 96, 16, 4, True, 32), (2, 40, 20, 3, False, 0), (1, 64, 48, 16, True, 32)]
+FLOOR = 1e-4
+
+
+def run():
+    import torch.nn.functional as F
+
+    from klalm.kernels.common import ScanConfig
+    from klalm.kernels.mobius_scan import kla_scan_triton
+    from klalm.ops.common import KLAState
+
+    out = {}
+    for bi, (B, L, M, S, init, seg) in enumerate(SHAPES):
+        for dt in (torch.float32, torch.bfloat16, torch.float16):
+            for logvar in (False, True):
+                for var in (False, True):
+                    g = torch.Generator().manual_seed(bi)
+                    r = lambda *s, g=g: torch.randn(*s, generator=g)  # noqa: E731
+                    x = dict(
+                        v=r(B, L, M),
+                        lambda_v=r(B, L, M) if logvar else 1.0 / (F.softplus(r(B, L, M)) + FLOOR),
+                        k=F.normalize(r(B, L, S), dim=-1),
+                        q=F.normalize(r(B, L, S), dim=-1),
+                        a=torch.exp(-F.softplus(r(M, S)) * 0.5),
+                        p=F.softplus(r(M, S)) * 0.05,
+                    )
+                    for n in ("v", "k", "q") + (("lambda_v",) if logvar else ()):
+                        x[n] = x[n].to(dt)
+                    x = {n: t.requires_grad_() for n, t in x.items()}
+                    st = KLAState(0.5 + torch.rand(B, M, S, generator=g), r(B, M, S)) if init else None
+                    if st is not None:
+                        st = KLAState(st.lam.requires_grad_(), st.eta.requires_grad_())
+                    cfg = ScanConfig(chunk=16, segment=seg)
+                    y, yv, fin = kla_scan_triton(*x.values(), initial_state=st, config=cfg, variance=var,
+                                                 decode_from_prior=bi % 2 == 1,
+                                                 precision_floor=FLOOR if logvar else None)  # fmt: skip
+                    gy = r(*y.shape)
+                    loss = (y.float() * gy).sum() + ((yv.float() * r(*yv.shape)).sum() if var else 0)
+                    loss = loss + (fin.lam * r(*fin.lam.shape)).sum() + (fin.eta * r(*fin.eta.shape)).sum()
+                    loss.backward()
+                    key = (f"B{B}L{L}M{M}S{S}{'i' if init else ''}seg{seg}_{str(dt)[6:]}"
+                           f"{'_logvar' if logvar else ''}_{'yvar' if var else 'y'}")  # fmt: skip
+                    out[key + "/y"] = y.detach()
+                    if var:
+                        out[key + "/y_var"] = yv.detach()
+                    out[key + "/lam"], out[key + "/eta"] = fin.lam.detach(), fin.eta.detach()
+                    for n, t in x.items():
+                        out[f"{key}/d{n}"] = t.grad
+                    if st is not None:
+                        out[key + "/dlam0"], out[key + "/deta0"] = st.lam.grad, st.eta.grad
+    return out
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "save":
+        torch.save(run(), sys.argv[2])
+    else:
+        a, b = torch.load(sys.argv[2]), torch.load(sys.argv[3])
+        assert a.keys() == b.keys()
+        worst = max((a[k].float() - b[k].float()).abs().max().item() for k in a)
+        diff = [k for k in a if not torch.equal(a[k], b[k])]
+        same = len(a) - len(diff)
+        print(f"{same}/{len(a)} tensors bit-identical; max |difference| {worst:.3g}")
+        for k in diff[:20]:
+            print("differs:", k)
