@@ -9,10 +9,11 @@ Per stem (compile_cases.py output): registers, warps per SM, and per time step (
 divided by the unroll, default 2): L, the one-warp in-order cycles of ../../cpu_2026-12-01g/ss/loop_table.py; I, its
 issue cycles (stall counts); N, SASS instructions. --fit reads the measured times in MEASURED below (f+b(y) ms and
 fwd ms without y_var, B16 L2048 M1024 S16, block_m 32, bwd_block_m 16, results/gpu_2026-12-01g and -01h) and the
-stems in ASM (compiled here, same names).
+stems in ASM (compiled here, same names): the folder $KB_ASM, /tmp/kb_asm unless set.
 """
 
 import math
+import os
 import sys
 from pathlib import Path
 
@@ -21,7 +22,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "cpu_2026-12-01g" / "ss"))
 import loop_table as lt  # noqa: E402
 
-ASM = Path("/tmp/kb_asm")
+ASM = Path(os.environ.get("KB_ASM", "/tmp/kb_asm"))  # compile_cases.py OUTDIR
 ROWS = ("fp32", "fp32lv", "bf16", "bf16lv", "fp16")
 # tree -> (f+b(y) ms per row, fwd ms no y_var per row), rows in ROWS order; the forward group ("G": f8782e5's forward,
 # "H": the joint-store forward of the merged trees) decides which forward ran inside f+b

@@ -38,5 +38,7 @@ if __name__ == "__main__":
         kernel = cl.compile_sm90(fn, constexprs, formats, warps, stages)
         write_kernel(kernel, out / f"{tag}_{case}")
         found = cl.resource_usage(kernel) | cl.code_counts(kernel)
-        print(f"{tag} {case}: " + ", ".join(f"{k} {found[k]}" for k in
-                                           ("registers", "stack_bytes", "ptx_instructions", "bar_sync")))
+        print(
+            f"{tag} {case}: "
+            + ", ".join(f"{k} {found[k]}" for k in ("registers", "stack_bytes", "ptx_instructions", "bar_sync"))
+        )
