@@ -211,6 +211,24 @@ def row_start(ptr, t, stride, FMT: tl.constexpr):
 
 
 @triton.jit
+def store_reduced_row(ptr, x, o_m, o_s, m_m, S_PAD: tl.constexpr, BM: tl.constexpr, EVICT_FIRST: tl.constexpr):
+    """Store x [BM] (a sum over the state rows s: every row of the [S_PAD, BM] layout holds it) at ptr + o_m where
+    m_m, in ptr's dtype, written by the s = 0 row of that layout, so no exchange is compiled: a plain [BM] store is
+    converted to a one-element-per-lane layout through shared memory, with a barrier, at every step. The offsets are
+    written with a contiguity of 4 elements (o_m itself has BM), so that a 16-bit row, too, gets the [S_PAD, BM]
+    layout of 4 channels per lane (the store of 8 contiguous 16-bit elements per lane would be another layout).
+    EVICT_FIRST: store with eviction_policy="evict_first" (rows read by nothing that follows in the kernel)."""
+    o = (o_m // 4) * 4 + o_m % 4  # = o_m
+    p = ptr + (o[None, :] + 0 * o_s[:, None])  # [S_PAD, BM]
+    m = (o_s == 0)[:, None] & m_m[None, :]
+    x = tl.broadcast_to(x[None, :], (S_PAD, BM)).to(ptr.dtype.element_ty)
+    if EVICT_FIRST:
+        tl.store(p, x, mask=m, eviction_policy="evict_first")
+    else:
+        tl.store(p, x, mask=m)
+
+
+@triton.jit
 def load_row_spread(ptr, start, limit, N: tl.constexpr, FMT: tl.constexpr):
     """`load_row` for a row whose neighbouring elements sit in different lanes of the caller's layout (the KLA
     forward's [BM] channel rows: lane c holds channels c, c + 8, c + 16, c + 24). There the two halves of a word

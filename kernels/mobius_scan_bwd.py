@@ -56,6 +56,7 @@ from klalm.kernels.common import (
     row_start,
     segment_chunks,
     state_pad,
+    store_reduced_row,
     to_kernel_layout,
 )
 from klalm.kernels.mobius_scan_fwd import _filter_step, _load_step, _precision, _precision_slope
@@ -100,19 +101,6 @@ def _var_readout_adjoint(b_gP, b_ga2, b_gp, b_dq, b_P, b_a2, b_p, b_q, b_gyv, PR
         b_gP += b_q2 * b_gyv[None, :]
         b_dq += 2.0 * b_q[:, None] * b_gyv[None, :] * b_P
     return b_gP, b_ga2, b_gp, b_dq
-
-
-@triton.jit
-def _store_reduced_row(ptr, x, o_m, o_s, m_m, S_PAD: tl.constexpr, BM: tl.constexpr):
-    """Store x [BM] (a sum over s: every state row of the [S_PAD, BM] layout holds it) at ptr + o_m where m_m,
-    written by the s = 0 row of that layout, so no exchange is compiled: a plain [BM] store is converted to a
-    one-element-per-lane layout through shared memory, with a barrier, at every step. The offsets are written
-    with a contiguity of 4 elements (o_m itself has BM), so that a 16-bit row, too, gets the [S_PAD, BM] layout of
-    4 channels per lane (the store of 8 contiguous 16-bit elements per lane would be another layout)."""
-    o = (o_m // 4) * 4 + o_m % 4  # = o_m
-    p = ptr + (o[None, :] + 0 * o_s[:, None])  # [S_PAD, BM]
-    m = (o_s == 0)[:, None] & m_m[None, :]
-    tl.store(p, tl.broadcast_to(x[None, :], (S_PAD, BM)), mask=m, eviction_policy="evict_first")
 
 
 @triton.jit
@@ -241,8 +229,8 @@ def _kla_bwd_kernel(
             b_dk = tl.sum(b_lv[None, :] * (2.0 * b_k[:, None] * b_gphi + b_v[None, :] * b_gr), axis=1)  # [S_PAD]
             # written once and read only by torch after the kernel: evict first, so the scratch keeps its L2 lines
             b_dv, b_dlv = b_dv.to(dv_ptr.dtype.element_ty), b_dlv.to(dlv_ptr.dtype.element_ty)
-            _store_reduced_row(p_dv + t * M, b_dv, o_m, o_s, m_m, S_PAD, BM)
-            _store_reduced_row(p_dlv + t * M, b_dlv, o_m, o_s, m_m, S_PAD, BM)
+            store_reduced_row(p_dv + t * M, b_dv, o_m, o_s, m_m, S_PAD, BM, True)
+            store_reduced_row(p_dlv + t * M, b_dlv, o_m, o_s, m_m, S_PAD, BM, True)
             tl.store(p_dk + t * S + o_s, b_dk, mask=m_s, eviction_policy="evict_first")
             tl.store(p_dq + t * S + o_s, tl.sum(b_dq, axis=1), mask=m_s, eviction_policy="evict_first")
             b_P, b_mu = b_Pm, b_mum  # the state after step t - 1

@@ -39,6 +39,7 @@ from klalm.kernels.common import (
     row_start,
     segment_chunks,
     state_pad,
+    store_reduced_row,
     to_kernel_layout,
 )
 
@@ -69,19 +70,6 @@ def _ss_load_step(
     b_B = load_row(row_start(B_ptr, t, N, B_FMT), row_n, row_n + N, N_PAD, B_FMT)
     b_C = load_row(row_start(C_ptr, t, N, C_FMT), row_n, row_n + N, N_PAD, C_FMT)
     return b_u, b_dt, b_B, b_C
-
-
-@triton.jit
-def _ss_store_reduced_row(ptr, x, o_m, o_n, m_m, N_PAD: tl.constexpr, BM: tl.constexpr):
-    """Store x [BM] (a sum over n: every state row of the [N_PAD, BM] layout holds it) at ptr + o_m where m_m,
-    written by the n = 0 row of that layout, so no exchange is compiled (a plain [BM] store is converted to a
-    one-element-per-lane layout through shared memory, with a barrier, at every step). The offsets carry a
-    contiguity of 4 elements (o_m itself has BM), so that a 16-bit row, too, keeps the [N_PAD, BM] layout of 4
-    channels per lane (as mobius_scan_bwd's reduced-row stores)."""
-    o = (o_m // 4) * 4 + o_m % 4  # = o_m
-    p = ptr + (o[None, :] + 0 * o_n[:, None])  # [N_PAD, BM]
-    m = (o_n == 0)[:, None] & m_m[None, :]
-    tl.store(p, tl.broadcast_to(x[None, :], (N_PAD, BM)).to(ptr.dtype.element_ty), mask=m)
 
 
 @triton.jit
@@ -126,7 +114,7 @@ def _ss_fwd_kernel(
             )
             b_h = tl.exp2(b_dt[None, :] * b_A2) * b_h + (b_dt * b_u)[None, :] * b_B[:, None]
             b_y = tl.sum(b_C[:, None] * b_h, axis=0) + b_D * b_u  # [BM]
-            _ss_store_reduced_row(p_y + t * M, b_y, o_m, o_n, m_m, N_PAD, BM)
+            store_reduced_row(p_y + t * M, b_y, o_m, o_n, m_m, N_PAD, BM, False)
     if i_seg == n_seg - 1:
         tl.store(h_out_ptr + i_b * M * N + o_nm, b_h, mask=m_nm)
 
@@ -302,8 +290,8 @@ def _ss_bwd_kernel(
             b_dC = tl.sum(b_h * b_gy[None, :], axis=1)  # [N_PAD]
             b_dB = tl.sum(b_gh * b_du_dt[None, :], axis=1)  # [N_PAD]
             b_gh = b_gh * b_decay
-            _ss_store_reduced_row(p_du + t * M, b_du, o_m, o_n, m_m, N_PAD, BM)
-            _ss_store_reduced_row(p_ddt + t * M, b_ddt, o_m, o_n, m_m, N_PAD, BM)
+            store_reduced_row(p_du + t * M, b_du, o_m, o_n, m_m, N_PAD, BM, False)
+            store_reduced_row(p_ddt + t * M, b_ddt, o_m, o_n, m_m, N_PAD, BM, False)
             tl.store(p_dB + t * N + o_n, b_dB, mask=m_n)
             tl.store(p_dC + t * N + o_n, b_dC, mask=m_n)
         tl.debug_barrier()
