@@ -29,10 +29,11 @@ CASES = [  # (B, L, M, N, narrow dtype for u/B/C, D, h0, config)
 ]
 
 
-def save(path: str) -> None:
+def run(cases=CASES, device: str = "cpu") -> dict[int, list[torch.Tensor]]:
+    """Each case's outputs and gradients (on the CPU), its inputs drawn on the CPU from seed i and run on `device`."""
     print("kernels of", ss.__file__, file=sys.stderr)  # which tree ran
     out = {}
-    for i, (b, length, m, n, narrow, has_d, has_h0, cfg) in enumerate(CASES):
+    for i, (b, length, m, n, narrow, has_d, has_h0, cfg) in enumerate(cases):
         g = torch.Generator().manual_seed(i)
         r = lambda *s, g=g: torch.randn(*s, generator=g)  # noqa: E731
         x = [
@@ -47,9 +48,11 @@ def save(path: str) -> None:
         if narrow is not None:
             for k in (0, 3, 4):
                 x[k] = x[k].to(narrow)
+        x = [t.to(device) if t is not None else None for t in x]
         leaves = [t.clone().requires_grad_() if t is not None else None for t in x]
         y, h = ss.selective_scan_triton(*leaves, config=cfg)
-        gy, gh = torch.randn(y.shape, generator=g).to(y.dtype), torch.randn(h.shape, generator=g)
+        gy = torch.randn(y.shape, generator=g).to(y.dtype).to(device)
+        gh = torch.randn(h.shape, generator=g).to(device)
         torch.autograd.backward([y, h], [gy, gh])
         out[i] = [y.detach(), h.detach()] + [t.grad for t in leaves if t is not None]
         # y-only backward (final state without gradient: gh None path)
@@ -57,7 +60,12 @@ def save(path: str) -> None:
         y2, _ = ss.selective_scan_triton(*leaves2, config=cfg)
         y2.backward(gy)
         out[i] += [t.grad for t in leaves2 if t is not None]
-    torch.save(out, path)
+        out[i] = [t.cpu() for t in out[i]]
+    return out
+
+
+def save(path: str) -> None:
+    torch.save(run(), path)
 
 
 def compare(path_a: str, path_b: str) -> None:
