@@ -16,9 +16,38 @@ SHAPES = [(2, 70, 32, 16, False, 0), (1, 96, 16, 4, True, 32), (2, 40, 20, 3, Fa
 FLOOR = 1e-4
 
 
-def run():
+def draw_inputs(g: torch.Generator, B: int, L: int, M: int, S: int, dt: torch.dtype, logvar: bool) -> dict:
+    """One case's `kla_scan_triton` inputs drawn from g, each a leaf: v, k, q (and log σ² when logvar, given in place
+    of Λ) in dt, the rest in fp32."""
     import torch.nn.functional as F
 
+    r = lambda *s: torch.randn(*s, generator=g)  # noqa: E731
+    x = dict(
+        v=r(B, L, M),
+        lambda_v=r(B, L, M) if logvar else 1.0 / (F.softplus(r(B, L, M)) + FLOOR),
+        k=F.normalize(r(B, L, S), dim=-1),
+        q=F.normalize(r(B, L, S), dim=-1),
+        a=torch.exp(-F.softplus(r(M, S)) * 0.5),
+        p=F.softplus(r(M, S)) * 0.05,
+    )
+    for n in ("v", "k", "q") + (("lambda_v",) if logvar else ()):
+        x[n] = x[n].to(dt)
+    return {n: t.requires_grad_() for n, t in x.items()}
+
+
+def compare(path_a: str, path_b: str) -> None:
+    """Print how many saved tensors of two runs are bit-identical, the largest difference, and which differ."""
+    a, b = torch.load(path_a), torch.load(path_b)
+    assert a.keys() == b.keys()
+    worst = max((a[k].float() - b[k].float()).abs().max().item() for k in a)
+    same = sum(torch.equal(a[k], b[k]) for k in a)
+    print(f"{same}/{len(a)} tensors bit-identical; max |difference| {worst:.3g}")
+    for k in a:
+        if not torch.equal(a[k], b[k]):
+            print("  differs:", k)
+
+
+def run():
     from klalm.kernels.common import ScanConfig
     from klalm.kernels.mobius_scan import kla_scan_triton
     from klalm.ops.common import KLAState
@@ -36,17 +65,7 @@ def run():
         B, L, M, S, init, seg = SHAPES[bi]
         g = torch.Generator().manual_seed(bi)
         r = lambda *s, g=g: torch.randn(*s, generator=g)  # noqa: E731
-        x = dict(
-            v=r(B, L, M),
-            lambda_v=r(B, L, M) if logvar else 1.0 / (F.softplus(r(B, L, M)) + 1e-4),
-            k=F.normalize(r(B, L, S), dim=-1),
-            q=F.normalize(r(B, L, S), dim=-1),
-            a=torch.exp(-F.softplus(r(M, S)) * 0.5),
-            p=F.softplus(r(M, S)) * 0.05,
-        )
-        for n in ("v", "k", "q") + (("lambda_v",) if logvar else ()):
-            x[n] = x[n].to(dt)
-        x = {n: t.requires_grad_() for n, t in x.items()}
+        x = draw_inputs(g, B, L, M, S, dt, logvar)
         st = KLAState(0.5 + torch.rand(B, M, S, generator=g), r(B, M, S)) if init else None
         if st is not None:
             st = KLAState(st.lam.requires_grad_(), st.eta.requires_grad_())
@@ -72,14 +91,4 @@ def run():
 
 
 if __name__ == "__main__":
-    if sys.argv[1] == "save":
-        torch.save(run(), sys.argv[2])
-    else:
-        a, b = torch.load(sys.argv[2]), torch.load(sys.argv[3])
-        assert a.keys() == b.keys()
-        worst = max((a[k].float() - b[k].float()).abs().max().item() for k in a)
-        same = sum(torch.equal(a[k], b[k]) for k in a)
-        print(f"{same}/{len(a)} tensors bit-identical; max |difference| {worst:.3g}")
-        for k in a:
-            if not torch.equal(a[k], b[k]):
-                print("  differs:", k)
+    torch.save(run(), sys.argv[2]) if sys.argv[1] == "save" else compare(sys.argv[2], sys.argv[3])

@@ -11,15 +11,15 @@ rows' 16-bit dtype; y-only and y + y_var losses.
 """
 
 import sys
+from pathlib import Path
 
 import torch
 
-SHAPES = [(2, 70, 32, 16, False, 0), (1, 96, 16, 4, True, 32), (2, 40, 20, 3, False, 0), (1, 64, 48, 16, True, 32)]
-FLOOR = 1e-4
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "kla_bwd"))
+from bit_identity import FLOOR, SHAPES, compare, draw_inputs  # noqa: E402  (the same shapes and inputs)
 
 
 def run():
-    import torch.nn.functional as F
 
     from klalm.kernels.common import ScanConfig
     from klalm.kernels.mobius_scan import kla_scan_triton
@@ -32,17 +32,7 @@ def run():
                 for var in (False, True):
                     g = torch.Generator().manual_seed(bi)
                     r = lambda *s, g=g: torch.randn(*s, generator=g)  # noqa: E731
-                    x = dict(
-                        v=r(B, L, M),
-                        lambda_v=r(B, L, M) if logvar else 1.0 / (F.softplus(r(B, L, M)) + FLOOR),
-                        k=F.normalize(r(B, L, S), dim=-1),
-                        q=F.normalize(r(B, L, S), dim=-1),
-                        a=torch.exp(-F.softplus(r(M, S)) * 0.5),
-                        p=F.softplus(r(M, S)) * 0.05,
-                    )
-                    for n in ("v", "k", "q") + (("lambda_v",) if logvar else ()):
-                        x[n] = x[n].to(dt)
-                    x = {n: t.requires_grad_() for n, t in x.items()}
+                    x = draw_inputs(g, B, L, M, S, dt, logvar)
                     st = KLAState(0.5 + torch.rand(B, M, S, generator=g), r(B, M, S)) if init else None
                     if st is not None:
                         st = KLAState(st.lam.requires_grad_(), st.eta.requires_grad_())
@@ -68,14 +58,4 @@ def run():
 
 
 if __name__ == "__main__":
-    if sys.argv[1] == "save":
-        torch.save(run(), sys.argv[2])
-    else:
-        a, b = torch.load(sys.argv[2]), torch.load(sys.argv[3])
-        assert a.keys() == b.keys()
-        worst = max((a[k].float() - b[k].float()).abs().max().item() for k in a)
-        diff = [k for k in a if not torch.equal(a[k], b[k])]
-        same = len(a) - len(diff)
-        print(f"{same}/{len(a)} tensors bit-identical; max |difference| {worst:.3g}")
-        for k in diff[:20]:
-            print("differs:", k)
+    torch.save(run(), sys.argv[2]) if sys.argv[1] == "save" else compare(sys.argv[2], sys.argv[3])
