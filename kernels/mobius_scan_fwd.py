@@ -85,6 +85,17 @@ def _precision(b_x, floor):
 
 
 @triton.jit
+def _precision_once(b_x, floor):
+    """`_precision` of a row b_x [BM] with each element computed in one lane. Written on b_x itself, Triton computes
+    it in the layout where the row meets the [S_PAD, BM] state, in which every channel sits in S_PAD/4 lanes: the
+    softplus, logarithm, exponential and two divisions done 4 times over (at S_PAD = 16). Here the row is a [BM, 1]
+    column whose single column is reduced at the end (no arithmetic); the reduction fixes the layout, so the work
+    stays one element per lane. Λ (and v·Λ, which Triton then also forms one per lane) cross into the state's
+    layout through shared memory: two exchanges per step. The values are bitwise `_precision(b_x, floor)`."""
+    return tl.max(_precision(b_x[:, None], floor), axis=1)
+
+
+@triton.jit
 def _precision_slope(b_x, b_lv):
     """dΛ/dx of Λ = 1/(softplus(x) + floor): −Λ²·sigmoid(x), sigmoid written so that exp never overflows."""
     b_u = tl.exp(-tl.abs(b_x))
@@ -168,7 +179,7 @@ def _kla_fwd_kernel(
                 row_start(q_row, t, S, Q_FMT), 0, 0, m0, M, S, BM, S_PAD, V_FMT, LV_FMT, K_FMT, Q_FMT, True,
             )  # fmt: skip
             if LOGVAR:  # the tensor holds log σ²
-                b_lv = _precision(b_lv, floor)
+                b_lv = _precision_once(b_lv, floor)
             b_phi = b_lv[None, :] * (b_k * b_k)[:, None]  # [S_PAD, BM]
             b_r = (b_v * b_lv)[None, :] * b_k[:, None]  # [S_PAD, BM]
             b_P, b_mu, _, _ = _filter_step(b_P, b_mu, b_a, b_a2, b_p, b_phi, b_r, FAST_RCP)
@@ -220,7 +231,7 @@ def _kla_fwd_summary_kernel(
             v_ptr, lam_v_ptr, k_ptr, k_ptr, row_m, row_s, m0, M, S, BM, S_PAD, V_FMT, LV_FMT, K_FMT, K_FMT, True
         )
         if LOGVAR:
-            b_lv = _precision(b_lv, floor)
+            b_lv = _precision_once(b_lv, floor)
         b_phi = b_lv[None, :] * (b_k * b_k)[:, None]  # [S_PAD, BM]
         b_r = (b_v * b_lv)[None, :] * b_k[:, None]  # [S_PAD, BM]
         b_zx = b_p * b_xx + b_a2 * b_zx  # the step's matrix times the running product, z row first

@@ -36,6 +36,7 @@ from klalm.kernels.common import (
     check_offsets,
     from_kernel_layout,
     load_row,
+    load_row_spread,
     row_start,
     segment_chunks,
     state_pad,
@@ -56,7 +57,7 @@ PAIR = tl.constexpr(2)  # numbers per (b, m, n) of a segment map: (G, H) forward
 def _ss_load_step(
     u_ptr, dt_ptr, B_ptr, C_ptr, t, row_m, row_n, m0, M, N,
     BM: tl.constexpr, N_PAD: tl.constexpr,
-    U_FMT: tl.constexpr, DT_FMT: tl.constexpr, B_FMT: tl.constexpr, C_FMT: tl.constexpr,
+    U_FMT: tl.constexpr, DT_FMT: tl.constexpr, B_FMT: tl.constexpr, C_FMT: tl.constexpr, SPREAD: tl.constexpr,
 ):  # fmt: skip
     """One step's u, Δ [BM] (channels m0..) and B, C [N_PAD] as float32, padding 0 (`common.load_row` formats): the
     elements row_m + m0.. and row_n.. of row t of each pointer (`common.row_start`). Two ways to call it:
@@ -64,11 +65,18 @@ def _ss_load_step(
       offsets t·M, t·N (`common.check_offsets`) and the masks stay the same at every t;
     - the backward kernels: the tensors' starts, t = 0, 64-bit row_m = (b·L + t)·M and row_n = (b·L + t)·N. The
       forward's way, there, compiled to fewer instructions but a bf16 reverse walk whose shuffle reductions ptxas
-      overlapped less, and that loop is latency-bound: it ran slower on the H200."""
+      overlapped less, and that loop is latency-bound: it ran slower on the H200.
+    SPREAD reads B and C with `common.load_row_spread` (16-bit rows: each lane reads the word holding its state and
+    keeps its half, where `load_row` unpacks each word in one lane and exchanges the halves by shuffles at every
+    step; float32 rows are read the same either way). The backward kernel sets it."""
     b_u = load_row(row_start(u_ptr, t, M, U_FMT), row_m + m0, row_m + M, BM, U_FMT)
     b_dt = load_row(row_start(dt_ptr, t, M, DT_FMT), row_m + m0, row_m + M, BM, DT_FMT)
-    b_B = load_row(row_start(B_ptr, t, N, B_FMT), row_n, row_n + N, N_PAD, B_FMT)
-    b_C = load_row(row_start(C_ptr, t, N, C_FMT), row_n, row_n + N, N_PAD, C_FMT)
+    if SPREAD:
+        b_B = load_row_spread(row_start(B_ptr, t, N, B_FMT), row_n, row_n + N, N_PAD, B_FMT)
+        b_C = load_row_spread(row_start(C_ptr, t, N, C_FMT), row_n, row_n + N, N_PAD, C_FMT)
+    else:
+        b_B = load_row(row_start(B_ptr, t, N, B_FMT), row_n, row_n + N, N_PAD, B_FMT)
+        b_C = load_row(row_start(C_ptr, t, N, C_FMT), row_n, row_n + N, N_PAD, C_FMT)
     return b_u, b_dt, b_B, b_C
 
 
@@ -110,7 +118,7 @@ def _ss_fwd_kernel(
             t1 = L
         for t in tl.range(i_c * CHUNK, t1, num_stages=NUM_STAGES, loop_unroll_factor=UNROLL):
             b_u, b_dt, b_B, b_C = _ss_load_step(
-                p_u, p_dt, p_B, p_C, t, 0, 0, m0, M, N, BM, N_PAD, U_FMT, DT_FMT, B_FMT, C_FMT
+                p_u, p_dt, p_B, p_C, t, 0, 0, m0, M, N, BM, N_PAD, U_FMT, DT_FMT, B_FMT, C_FMT, False
             )
             b_h = tl.exp2(b_dt[None, :] * b_A2) * b_h + (b_dt * b_u)[None, :] * b_B[:, None]
             b_y = tl.sum(b_C[:, None] * b_h, axis=0) + b_D * b_u  # [BM]
@@ -141,7 +149,7 @@ def _ss_fwd_summary_kernel(
     p_B = row_start(B_ptr, i_b * L, N, B_FMT)
     for t in tl.range(i_seg * seg_steps, (i_seg + 1) * seg_steps, num_stages=NUM_STAGES, loop_unroll_factor=UNROLL):
         b_u, b_dt, b_B, _ = _ss_load_step(
-            p_u, p_dt, p_B, p_B, t, 0, 0, m0, M, N, BM, N_PAD, U_FMT, DT_FMT, B_FMT, B_FMT
+            p_u, p_dt, p_B, p_B, t, 0, 0, m0, M, N, BM, N_PAD, U_FMT, DT_FMT, B_FMT, B_FMT, False
         )
         b_decay = tl.exp2(b_dt[None, :] * b_A2)
         b_G = b_decay * b_G
@@ -203,7 +211,7 @@ def _ss_bwd_summary_kernel(
     for t in tl.range(i_seg * seg_steps, t1, num_stages=NUM_STAGES, loop_unroll_factor=UNROLL):
         row_m, row_n = (i_b * L + t) * M, (i_b * L + t) * N
         _, b_dt, b_C, _ = _ss_load_step(
-            u_ptr, dt_ptr, C_ptr, C_ptr, 0, row_m, row_n, m0, M, N, BM, N_PAD, U_FMT, DT_FMT, C_FMT, C_FMT
+            u_ptr, dt_ptr, C_ptr, C_ptr, 0, row_m, row_n, m0, M, N, BM, N_PAD, U_FMT, DT_FMT, C_FMT, C_FMT, False
         )
         b_gy = load_row(gy_ptr, row_m + m0, row_m + M, BM, GY_FMT)
         b_Q = tl.exp2(b_dt[None, :] * b_A2) * b_Q
@@ -240,7 +248,10 @@ def _ss_bwd_kernel(
     else:
         b_gh = tl.zeros([N_PAD, BM], tl.float32)
     b_dA = tl.zeros([N_PAD, BM], tl.float32)
-    b_dD = tl.zeros([BM], tl.float32)
+    # dD as an [N_PAD, BM] sum whose rows are all the same (row 0 is stored): a [BM] accumulator kept the layout of
+    # one channel per lane, for which the loop read u and gy a second time (in bf16 also unpacking them and
+    # exchanging the halves by shuffles); zeros (b_A reads 0 outside m_nm) taken from b_A keep b_A's layout
+    b_dD = tl.where(m_nm, 0.0, b_A)
     o_ckpt = (i_b * n_chunks * N + o_n[:, None]) * M + o_m[None, :]  # [N_PAD, BM] into [B, NC, N, M]
     i_prog = (i_b * n_mb + i_mb) * n_seg + i_seg
     # the scratch and the outputs from this program's rows with int32 per-step offsets and masks fixed over t (the
@@ -263,7 +274,7 @@ def _ss_bwd_kernel(
             tl.store(p_scr + (t - t0) * N_PAD * BM + o_scr, b_h)
             row_m, row_n = (i_b * L + t) * M, (i_b * L + t) * N
             b_u, b_dt, b_B, _ = _ss_load_step(
-                u_ptr, dt_ptr, B_ptr, B_ptr, 0, row_m, row_n, m0, M, N, BM, N_PAD, U_FMT, DT_FMT, B_FMT, B_FMT
+                u_ptr, dt_ptr, B_ptr, B_ptr, 0, row_m, row_n, m0, M, N, BM, N_PAD, U_FMT, DT_FMT, B_FMT, B_FMT, True
             )
             b_h = tl.exp2(b_dt[None, :] * b_A2) * b_h + (b_dt * b_u)[None, :] * b_B[:, None]
         tl.debug_barrier()
@@ -274,7 +285,7 @@ def _ss_bwd_kernel(
             b_hm = tl.load(p_scr + (t - t0) * N_PAD * BM + o_scr)  # h_{t-1}
             row_m, row_n = (i_b * L + t) * M, (i_b * L + t) * N
             b_u, b_dt, b_B, b_C = _ss_load_step(
-                u_ptr, dt_ptr, B_ptr, C_ptr, 0, row_m, row_n, m0, M, N, BM, N_PAD, U_FMT, DT_FMT, B_FMT, C_FMT
+                u_ptr, dt_ptr, B_ptr, C_ptr, 0, row_m, row_n, m0, M, N, BM, N_PAD, U_FMT, DT_FMT, B_FMT, C_FMT, True
             )
             b_gy = load_row(gy_ptr, row_m + m0, row_m + M, BM, GY_FMT)
             b_decay = tl.exp2(b_dt[None, :] * b_A2)  # [N_PAD, BM]
@@ -286,7 +297,7 @@ def _ss_bwd_kernel(
             b_ddt = tl.sum(b_g_decay * b_A, axis=0) + b_g_dudt * b_u
             b_du = b_g_dudt * b_dt + b_gy * b_D
             b_dA += b_g_decay * b_dt[None, :]
-            b_dD += b_gy * b_u
+            b_dD += (b_gy * b_u)[None, :]
             b_dC = tl.sum(b_h * b_gy[None, :], axis=1)  # [N_PAD]
             b_dB = tl.sum(b_gh * b_du_dt[None, :], axis=1)  # [N_PAD]
             b_gh = b_gh * b_decay
@@ -296,7 +307,8 @@ def _ss_bwd_kernel(
             tl.store(p_dC + t * N + o_n, b_dC, mask=m_n)
         tl.debug_barrier()
     tl.store(dA_ptr + (i_b * n_seg + i_seg) * M * N + o_nm, b_dA, mask=m_nm)
-    tl.store(dD_ptr + (i_b * n_seg + i_seg) * M + o_m, b_dD, mask=m_m)
+    p_dD = dD_ptr + (i_b * n_seg + i_seg) * M + (o_m[None, :] + 0 * o_n[:, None])  # [N_PAD, BM]
+    tl.store(p_dD, b_dD, mask=(o_n == 0)[:, None] & m_m[None, :])
     if HAS_INIT and i_seg == 0:
         tl.store(dh0_ptr + i_b * M * N + o_nm, b_gh, mask=m_nm)
 
