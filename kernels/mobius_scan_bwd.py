@@ -59,7 +59,7 @@ from klalm.kernels.common import (
     store_reduced_row,
     to_kernel_layout,
 )
-from klalm.kernels.mobius_scan_fwd import _filter_step, _load_step, _precision, _precision_slope
+from klalm.kernels.mobius_scan_fwd import _filter_step, _load_step, _precision, _precision_once, _precision_slope
 
 CARRY_SIZE = tl.constexpr(2)  # adjoint (gμ, gP) arriving at a segment's last state
 ADJOINT_SUMMARY_SIZE = tl.constexpr(5)  # Q11, Q21, Q22 and the summed injections Σ Q_t·e_t of a segment's reverse map
@@ -104,19 +104,8 @@ def _var_readout_adjoint(b_gP, b_ga2, b_gp, b_dq, b_P, b_a2, b_p, b_q, b_gyv, PR
 
 
 @triton.jit
-def _precision_once(b_x, floor):
-    """`_precision` of a row b_x [BM] with each element computed in one lane. Written on b_x itself, Triton computes
-    it in the layout where the row meets the [S_PAD, BM] state, in which every channel sits in S_PAD/4 lanes: the
-    softplus, logarithm, exponential and two divisions done 4 times over (at S_PAD = 16). Here the row is a [BM, 1]
-    column whose single column is reduced at the end (no arithmetic); the reduction fixes the layout, so the work
-    stays one element per lane and Λ crosses into the state's layout through shared memory. The values are bitwise
-    `_precision(b_x, floor)` (as `_precision_once` of the forward, results/cpu_2026-12-01h/kla_fwd)."""
-    return tl.max(_precision(b_x[:, None], floor), axis=1)
-
-
-@triton.jit
 def _precision_and_slope_once(b_x, floor):
-    """(Λ, dΛ/dx) of a row b_x [BM] of log σ², each element computed in one lane (see `_precision_once`); bitwise
+    """(Λ, dΛ/dx) of a row b_x [BM] of log σ², each element computed in one lane (see the forward's `_precision_once`); bitwise
     `_precision(b_x, floor)` and `_precision_slope(b_x, Λ)`. The two are joined into one [BM, 2] tensor before the
     anchoring reduction, so they cross into the state's layout in one exchange (two separate ones: one more
     shared-memory store and barrier per step, and more modelled cycles, 1,390 against 1,356 per step, fp32 sm_90)."""
