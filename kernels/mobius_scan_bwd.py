@@ -295,7 +295,7 @@ def _kla_bwd_summary_kernel(
             v_ptr, lam_v_ptr, k_ptr, q_ptr, row_m, row_s, m0, M, S, BM, S_PAD, V_FMT, LV_FMT, K_FMT, Q_FMT, False
         )
         if LOGVAR:
-            b_lv = _precision(b_lv, floor)
+            b_lv = _precision_once(b_lv, floor)
         b_gy = load_row(gy_ptr, row_m + m0, row_m + M, BM, GY_FMT)
         b_phi = b_lv[None, :] * (b_k * b_k)[:, None]  # [S_PAD, BM]
         b_r = (b_v * b_lv)[None, :] * b_k[:, None]  # [S_PAD, BM]
