@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from klalm.tasks import MAD_TASKS, runner
+from klalm.tasks import MAD_TASKS, materialize, runner, units
 from klalm.tasks.plans import (
     FAMILY_NAMES,
     A5Plan,
@@ -360,7 +360,11 @@ def test_a_pack_trains_an_lr_sweep_in_one_process_with_the_rows_of_separate_unit
     assert [u.train.lr for u in first] == [1e-3, 3e-3]
     packed.running.clear()
     packed._busy.clear()
-    outcome = run_units(first, torch.device("cpu"), Execution(), deadline=time.time(), state=packed.state)
+    drawn = []
+    with pytest.MonkeyPatch.context() as patch:  # the pack draws its cell's splits once, not once per unit
+        patch.setattr(units, "materialize", lambda *args: drawn.append(args[3]) or materialize(*args))
+        outcome = run_units(first, torch.device("cpu"), Execution(), deadline=time.time(), state=packed.state)
+    assert sorted(drawn) == ["test", "train"]
     assert outcome.rows == [] and outcome.rate["units"] == 2 and outcome.rate["members"] == 2  # both paused
     assert {s for _, s in packed.states()} == {"resumes"} and len(packed._claim()) == 2  # resumed as a pack
     packed.running.clear()
