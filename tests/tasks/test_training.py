@@ -17,14 +17,15 @@ from torch import nn
 from klalm.models import build_model
 from klalm.models.loss import IGNORE_INDEX, token_cross_entropy
 from klalm.tasks import make_task, materialize
-from klalm.tasks.readouts import wrap_readout
-from klalm.tasks.streams import FreshStream
+from klalm.tasks.readouts import TokenReadout, wrap_readout
+from klalm.tasks.streams import FreshStream, SplitStream
 from klalm.tasks.train import (
     GroupTrainer,
     Member,
     StopRule,
     TrainSettings,
     evaluate,
+    stream_loss,
     train_group,
     train_step,
 )
@@ -108,6 +109,39 @@ def test_train_step_equals_a_plain_pytorch_loop(arch):
     for (name, got), want in zip(member.module.named_parameters(), oracle.parameters()):
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6, msg=name)
     assert member.step.item() == 12
+
+
+def test_mqar_rows_score_exactly_its_k_queries_in_both_splits():
+    task = make_task("mqar", length=32, num_pairs=3, vocab=64)
+    assert task.scored_per_row == 3 and make_task(**A5).scored_per_row is None
+    for split in ("train", "test"):
+        _, labels = materialize(task, 600, 0, split)
+        assert ((labels != IGNORE_INDEX).sum(1) == 3).all()
+
+
+@pytest.mark.parametrize("arch", ["gpt", "kla"])
+def test_the_scored_positions_readout_gives_the_full_readouts_loss_and_gradients(arch):
+    """MQAR trains on the logits of its K scored positions only (`stream_loss`): the same loss and gradients as the
+    masked cross-entropy over every position, in float64."""
+    task = make_task("mqar", length=16, num_pairs=2, vocab=64)
+    torch.manual_seed(0)
+    overrides = {"n_heads": 2} if arch == "gpt" else {}
+    readout = TokenReadout(build_model(arch, d_model=16, n_layers=2, vocab_size=64, **overrides)).double()
+    inputs, labels = materialize(task, 24, 0, "train")
+    positions = torch.tensor([[3, 0], [5, 15]])
+    every = readout(inputs[:2])  # [2, 16, 64]
+    torch.testing.assert_close(readout(inputs[:2], positions), every.gather(1, positions[..., None].expand(-1, -1, 64)))
+    results = []
+    for scored in (None, 2):
+        stream = SplitStream(inputs, labels, batch_size=8, seed=0, steps=3, scored_per_row=scored)
+        readout.zero_grad()
+        loss = stream_loss(readout, stream, torch.tensor(1))
+        loss.backward()
+        results.append((loss.detach(), [p.grad.clone() for p in readout.parameters()]))
+    (full, full_grads), (picked, picked_grads) = results
+    torch.testing.assert_close(picked, full, rtol=1e-12, atol=0)
+    for got, want in zip(picked_grads, full_grads, strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-14)
 
 
 def test_compiled_training_equals_eager():

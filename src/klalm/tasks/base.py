@@ -49,6 +49,12 @@ class SyntheticTask:
         """L, tokens per example; by default the task's `length` setting."""
         return self.length
 
+    @property
+    def scored_per_row(self) -> int | None:
+        """K when every training row scores exactly K positions (MQAR: its K queries), else None. Training then
+        computes the logits of those K positions only (klalm.tasks.train.stream_loss)."""
+        return None
+
     def sample(self, num_examples: int, generator: torch.Generator, split: Split = "test") -> tuple[Tensor, Tensor]:
         """Draw `num_examples` examples.
 

@@ -55,6 +55,11 @@ class MQARTask(SyntheticTask):
         if not 0 < self.power_a <= 1:
             raise ValueError(f"MQAR power_a must be in (0, 1], got {self.power_a}")
 
+    @property
+    def scored_per_row(self) -> int:
+        """Every row scores its K query positions, in both splits."""
+        return self.num_pairs
+
     def gap_probabilities(self) -> Tensor:
         """P(g) for g in [0, S): float64 [S], ∝ (g + 1)^(a - 1)."""
         slots = (self.length - 2 * self.num_pairs) // 2

@@ -60,15 +60,28 @@ def _sincos(length: int, dim: int) -> Tensor:
 
 
 class TokenReadout(nn.Module):
-    """The usual readout: the LM's logits at every position."""
+    """The usual readout: the LM's logits at every position, or at given positions only.
+
+    Args:
+        model: a klalm causal LM (`klalm.models.build_model`): its `model` maps input_ids to final-normed hidden
+            states and `get_output_embeddings()` is its head.
+    """
 
     def __init__(self, model: nn.Module):
         super().__init__()
         self.model = model
 
-    def forward(self, input_ids: Tensor) -> Tensor:
-        """input_ids [B, L] -> logits [B, L, V]."""
-        return self.model(input_ids, use_cache=False).logits
+    def forward(self, input_ids: Tensor, positions: Tensor | None = None) -> Tensor:
+        """input_ids [B, L] -> logits [B, L, V]; with positions [B, K] (int64) the logits there only, [B, K, V].
+
+        The head is most of a step's work when the vocabulary is large and few positions are scored (MQAR: 8,192
+        classes, K of L positions), so training asks for the scored positions only.
+        """
+        if positions is None:
+            return self.model(input_ids, use_cache=False).logits
+        hidden, _ = self.model.model(input_ids)  # [B, L, D]
+        picked = hidden.gather(1, positions[..., None].expand(-1, -1, hidden.shape[-1]))  # [B, K, D]
+        return self.model.get_output_embeddings()(picked)  # [B, K, V]
 
 
 def wrap_readout(model: nn.Module, task: SyntheticTask, d_model: int) -> nn.Module:

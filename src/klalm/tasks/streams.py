@@ -13,7 +13,8 @@ too, written into buffers that never move, as a function of a counter that the g
   the seed draws them; the order of every step is laid out once on the device, so step s reads row s of it.
 
 Both have `fill(step) -> (input_ids [B, L], labels [B, L])`, which writes the step's batch into the stream's own
-`inputs` and `labels` buffers and returns them.
+`inputs` and `labels` buffers and returns them, and `scored_per_row`: K when every row scores exactly K positions
+(the task's `scored_per_row`, MQAR), so training computes the logits of those positions only; else None.
 """
 
 from __future__ import annotations
@@ -73,6 +74,7 @@ class FreshStream:
         if steps * self.numel > MASK32 + 1:
             raise ValueError(f"{steps} steps of {self.numel} tokens exceed the stream's 2^32 counters; use fewer steps")
         self.vocab_size, self.key, self.label = task.vocab_size, stream_key(seed, stream), labeler(device)
+        self.scored_per_row = task.scored_per_row
         self.elements = torch.arange(self.numel, device=device).view(shape)  # [B, L]
         self.inputs = torch.empty(shape, dtype=torch.long, device=device)  # [B, L]
         self.labels = torch.empty(shape, dtype=torch.long, device=device)  # [B, L]
@@ -92,9 +94,11 @@ class SplitStream:
         batch_size: B, rows per step (at most N; the last partial batch of an epoch is dropped).
         seed: seeds the permutations (torch.randperm on the CPU, so the order is the same on every device).
         steps: steps the run will draw.
+        scored_per_row: K when every row of the split scores exactly K positions (the task's `scored_per_row`).
     """
 
-    def __init__(self, inputs: Tensor, labels: Tensor, batch_size: int, seed: int, steps: int):
+    def __init__(self, inputs: Tensor, labels: Tensor, batch_size: int, seed: int, steps: int,
+                 scored_per_row: int | None = None):  # fmt: skip
         rows = inputs.shape[0]
         batch_size = min(batch_size, rows)
         per_epoch = rows // batch_size
@@ -102,6 +106,7 @@ class SplitStream:
         epochs = [torch.randperm(rows, generator=generator) for _ in range(-(-steps // per_epoch))]
         order = torch.cat([e[: per_epoch * batch_size].view(per_epoch, batch_size) for e in epochs])[:steps]
         self.order = order.to(inputs.device)  # [steps, B]
+        self.scored_per_row = scored_per_row
         self.split_inputs, self.split_labels = inputs, labels
         self.inputs = inputs.new_empty(batch_size, inputs.shape[1])  # [B, L]
         self.labels = labels.new_empty(batch_size, labels.shape[1])  # [B, L]

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Callable
 from typing import Any, Protocol
 
 import torch
@@ -87,6 +88,8 @@ class TrainSettings:
 
 class Stream(Protocol):
     """A source of training batches on the device (klalm.tasks.streams)."""
+
+    scored_per_row: int | None  # K when every row scores exactly K positions
 
     def fill(self, step: Tensor) -> tuple[Tensor, Tensor]: ...
 
@@ -150,6 +153,21 @@ class Member:
         self.losses.copy_(state["losses"])
 
 
+def stream_loss(forward: Callable[..., Tensor], stream: Stream, step: Tensor) -> Tensor:
+    """The mean masked cross-entropy of step `step`'s batch of `stream` under `forward` (a readout).
+
+    When every row scores exactly K positions (`stream.scored_per_row`), the readout computes the logits of those
+    positions only (found with a top-k of the label mask, a fixed shape that CUDA graphs can capture): the same
+    loss as over all positions, without the [B, L, V] logits of the positions that are not scored.
+    """
+    inputs, labels = stream.fill(step)
+    if stream.scored_per_row is None:
+        return token_cross_entropy(forward(inputs), labels)
+    scored = labels.ne(IGNORE_INDEX).to(torch.float32)  # [B, L], exactly K ones per row
+    positions = scored.topk(stream.scored_per_row, dim=1, sorted=False).indices  # [B, K]
+    return token_cross_entropy(forward(inputs, positions), labels.gather(1, positions))
+
+
 def train_step(member: Member) -> None:
     """One optimiser step of `member` with no host synchronisation (so CUDA can capture it).
 
@@ -159,10 +177,9 @@ def train_step(member: Member) -> None:
     multiplier = cosine_multiplier_tensor(member.step, **member.schedule)
     for group in member.optimizer.param_groups:
         group["lr"].copy_(multiplier * group["base_lr"])
-    batches = [stream.fill(member.step) for stream in member.streams]
     member.optimizer.zero_grad(set_to_none=True)
     with autocast(member.device):
-        loss = sum(token_cross_entropy(member.forward(inputs), labels) for inputs, labels in batches)
+        loss = sum(stream_loss(member.forward, stream, member.step) for stream in member.streams)
     loss.backward()
     if member.settings.grad_clip > 0:
         nn.utils.clip_grad_norm_(member.params, member.settings.grad_clip)

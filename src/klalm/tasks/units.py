@@ -130,7 +130,7 @@ def build_member(unit: Unit, seed: int, device: torch.device, split: tuple | Non
     if split is None:
         streams = [FreshStream(task, settings.batch_size, seed, MAIN_STREAM, settings.steps, device)]
     else:
-        streams = [SplitStream(*split, settings.batch_size, seed, settings.steps)]
+        streams = [SplitStream(*split, settings.batch_size, seed, settings.steps, task.scored_per_row)]
     if unit.aux_task is not None and settings.aux_batch_size > 0:
         aux = make_task(**unit.aux_task)
         streams.append(FreshStream(aux, settings.aux_batch_size, seed, AUX_STREAM, settings.steps, device))
