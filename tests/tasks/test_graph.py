@@ -58,6 +58,29 @@ def test_captured_inductor_training_gives_the_eager_losses(arch):
     torch.testing.assert_close(compiled, eager, rtol=2e-3, atol=2e-3)
 
 
+@pytest.mark.parametrize("arch", ["kla", "gpt"])
+def test_captured_mqar_training_on_the_scored_positions_gives_the_eager_losses(arch):
+    """MQAR trains on the logits of its K query positions only (top-k of the label mask inside the graph), compiled
+    by inductor and captured: the eager losses of the same step."""
+    train = TrainSettings(steps=STEPS, batch_size=64, lr=1e-3, warmup=0.1, eval_batch_size=256)
+    task = {"name": "mqar", "length": 64, "num_pairs": 4, "vocab": 8192}
+    unit = Unit("mqar", task, arch, 2, 64, PLAIN if arch == "kla" else {}, train, [0], 256, 2048, None, 10, None)
+    split = tuple(t.to(CUDA) for t in materialize(make_task(**task), 2048, 0, "train"))
+
+    def losses(capture: bool, compile_backend: str | None) -> torch.Tensor:
+        member = build_member(unit, 0, CUDA, split, compile_backend)
+        assert member.streams[0].scored_per_row == 4
+        trainer = GroupTrainer([member], CUDA, capture=capture)
+        trainer.prepare()
+        trainer.advance(STEPS - trainer.steps_done)
+        trainer.synchronize()
+        return member.losses.cpu()
+
+    eager, captured = losses(False, None), losses(True, "inductor")
+    assert torch.isfinite(captured).all()
+    torch.testing.assert_close(captured, eager, rtol=2e-3, atol=2e-3)
+
+
 def test_members_in_one_graph_give_each_seeds_eager_losses():
     """Two seeds in one graph (one stream each) against each seed trained eagerly alone."""
     together = _losses(_unit("kla", seeds=(0, 1)), True, STEPS)
