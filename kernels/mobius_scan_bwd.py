@@ -105,10 +105,11 @@ def _var_readout_adjoint(b_gP, b_ga2, b_gp, b_dq, b_P, b_a2, b_p, b_q, b_gyv, PR
 
 @triton.jit
 def _precision_and_slope_once(b_x, floor):
-    """(Λ, dΛ/dx) of a row b_x [BM] of log σ², each element computed in one lane (see the forward's `_precision_once`); bitwise
-    `_precision(b_x, floor)` and `_precision_slope(b_x, Λ)`. The two are joined into one [BM, 2] tensor before the
-    anchoring reduction, so they cross into the state's layout in one exchange (two separate ones: one more
-    shared-memory store and barrier per step, and more modelled cycles, 1,390 against 1,356 per step, fp32 sm_90)."""
+    """(Λ, dΛ/dx) of a row b_x [BM] of log σ², each element computed in one lane (see the forward's
+    `_precision_once`); bitwise `_precision(b_x, floor)` and `_precision_slope(b_x, Λ)`. The two are joined into one
+    [BM, 2] tensor before the anchoring reduction, so they cross into the state's layout in one exchange (two
+    separate ones: one more shared-memory store and barrier per step, and more modelled cycles, 1,390 against 1,356
+    per step, fp32 sm_90)."""
     c_x = b_x[:, None]  # [BM, 1]
     c_lv = _precision(c_x, floor)
     return tl.split(tl.max(tl.join(c_lv, _precision_slope(c_x, c_lv)), axis=1))  # [BM, 2] -> 2 x [BM]
