@@ -1,4 +1,4 @@
-# GPU call of 2026-12-01 (eighth session): `bench_scan.py --dtypes` on main, then with each candidate patch of
+# GPU call of 2026-12-01 (eighth session): `bench_scan.py --dtypes` (or the table BENCH names) on main, then with each candidate patch of
 # results/cpu_2026-12-01g, _h or _i (found by name) applied (a name "a+b" applies both; reverted after its run), then,
 # while time is left, the kernel GPU tests with the patches of TEST (same "a+b" form) applied. Run from the
 # repository root.
@@ -8,9 +8,11 @@ limit=${LIMIT:-600}
 patch_path() { ls results/cpu_2026-12-01[ghi]/*/"$1".patch 2>/dev/null | head -1; }  # a candidate by name
 patches() { local p=(); IFS=+ read -ra names <<< "$1"; for n in "${names[@]}"; do p+=("$(patch_path "$n")"); done; echo "${p[@]}"; }
 left() { echo $(( limit - (SECONDS - start) )); }
-run() {  # run NAME: one --dtypes table into $OUT/dtypes_NAME.md, unless too little of the call is left
+bench=${BENCH:---dtypes}  # the bench_scan.py table to take (--segments times the time-parallel split)
+run() {  # run NAME: one $bench table into $OUT/<table>_NAME.md, unless too little of the call is left
   if (( $(left) < ${MARGIN:-110} )); then echo "== $1 skipped (time)"; return; fi
-  echo "== $1 $(date +%T)"; timeout 150 python3 kernels/bench_scan.py --dtypes > "$OUT/dtypes_$1.md" 2>&1; tail -3 "$OUT/dtypes_$1.md"
+  local out="$OUT/${bench#--}_$1.md"
+  echo "== $1 $(date +%T)"; timeout ${BENCH_TIMEOUT:-150} python3 kernels/bench_scan.py $bench > "$out" 2>&1; tail -3 "$out"
 }
 for c in ${CANDIDATES:-main}; do
   if [[ $c == main* ]]; then run "$c"; continue; fi

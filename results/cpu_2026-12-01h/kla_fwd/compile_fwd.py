@@ -30,9 +30,11 @@ CASES = {
     "bf16lvtr": cl.fwd({**TR, "LOGVAR": True}, {**BF16, "LV_FMT": cl.B}),
 }
 
-if __name__ == "__main__":
+
+def main(all_cases: dict) -> None:
+    """Compile the cases the command line names (all without a third argument) and print their resources."""
     tag, out = sys.argv[1], Path(sys.argv[2])
-    cases = CASES if len(sys.argv) < 4 else {c: CASES[c] for c in sys.argv[3].split(",")}
+    cases = all_cases if len(sys.argv) < 4 else {c: all_cases[c] for c in sys.argv[3].split(",")}
     out.mkdir(parents=True, exist_ok=True)
     for case, (fn, constexprs, formats, warps, stages) in cases.items():
         kernel = cl.compile_sm90(fn, constexprs, formats, warps, stages)
@@ -42,3 +44,7 @@ if __name__ == "__main__":
             f"{tag} {case}: "
             + ", ".join(f"{k} {found[k]}" for k in ("registers", "stack_bytes", "ptx_instructions", "bar_sync"))
         )
+
+
+if __name__ == "__main__":
+    main(CASES)
