@@ -35,6 +35,16 @@ def draw_inputs(g: torch.Generator, B: int, L: int, M: int, S: int, dt: torch.dt
     return {n: t.requires_grad_() for n, t in x.items()}
 
 
+def record(out: dict, key: str, y, final, inputs: dict, state) -> None:
+    """Save one case under `key`: y, the final state, every input's gradient and the initial state's (if given)."""
+    out[key + "/y"] = y.detach()
+    out[key + "/lam"], out[key + "/eta"] = final.lam.detach(), final.eta.detach()
+    for n, t in inputs.items():
+        out[f"{key}/d{n}"] = t.grad
+    if state is not None:
+        out[key + "/dlam0"], out[key + "/deta0"] = state.lam.grad, state.eta.grad
+
+
 def compare(path_a: str, path_b: str) -> None:
     """Print how many saved tensors of two runs are bit-identical, the largest difference, and which differ."""
     a, b = torch.load(path_a), torch.load(path_b)
@@ -80,12 +90,7 @@ def run():
         loss.backward()
         key = (f"B{B}L{L}M{M}S{S}{'i' if init else ''}seg{seg}_{str(dt)[6:]}_{'yvar' if var else 'y'}"
                f"{'_logvar' if logvar else ''}{'_prior' if prior else ''}")  # fmt: skip
-        out[key + "/y"] = y.detach()
-        out[key + "/lam"], out[key + "/eta"] = fin.lam.detach(), fin.eta.detach()
-        for n, t in x.items():
-            out[f"{key}/d{n}"] = t.grad
-        if st is not None:
-            out[key + "/dlam0"], out[key + "/deta0"] = st.lam.grad, st.eta.grad
+        record(out, key, y, fin, x, st)
         print(key, flush=True)
     return out
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "kla_bwd"))
-from bit_identity import FLOOR, SHAPES, compare, draw_inputs  # noqa: E402  (the same shapes and inputs)
+from bit_identity import FLOOR, SHAPES, compare, draw_inputs, record  # noqa: E402  (the same shapes and inputs)
 
 
 def run():
@@ -46,14 +46,9 @@ def run():
                     loss.backward()
                     key = (f"B{B}L{L}M{M}S{S}{'i' if init else ''}seg{seg}_{str(dt)[6:]}"
                            f"{'_logvar' if logvar else ''}_{'yvar' if var else 'y'}")  # fmt: skip
-                    out[key + "/y"] = y.detach()
+                    record(out, key, y, fin, x, st)
                     if var:
                         out[key + "/y_var"] = yv.detach()
-                    out[key + "/lam"], out[key + "/eta"] = fin.lam.detach(), fin.eta.detach()
-                    for n, t in x.items():
-                        out[f"{key}/d{n}"] = t.grad
-                    if st is not None:
-                        out[key + "/dlam0"], out[key + "/deta0"] = st.lam.grad, st.eta.grad
     return out
 
 

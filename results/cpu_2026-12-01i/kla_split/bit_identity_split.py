@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "cpu_2026-12-01h" / "kla_bwd"))
-from bit_identity import FLOOR, compare, draw_inputs  # noqa: E402
+from bit_identity import FLOOR, compare, draw_inputs, record  # noqa: E402
 
 # (B, L, M, S, initial state); chunk 16, segment 32 (2 chunks): 3 or 4 segments, the last one partial at L = 88.
 # Whole rows (EVEN_S, EVEN_M in both directions); M % 32 != 0 with M % 16 == 0 (the forward's rows masked, the
@@ -53,12 +53,7 @@ def run() -> dict:
             loss.backward()
             key = (f"B{B}L{L}M{M}S{S}{'i' if init else ''}_{str(dt)[6:]}_{'yvar' if var else 'y'}"
                    f"{'_logvar' if logvar else ''}{'_prior' if prior else ''}")  # fmt: skip
-            out[key + "/y"] = y.detach()
-            out[key + "/lam"], out[key + "/eta"] = fin.lam.detach(), fin.eta.detach()
-            for n, t in x.items():
-                out[f"{key}/d{n}"] = t.grad
-            if st is not None:
-                out[key + "/dlam0"], out[key + "/deta0"] = st.lam.grad, st.eta.grad
+            record(out, key, y, fin, x, st)
             print(key, flush=True)
     return out
 
