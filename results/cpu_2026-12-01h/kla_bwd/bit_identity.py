@@ -35,6 +35,14 @@ def draw_inputs(g: torch.Generator, B: int, L: int, M: int, S: int, dt: torch.dt
     return {n: t.requires_grad_() for n, t in x.items()}
 
 
+def draw_state(g: torch.Generator, B: int, M: int, S: int):
+    """An initial state drawn from g (λ in [0.5, 1.5), η normal), each a leaf that takes a gradient."""
+    from klalm.ops.common import KLAState
+
+    lam = 0.5 + torch.rand(B, M, S, generator=g)
+    return KLAState(lam.requires_grad_(), torch.randn(B, M, S, generator=g).requires_grad_())
+
+
 def record(out: dict, key: str, y, final, inputs: dict, state) -> None:
     """Save one case under `key`: y, the final state, every input's gradient and the initial state's (if given)."""
     out[key + "/y"] = y.detach()
@@ -60,7 +68,6 @@ def compare(path_a: str, path_b: str) -> None:
 def run():
     from klalm.kernels.common import ScanConfig
     from klalm.kernels.mobius_scan import kla_scan_triton
-    from klalm.ops.common import KLAState
 
     out = {}
     cases = []
@@ -76,9 +83,7 @@ def run():
         g = torch.Generator().manual_seed(bi)
         r = lambda *s, g=g: torch.randn(*s, generator=g)  # noqa: E731
         x = draw_inputs(g, B, L, M, S, dt, logvar)
-        st = KLAState(0.5 + torch.rand(B, M, S, generator=g), r(B, M, S)) if init else None
-        if st is not None:
-            st = KLAState(st.lam.requires_grad_(), st.eta.requires_grad_())
+        st = draw_state(g, B, M, S) if init else None
         cfg = ScanConfig(chunk=16, segment=seg)
         y, yv, fin = kla_scan_triton(
             *x.values(), initial_state=st, decode_from_prior=prior, config=cfg, variance=var,

@@ -16,14 +16,13 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "kla_bwd"))
-from bit_identity import FLOOR, SHAPES, compare, draw_inputs, record  # noqa: E402  (the same shapes and inputs)
+from bit_identity import FLOOR, SHAPES, compare, draw_inputs, draw_state, record  # noqa: E402  (the same shapes and inputs)
 
 
 def run():
 
     from klalm.kernels.common import ScanConfig
     from klalm.kernels.mobius_scan import kla_scan_triton
-    from klalm.ops.common import KLAState
 
     out = {}
     for bi, (B, L, M, S, init, seg) in enumerate(SHAPES):
@@ -33,9 +32,7 @@ def run():
                     g = torch.Generator().manual_seed(bi)
                     r = lambda *s, g=g: torch.randn(*s, generator=g)  # noqa: E731
                     x = draw_inputs(g, B, L, M, S, dt, logvar)
-                    st = KLAState(0.5 + torch.rand(B, M, S, generator=g), r(B, M, S)) if init else None
-                    if st is not None:
-                        st = KLAState(st.lam.requires_grad_(), st.eta.requires_grad_())
+                    st = draw_state(g, B, M, S) if init else None
                     cfg = ScanConfig(chunk=16, segment=seg)
                     y, yv, fin = kla_scan_triton(*x.values(), initial_state=st, config=cfg, variance=var,
                                                  decode_from_prior=bi % 2 == 1,

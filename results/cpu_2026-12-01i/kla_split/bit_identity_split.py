@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "cpu_2026-12-01h" / "kla_bwd"))
-from bit_identity import FLOOR, compare, draw_inputs, record  # noqa: E402
+from bit_identity import FLOOR, compare, draw_inputs, draw_state, record  # noqa: E402
 
 # (B, L, M, S, initial state); chunk 16, segment 32 (2 chunks): 3 or 4 segments, the last one partial at L = 88.
 # Whole rows (EVEN_S, EVEN_M in both directions); M % 32 != 0 with M % 16 == 0 (the forward's rows masked, the
@@ -32,7 +32,6 @@ CASES = [  # (dtype of v, k, q (and log σ²), y_var in the loss, log σ² in, d
 def run() -> dict:
     from klalm.kernels.common import ScanConfig
     from klalm.kernels.mobius_scan import kla_scan_triton
-    from klalm.ops.common import KLAState
 
     out = {}
     for bi, (B, L, M, S, init) in enumerate(SHAPES):
@@ -40,9 +39,7 @@ def run() -> dict:
             g = torch.Generator().manual_seed(bi)
             r = lambda *s, g=g: torch.randn(*s, generator=g)  # noqa: E731
             x = draw_inputs(g, B, L, M, S, dt, logvar)
-            st = None
-            if init:
-                st = KLAState((0.5 + torch.rand(B, M, S, generator=g)).requires_grad_(), r(B, M, S).requires_grad_())
+            st = draw_state(g, B, M, S) if init else None
             y, yv, fin = kla_scan_triton(
                 *x.values(), initial_state=st, decode_from_prior=prior, config=ScanConfig(chunk=16, segment=32),
                 variance=var, precision_floor=FLOOR if logvar else None,
