@@ -23,7 +23,7 @@ for c in ${CANDIDATES:-main}; do
 done
 if [[ -n $TEST ]] && (( $(left) > 200 )); then
   p=$(patches "$TEST"); git apply $p && echo "== tests with $TEST $(date +%T)" \
-    && timeout $(( $(left) - 15 )) python3 -m pytest -q -m gpu tests/kernels/test_selective_scan.py tests/kernels/test_mobius_scan.py 2>&1 | tail -15 | tee "$OUT/tests_$TEST.log"
+    && timeout $(( $(left) - 15 )) python3 -m pytest -q -m gpu tests/kernels/test_selective_scan.py tests/kernels/test_mobius_scan.py 2>&1 | tail -15 | tee "$OUT/tests_${TEST//+/_and_}.log"
   git apply -R $p
 elif [[ -n $TEST ]]; then echo "== tests skipped (time)"; fi
 echo "== end $(date +%T)"
