@@ -236,12 +236,16 @@ def load_row_spread(ptr, start, limit, N: tl.constexpr, FMT: tl.constexpr):
     round trip at every step, on the same scratch buffer as the y stores). Here each element reads the whole word
     that holds it (each word is read twice, by the two lanes that need it: the same one-word-per-lane cp.async as a
     float32 row) and keeps its own half in place; the row comes out in whatever layout the caller uses, exactly.
+    limit None: the N elements are in bounds and are read without a mask (as `load_row`).
     """
     if FMT == PLAIN:
         return load_row(ptr, start, limit, N, FMT)
     else:
         i = tl.arange(0, N)
-        w = tl.load(ptr + (start // 2 + i // 2), mask=start + i < limit, other=0)
+        mask, other = None, None
+        if limit is not None:
+            mask, other = start + i < limit, 0
+        w = tl.load(ptr + (start // 2 + i // 2), mask=mask, other=other)
         shift = (i % 2) * 16  # element start + i is the low half of its word when i is even (start is even)
         if FMT == BF16_PAIRS:  # a bf16 is the high half of a float32
             return ((w >> shift) << 16).to(tl.float32, bitcast=True)

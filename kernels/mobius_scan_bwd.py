@@ -59,7 +59,7 @@ from klalm.kernels.common import (
     store_reduced_row,
     to_kernel_layout,
 )
-from klalm.kernels.mobius_scan_fwd import _filter_step, _load_step, _precision, _precision_once, _precision_slope
+from klalm.kernels.mobius_scan_fwd import _filter_step, _precision, _precision_once, _precision_slope
 
 CARRY_SIZE = tl.constexpr(2)  # adjoint (gμ, gP) arriving at a segment's last state
 ADJOINT_SUMMARY_SIZE = tl.constexpr(5)  # Q11, Q21, Q22 and the summed injections Σ Q_t·e_t of a segment's reverse map
@@ -264,10 +264,12 @@ def _kla_bwd_summary_kernel(
     L, M, S, n_chunks, seg_chunks, floor,
     BM: tl.constexpr, S_PAD: tl.constexpr, CHUNK: tl.constexpr, NUM_STAGES: tl.constexpr, UNROLL: tl.constexpr,
     PRIOR: tl.constexpr, HAS_GYV: tl.constexpr, FAST_RCP: tl.constexpr, LOGVAR: tl.constexpr,
+    EVEN_S: tl.constexpr, EVEN_M: tl.constexpr,
     V_FMT: tl.constexpr, LV_FMT: tl.constexpr, K_FMT: tl.constexpr, Q_FMT: tl.constexpr, GY_FMT: tl.constexpr,
     GYV_FMT: tl.constexpr,
 ):  # fmt: skip
-    """The reverse map of segment i_seg (every segment but the first): Q and Σ Q_t·e_t (module docstring)."""
+    """The reverse map of segment i_seg (every segment but the first): Q and Σ Q_t·e_t (module docstring). Its rows
+    are read as `_kla_bwd_kernel` reads them: from the batch row's start with int32 offsets, unmasked where whole."""
     i_b, i_seg = tl.program_id(0).to(tl.int64), tl.program_id(2) + 1
     n_seg = tl.num_programs(2) + 1
     m0 = tl.program_id(1) * BM
@@ -287,17 +289,27 @@ def _kla_bwd_summary_kernel(
     b_q22 = tl.full([S_PAD, BM], 1.0, tl.float32)
     b_smu = tl.zeros([S_PAD, BM], tl.float32)  # Σ Q_t·e_t
     b_sP = tl.zeros([S_PAD, BM], tl.float32)
+    p_v, p_lv = row_start(v_ptr, i_b * L, M, V_FMT), row_start(lam_v_ptr, i_b * L, M, LV_FMT)
+    p_k, p_q = row_start(k_ptr, i_b * L, S, K_FMT), row_start(q_ptr, i_b * L, S, Q_FMT)
+    p_gy, p_gyv = row_start(gy_ptr, i_b * L, M, GY_FMT), gyv_ptr
+    if HAS_GYV:  # else gyv_ptr is None
+        p_gyv = row_start(gyv_ptr, i_b * L, M, GYV_FMT)
+    s_end, m_end = S, M  # the rows' bounds; None where they are whole (as in _kla_bwd_kernel)
+    if EVEN_S:
+        s_end = None
+    if EVEN_M:
+        m_end = None
     t1 = (i_seg + 1) * seg_chunks * CHUNK
     if t1 > L:
         t1 = L
     for t in tl.range(i_seg * seg_chunks * CHUNK, t1, num_stages=NUM_STAGES, loop_unroll_factor=UNROLL):
-        row_m, row_s = (i_b * L + t) * M, (i_b * L + t) * S
-        b_v, b_lv, b_k, b_q = _load_step(
-            v_ptr, lam_v_ptr, k_ptr, q_ptr, row_m, row_s, m0, M, S, BM, S_PAD, V_FMT, LV_FMT, K_FMT, Q_FMT, False
-        )
+        b_v = load_row(row_start(p_v, t, M, V_FMT), m0, m_end, BM, V_FMT)
+        b_lv = load_row(row_start(p_lv, t, M, LV_FMT), m0, m_end, BM, LV_FMT)
+        b_k = load_row(row_start(p_k, t, S, K_FMT), 0, s_end, S_PAD, K_FMT)
+        b_q = load_row(row_start(p_q, t, S, Q_FMT), 0, s_end, S_PAD, Q_FMT)
         if LOGVAR:
             b_lv = _precision_once(b_lv, floor)
-        b_gy = load_row(gy_ptr, row_m + m0, row_m + M, BM, GY_FMT)
+        b_gy = load_row(row_start(p_gy, t, M, GY_FMT), m0, m_end, BM, GY_FMT)
         b_phi = b_lv[None, :] * (b_k * b_k)[:, None]  # [S_PAD, BM]
         b_r = (b_v * b_lv)[None, :] * b_k[:, None]  # [S_PAD, BM]
         b_P, b_mu, _, b_i = _filter_step(b_P, b_mu, b_a, b_a2, b_p, b_phi, b_r, FAST_RCP)
@@ -312,7 +324,7 @@ def _kla_bwd_summary_kernel(
         b_smu += b_q11 * b_e
         b_sP += b_q21 * b_e
         if HAS_GYV:
-            b_gyv = load_row(gyv_ptr, row_m + m0, row_m + M, BM, GYV_FMT)
+            b_gyv = load_row(row_start(p_gyv, t, M, GYV_FMT), m0, m_end, BM, GYV_FMT)
             b_eP = (b_q * b_q)[:, None] * b_gyv[None, :]  # e_t, P part
             if PRIOR:
                 b_eP = b_a2 * b_eP
@@ -343,19 +355,24 @@ def _kla_bwd_carry_kernel(
     else:
         b_gmu = tl.zeros([S_PAD, BM], tl.float32)
         b_gP = tl.zeros([S_PAD, BM], tl.float32)
-    for j in range(n_seg):
+    # segments n_seg - 1 .. 1, each then carried through to the end of the one before; the loads do not depend on
+    # the carried adjoint, so the software pipeliner prefetches the next segment's (unconditional loads: Triton does
+    # not pipeline a load under an `if`)
+    for j in tl.range(n_seg - 1, num_stages=2):
         i_seg = n_seg - 1 - j
         p_carry = carry_ptr + (i_b * n_seg + i_seg) * CARRY_SIZE * S * M + o_sm
         tl.store(p_carry, b_gmu, mask=m_sm)
         tl.store(p_carry + S * M, b_gP, mask=m_sm)
-        if i_seg > 0:  # through segment i_seg to the end of segment i_seg - 1
-            p_sum = sum_ptr + (i_b * n_seg + i_seg) * ADJOINT_SUMMARY_SIZE * S * M + o_sm
-            b_q11 = tl.load(p_sum, mask=m_sm, other=0.0)
-            b_q21 = tl.load(p_sum + S * M, mask=m_sm, other=0.0)
-            b_q22 = tl.load(p_sum + 2 * S * M, mask=m_sm, other=0.0)
-            b_smu = tl.load(p_sum + 3 * S * M, mask=m_sm, other=0.0)
-            b_sP = tl.load(p_sum + 4 * S * M, mask=m_sm, other=0.0)
-            b_gmu, b_gP = b_q11 * b_gmu + b_smu, b_q21 * b_gmu + b_q22 * b_gP + b_sP
+        p_sum = sum_ptr + (i_b * n_seg + i_seg) * ADJOINT_SUMMARY_SIZE * S * M + o_sm
+        b_q11 = tl.load(p_sum, mask=m_sm, other=0.0)
+        b_q21 = tl.load(p_sum + S * M, mask=m_sm, other=0.0)
+        b_q22 = tl.load(p_sum + 2 * S * M, mask=m_sm, other=0.0)
+        b_smu = tl.load(p_sum + 3 * S * M, mask=m_sm, other=0.0)
+        b_sP = tl.load(p_sum + 4 * S * M, mask=m_sm, other=0.0)
+        b_gmu, b_gP = b_q11 * b_gmu + b_smu, b_q21 * b_gmu + b_q22 * b_gP + b_sP
+    p_carry = carry_ptr + i_b * n_seg * CARRY_SIZE * S * M + o_sm  # segment 0
+    tl.store(p_carry, b_gmu, mask=m_sm)
+    tl.store(p_carry + S * M, b_gP, mask=m_sm)
 
 
 def _adjoint_carry(rows, a_t, p_t, ckpt_P, ckpt_mu, lam, eta, glam, geta, seg_chunks, n_seg, floor, launch):
@@ -431,8 +448,8 @@ def mobius_scan_bwd(
     launch = dict(
         BM=config.bwd_block_m, S_PAD=s_pad, CHUNK=config.chunk, NUM_STAGES=config.bwd_num_stages,
         UNROLL=config.bwd_unroll, PRIOR=decode_from_prior, HAS_GYV=gyv is not None, FAST_RCP=not interpreting(),
-        LOGVAR=precision_floor is not None, **formats,
-        num_warps=config.bwd_num_warps,
+        LOGVAR=precision_floor is not None, EVEN_S=state_size == s_pad, EVEN_M=channels % config.bwd_block_m == 0,
+        **formats, num_warps=config.bwd_num_warps,
     )  # fmt: skip
     carry = None
     if n_seg > 1:
@@ -443,8 +460,7 @@ def mobius_scan_bwd(
         *rows[:4], a_t, p_t, lam0, eta0, ckpt_P, ckpt_mu, lam, eta, *rows[4:], glam, geta,
         carry, dv, dlv, dk_part, dq_part, da_part, dp_part, dlam0, deta0, scr_P, scr_mu,
         length, channels, state_size, n_chunks, seg_chunks, precision_floor or 0.0,
-        HAS_INIT=lam0 is not None, HAS_GSTATE=has_gstate, HAS_CARRY=carry is not None, EVEN_S=state_size == s_pad,
-        EVEN_M=channels % config.bwd_block_m == 0, **launch,
+        HAS_INIT=lam0 is not None, HAS_GSTATE=has_gstate, HAS_CARRY=carry is not None, **launch,
     )  # fmt: skip
     dk, dq = dk_part.sum(1).to(k.dtype), dq_part.sum(1).to(q.dtype)
     da, dp = da_part.sum((0, 1)).to(a.dtype), dp_part.sum((0, 1)).to(p.dtype)

@@ -49,6 +49,8 @@ import triton.language as tl
 from torch import Tensor
 
 from klalm.kernels.common import (
+    BF16_PAIRS,
+    PLAIN,
     ScanConfig,
     as_rows,
     interpreting,
@@ -103,24 +105,79 @@ def _precision_slope(b_x, b_lv):
 
 
 @triton.jit
+def _row_at(ptr, t, stride, FMT: tl.constexpr, HALVED: tl.constexpr):
+    """`common.row_start`; with HALVED a paired row's stride is halved before the product (the stride is even):
+    t·(stride/2) is one multiply-add per step where (t·stride)/2, a signed division, is three."""
+    if HALVED and FMT != PLAIN:
+        return ptr + t * (stride // 2)
+    else:
+        return row_start(ptr, t, stride, FMT)
+
+
+@triton.jit
+def _load_row_spread(ptr, start, limit, N: tl.constexpr, FMT: tl.constexpr, PTX: tl.constexpr):
+    """`common.load_row_spread`; with PTX a bf16 element is moved into the high half of its float32 by one `prmt`
+    (a per-lane byte selector: the word's low or high half over two zero bytes) instead of two shifts."""
+    if PTX and FMT == BF16_PAIRS:
+        i = tl.arange(0, N)
+        w = tl.load(ptr + (start // 2 + i // 2), mask=start + i < limit, other=0)
+        sel = 0x1044 + (i % 2) * 0x2200  # bytes (0, 0, w0, w1) for the low half, (0, 0, w2, w3) for the high
+        x = tl.inline_asm_elementwise("prmt.b32 $0, $1, 0, $2;", "=r,r,r", [w, sel], dtype=tl.int32, is_pure=True,
+                                      pack=1)  # fmt: skip
+        return x.to(tl.float32, bitcast=True)
+    else:
+        return load_row_spread(ptr, start, limit, N, FMT)
+
+
+@triton.jit
 def _load_step(
     v_ptr, lam_v_ptr, k_ptr, q_ptr, row_m, row_s, m0, M, S,
     BM: tl.constexpr, S_PAD: tl.constexpr,
     V_FMT: tl.constexpr, LV_FMT: tl.constexpr, K_FMT: tl.constexpr, Q_FMT: tl.constexpr, SPREAD: tl.constexpr,
+    PTX: tl.constexpr = False,
 ):  # fmt: skip
     """One step's v, Λ [BM] (channels m0..) and k, q [S_PAD] as float32, padding 0; row_m, row_s: element offsets
     of the step's [M] and [S] rows; *_FMT: each tensor's `common.load_row` format. SPREAD: the caller's layout puts
     neighbouring channels in different lanes (the forward kernels), so 16-bit v, Λ rows are read with
-    `common.load_row_spread`; the backward keeps them in one lane and reads words of two (`common.load_row`)."""
+    `common.load_row_spread`; the backward keeps them in one lane and reads words of two (`common.load_row`).
+    PTX: compiled, not interpreted, and the forward's TRIM_16BIT: bf16 v, Λ halves are placed with one `prmt`."""
     if SPREAD:
-        b_v = load_row_spread(v_ptr, row_m + m0, row_m + M, BM, V_FMT)
-        b_lv = load_row_spread(lam_v_ptr, row_m + m0, row_m + M, BM, LV_FMT)
+        b_v = _load_row_spread(v_ptr, row_m + m0, row_m + M, BM, V_FMT, PTX)
+        b_lv = _load_row_spread(lam_v_ptr, row_m + m0, row_m + M, BM, LV_FMT, PTX)
     else:
         b_v = load_row(v_ptr, row_m + m0, row_m + M, BM, V_FMT)
         b_lv = load_row(lam_v_ptr, row_m + m0, row_m + M, BM, LV_FMT)
     b_k = load_row(k_ptr, row_s, row_s + S, S_PAD, K_FMT)
     b_q = load_row(q_ptr, row_s, row_s + S, S_PAD, Q_FMT)
     return b_v, b_lv, b_k, b_q
+
+
+@triton.jit
+def _store_row_pairs(ptr, x, start, limit, N: tl.constexpr, FMT: tl.constexpr, PTX: tl.constexpr):
+    """Store x [N] (float32) rounded to 16 bits as elements [start, start + N) of a flat 16-bit tensor whose int32
+    view is ptr (FMT BF16_PAIRS or FP16_PAIRS; start, limit even), positions >= limit skipped: words of two
+    elements, so the exchange into the store's layout moves float32 pairs (one vector store per lane) instead of
+    one 16-bit store per element."""
+    lo, hi = tl.split(tl.reshape(x, [N // 2, 2]))
+    if PTX:  # one cvt.rn of both halves into one word (F2FP.PACK_AB), the rounding of .to() below
+        if FMT == BF16_PAIRS:
+            w = tl.inline_asm_elementwise(
+                "cvt.rn.bf16x2.f32 $0, $2, $1;", "=r,r,r", [lo, hi], dtype=tl.int32, is_pure=True, pack=1
+            )
+        else:
+            w = tl.inline_asm_elementwise(
+                "cvt.rn.f16x2.f32 $0, $2, $1;", "=r,r,r", [lo, hi], dtype=tl.int32, is_pure=True, pack=1
+            )
+    else:
+        if FMT == BF16_PAIRS:
+            lo = lo.to(tl.bfloat16).to(tl.int16, bitcast=True)
+            hi = hi.to(tl.bfloat16).to(tl.int16, bitcast=True)
+        else:
+            lo = lo.to(tl.float16).to(tl.int16, bitcast=True)
+            hi = hi.to(tl.float16).to(tl.int16, bitcast=True)
+        w = (lo.to(tl.int32) & 65535) | (hi.to(tl.int32) << 16)
+    o = start // 2 + tl.arange(0, N // 2)
+    tl.store(ptr + o, w, mask=o < limit // 2)
 
 
 @triton.jit
@@ -131,7 +188,7 @@ def _kla_fwd_kernel(
     BM: tl.constexpr, S_PAD: tl.constexpr, CHUNK: tl.constexpr, NUM_STAGES: tl.constexpr, UNROLL: tl.constexpr,
     HAS_INIT: tl.constexpr, PRIOR: tl.constexpr, SAVE_CKPT: tl.constexpr, FAST_RCP: tl.constexpr,
     LOGVAR: tl.constexpr, V_FMT: tl.constexpr, LV_FMT: tl.constexpr, K_FMT: tl.constexpr, Q_FMT: tl.constexpr,
-    INIT_COV: tl.constexpr, WITH_VAR: tl.constexpr,
+    INIT_COV: tl.constexpr, WITH_VAR: tl.constexpr, Y_FMT: tl.constexpr,
 ):  # fmt: skip
     i_b, i_seg = tl.program_id(0).to(tl.int64), tl.program_id(2)
     n_seg = tl.num_programs(2)
@@ -160,7 +217,15 @@ def _kla_fwd_kernel(
     # the batch row's start (64-bit, once); within it the steps index with int32 offsets (`common.row_start`)
     v_row, lv_row = row_start(v_ptr, i_b * L, M, V_FMT), row_start(lam_v_ptr, i_b * L, M, LV_FMT)
     k_row, q_row = row_start(k_ptr, i_b * L, S, K_FMT), row_start(q_ptr, i_b * L, S, Q_FMT)
-    y_row, yv_row = y_ptr + i_b * L * M, y_var_ptr + i_b * L * M
+    y_row, yv_row = row_start(y_ptr, i_b * L, M, Y_FMT), y_var_ptr + i_b * L * M
+    # TRIM_16BIT: three trims of the 16-bit forward (y stored as words of two, `_store_row_pairs`, where the caller
+    # passes y paired, Y_FMT; bf16 v, Λ unpacked by one `prmt`; paired row addresses as t·(stride/2), `_row_at`),
+    # kept to the one case an H200 timed faster (results/gpu_2026-12-01i/call1/dtypes_*.md, B16 L2048 M1024 S16,
+    # ms without -> with): Λ given, no y_var (a KLA layer in training), bf16 0.544 -> 0.526 (fp32 rows: 0.525),
+    # fp16 0.551 -> 0.544. With y_var (bf16 0.609 -> 0.630) and from log σ² (bf16 0.835 -> 0.855) they were slower,
+    # so those cases compile as without them (float32 rows have nothing to trim).
+    TRIM_16BIT: tl.constexpr = not LOGVAR and not WITH_VAR
+    tl.static_assert(Y_FMT == PLAIN or TRIM_16BIT, "y is passed as words of two only with TRIM_16BIT")
     c1 = (i_seg + 1) * seg_chunks
     if c1 > n_chunks:
         c1 = n_chunks
@@ -175,8 +240,9 @@ def _kla_fwd_kernel(
         for t in tl.range(i_c * CHUNK, t1, num_stages=NUM_STAGES, loop_unroll_factor=UNROLL):
             row_m = t * M  # int32 within the batch row
             b_v, b_lv, b_k, b_q = _load_step(
-                row_start(v_row, t, M, V_FMT), row_start(lv_row, t, M, LV_FMT), row_start(k_row, t, S, K_FMT),
-                row_start(q_row, t, S, Q_FMT), 0, 0, m0, M, S, BM, S_PAD, V_FMT, LV_FMT, K_FMT, Q_FMT, True,
+                _row_at(v_row, t, M, V_FMT, TRIM_16BIT), _row_at(lv_row, t, M, LV_FMT, TRIM_16BIT),
+                _row_at(k_row, t, S, K_FMT, TRIM_16BIT), _row_at(q_row, t, S, Q_FMT, TRIM_16BIT), 0, 0, m0, M, S,
+                BM, S_PAD, V_FMT, LV_FMT, K_FMT, Q_FMT, True, FAST_RCP and TRIM_16BIT,
             )  # fmt: skip
             if LOGVAR:  # the tensor holds log σ²
                 b_lv = _precision_once(b_lv, floor)
@@ -191,8 +257,11 @@ def _kla_fwd_kernel(
                 # y and y_var as one [BM, 2] store: one layout exchange (a shared-memory round trip) per step
                 b_out = tl.join(b_y, b_yv).to(y_ptr.dtype.element_ty)
                 tl.store(tl.join(y_row + row_m + o_m, yv_row + row_m + o_m), b_out, mask=m_m[:, None])
-            else:
+            elif Y_FMT == PLAIN:
                 tl.store(y_row + row_m + o_m, b_y.to(y_ptr.dtype.element_ty), mask=m_m)
+            else:
+                # 16-bit y as words of two (FAST_RCP: compiled, so the packing may be inline PTX)
+                _store_row_pairs(_row_at(y_row, t, M, Y_FMT, TRIM_16BIT), b_y, m0, M, BM, Y_FMT, FAST_RCP)
     if i_seg == n_seg - 1:
         b_lam = 1.0 / b_P
         tl.store(lam_out_ptr + i_b * M * S + o_ms, b_lam, mask=m_sm)
@@ -204,9 +273,12 @@ def _kla_fwd_summary_kernel(
     v_ptr, lam_v_ptr, k_ptr, a_ptr, p_ptr, sum_ptr,
     L, M, S, seg_steps, floor,
     BM: tl.constexpr, S_PAD: tl.constexpr, NUM_STAGES: tl.constexpr, UNROLL: tl.constexpr, FAST_RCP: tl.constexpr,
-    LOGVAR: tl.constexpr, V_FMT: tl.constexpr, LV_FMT: tl.constexpr, K_FMT: tl.constexpr,
+    LOGVAR: tl.constexpr, EVEN_S: tl.constexpr, EVEN_M: tl.constexpr, V_FMT: tl.constexpr, LV_FMT: tl.constexpr,
+    K_FMT: tl.constexpr,
 ):  # fmt: skip
-    """The map of segment i_seg (every segment but the last) as 7 numbers per (b, m, s) (module docstring)."""
+    """The map of segment i_seg (every segment but the last) as 7 numbers per (b, m, s) (module docstring). The rows
+    are read from the batch row's start with int32 offsets (`common.row_start`), without a per-lane mask where they
+    are whole (EVEN_S: S == S_PAD; EVEN_M: M % BM == 0)."""
     i_b, i_seg = tl.program_id(0).to(tl.int64), tl.program_id(2)
     n_seg = tl.num_programs(2) + 1
     m0 = tl.program_id(1) * BM
@@ -225,11 +297,17 @@ def _kla_fwd_summary_kernel(
     b_wx = tl.zeros([S_PAD, BM], tl.float32)
     b_ww = tl.full([S_PAD, BM], 1.0, tl.float32)
     b_wz = tl.zeros([S_PAD, BM], tl.float32)
+    v_row, lv_row = row_start(v_ptr, i_b * L, M, V_FMT), row_start(lam_v_ptr, i_b * L, M, LV_FMT)
+    k_row = row_start(k_ptr, i_b * L, S, K_FMT)
+    s_end, m_end = S, M
+    if EVEN_S:
+        s_end = None
+    if EVEN_M:
+        m_end = None
     for t in tl.range(i_seg * seg_steps, (i_seg + 1) * seg_steps, num_stages=NUM_STAGES, loop_unroll_factor=UNROLL):
-        row_m, row_s = (i_b * L + t) * M, (i_b * L + t) * S
-        b_v, b_lv, b_k, _ = _load_step(
-            v_ptr, lam_v_ptr, k_ptr, k_ptr, row_m, row_s, m0, M, S, BM, S_PAD, V_FMT, LV_FMT, K_FMT, K_FMT, True
-        )
+        b_v = load_row_spread(row_start(v_row, t, M, V_FMT), m0, m_end, BM, V_FMT)
+        b_lv = load_row_spread(row_start(lv_row, t, M, LV_FMT), m0, m_end, BM, LV_FMT)
+        b_k = load_row(row_start(k_row, t, S, K_FMT), 0, s_end, S_PAD, K_FMT)
         if LOGVAR:
             b_lv = _precision_once(b_lv, floor)
         b_phi = b_lv[None, :] * (b_k * b_k)[:, None]  # [S_PAD, BM]
@@ -277,7 +355,7 @@ def _kla_fwd_carry_kernel(
     o_start = i_b * n_seg * M * S + o_ms
     tl.store(start_P_ptr + o_start, b_P, mask=m_sm)
     tl.store(start_mu_ptr + o_start, b_mu, mask=m_sm)
-    for i_seg in range(n_seg - 1):
+    for i_seg in tl.range(n_seg - 1, num_stages=2):  # the pipeliner prefetches the next segment's map
         p_sum = sum_ptr + (i_b * n_seg + i_seg) * SUMMARY_SIZE * S * M + o_sm
         b_xx = tl.load(p_sum, mask=m_sm, other=1.0)
         b_xz = tl.load(p_sum + S * M, mask=m_sm, other=0.0)
@@ -303,8 +381,8 @@ def _segment_starts(v, lambda_v, k, a, p, lam0, eta0, seg_steps: int, n_seg: int
     _kla_fwd_summary_kernel[(batch, n_mb, n_seg - 1)](
         v, lambda_v, k, a, p, summary, length, channels, state_size, seg_steps, floor or 0.0,
         BM=config.block_m, S_PAD=s_pad, NUM_STAGES=config.num_stages, UNROLL=config.unroll,
-        FAST_RCP=not interpreting(), LOGVAR=floor is not None, V_FMT=v_fmt, LV_FMT=lv_fmt, K_FMT=k_fmt,
-        num_warps=config.num_warps,
+        FAST_RCP=not interpreting(), LOGVAR=floor is not None, EVEN_S=state_size == s_pad,
+        EVEN_M=channels % config.block_m == 0, V_FMT=v_fmt, LV_FMT=lv_fmt, K_FMT=k_fmt, num_warps=config.num_warps,
     )  # fmt: skip
     start_P = v.new_empty(batch, n_seg, channels, state_size, dtype=torch.float32)
     start_mu = torch.empty_like(start_P)
@@ -360,14 +438,17 @@ def mobius_scan_fwd(
         ckpt_mu = torch.empty_like(ckpt_P)
     grid = (batch, triton.cdiv(channels, config.block_m), n_seg)
     (v, v_fmt), (lambda_v, lv_fmt), (k, k_fmt), (q, q_fmt) = (as_rows(x) for x in (v, lambda_v, k, q))
+    # a 16-bit y is stored as words of two (`_store_row_pairs`) where the kernel's TRIM_16BIT holds (Λ given, no y_var)
+    trim_16bit = precision_floor is None and not with_variance
+    y_rows, y_fmt = as_rows(y) if trim_16bit else (y, PLAIN.value)
     _kla_fwd_kernel[grid](
-        v, lambda_v, k, q, a, p, lam0, eta0, y, y_var if with_variance else y, lam, eta, ckpt_P, ckpt_mu,
+        v, lambda_v, k, q, a, p, lam0, eta0, y_rows, y_var if with_variance else y, lam, eta, ckpt_P, ckpt_mu,
         length, channels, state_size, n_chunks, seg_chunks, precision_floor or 0.0,
         BM=config.block_m, S_PAD=state_pad(state_size), CHUNK=config.chunk,
         NUM_STAGES=config.num_stages, UNROLL=config.unroll,
         HAS_INIT=lam0 is not None, PRIOR=decode_from_prior, SAVE_CKPT=save_ckpt,
         FAST_RCP=not interpreting(), LOGVAR=precision_floor is not None,
         V_FMT=v_fmt, LV_FMT=lv_fmt, K_FMT=k_fmt, Q_FMT=q_fmt, INIT_COV=n_seg > 1, WITH_VAR=with_variance,
-        num_warps=config.num_warps,
+        Y_FMT=y_fmt, num_warps=config.num_warps,
     )  # fmt: skip
     return y, y_var, lam, eta, ckpt_P, ckpt_mu

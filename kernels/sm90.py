@@ -34,6 +34,9 @@ ROW_TENSORS = {  # pointer arguments read with `common.load_row`, by the name of
     "B_FMT": "B_ptr",
     "C_FMT": "C_ptr",
 }
+# pointer arguments written as words of two (int32 views) in a paired format, by the name of their format constexpr:
+# the KLA forward's 16-bit y with Λ given and without y_var (`mobius_scan_fwd`'s TRIM_16BIT, `_store_row_pairs`)
+WRITTEN_ROWS = {"Y_FMT": "y_ptr"}
 OUTPUTS_LIKE = {  # pointer arguments written in the dtype of an input row tensor, by that tensor's format constexpr
     "y_ptr": ("V_FMT", "U_FMT"),
     "y_var_ptr": ("V_FMT",),
@@ -61,7 +64,7 @@ def compile_sm90(fn, constexprs: dict[str, Any], formats: dict[str, int] | None 
     formats = formats or {}
     signature, values, attrs = {}, {}, {}
     for i, name in enumerate(fn.arg_names):
-        if name in ROW_TENSORS:
+        if name in ROW_TENSORS or name in WRITTEN_ROWS:
             values[name] = formats.get(name, PLAIN.value)
         elif name in constexprs:
             values[name] = constexprs[name]
@@ -69,7 +72,8 @@ def compile_sm90(fn, constexprs: dict[str, Any], formats: dict[str, int] | None 
             signature[name] = "fp32"
             continue
         else:
-            paired = any(formats.get(f, PLAIN.value) != PLAIN.value and ROW_TENSORS[f] == name for f in ROW_TENSORS)
+            rows = ROW_TENSORS | WRITTEN_ROWS
+            paired = any(formats.get(f, PLAIN.value) != PLAIN.value and rows[f] == name for f in rows)
             like = [formats[f] for f in OUTPUTS_LIKE.get(name, ()) if formats.get(f, PLAIN.value) != PLAIN.value]
             output = ("*bf16" if like[0] == BF16_PAIRS.value else "*fp16") if like else "*fp32"
             signature[name] = "i32" if name in INTS else "*i32" if paired else output
