@@ -90,6 +90,22 @@ def test_members_in_one_graph_give_each_seeds_eager_losses():
     assert not torch.allclose(together[0], together[1])
 
 
+def test_a_graph_captured_again_over_the_members_kept_gives_their_losses():
+    """Seeds 0 and 1 captured together; after 10 steps only seed 1 is kept (`GroupTrainer.keep`, a new capture): its
+    losses are those of seed 1 trained alone, and seed 0 stays where it was let go."""
+    members = [build_member(_unit("kla", seeds=(0, 1)), s, CUDA, None) for s in (0, 1)]
+    trainer = GroupTrainer(members, CUDA)
+    trainer.prepare()
+    trainer.advance(10 - trainer.steps_done)
+    trainer.keep(members[1:])
+    trainer.advance(STEPS - 10)
+    trainer.synchronize()
+    assert trainer.graph is not None and members[0].step.item() == 10 and members[1].step.item() == STEPS
+    assert torch.isnan(members[0].losses[10:]).all()
+    alone = _losses(_unit("kla", seeds=(1,)), True, STEPS)[0]
+    torch.testing.assert_close(members[1].losses.cpu(), alone, rtol=2e-3, atol=2e-3)
+
+
 def test_device_data_equals_cpu_data():
     a5 = make_task("a5", length=12)
     on_gpu, on_cpu = (FreshStream(a5, 32, 3, 1, 100, device) for device in (CUDA, torch.device("cpu")))

@@ -333,12 +333,12 @@ def test_units_that_differ_only_in_task_lr_or_weight_decay_share_a_pack_key():
         run_units([unit, dataclasses.replace(unit, d_model=32)], torch.device("cpu"), Execution())
 
 
-def test_a5_units_pack_only_with_a_state_folder(tmp_path):
+def test_a5_units_pack_with_or_without_a_state_folder(tmp_path):
     plan = _tiny_plan(families=["a5"], units_per_process=2)
     plan.a5.stages[0].lengths = [3, 4]
     assert [u.task["length"] for u in _block(tmp_path, plan)._claim()] == [3, 4]
     no_state = GridBlock(plan, Results(tmp_path, plan.families), None, "cpu", 0, True, None, "abc")
-    assert len(no_state._claim()) == 1  # the others could not pause when one cell is solved
+    assert len(no_state._claim()) == 2  # when one cell is solved the other trains on: no state needed
     unit = dataclasses.replace(plan_units(plan)[0], seeds=[0, 1])
     params = sum(p.numel() for p in build_member(unit, 0, torch.device("cpu"), None).module.parameters())
     one = state_mib(unit)

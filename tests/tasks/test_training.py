@@ -331,9 +331,24 @@ def test_member_moves_its_module_and_reads_the_settings():
         Member(module, [], TrainSettings(lr=1e-3, min_lr=1e-2), CPU, seed=0)
 
 
-def test_a_pack_of_a5_cells_ends_the_solved_one_and_pauses_the_others(tmp_path):
+def test_a_group_keeps_stepping_the_members_it_keeps():
+    """`GroupTrainer.keep`: after it, only the members kept advance, with the losses they would have alone."""
+    unit = _unit(steps=12, seeds=(0, 1))
+    members = [build_member(unit, seed, CPU, None) for seed in (0, 1)]
+    trainer = GroupTrainer(members, CPU)
+    trainer.advance(4)
+    trainer.keep(members[1:])
+    trainer.advance(8)
+    assert [m.step.item() for m in members] == [4, 12] and torch.isnan(members[0].losses[4:]).all()
+    alone = GroupTrainer([build_member(unit, 1, CPU, None)], CPU)
+    alone.advance(12)
+    assert torch.equal(members[1].losses, alone.members[0].losses)
+
+
+def test_a_pack_of_a5_cells_ends_the_solved_one_and_trains_the_other_on(tmp_path):
     """Lengths 3 and 5 side by side: at the evaluation where one cell's seed reaches the threshold that cell ends
-    and the other pauses; resumed, it finishes as it would have alone (the same rows as two units run alone)."""
+    and the other trains on in the same process, giving the same rows as two units run alone; with a deadline,
+    the other pauses and resumes to the same rows."""
     cells = [dataclasses.replace(_unit(steps=20, seeds=(0, 1)), task={"name": "a5", "length": n}) for n in (3, 5)]
     first_eval = [[log[0][2] for log in (r["evals"] for r in run_unit(c, CPU, Execution()).rows)] for c in cells]
     best = [max(accs) for accs in first_eval]  # each cell's best seed at step 10, no stop rule
@@ -341,19 +356,23 @@ def test_a_pack_of_a5_cells_ends_the_solved_one_and_pauses_the_others(tmp_path):
     stop = {"metric": "token_acc", "threshold": (best[0] + best[1]) / 2}
     cells = [dataclasses.replace(c, stop=stop) for c in cells]
     alone = [row for c in cells for row in run_unit(c, CPU, Execution()).rows]
-    with pytest.raises(ValueError, match="needs a state folder"):
-        run_units(cells, CPU, Execution())
-    packed = run_units(cells, CPU, Execution(), state=tmp_path)
     solved = 0 if best[0] > best[1] else 1
-    assert {r["task"]["length"] for r in packed.rows} == {cells[solved].task["length"]}
-    assert packed.rate["ended"] == "threshold" and packed.rate["units"] == 2 and packed.rate["members"] == 4
+    assert [r["ended"] for r in alone if r["task"] == cells[solved].task] == ["threshold"] * 2
+    assert [r["steps"] for r in alone if r["task"] == cells[solved].task] == [10] * 2
+    packed = run_units(cells, CPU, Execution())
+    assert packed.rate["units"] == 2 and packed.rate["members"] == 4 and packed.rate["steps"] == 20
+    assert packed.rate["ended"] == ("threshold" if all(r["ended"] == "threshold" for r in alone) else "steps")
     tokens = [c.tokens_per_step() for c in cells]  # lengths 3 and 5: the rate records a member's mean
     assert tokens[0] != tokens[1] and packed.rate["tokens_per_step"] == round((tokens[0] + tokens[1]) / 2)
-    (name,) = saved_states(tmp_path)
-    assert name == state_name(cells[1 - solved])
-    packed.rows += run_units([cells[1 - solved]], CPU, Execution(), state=tmp_path).rows
     key = ("task", "seed", "token_acc", "seq_acc", "final_loss", "evals", "steps", "ended")
-    assert sorted((r["task"]["length"], [r[k] for k in key]) for r in packed.rows) == sorted(
-        (r["task"]["length"], [r[k] for k in key]) for r in alone
-    )
+
+    def same(rows):
+        return sorted((r["task"]["length"], [r[k] for k in key]) for r in rows)
+
+    assert same(packed.rows) == same(alone)
+    paused = run_units(cells, CPU, Execution(), deadline=time.time() + 1e-3, state=tmp_path)  # past at step 10
+    assert paused.rate["ended"] == "paused" and {r["task"]["length"] for r in paused.rows} == {(3, 5)[solved]}
+    assert list(saved_states(tmp_path)) == [state_name(cells[1 - solved])]
+    resumed = run_units([cells[1 - solved]], CPU, Execution(), state=tmp_path)
+    assert same(paused.rows + resumed.rows) == same(alone)
     assert saved_states(tmp_path) == {}

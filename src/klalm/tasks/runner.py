@@ -226,8 +226,8 @@ class GridBlock:
 
     def _pack_mates(self, first: Unit, state: str, states: list[tuple[Unit, str]]) -> list[Unit]:
         """Units (with their free seeds) that can share `first`'s process."""
-        if self.plan.units_per_process == 1 or (first.stop is not None and self.state is None):
-            return []  # (a unit that stops early makes the others pause: they need a state folder)
+        if self.plan.units_per_process == 1:
+            return []
         key, step = pack_key(first), self.steps_left(first)
         tokens, mib = len(first.seeds) * first.tokens_per_step(), state_mib(first)
         max_mib = math.inf if self.plan.max_state_mib is None else self.plan.max_state_mib
@@ -330,16 +330,16 @@ class GridBlock:
 def _summary(outcome: UnitOutcome) -> str:
     if not outcome.rows:
         return f"paused at step {outcome.rate['steps']} ({outcome.rate['step_s'] * 1e3:.2f} ms/step), state saved"
-    packed = outcome.rate.get("units", 1) > 1  # name each row's cell
+    packed = outcome.rate.get("units", 1) > 1  # name each row's cell and where it ended
     accs = " ".join(
-        (f"{_cell_label(r)}:" if packed else "") + f"s{r['seed']}={r['token_acc']:.3f}/{r['seq_acc']:.3f}"
+        (f"{_cell_label(r)} ({r['steps']} steps, {r['ended']}):" if packed else "")
+        + f"s{r['seed']}={r['token_acc']:.3f}/{r['seq_acc']:.3f}"
         for r in outcome.rows
     )
-    row = outcome.rows[0]
     ended = len({json.dumps(r["task"], sort_keys=True) + json.dumps(r["train"], sort_keys=True) for r in outcome.rows})
     paused = outcome.rate.get("units", 1) - ended
     others = f"; {paused} unit(s) of the pack paused there, state saved" if paused else ""
-    return f"{row['steps']} steps ({row['ended']}), token/seq acc {accs}{others}"
+    return f"{outcome.rate['steps']} steps ({outcome.rate['ended']}), token/seq acc {accs}{others}"
 
 
 def _cell_label(row: dict) -> str:

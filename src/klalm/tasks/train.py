@@ -239,6 +239,20 @@ class GroupTrainer:
         with torch.cuda.graph(self.graph):
             self._step_all()  # recorded, not run: the counters stay where the warm-up left them
 
+    def keep(self, members: list[Member]) -> None:
+        """Step only `members` (some of the current ones) from now on: when a pack's cell is solved, the others
+        train on in the same process. A captured step is captured again over the members kept (they are already
+        warm); the members let go keep the state they reached."""
+        kept = [i for i, member in enumerate(self.members) if any(member is m for m in members)]
+        self.members = [self.members[i] for i in kept]
+        if self.member_streams is not None:
+            self.member_streams = [self.member_streams[i] for i in kept]
+        if self.graph is not None:
+            self.graph.reset()
+            self.graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(self.graph):
+                self._step_all()
+
     def advance(self, steps: int) -> None:
         """Run `steps` more steps of every member (asynchronously on CUDA)."""
         if self.steps_done + steps > self.members[0].settings.steps:
@@ -295,8 +309,8 @@ def evaluate(module: nn.Module, inputs: Tensor, labels: Tensor, batch_size: int,
 
 @dataclasses.dataclass
 class StopRule:
-    """Stop at the first evaluation where any member's `metric` reaches `threshold` (the members of its cell: see
-    `train_group`'s `cells`)."""
+    """A cell is solved at the first evaluation where one of its members' `metric` reaches `threshold` (the members
+    of a cell: see `train_group`'s `cells`)."""
 
     metric: str  # "token_acc" or "seq_acc"
     threshold: float
@@ -306,10 +320,11 @@ class StopRule:
 class GroupResult:
     """What `train_group` did.
 
-    ended: "steps" (all planned steps), "threshold" (a member reached the stop rule) or "paused" (the next stretch
-    of steps would have ended after the deadline; the members hold the state to resume from). evals[i] lists member i's
-    evaluations as {"step", "loss" (mean since the previous evaluation), **evaluate()}. solved: with "threshold",
-    the cells whose member reached it (the others stopped with them, where they could resume from).
+    ended: "steps" (the members still training reached their planned steps), "threshold" (every cell was solved)
+    or "paused" (the next stretch of steps would have ended after the deadline; the members still training hold the
+    state to resume from). steps: the step the last members reached. evals[i] lists member i's evaluations as
+    {"step", "loss" (mean since the previous evaluation), **evaluate()}. final_loss[i]: member i's mean loss over
+    its last FINAL_LOSS_STEPS steps. solved: cell -> the step at which it was solved (its members stopped there).
     """
 
     ended: str
@@ -318,8 +333,8 @@ class GroupResult:
     final_loss: list[float]
     setup_s: float
     train_s: float
-    step_s: float  # seconds per step (of the group) in the timed loop, evaluations included
-    solved: list[int] = dataclasses.field(default_factory=list)
+    step_s: float  # seconds per step with every member training (evaluations included): before the first solve
+    solved: dict[int, int] = dataclasses.field(default_factory=dict)
 
 
 def train_group(
@@ -333,16 +348,17 @@ def train_group(
     cells: list[int] | None = None,
 ) -> GroupResult:
     """Train every member of `trainer` to its planned steps, evaluating on `test` every `eval_every` steps and at
-    the end; stop early by `stop`; pause when the next stretch of steps (up to the next evaluation, at most
-    CHECK_EVERY steps), at the measured rate, would end after `deadline` (a time.time() value).
+    the end; stop a cell's members early by `stop`, the others training on; pause when the next stretch of steps
+    (up to the next evaluation, at most CHECK_EVERY steps), at the measured rate, would end after `deadline` (a
+    time.time() value).
 
     Args:
         test: the held-out split, or one per cell.
         evals: the evaluations so far of members resumed from a paused run (GroupResult.evals); None for a new run.
-        cells: the cell of each member (default: all one cell). The stop rule looks at each cell's members: the
-            group stops when some cell's member reaches it, and `solved` names those cells.
+        cells: the cell of each member (default: all one cell). When a member reaches the stop rule, every member
+            of its cell stops there; the group ends when no cell is left.
     """
-    members, total = trainer.members, trainer.members[0].settings.steps
+    members, total = list(trainer.members), trainer.members[0].settings.steps
     cells = [0] * len(members) if cells is None else cells
     tests = test if isinstance(test, list) else [test] * (max(cells) + 1)
     started = time.perf_counter()
@@ -351,6 +367,8 @@ def train_group(
     loop_start, loop_first = time.perf_counter(), trainer.steps_done
     setup_s = loop_start - started
     evals = [list(log) for log in evals] if evals is not None else [[] for _ in members]
+    final_loss: list[float] = [float("nan")] * len(members)
+    active, solved, before_solve = list(range(len(members))), {}, None
     ended, eval_s = "steps", 0.0
     last_eval = evals[0][-1]["step"] if evals[0] else 0
     while True:
@@ -360,15 +378,22 @@ def train_group(
         step = trainer.steps_done
         if step == due:
             eval_start = time.perf_counter()
-            for member, log, cell in zip(members, evals, cells, strict=True):
-                loss = float(member.losses[last_eval:step].mean())
-                log.append({"step": step, "loss": loss, **_evaluate_member(member, tests[cell])})
+            for i in active:
+                loss = float(members[i].losses[last_eval:step].mean())
+                evals[i].append({"step": step, "loss": loss, **_evaluate_member(members[i], tests[cells[i]])})
             eval_s, last_eval = time.perf_counter() - eval_start, step
-            if stop is not None:
-                solved = sorted({c for log, c in zip(evals, cells) if log[-1][stop.metric] >= stop.threshold})
-                if solved:
+            reached = {cells[i] for i in active if stop is not None and evals[i][-1][stop.metric] >= stop.threshold}
+            if reached:
+                before_solve = before_solve or (time.perf_counter() - loop_start, step - loop_first)
+                solved.update(dict.fromkeys(sorted(reached), step))
+                for i in active:
+                    if cells[i] in reached:
+                        final_loss[i] = _final_loss(members[i], step)
+                active = [i for i in active if cells[i] not in reached]
+                if not active:
                     ended = "threshold"
                     break
+                trainer.keep([members[i] for i in active])
         if step == total:
             break
         per_step = (time.perf_counter() - loop_start) / (step - loop_first)
@@ -380,10 +405,15 @@ def train_group(
             break
     train_s = time.perf_counter() - loop_start
     step = trainer.steps_done
-    tail = slice(max(0, step - FINAL_LOSS_STEPS), step)
-    final_loss = [float(m.losses[tail].mean()) for m in members]
-    step_s = train_s / max(step - loop_first, 1)
-    return GroupResult(ended, step, evals, final_loss, setup_s, train_s, step_s, solved if ended == "threshold" else [])
+    for i in active:
+        final_loss[i] = _final_loss(members[i], step)
+    full_s, full_steps = before_solve or (train_s, step - loop_first)
+    return GroupResult(ended, step, evals, final_loss, setup_s, train_s, full_s / max(full_steps, 1), solved)
+
+
+def _final_loss(member: Member, step: int) -> float:
+    """The mean loss of the FINAL_LOSS_STEPS steps before `step`."""
+    return float(member.losses[max(0, step - FINAL_LOSS_STEPS) : step].mean())
 
 
 def _next_evaluation(step: int, total: int, eval_every: int | None) -> int:

@@ -307,14 +307,13 @@ def run_units(units: list[Unit], device: torch.device, execution: Execution, dea
               state: Path | None = None) -> UnitOutcome:  # fmt: skip
     """`run_unit` for a pack: units of one `pack_key`, all their seeds side by side in one group (one CUDA graph),
     each unit with its own data, all fresh or all paused at the same step. When the seeds of one unit reach its stop
-    rule, that unit ends and the others pause there (the runner resumes them as a pack). The outcome holds the rows
-    of every unit that ended and one rate for the pack (`members`: seeds of all its units; `units`: how many)."""
+    rule, that unit ends there and the others train on in the same process (`train.train_group`). The outcome holds
+    the rows of every unit that ended and one rate for the pack (`members`: seeds of all its units; `units`: how
+    many; `step_s`: with all of them training)."""
     if deadline is not None and state is None:
         raise ValueError("a unit with a deadline needs a state folder to pause into")
     if len({pack_key(u) for u in units}) != 1:
         raise ValueError(f"these units cannot share a process: {[u.label() for u in units]}")
-    if len(units) > 1 and units[0].stop is not None and state is None:
-        raise ValueError("a pack of units that stop early needs a state folder (the others pause when one stops)")
     started = time.perf_counter()
     if device.type != "cuda":  # compiling pays for the launch-bound captured step only (docs/synthetic.md)
         execution = dataclasses.replace(execution, compile_backend=None)
@@ -343,7 +342,7 @@ def run_units(units: list[Unit], device: torch.device, execution: Execution, dea
     wall_s = time.perf_counter() - started
     common = run_record(device, trainer.graph is not None, len(members), execution, dict(sorted(used.items())))
     rate = rate_record(units[0], common, result.step_s, result.train_s, wall_s - result.train_s, result.ended)
-    rate["steps"] = result.steps  # the units' step count after this run
+    rate["steps"] = result.steps  # the step count of the units that trained longest in this run
     rate["units"] = len(units)
     rate["tokens_per_step"] = pack_tokens(units)
     rows, first = [], 0
@@ -352,8 +351,13 @@ def run_units(units: list[Unit], device: torch.device, execution: Execution, dea
         first = part.stop
         unit_spent = {"train_s": unit_spent["train_s"] + result.train_s, "wall_s": unit_spent["wall_s"] + wall_s,
                       "blocks": unit_spent["blocks"] + 1}  # fmt: skip
-        unit_result = dataclasses.replace(result, evals=result.evals[part], final_loss=result.final_loss[part])
-        if result.ended == "paused" or (result.ended == "threshold" and index not in result.solved):
+        solved_at = result.solved.get(index)
+        unit_result = dataclasses.replace(
+            result, evals=result.evals[part], final_loss=result.final_loss[part],
+            steps=result.steps if solved_at is None else solved_at,
+            ended=result.ended if solved_at is None else "threshold",
+        )  # fmt: skip
+        if unit_result.ended == "paused":
             _save_state(state, unit, group, unit_result.evals, unit_spent)
             continue
         if unit_state is not None:
