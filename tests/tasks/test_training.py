@@ -270,6 +270,10 @@ def test_run_unit_rows_and_rate():
     assert row["run"]["compile_backend"] is None and outcome.rate["compile_backend"] is None  # the CPU runs eager
     assert row["run"]["backends"] == {"gated_delta_rule cpu float32": "torch"}  # which path ran
     assert outcome.rate["tokens_per_step"] == 8 * 4 + 4 * 2 and outcome.rate["step_s"] > 0
+    phases = outcome.rate["phases_s"]
+    assert list(phases) == ["build", "load", "setup", "finish"] and all(t >= 0 for t in phases.values())
+    before_training = phases["build"] + phases["load"] + phases["setup"]  # (rounded to 0.01 s each)
+    assert before_training <= outcome.rate["overhead_s"] + 0.05  # run_unit's own; the runner's adds the rest
     assert unit.key(0) != unit.key(2)
     assert run_unit(_unit("kla"), CPU, Execution()).rows[0]["mixers"] == {"kla": {"block": "mamba", "d_state": 16}}
     blocks = {"mixer_options": {"kla": {"block": "plain"}}}

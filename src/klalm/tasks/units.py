@@ -323,6 +323,7 @@ def run_units(units: list[Unit], device: torch.device, execution: Execution, dea
         tests.append(_split(splits, task, unit.num_test, "test", device))
         split = None if unit.num_train is None else _split(splits, task, unit.num_train, "train", device)
         groups.append([build_member(unit, seed, device, split, execution.compile_backend) for seed in unit.seeds])
+    built = time.perf_counter()
     saved = [None if state is None else _load_state(state, unit, device) for unit in units]
     if len({None if s is None else int(s["members"][0]["step"]) for s in saved}) > 1:
         raise ValueError(f"the units of a pack must all start at the same step: {[u.label() for u in units]}")
@@ -331,6 +332,7 @@ def run_units(units: list[Unit], device: torch.device, execution: Execution, dea
         if unit_state is not None:
             for member, member_state in zip(members, unit_state["members"], strict=True):
                 member.load_state_dict(member_state)
+    loaded = time.perf_counter()
     members = [member for group in groups for member in group]
     cells = [i for i, group in enumerate(groups) for _ in group]
     trainer = GroupTrainer(members, device)
@@ -364,6 +366,11 @@ def run_units(units: list[Unit], device: torch.device, execution: Execution, dea
             remove_state(state, state_name(unit))
         params = sum(p.numel() for p in group[0].module.parameters())
         rows += [_row(unit, member, unit_result, i, params, common, unit_spent) for i, member in enumerate(group)]
+    # where the time outside the training loop went in this process (the runner's overhead_s adds the process's
+    # start and imports): the splits and models, the paused states, the warm-up and capture (compilation
+    # included), the rows and the states saved
+    phases = (built - started, loaded - built, result.setup_s, time.perf_counter() - started - wall_s)
+    rate["phases_s"] = dict(zip(("build", "load", "setup", "finish"), (round(x, 2) for x in phases), strict=True))
     return UnitOutcome(rows, rate)
 
 
