@@ -1,11 +1,11 @@
 # GPU call of 2026-12-01 (eighth session): `bench_scan.py --dtypes` (or the table BENCH names) on main, then with each candidate patch of
-# results/cpu_2026-12-01g, _h or _i (found by name) applied (a name "a+b" applies both; reverted after its run), then,
+# results/cpu_2026-12-01g, _h, _i or cpu_2026-12-02* (found by name) applied (a name "a+b" applies both; reverted after its run), then,
 # while time is left, the kernel GPU tests with the patches of TEST (same "a+b" form) applied. Run from the
 # repository root.
 source scripts/device_setup.sh || exit 1
 start=$SECONDS
 limit=${LIMIT:-600}
-patch_path() { ls results/cpu_2026-12-01[ghi]/*/"$1".patch 2>/dev/null | head -1; }  # a candidate by name
+patch_path() { ls results/cpu_2026-12-01[ghi]/*/"$1".patch results/cpu_2026-12-02*/*/"$1".patch 2>/dev/null | head -1; }  # a candidate by name
 patches() { local p=(); IFS=+ read -ra names <<< "$1"; for n in "${names[@]}"; do p+=("$(patch_path "$n")"); done; echo "${p[@]}"; }
 left() { echo $(( limit - (SECONDS - start) )); }
 bench=${BENCH:---dtypes}  # the bench_scan.py table to take (--segments times the time-parallel split)
