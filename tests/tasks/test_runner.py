@@ -286,7 +286,8 @@ def test_paused_units_leave_progress_rows_once(tmp_path, capsys):
         main(["evaluate", "--state", str(tmp_path / "nowhere")])
 
 
-def test_a_finish_only_block_starts_only_what_ends_before_the_deadline(tmp_path):
+def test_a_finish_only_block_starts_only_what_ends_before_the_deadline(tmp_path, monkeypatch):
+    monkeypatch.setattr(runner.time, "time", lambda: 1e9)  # a frozen clock: the margins below are a few seconds
     plan = _tiny_plan(families=["a5"], estimate=Estimate(tokens_per_s={"gpt": 1.0}, overhead_s=1.0, safety=1.0))
     budget = MARGIN_S + MIN_TRAIN_S + 5.0
     unit = _block(tmp_path, plan).units[0]
