@@ -393,7 +393,8 @@ def train_group(
                 if not active:
                     ended = "threshold"
                     break
-                trainer.keep([members[i] for i in active])
+                if step < total:
+                    trainer.keep([members[i] for i in active])
         if step == total:
             break
         per_step = (time.perf_counter() - loop_start) / (step - loop_first)
