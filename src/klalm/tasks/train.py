@@ -235,9 +235,13 @@ class GroupTrainer:
                 self._step_all()
         torch.cuda.current_stream(self.device).wait_stream(side)
         self.steps_done += WARMUP_STEPS
+        self._capture()
+
+    def _capture(self) -> None:
+        """Capture one step of every member as the graph that `advance` replays."""
         self.graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(self.graph):
-            self._step_all()  # recorded, not run: the counters stay where the warm-up left them
+            self._step_all()  # recorded, not run: the counters stay where they are
 
     def keep(self, members: list[Member]) -> None:
         """Step only `members` (some of the current ones) from now on: when a pack's cell is solved, the others
@@ -249,9 +253,7 @@ class GroupTrainer:
             self.member_streams = [self.member_streams[i] for i in kept]
         if self.graph is not None:
             self.graph.reset()
-            self.graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(self.graph):
-                self._step_all()
+            self._capture()
 
     def advance(self, steps: int) -> None:
         """Run `steps` more steps of every member (asynchronously on CUDA)."""
