@@ -116,13 +116,77 @@ def _precision_and_slope_once(b_x, floor):
 
 
 @triton.jit
+def _step_inputs(p_v, p_lv, p_k, t, m0, m_end, s_end, M, S, floor, BM: tl.constexpr, S_PAD: tl.constexpr,
+                 LOGVAR: tl.constexpr, V_FMT: tl.constexpr, LV_FMT: tl.constexpr, K_FMT: tl.constexpr):  # fmt: skip
+    """φ_t = Λ·k² and r_t = v·Λ·k of step t, [S_PAD, BM] each: what the filter step needs besides the state."""
+    b_v = load_row(row_start(p_v, t, M, V_FMT), m0, m_end, BM, V_FMT)
+    b_lv = load_row(row_start(p_lv, t, M, LV_FMT), m0, m_end, BM, LV_FMT)
+    b_k = load_row(row_start(p_k, t, S, K_FMT), 0, s_end, S_PAD, K_FMT)
+    if LOGVAR:
+        b_lv = _precision_once(b_lv, floor)
+    return b_lv[None, :] * (b_k * b_k)[:, None], (b_v * b_lv)[None, :] * b_k[:, None]
+
+
+@triton.jit
+def _reverse_step(
+    t, b_Pm, b_mum, b_P, b_mu, b_gmu, b_gP, b_ga, b_ga2, b_gp, b_a, b_a2, b_p,
+    p_v, p_lv, p_k, p_q, p_gy, p_gyv, p_dv, p_dlv, p_dk, p_dq, o_m, o_s, m_m, m_s, m0, m_end, s_end, M, S, floor,
+    BM: tl.constexpr, S_PAD: tl.constexpr, PRIOR: tl.constexpr, HAS_GYV: tl.constexpr, FAST_RCP: tl.constexpr,
+    LOGVAR: tl.constexpr, V_FMT: tl.constexpr, LV_FMT: tl.constexpr, K_FMT: tl.constexpr, Q_FMT: tl.constexpr,
+    GY_FMT: tl.constexpr, GYV_FMT: tl.constexpr,
+):  # fmt: skip
+    """The adjoint recursion (module doc) through step t, from the states before (b_Pm, b_mum) and after (b_P, b_mu)
+    it: stores the step's dv, dΛ rows and dk, dq partial rows; returns (gμ, gP) of the state before the step and
+    the running sums ga, ga2, gp."""
+    b_v = load_row(row_start(p_v, t, M, V_FMT), m0, m_end, BM, V_FMT)
+    b_x = load_row(row_start(p_lv, t, M, LV_FMT), m0, m_end, BM, LV_FMT)
+    b_k = load_row(row_start(p_k, t, S, K_FMT), 0, s_end, S_PAD, K_FMT)
+    b_q = load_row(row_start(p_q, t, S, Q_FMT), 0, s_end, S_PAD, Q_FMT)
+    b_lv = b_x
+    b_slope = b_x  # dΛ/d log σ² (LOGVAR only)
+    if LOGVAR:
+        b_lv, b_slope = _precision_and_slope_once(b_x, floor)
+    b_gy = load_row(row_start(p_gy, t, M, GY_FMT), m0, m_end, BM, GY_FMT)
+    b_phi = b_lv[None, :] * (b_k * b_k)[:, None]  # [S_PAD, BM]
+    b_r = (b_v * b_lv)[None, :] * b_k[:, None]  # [S_PAD, BM]
+    b_Pp = b_a2 * b_Pm + b_p  # as _filter_step forms P'_t and i_t
+    b_i = rcp(1.0 + b_phi * b_Pp, FAST_RCP)
+    b_gmu, b_ga, b_dq = _mean_readout_adjoint(b_gmu, b_ga, b_mu, b_a, b_q, b_gy, PRIOR)
+    if HAS_GYV:  # y_var was used
+        b_gyv = load_row(row_start(p_gyv, t, M, GYV_FMT), m0, m_end, BM, GYV_FMT)
+        b_gP, b_ga2, b_gp, b_dq = _var_readout_adjoint(b_gP, b_ga2, b_gp, b_dq, b_P, b_a2, b_p, b_q, b_gyv, PRIOR)
+    b_gw = b_gmu * b_i
+    b_gN = -(b_gmu * b_mu + b_gP * b_P) * b_i
+    b_gPp = b_gP * b_i + b_gw * b_r + b_gN * b_phi
+    b_gphi = b_gN * b_Pp
+    b_gr = b_gw * b_Pp
+    b_ga += b_gw * b_mum
+    b_ga2 += b_Pm * b_gPp
+    b_gp += b_gPp
+    b_kgr = b_k[:, None] * b_gr  # [S_PAD, BM]
+    b_dv = b_lv * tl.sum(b_kgr, axis=0)  # [BM]
+    b_dlv = tl.sum(b_k[:, None] * b_k[:, None] * b_gphi + b_v[None, :] * b_kgr, axis=0)
+    if LOGVAR:  # d/d log σ²
+        b_dlv = b_dlv * b_slope
+    b_dk = tl.sum(b_lv[None, :] * (2.0 * b_k[:, None] * b_gphi + b_v[None, :] * b_gr), axis=1)  # [S_PAD]
+    # written once and read only by torch after the kernel: evict first, so the scratch keeps its L2 lines
+    b_dv, b_dlv = b_dv.to(p_dv.dtype.element_ty), b_dlv.to(p_dlv.dtype.element_ty)
+    store_reduced_row(p_dv + t * M, b_dv, o_m, o_s, m_m, S_PAD, BM, True)
+    store_reduced_row(p_dlv + t * M, b_dlv, o_m, o_s, m_m, S_PAD, BM, True)
+    tl.store(p_dk + t * S + o_s, b_dk, mask=m_s, eviction_policy="evict_first")
+    tl.store(p_dq + t * S + o_s, tl.sum(b_dq, axis=1), mask=m_s, eviction_policy="evict_first")
+    return b_a * b_gw, b_a2 * b_gPp, b_ga, b_ga2, b_gp
+
+
+@triton.jit
 def _kla_bwd_kernel(
     v_ptr, lam_v_ptr, k_ptr, q_ptr, a_ptr, p_ptr, lam0_ptr, eta0_ptr,
     ckpt_P_ptr, ckpt_mu_ptr, lam_out_ptr, eta_out_ptr, gy_ptr, gyv_ptr, glam_ptr, geta_ptr,
     carry_ptr, dv_ptr, dlv_ptr, dk_ptr, dq_ptr, da_ptr, dp_ptr, dlam0_ptr, deta0_ptr, scr_P_ptr, scr_mu_ptr,
     L, M, S, n_chunks, seg_chunks, floor,
-    BM: tl.constexpr, S_PAD: tl.constexpr, CHUNK: tl.constexpr, NUM_STAGES: tl.constexpr, UNROLL: tl.constexpr,
-    HAS_INIT: tl.constexpr, PRIOR: tl.constexpr, HAS_GYV: tl.constexpr, HAS_GSTATE: tl.constexpr,
+    BM: tl.constexpr, S_PAD: tl.constexpr, CHUNK: tl.constexpr, NUM_STAGES: tl.constexpr,
+    PAIR_UNROLL: tl.constexpr, HAS_INIT: tl.constexpr, PRIOR: tl.constexpr, HAS_GYV: tl.constexpr,
+    HAS_GSTATE: tl.constexpr,
     HAS_CARRY: tl.constexpr, FAST_RCP: tl.constexpr, LOGVAR: tl.constexpr, EVEN_S: tl.constexpr,
     EVEN_M: tl.constexpr,
     V_FMT: tl.constexpr, LV_FMT: tl.constexpr, K_FMT: tl.constexpr, Q_FMT: tl.constexpr, GY_FMT: tl.constexpr,
@@ -156,8 +220,8 @@ def _kla_bwd_kernel(
     i_prog = (i_b * n_mb + i_mb) * n_seg + i_seg
     # the per-step loads and stores index from this program's rows with int32 offsets (t·M, t·S, the scratch slot)
     # and masks that do not change with t: no 64-bit address arithmetic and no compares in the time loops
-    p_scr_P = scr_P_ptr + i_prog * CHUNK * S_PAD * BM
-    p_scr_mu = scr_mu_ptr + i_prog * CHUNK * S_PAD * BM
+    p_scr_P = scr_P_ptr + i_prog * ((CHUNK + 1) // 2) * S_PAD * BM
+    p_scr_mu = scr_mu_ptr + i_prog * ((CHUNK + 1) // 2) * S_PAD * BM
     o_scr = o_s[:, None] * BM + tl.arange(0, BM)[None, :]  # [S_PAD, BM] into one [S_PAD, BM] slot
     p_v, p_lv = row_start(v_ptr, i_b * L, M, V_FMT), row_start(lam_v_ptr, i_b * L, M, LV_FMT)
     p_k, p_q = row_start(k_ptr, i_b * L, S, K_FMT), row_start(q_ptr, i_b * L, S, Q_FMT)
@@ -183,70 +247,55 @@ def _kla_bwd_kernel(
         t1 = t0 + CHUNK
         if t1 > L:
             t1 = L
+        n_pairs = (t1 - t0) // 2
         b_P = tl.load(ckpt_P_ptr + o_ckpt + (t0 // CHUNK) * S * M, mask=m_sm, other=1.0)
         b_mu = tl.load(ckpt_mu_ptr + o_ckpt + (t0 // CHUNK) * S * M, mask=m_sm, other=0.0)
-        for t in tl.range(t0, t1, num_stages=NUM_STAGES, loop_unroll_factor=UNROLL):  # recompute the chunk's states
-            tl.store(p_scr_P + (t - t0) * S_PAD * BM + o_scr, b_P, eviction_policy="evict_last")
-            tl.store(p_scr_mu + (t - t0) * S_PAD * BM + o_scr, b_mu, eviction_policy="evict_last")
-            b_v = load_row(row_start(p_v, t, M, V_FMT), m0, m_end, BM, V_FMT)
-            b_lv = load_row(row_start(p_lv, t, M, LV_FMT), m0, m_end, BM, LV_FMT)
-            b_k = load_row(row_start(p_k, t, S, K_FMT), 0, s_end, S_PAD, K_FMT)
-            if LOGVAR:
-                b_lv = _precision_once(b_lv, floor)
-            b_phi = b_lv[None, :] * (b_k * b_k)[:, None]
-            b_r = (b_v * b_lv)[None, :] * b_k[:, None]
+        # recompute the chunk's states, keeping the state before every even step t0 + 2j in scratch slot j
+        for j in tl.range(0, n_pairs, num_stages=NUM_STAGES, loop_unroll_factor=PAIR_UNROLL):
+            tl.store(p_scr_P + j * S_PAD * BM + o_scr, b_P, eviction_policy="evict_last")
+            tl.store(p_scr_mu + j * S_PAD * BM + o_scr, b_mu, eviction_policy="evict_last")
+            for t in tl.static_range(2):
+                b_phi, b_r = _step_inputs(p_v, p_lv, p_k, t0 + 2 * j + t, m0, m_end, s_end, M, S, floor, BM, S_PAD,
+                                          LOGVAR, V_FMT, LV_FMT, K_FMT)  # fmt: skip
+                b_P, b_mu, _, _ = _filter_step(b_P, b_mu, b_a, b_a2, b_p, b_phi, b_r, FAST_RCP)
+        if (t1 - t0) % 2 == 1:  # a chunk of odd length (the sequence's last): its last step
+            tl.store(p_scr_P + n_pairs * S_PAD * BM + o_scr, b_P, eviction_policy="evict_last")
+            tl.store(p_scr_mu + n_pairs * S_PAD * BM + o_scr, b_mu, eviction_policy="evict_last")
+            b_phi, b_r = _step_inputs(p_v, p_lv, p_k, t1 - 1, m0, m_end, s_end, M, S, floor, BM, S_PAD, LOGVAR,
+                                      V_FMT, LV_FMT, K_FMT)  # fmt: skip
             b_P, b_mu, _, _ = _filter_step(b_P, b_mu, b_a, b_a2, b_p, b_phi, b_r, FAST_RCP)
         tl.debug_barrier()
         # b_P, b_mu now hold the state after the chunk's last step; walking back, the state after step t is the
-        # one loaded before step t + 1 (the value recomputing it gives), so only P'_t and i_t are recomputed
-        for j in tl.range(
-            0, t1 - t0, num_stages=NUM_STAGES, loop_unroll_factor=UNROLL
-        ):  # reverse adjoint over the chunk
-            t = t1 - 1 - j
-            b_Pm = tl.load(p_scr_P + (t - t0) * S_PAD * BM + o_scr, eviction_policy="evict_last")
-            b_mum = tl.load(p_scr_mu + (t - t0) * S_PAD * BM + o_scr, eviction_policy="evict_last")
-            b_v = load_row(row_start(p_v, t, M, V_FMT), m0, m_end, BM, V_FMT)
-            b_x = load_row(row_start(p_lv, t, M, LV_FMT), m0, m_end, BM, LV_FMT)
-            b_k = load_row(row_start(p_k, t, S, K_FMT), 0, s_end, S_PAD, K_FMT)
-            b_q = load_row(row_start(p_q, t, S, Q_FMT), 0, s_end, S_PAD, Q_FMT)
-            b_lv = b_x
-            b_slope = b_x  # dΛ/d log σ² (LOGVAR only)
-            if LOGVAR:
-                b_lv, b_slope = _precision_and_slope_once(b_x, floor)
-            b_gy = load_row(row_start(p_gy, t, M, GY_FMT), m0, m_end, BM, GY_FMT)
-            b_phi = b_lv[None, :] * (b_k * b_k)[:, None]  # [S_PAD, BM]
-            b_r = (b_v * b_lv)[None, :] * b_k[:, None]  # [S_PAD, BM]
-            b_Pp = b_a2 * b_Pm + b_p  # as _filter_step forms P'_t and i_t
-            b_i = rcp(1.0 + b_phi * b_Pp, FAST_RCP)
-            b_gmu, b_ga, b_dq = _mean_readout_adjoint(b_gmu, b_ga, b_mu, b_a, b_q, b_gy, PRIOR)
-            if HAS_GYV:  # y_var was used
-                b_gyv = load_row(row_start(p_gyv, t, M, GYV_FMT), m0, m_end, BM, GYV_FMT)
-                b_gP, b_ga2, b_gp, b_dq = _var_readout_adjoint(
-                    b_gP, b_ga2, b_gp, b_dq, b_P, b_a2, b_p, b_q, b_gyv, PRIOR
-                )
-            b_gw = b_gmu * b_i
-            b_gN = -(b_gmu * b_mu + b_gP * b_P) * b_i
-            b_gPp = b_gP * b_i + b_gw * b_r + b_gN * b_phi
-            b_gphi = b_gN * b_Pp
-            b_gr = b_gw * b_Pp
-            b_ga += b_gw * b_mum
-            b_ga2 += b_Pm * b_gPp
-            b_gp += b_gPp
-            b_gmu = b_a * b_gw
-            b_gP = b_a2 * b_gPp
-            b_kgr = b_k[:, None] * b_gr  # [S_PAD, BM]
-            b_dv = b_lv * tl.sum(b_kgr, axis=0)  # [BM]
-            b_dlv = tl.sum(b_k[:, None] * b_k[:, None] * b_gphi + b_v[None, :] * b_kgr, axis=0)
-            if LOGVAR:  # d/d log σ²
-                b_dlv = b_dlv * b_slope
-            b_dk = tl.sum(b_lv[None, :] * (2.0 * b_k[:, None] * b_gphi + b_v[None, :] * b_gr), axis=1)  # [S_PAD]
-            # written once and read only by torch after the kernel: evict first, so the scratch keeps its L2 lines
-            b_dv, b_dlv = b_dv.to(dv_ptr.dtype.element_ty), b_dlv.to(dlv_ptr.dtype.element_ty)
-            store_reduced_row(p_dv + t * M, b_dv, o_m, o_s, m_m, S_PAD, BM, True)
-            store_reduced_row(p_dlv + t * M, b_dlv, o_m, o_s, m_m, S_PAD, BM, True)
-            tl.store(p_dk + t * S + o_s, b_dk, mask=m_s, eviction_policy="evict_first")
-            tl.store(p_dq + t * S + o_s, tl.sum(b_dq, axis=1), mask=m_s, eviction_policy="evict_first")
-            b_P, b_mu = b_Pm, b_mum  # the state after step t - 1
+        # one before step t + 1, and the state before an odd step is recomputed from the even one in scratch (the
+        # value the forward recomputation gave: the same operations); of each step only P'_t and i_t are recomputed
+        if (t1 - t0) % 2 == 1:
+            b_Pm = tl.load(p_scr_P + n_pairs * S_PAD * BM + o_scr, eviction_policy="evict_last")
+            b_mum = tl.load(p_scr_mu + n_pairs * S_PAD * BM + o_scr, eviction_policy="evict_last")
+            b_gmu, b_gP, b_ga, b_ga2, b_gp = _reverse_step(
+                t1 - 1, b_Pm, b_mum, b_P, b_mu, b_gmu, b_gP, b_ga, b_ga2, b_gp, b_a, b_a2, b_p,
+                p_v, p_lv, p_k, p_q, p_gy, p_gyv, p_dv, p_dlv, p_dk, p_dq, o_m, o_s, m_m, m_s, m0, m_end, s_end,
+                M, S, floor, BM, S_PAD, PRIOR, HAS_GYV, FAST_RCP, LOGVAR, V_FMT, LV_FMT, K_FMT, Q_FMT, GY_FMT, GYV_FMT,
+            )  # fmt: skip
+            b_P, b_mu = b_Pm, b_mum
+        for j in tl.range(0, n_pairs, num_stages=NUM_STAGES, loop_unroll_factor=PAIR_UNROLL):  # pairs, last first
+            i_pair = n_pairs - 1 - j
+            t = t0 + 2 * i_pair  # the pair's even step
+            b_Pe = tl.load(p_scr_P + i_pair * S_PAD * BM + o_scr, eviction_policy="evict_last")
+            b_mue = tl.load(p_scr_mu + i_pair * S_PAD * BM + o_scr, eviction_policy="evict_last")
+            b_phi, b_r = _step_inputs(p_v, p_lv, p_k, t, m0, m_end, s_end, M, S, floor, BM, S_PAD, LOGVAR,
+                                      V_FMT, LV_FMT, K_FMT)  # fmt: skip
+            b_Po, b_muo, _, _ = _filter_step(b_Pe, b_mue, b_a, b_a2, b_p, b_phi, b_r, FAST_RCP)  # before step t + 1
+            b_gmu, b_gP, b_ga, b_ga2, b_gp = _reverse_step(
+                t + 1, b_Po, b_muo, b_P, b_mu, b_gmu, b_gP, b_ga, b_ga2, b_gp, b_a, b_a2, b_p,
+                p_v, p_lv, p_k, p_q, p_gy, p_gyv, p_dv, p_dlv, p_dk, p_dq, o_m, o_s, m_m, m_s, m0, m_end, s_end,
+                M, S, floor, BM, S_PAD, PRIOR, HAS_GYV, FAST_RCP, LOGVAR, V_FMT, LV_FMT, K_FMT, Q_FMT, GY_FMT, GYV_FMT,
+            )  # fmt: skip
+            b_gmu, b_gP, b_ga, b_ga2, b_gp = _reverse_step(
+                t, b_Pe, b_mue, b_Po, b_muo, b_gmu, b_gP, b_ga, b_ga2, b_gp, b_a, b_a2, b_p,
+                p_v, p_lv, p_k, p_q, p_gy, p_gyv, p_dv, p_dlv, p_dk, p_dq, o_m, o_s, m_m, m_s, m0, m_end, s_end,
+                M, S, floor, BM, S_PAD, PRIOR, HAS_GYV, FAST_RCP, LOGVAR, V_FMT, LV_FMT, K_FMT, Q_FMT, GY_FMT, GYV_FMT,
+            )  # fmt: skip
+            b_P, b_mu = b_Pe, b_mue  # the state after step t - 1
         tl.debug_barrier()
     o_part_ms = (i_b * n_seg + i_seg) * M * S + o_m[None, :] * S + o_s[:, None]  # [S_PAD, BM] into [B, n_seg, M, S]
     tl.store(da_ptr + o_part_ms, b_ga + 2.0 * b_a * b_ga2, mask=m_sm)
@@ -436,7 +485,7 @@ def mobius_scan_bwd(
     dlam0 = deta0 = None
     if lam0 is not None:
         dlam0, deta0 = torch.empty(batch, channels, state_size, **f32), torch.empty(batch, channels, state_size, **f32)
-    scr_P = torch.empty(batch, n_mb, n_seg, config.chunk, s_pad, config.bwd_block_m, **f32)
+    scr_P = torch.empty(batch, n_mb, n_seg, (config.chunk + 1) // 2, s_pad, config.bwd_block_m, **f32)
     scr_mu = torch.empty_like(scr_P)
     has_gstate = glam is not None or geta is not None
     if has_gstate:
@@ -447,7 +496,7 @@ def mobius_scan_bwd(
     formats = dict(zip(("V_FMT", "LV_FMT", "K_FMT", "Q_FMT", "GY_FMT", "GYV_FMT"), formats))
     launch = dict(
         BM=config.bwd_block_m, S_PAD=s_pad, CHUNK=config.chunk, NUM_STAGES=config.bwd_num_stages,
-        UNROLL=config.bwd_unroll, PRIOR=decode_from_prior, HAS_GYV=gyv is not None, FAST_RCP=not interpreting(),
+        PRIOR=decode_from_prior, HAS_GYV=gyv is not None, FAST_RCP=not interpreting(),
         LOGVAR=precision_floor is not None, EVEN_S=state_size == s_pad, EVEN_M=channels % config.bwd_block_m == 0,
         **formats, num_warps=config.bwd_num_warps,
     )  # fmt: skip
@@ -460,7 +509,8 @@ def mobius_scan_bwd(
         *rows[:4], a_t, p_t, lam0, eta0, ckpt_P, ckpt_mu, lam, eta, *rows[4:], glam, geta,
         carry, dv, dlv, dk_part, dq_part, da_part, dp_part, dlam0, deta0, scr_P, scr_mu,
         length, channels, state_size, n_chunks, seg_chunks, precision_floor or 0.0,
-        HAS_INIT=lam0 is not None, HAS_GSTATE=has_gstate, HAS_CARRY=carry is not None, **launch,
+        HAS_INIT=lam0 is not None, HAS_GSTATE=has_gstate, HAS_CARRY=carry is not None,
+        PAIR_UNROLL=max(1, config.bwd_unroll // 2), **launch,  # bwd_unroll steps: pairs of steps per body
     )  # fmt: skip
     dk, dq = dk_part.sum(1).to(k.dtype), dq_part.sum(1).to(q.dtype)
     da, dp = da_part.sum((0, 1)).to(a.dtype), dp_part.sum((0, 1)).to(p.dtype)
