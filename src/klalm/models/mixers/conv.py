@@ -5,8 +5,9 @@ from __future__ import annotations
 import math
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
+
+from klalm.ops.common import compute_dtype
 
 
 class CausalConv1d(nn.Module):
@@ -29,12 +30,19 @@ class CausalConv1d(nn.Module):
         return torch.zeros(batch_size, self.weight.shape[0], self.kernel_size - 1, device=device, dtype=dtype)
 
     def forward(self, x: Tensor, window: Tensor | None = None) -> tuple[Tensor, Tensor]:
-        """x [B, L, M], window [B, M, kernel_size − 1] or None -> (y [B, L, M], new window)."""
-        x = x.transpose(1, 2)  # [B, M, L]
+        """x [B, L, M], window [B, M, kernel_size − 1] or None -> (y [B, L, M], new window).
+
+        y[:, t] = bias + Σ_j weight[:, 0, j] · padded[:, t + j]: K shifted multiply-adds in the [B, L, M] layout
+        (no transposes, so torch.compile fuses them into one elementwise kernel), in float32 (float64 stays
+        float64) and cast back to x's dtype once at the end.
+        """
+        length = x.shape[1]
         if window is None:
             window = self.init_window(x.shape[0], x.device, x.dtype)
-        padded = torch.cat([window.to(x.dtype), x], -1)  # [B, M, L + K − 1]
-        y = F.conv1d(
-            padded, self.weight.to(x.dtype), None if self.bias is None else self.bias.to(x.dtype), groups=x.shape[1]
-        )  # [B, M, L]
-        return y.transpose(1, 2), padded[:, :, padded.shape[-1] - (self.kernel_size - 1) :]
+        padded = torch.cat([window.transpose(1, 2).to(x.dtype), x], 1)  # [B, L + K − 1, M]
+        dtype = compute_dtype(x.dtype)
+        xc, w = padded.to(dtype), self.weight[:, 0].to(dtype)  # [B, L + K − 1, M], [M, K]
+        y = sum(xc[:, j : j + length] * w[:, j] for j in range(self.kernel_size))
+        if self.bias is not None:
+            y = y + self.bias.to(dtype)
+        return y.to(x.dtype), padded[:, length:].transpose(1, 2)
