@@ -4,6 +4,8 @@ import csv
 import json
 import logging
 import math
+import os
+import shutil
 
 import pytest
 import torch
@@ -141,6 +143,27 @@ def test_activation_checkpointing_wraps_every_block():
     module.configure_model()  # idempotent: Lightning calls it for fit and again for validate
     assert all(isinstance(layer, CheckpointWrapper) for layer in module.model.model.layers)
     assert not isinstance(module.model.model.layers[0]._checkpoint_wrapped_module, CheckpointWrapper)
+
+
+@pytest.mark.skipif(shutil.which(os.environ.get("CXX", "g++")) is None, reason="inductor on CPU needs a C++ compiler")
+def test_compile_also_compiles_the_loss_to_the_same_values():
+    """train.compile runs the loss through torch.compile (inductor): the same loss, count and logit gradient."""
+    from klalm.models import build_model
+    from klalm.models.loss import IGNORE_INDEX
+    from klalm.train.budget import derive_budget
+    from klalm.train.module import LMModule, lm_loss
+
+    budget = derive_budget(max_tokens=64, global_batch_tokens=32, micro_batch_size=2, seq_len=16, world_size=1)
+    module = LMModule(build_model("kla", preset="tiny", vocab_size=64), None, None, budget, compile=True)
+    assert module.lm_loss is not lm_loss
+    logits = torch.randn(2, 16, 64, generator=torch.Generator().manual_seed(0)).bfloat16().requires_grad_()
+    labels = torch.randint(0, 64, (2, 16), generator=torch.Generator().manual_seed(1))
+    labels[0, :5] = IGNORE_INDEX
+    (loss, count), (want_loss, want_count) = module.lm_loss(logits, labels), lm_loss(logits, labels)
+    (grad,), (want_grad,) = torch.autograd.grad(loss, logits), torch.autograd.grad(want_loss, logits)
+    assert loss.dtype == torch.float32 and int(count) == int(want_count) == 27
+    torch.testing.assert_close(loss, want_loss, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(grad, want_grad, rtol=1e-2, atol=1e-5)  # bf16 gradients: within one rounding
 
 
 # The offline corpus through klalm.data.TextDataModule: smoke settings shrunk to 4 steps of 2 × 32-token micro-batches.

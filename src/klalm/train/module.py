@@ -115,7 +115,8 @@ class LMModule(pl.LightningModule):
         grad_clip: max global L2 norm of the gradient; 0 disables clipping (the norm is still logged).
         max_bad_steps: consecutive non-finite steps tolerated before stopping with `NonFiniteLossError`.
         dynamics_lr_scale: lr multiplier of parameters marked `_no_weight_decay` (the KLA/SSM dynamics).
-        compile: compile the model in place with `torch.compile` (parameter names unchanged).
+        compile: compile the model in place with `torch.compile` (parameter names unchanged), and the loss
+            (`lm_loss`), so that its float32 cast, log-softmax and NLL fuse, forward and backward.
         activation_checkpointing: recompute each backbone block in the backward pass instead of storing its
             activations (non-reentrant `torch.utils.checkpoint`); saves memory, costs about one extra forward.
         meta: stored in every checkpoint under "klalm" (model config, vocab size) so `load_model` can rebuild it.
@@ -144,6 +145,7 @@ class LMModule(pl.LightningModule):
         self.budget, self.grad_clip, self.max_bad_steps = budget, grad_clip, max_bad_steps
         self.dynamics_lr_scale, self.compile_model, self.meta = dynamics_lr_scale, compile, meta or {}
         self.activation_checkpointing = activation_checkpointing
+        self.lm_loss = torch.compile(lm_loss) if compile else lm_loss
         self.param_classes = classify_parameters(model)  # before any wrapping hides the _no_weight_decay marks
         self.tokens_seen = 0
         self.bad_steps_total = 0
@@ -200,7 +202,7 @@ class LMModule(pl.LightningModule):
             batch, _, _ = next(dataloader_iter)
             batch = self.trainer.strategy.batch_to_device(batch)  # the dataloader_iter flavour leaves this to us
             with self._grad_sync(micro == self.budget.accumulate - 1):
-                loss, _ = lm_loss(self(batch["input_ids"]), batch["labels"])
+                loss, _ = self.lm_loss(self(batch["input_ids"]), batch["labels"])
                 self.manual_backward(loss / self.budget.accumulate)
             loss_sum += loss.detach()
         self.tokens_seen += self.budget.tokens_per_step
@@ -276,7 +278,7 @@ class LMModule(pl.LightningModule):
         self._val_sums = []
 
     def validation_step(self, batch: dict[str, Tensor], batch_idx: int) -> None:
-        loss, count = lm_loss(self(batch["input_ids"]), batch["labels"])
+        loss, count = self.lm_loss(self(batch["input_ids"]), batch["labels"])
         self._val_sums.append(torch.stack([loss.detach() * count, count.to(loss.dtype)]))
 
     def on_validation_epoch_end(self) -> None:
