@@ -54,6 +54,17 @@ def test_rotary_scores_depend_only_on_relative_position():
     assert not torch.allclose(score(3, 1), score(3, 2))
 
 
+def test_rotary_reads_its_table_as_the_angles_give_it_across_a_regrowth():
+    """The cached cos/sin table (grown to the next power of two as positions pass its end) against the rotation
+    written out: pairs (x_i, x_{i+E/2}) turned by pos·θ^(−2i/E)."""
+    theta, x = 500.0, torch.randn(2, 3, 7, 8, dtype=torch.float64)  # a θ no other test uses: a fresh table
+    for offset in (0, 5, 40):  # 0..6 builds P = 8; 5..11 grows it to 16; 40..46 to 64
+        angles = torch.arange(offset, offset + 7, dtype=torch.float64)[:, None] * theta ** (-torch.arange(4) / 4)
+        cos, sin = angles.cos(), angles.sin()
+        want = torch.cat((x[..., :4] * cos - x[..., 4:] * sin, x[..., 4:] * cos + x[..., :4] * sin), dim=-1)
+        torch.testing.assert_close(rotary(x, offset, theta), want, rtol=1e-6, atol=1e-6)  # a float32 table
+
+
 def test_rotary_preserves_norm_and_is_identity_at_zero():
     x = torch.randn(2, 3, 5, 8, dtype=torch.float64)
     torch.testing.assert_close(rotary(x, 0, 10_000.0)[:, :, 0], x[:, :, 0])
