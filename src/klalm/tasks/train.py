@@ -124,21 +124,26 @@ class Member:
         settings: optimisation settings.
         device: where everything lives.
         seed: the seed this member was built and fed with (a label for results).
-        compile_backend: train through `torch.compile(module, backend=...)` ("inductor" fuses the small kernels of
-            a step; evaluation and the state stay on the plain module); None: eager.
+        compile_backend: compute the training loss (the module's forward and the cross-entropy together, see
+            `readout_loss`) through `torch.compile(..., backend=...)` ("inductor" fuses the small kernels of a step,
+            and the loss's float32 cast, log-softmax and NLL; evaluation and the state stay on the plain module);
+            None: eager.
     """
 
     def __init__(self, module: nn.Module, streams: list[Stream], settings: TrainSettings, device: torch.device,
                  seed: int, compile_backend: str | None = None) -> None:  # fmt: skip
         self.module, self.streams, self.settings = module.to(device), streams, settings
         self.device, self.seed = device, seed
-        self.forward = self.module if compile_backend is None else torch.compile(self.module, backend=compile_backend)
+        self.loss = self._loss if compile_backend is None else torch.compile(self._loss, backend=compile_backend)
         self.module.train()
         self.params = [p for p in self.module.parameters() if p.requires_grad]
         self.optimizer = make_optimizer(self.module, settings, device)
         self.schedule = settings.schedule()
         self.step = torch.zeros((), dtype=torch.long, device=device)
         self.losses = torch.full((settings.steps,), float("nan"), device=device)  # [steps] float32
+
+    def _loss(self, inputs: Tensor, labels: Tensor, scored_per_row: int | None) -> Tensor:
+        return readout_loss(self.module, inputs, labels, scored_per_row)
 
     def state_dict(self) -> dict[str, Any]:
         """Everything training reads or changes: module, optimiser state, step counter and loss log (tensors)."""
@@ -153,19 +158,24 @@ class Member:
         self.losses.copy_(state["losses"])
 
 
-def stream_loss(forward: Callable[..., Tensor], stream: Stream, step: Tensor) -> Tensor:
-    """The mean masked cross-entropy of step `step`'s batch of `stream` under `forward` (a readout).
+def readout_loss(module: Callable[..., Tensor], inputs: Tensor, labels: Tensor, scored_per_row: int | None) -> Tensor:
+    """The mean masked cross-entropy of `module`'s logits (a readout) for `inputs` [B, L] against `labels` [B, L].
 
-    When every row scores exactly K positions (`stream.scored_per_row`), the readout computes the logits of those
-    positions only (found with a top-k of the label mask, a fixed shape that CUDA graphs can capture): the same
-    loss as over all positions, without the [B, L, V] logits of the positions that are not scored.
+    When every row scores exactly K = `scored_per_row` positions, the readout computes the logits of those positions
+    only (found with a top-k of the label mask, a fixed shape that CUDA graphs can capture): the same loss as over
+    all positions, without the [B, L, V] logits of the positions that are not scored.
     """
-    inputs, labels = stream.fill(step)
-    if stream.scored_per_row is None:
-        return token_cross_entropy(forward(inputs), labels)
+    if scored_per_row is None:
+        return token_cross_entropy(module(inputs), labels)
     scored = labels.ne(IGNORE_INDEX).to(torch.float32)  # [B, L], exactly K ones per row
-    positions = scored.topk(stream.scored_per_row, dim=1, sorted=False).indices  # [B, K]
-    return token_cross_entropy(forward(inputs, positions), labels.gather(1, positions))
+    positions = scored.topk(scored_per_row, dim=1, sorted=False).indices  # [B, K]
+    return token_cross_entropy(module(inputs, positions), labels.gather(1, positions))
+
+
+def stream_loss(loss: Callable[[Tensor, Tensor, int | None], Tensor], stream: Stream, step: Tensor) -> Tensor:
+    """`loss(inputs, labels, scored_per_row)` (`Member.loss`) of step `step`'s batch of `stream`."""
+    inputs, labels = stream.fill(step)
+    return loss(inputs, labels, stream.scored_per_row)
 
 
 def train_step(member: Member) -> None:
@@ -179,7 +189,7 @@ def train_step(member: Member) -> None:
         group["lr"].copy_(multiplier * group["base_lr"])
     member.optimizer.zero_grad(set_to_none=True)
     with autocast(member.device):
-        loss = sum(stream_loss(member.forward, stream, member.step) for stream in member.streams)
+        loss = sum(stream_loss(member.loss, stream, member.step) for stream in member.streams)
     loss.backward()
     if member.settings.grad_clip > 0:
         nn.utils.clip_grad_norm_(member.params, member.settings.grad_clip)
