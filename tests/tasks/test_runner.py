@@ -125,6 +125,11 @@ def test_command_line_knobs_replace_plan_values_in_every_stage(capsys):
     mqar = [u for u in units if u.family == "mqar"]
     assert {u.task["length"] for u in mqar} == {64} and {u.train.lr for u in mqar} == {1e-3}
     assert {u.arch for u in mqar} == {"gpt", "kla"}
+    long = apply_args(load_plan("full"), parse_args(["run", "--results", "x", "--families", "mqar", "--archs", "kla",
+                                                     "--mqar-cells", "2048x256", "--mqar-depths", "1",
+                                                     "--mqar-d-models", "128"]))  # fmt: skip
+    assert {(u.task["length"], u.n_layers, u.d_model, u.arch) for u in plan_units(long)} == {(2048, 1, 128, "kla")}
+    assert len(plan_units(long)) == 4  # the four learning rates, once although two stages name the cell
     with pytest.raises(SystemExit):
         parse_args(["run", "--results", "x", "--mqar-cells", "64-4"])
     assert "--mqar-cells: wants LENGTHxPAIRS items like 64x4,128x8; got '64-4'" in capsys.readouterr().err

@@ -285,6 +285,8 @@ def add_plan_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--a5-depths", type=int_list, help="A5 depths, e.g. 1,2")
     p.add_argument("--a5-criterion", choices=sorted(CRITERIA), help="A5 'solved' metric")
     p.add_argument("--mqar-cells", type=_cells, help="MQAR LENGTHxPAIRS cells, e.g. 64x4,128x8,256x16")
+    p.add_argument("--mqar-depths", type=int_list, help="MQAR depths (blocks), e.g. 1")
+    p.add_argument("--mqar-d-models", type=int_list, help="MQAR widths, e.g. 128")
     p.add_argument("--mad-tasks", type=name_list, help=f"comma-separated subset of {','.join(MAD_TASKS)}")
 
 
@@ -308,6 +310,8 @@ def apply_args(plan: RunPlan, args: argparse.Namespace) -> RunPlan:
         "a5_lengths": plan.a5.stages,
         "a5_depths": plan.a5.stages,
         "mqar_cells": plan.mqar.stages,
+        "mqar_depths": plan.mqar.stages,
+        "mqar_d_models": plan.mqar.stages,
         "lrs": [*plan.mqar.stages, plan.mad],
     }
     for knob, targets in stage_knobs.items():
