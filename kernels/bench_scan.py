@@ -306,14 +306,17 @@ def run_registers() -> None:
     import triton
 
     from klalm.kernels.common import BF16_PAIRS, ScanConfig
-    from klalm.kernels.mobius_scan_bwd import _kla_bwd_kernel
+    from klalm.kernels.mobius_scan_bwd import _kla_bwd_kernel, pair_unroll
     from klalm.kernels.mobius_scan_fwd import _kla_fwd_kernel
     from klalm.kernels.sm90 import code_counts, compile_sm90, resource_usage
 
     rows = []
     for i, config in enumerate(ScanConfig(**overrides) for overrides in [dict(), *BWD_VARIANTS]):
         bwd = dict(
-            BM=config.bwd_block_m, CHUNK=config.chunk, NUM_STAGES=config.bwd_num_stages, UNROLL=config.bwd_unroll
+            BM=config.bwd_block_m,
+            CHUNK=config.chunk,
+            NUM_STAGES=config.bwd_num_stages,
+            PAIR_UNROLL=pair_unroll(config.bwd_unroll),
         )
         kernels = {"bwd": (_kla_bwd_kernel, bwd, config.bwd_num_warps, config.bwd_num_stages)}
         if i == 0:  # the variants change the backward only

@@ -32,7 +32,7 @@ class ScanConfig(NamedTuple):
     num_warps, num_stages / bwd_num_warps, bwd_num_stages: Triton launch options of the forward / backward
     (stages of the load pipeline);
     unroll / bwd_unroll: time steps per unrolled loop body (lets the scheduler overlap independent work of
-    several steps);
+    several steps; the KLA backward takes its steps in pairs, so there bwd_unroll 1 and 2 are the same kernel);
     segment: steps per time-parallel segment, a multiple of chunk; 0 lets `segment_chunks` choose, a value ≥ L
     walks the whole sequence in one segment (the sequential kernels).
     """

@@ -178,6 +178,12 @@ def _reverse_step(
     return b_a * b_gw, b_a2 * b_gPp, b_ga, b_ga2, b_gp
 
 
+def pair_unroll(bwd_unroll: int) -> int:
+    """`_kla_bwd_kernel`'s PAIR_UNROLL: its loops take the steps in pairs, so `ScanConfig.bwd_unroll` steps per loop
+    body are this many pairs (at least one)."""
+    return max(1, bwd_unroll // 2)
+
+
 @triton.jit
 def _kla_bwd_kernel(
     v_ptr, lam_v_ptr, k_ptr, q_ptr, a_ptr, p_ptr, lam0_ptr, eta0_ptr,
@@ -510,7 +516,7 @@ def mobius_scan_bwd(
         carry, dv, dlv, dk_part, dq_part, da_part, dp_part, dlam0, deta0, scr_P, scr_mu,
         length, channels, state_size, n_chunks, seg_chunks, precision_floor or 0.0,
         HAS_INIT=lam0 is not None, HAS_GSTATE=has_gstate, HAS_CARRY=carry is not None,
-        PAIR_UNROLL=max(1, config.bwd_unroll // 2), **launch,  # bwd_unroll steps: pairs of steps per body
+        PAIR_UNROLL=pair_unroll(config.bwd_unroll), **launch,
     )  # fmt: skip
     dk, dq = dk_part.sum(1).to(k.dtype), dq_part.sum(1).to(q.dtype)
     da, dp = da_part.sum((0, 1)).to(a.dtype), dp_part.sum((0, 1)).to(p.dtype)

@@ -27,7 +27,9 @@ pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="the gpu tests
 
 FLAGS = dict(HAS_INIT=True, PRIOR=False, SAVE_CKPT=True, HAS_GYV=True, HAS_GSTATE=False, HAS_CARRY=True, LOGVAR=True)
 FLAGS |= dict(HAS_D=True, REVERSE=True, INIT_COV=True, WITH_VAR=True)
-LAUNCH = dict(BM=32, S_PAD=16, N_PAD=16, CHUNK=32, NUM_STAGES=3, UNROLL=2, FAST_RCP=True, EVEN_S=True, EVEN_M=True)
+LAUNCH = dict(
+    BM=32, S_PAD=16, N_PAD=16, CHUNK=32, NUM_STAGES=3, UNROLL=2, PAIR_UNROLL=1, FAST_RCP=True, EVEN_S=True, EVEN_M=True
+)
 KERNELS = {  # name -> (module, kernel)
     "fwd": ("mobius_scan_fwd", "_kla_fwd_kernel"),
     "fwd_summary": ("mobius_scan_fwd", "_kla_fwd_summary_kernel"),
