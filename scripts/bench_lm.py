@@ -15,6 +15,8 @@ Markdown table; a model that fails (an error, out of memory) gets its error in i
     python scripts/bench_lm.py --models gpt_45m,kla_45m --seq-lens 2048,8192 --tokens-per-step 32768 --out a.md
     python scripts/bench_lm.py --models gpt_45m,kla_45m --seq-lens 16384,32768 --tokens-per-step 32768 --out b.md
     python scripts/bench_lm.py --merge a.json b.json
+    # ... and as a plot: tokens/s against T, and each model's ratio to the gpt of its size
+    python scripts/bench_lm.py --merge a.json b.json --plot lm_sweep.png
     # where one training step's time goes (scan, attention, matmul, optimizer, data, other; torch.profiler):
     python scripts/bench_lm.py --models kla_45m,gpt_45m --profile
     # CPU check with the tiny presets:
@@ -73,6 +75,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--override", action="append", default=[], help="extra Hydra override (repeatable)")
     parser.add_argument("--out", type=Path, default=None, help="also write the tables here and the rows beside it")
     parser.add_argument("--merge", type=Path, nargs="+", default=None, help="print the sweep table of saved rows")
+    parser.add_argument("--plot", type=Path, default=None, help="also plot the sweep (tokens/s and ratios by T) here")
     args = parser.parse_args(argv)
     if args.steps < 2 * args.log_every:
         parser.error(f"--steps {args.steps} must be at least 2 × --log-every {args.log_every}")
@@ -196,6 +199,51 @@ def sweep_table(rows: list[dict], models: list[str]) -> str:
     return "Tokens/s by context length\n\n" + "\n".join(lines) + "\n\n" + "\n".join(notes) + "\n"
 
 
+def plot_sweep(rows: list[dict], models: list[str], path: Path) -> Path:
+    """Tokens/s against T (left) and each model's ratio to the gpt of its size (right), one line per (model,
+    compile); runs that failed are left out.
+
+    Raises:
+        ValueError: no row has a tokens/s value.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    speed = {(r["setting"], r["model"]): r["perf/tokens_per_s"] for r in rows if r.get("perf/tokens_per_s")}
+    if not speed:
+        raise ValueError("no row has a tokens/s value to plot")
+    fig, (ax_speed, ax_ratio) = plt.subplots(1, 2, figsize=(11, 4))
+    colors = {model: f"C{i % 10}" for i, model in enumerate(models)}  # one colour per model in both panels
+    for compiled in dict.fromkeys(s.compile for s, _ in speed):
+        style = "-o" if compiled else "--s"
+        for model in models:
+            points = sorted((s.seq_len, v) for (s, m), v in speed.items() if m == model and s.compile == compiled)
+            if not points:
+                continue
+            label = f"{model}, compile {'on' if compiled else 'off'}"
+            ax_speed.plot(*zip(*points), style, color=colors[model], label=label)
+            ratios = sorted((s.seq_len, v / speed[s, gpt_of(m)]) for (s, m), v in speed.items()
+                            if m == model and s.compile == compiled and (s, gpt_of(m)) in speed)  # fmt: skip
+            if ratios:
+                ax_ratio.plot(*zip(*ratios), style, color=colors[model], label=f"{label} / {gpt_of(model)}")
+    ax_ratio.axhline(1.0, color="grey", linewidth=1, linestyle=":")
+    lengths = sorted({s.seq_len for s, _ in speed})
+    for ax, ylabel in ((ax_speed, "tokens/s"), (ax_ratio, "tokens/s relative to the gpt of its size")):
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(lengths, [str(t) for t in lengths])
+        ax.minorticks_off()
+        ax.set_xlabel("context length T (tokens per sequence; B·T fixed per run)")
+        ax.set_ylabel(ylabel)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
 def setting_texts(setting_rows: list[dict], args: argparse.Namespace, setting: Setting) -> list[str]:
     """The table of one setting, then each run's profile (with --profile)."""
     shape = f"B{setting.batch_size} × T{setting.seq_len}, train.compile={str(setting.compile).lower()}"
@@ -210,9 +258,14 @@ def save_rows(rows: list[dict], path: Path) -> None:
     path.write_text(json.dumps(plain, indent=1) + "\n")
 
 
+def load_rows(paths: list[Path]) -> list[dict]:
+    """The rows saved by earlier runs (`save_rows`), in order."""
+    return [{**r, "setting": Setting(**r["setting"])} for path in paths for r in json.loads(path.read_text())]
+
+
 def merge(paths: list[Path]) -> str:
     """The sweep table of rows saved by earlier runs (models in their first-seen order)."""
-    rows = [{**r, "setting": Setting(**r["setting"])} for path in paths for r in json.loads(path.read_text())]
+    rows = load_rows(paths)
     return sweep_table(rows, list(dict.fromkeys(r["model"] for r in rows)))
 
 
@@ -220,6 +273,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.merge:
         print(merge(args.merge))
+        if args.plot is not None:
+            rows = load_rows(args.merge)
+            print(f"[bench_lm] wrote {plot_sweep(rows, list(dict.fromkeys(r['model'] for r in rows)), args.plot)}")
         return 0
     models = [m.strip() for m in args.models.split(",") if m.strip()]
     rows, texts = [], []
@@ -240,6 +296,8 @@ def main(argv: list[str] | None = None) -> int:
     if len(settings(args)) > 1:
         texts.append(sweep_table(rows, models))
         print(texts[-1])
+    if args.plot is not None and any(r.get("perf/tokens_per_s") for r in rows):
+        print(f"[bench_lm] wrote {plot_sweep(rows, models, args.plot)}")
     if args.out is not None:
         args.out.write_text("\n".join(texts))
         save_rows(rows, args.out.with_suffix(".json"))

@@ -6,6 +6,8 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[1]
 spec = importlib.util.spec_from_file_location("bench_lm", REPO / "scripts" / "bench_lm.py")
 bench_lm = importlib.util.module_from_spec(spec)
@@ -51,3 +53,14 @@ def test_rows_saved_by_two_runs_merge_into_one_table(tmp_path):
     bench_lm.save_rows([{"setting": long, "model": "kla_45m", "perf/tokens_per_s": 2.0}], tmp_path / "b.json")
     text = bench_lm.merge([tmp_path / "a.json", tmp_path / "b.json"])
     assert "| 2048 | 16 | off | 4 | — | — |" in text and "| 32768 | 1 | off | — | 2 | — |" in text
+
+
+def test_sweep_plot_draws_the_measured_rows_and_refuses_none(tmp_path):
+    short, long = Setting(16, 2048, True), Setting(1, 32768, True)
+    speeds = [(short, "gpt_45m", 4.0), (short, "kla_45m", 3.0), (long, "gpt_45m", 1.0), (long, "kla_45m", 1.5)]
+    rows = [{"setting": s, "model": m, "perf/tokens_per_s": v} for s, m, v in speeds]
+    path = bench_lm.plot_sweep([*rows, {"setting": long, "model": "mamba_45m", "error": "OOM"}],
+                               ["gpt_45m", "kla_45m", "mamba_45m"], tmp_path / "sweep.png")  # fmt: skip
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    with pytest.raises(ValueError, match="no row has a tokens/s value"):
+        bench_lm.plot_sweep([{"setting": long, "model": "kla_45m", "error": "OOM"}], ["kla_45m"], tmp_path / "x.png")
