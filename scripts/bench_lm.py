@@ -25,7 +25,8 @@ Markdown table; a model that fails (an error, out of memory) gets its error in i
 
 The numbers come from the last logging window (steps after the first window, which holds compilation and autotuning):
 tokens/s over wall-clock time including data and optimiser, MFU from klalm.train.flops, and the peak allocated
-CUDA memory in that window. `--profile` profiles the second-to-last step (klalm.train.profiling.ProfileSteps).
+CUDA memory in that window. `--profile` profiles the second-to-last step (klalm.train.profiling.ProfileSteps); with
+`--out`, every profiled run's table of all its kernels goes beside it (`<out>_<model>_B.._T.._<compiled>_kernels.md`).
 """
 
 from __future__ import annotations
@@ -132,6 +133,7 @@ def bench_one(model: str, args: argparse.Namespace, setting: Setting, root: Path
         row = {"model": model, "setting": setting, **summary, "wall_s": time.time() - started}
         if args.profile:
             row["profile"] = (run_dir / "profile.md").read_text()
+            row["kernels"] = (run_dir / "kernels.md").read_text()
         return row
     except Exception as err:  # one failing model must not stop the table: report it in its row
         logging.getLogger("bench_lm").error("%s failed:\n%s", model, traceback.format_exc())
@@ -254,8 +256,16 @@ def setting_texts(setting_rows: list[dict], args: argparse.Namespace, setting: S
 
 def save_rows(rows: list[dict], path: Path) -> None:
     """The rows as JSON (settings as dicts, profiles left out), for `--merge`."""
-    plain = [{**{k: v for k, v in r.items() if k != "profile"}, "setting": r["setting"]._asdict()} for r in rows]
+    plain = [{**{k: v for k, v in r.items() if k not in ("profile", "kernels")}, "setting": r["setting"]._asdict()}
+             for r in rows]  # fmt: skip
     path.write_text(json.dumps(plain, indent=1) + "\n")
+
+
+def kernels_path(out: Path, row: dict) -> Path:
+    """Where `--out` puts a profiled run's table of every kernel: beside it, named by model and setting."""
+    setting = row["setting"]
+    compiled = "compiled" if setting.compile else "eager"
+    return out.with_name(f"{out.stem}_{row['model']}_B{setting.batch_size}_T{setting.seq_len}_{compiled}_kernels.md")
 
 
 def load_rows(paths: list[Path]) -> list[dict]:
@@ -301,6 +311,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.out is not None:
         args.out.write_text("\n".join(texts))
         save_rows(rows, args.out.with_suffix(".json"))
+        for row in rows:  # --profile: every kernel of each profiled run, beside the tables
+            if "kernels" in row:
+                kernels_path(args.out, row).write_text(row["kernels"])
     return 1 if all("error" in row for row in rows) else 0
 
 

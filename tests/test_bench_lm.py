@@ -47,9 +47,10 @@ def test_sweep_table_ratios_and_crossover():
 
 def test_rows_saved_by_two_runs_merge_into_one_table(tmp_path):
     short, long = Setting(16, 2048, False), Setting(1, 32768, False)
-    bench_lm.save_rows(
-        [{"setting": short, "model": "gpt_45m", "perf/tokens_per_s": 4.0, "profile": "x"}], tmp_path / "a.json"
-    )
+    profiled = {"setting": short, "model": "gpt_45m", "perf/tokens_per_s": 4.0, "profile": "x", "kernels": "y"}
+    bench_lm.save_rows([profiled], tmp_path / "a.json")
+    assert "profile" not in (text := (tmp_path / "a.json").read_text()) and "kernels" not in text
+    assert bench_lm.kernels_path(tmp_path / "lm.md", profiled) == tmp_path / "lm_gpt_45m_B16_T2048_eager_kernels.md"
     bench_lm.save_rows([{"setting": long, "model": "kla_45m", "perf/tokens_per_s": 2.0}], tmp_path / "b.json")
     text = bench_lm.merge([tmp_path / "a.json", tmp_path / "b.json"])
     assert "| 2048 | 16 | off | 4 | — | — |" in text and "| 32768 | 1 | off | — | 2 | — |" in text

@@ -60,6 +60,9 @@ def test_profiles_one_step_of_a_tiny_run(tmp_path):
     assert {row[1] for row in top} <= {category for category, _ in CATEGORIES} | {OTHER}
     busy = float(next(ms for name, ms in rows.items() if name.startswith("sum")))
     assert sum(times) <= busy + 0.01 * len(times)  # a part of the summed time (each number rounded to 0.01 ms)
+    every = (out / "kernels.md").read_text().splitlines()  # every operator, the same 20 first
+    assert every[0].startswith(f"| operator (all {len(every) - 2} by time) |") and len(every) - 2 > 20
+    assert every[2:22] == largest.splitlines()[2:]
 
 
 def test_bad_arguments():

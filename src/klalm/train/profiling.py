@@ -5,6 +5,7 @@ its directory:
 
     profile.md     a Markdown table: time per step by category (scan, attention, matmul, optimizer, data, other),
                    the sum over categories, and the wall-clock time of a step; then the 20 largest kernels
+    kernels.md     every kernel of those steps by time, with its calls per step (where many small ones add up)
     trace.json     the Chrome trace of those steps (open in https://ui.perfetto.dev or chrome://tracing)
 
 On a GPU the categories split the device's kernels and copies by name; on a CPU they split the self time of the
@@ -67,15 +68,16 @@ def breakdown(events: list, on_gpu: bool) -> dict[str, tuple[float, int]]:
 TOP_KERNELS = 20  # rows of the table of the largest kernels
 
 
-def top_kernels_table(events: list, on_gpu: bool, steps: int, n: int = TOP_KERNELS) -> str:
-    """Markdown table of the `n` kernels (operators on a CPU) with the most time, per step: what each category is
-    made of (e.g. which fused elementwise kernels cost most)."""
+def top_kernels_table(events: list, on_gpu: bool, steps: int, n: int | None = TOP_KERNELS) -> str:
+    """Markdown table of the `n` kernels (operators on a CPU; None: all of them) with the most time, per step: what
+    each category is made of (e.g. which fused elementwise kernels cost most)."""
     totals: dict[str, tuple[float, int]] = {}
     for name, us in _timed(events, on_gpu):
         total, count = totals.get(name, (0.0, 0))
         totals[name] = (total + us, count + 1)
     what = "kernel" if on_gpu else "operator"
-    header = f"| {what} ({n} largest by time) | category | ms per step | calls per step |"
+    which = f"{n} largest by time" if n is not None else f"all {len(totals)} by time"
+    header = f"| {what} ({which}) | category | ms per step | calls per step |"
     lines = [header, "| --- | --- | ---: | ---: |"]
     for name, (us, count) in sorted(totals.items(), key=lambda item: -item[1][0])[:n]:
         shown = name if len(name) <= 100 else name[:97] + "..."
@@ -99,8 +101,8 @@ def breakdown_table(totals: dict[str, tuple[float, int]], steps: int, wall_ms: f
 
 
 class ProfileSteps(Callback):
-    """Profiles `steps` optimiser steps from `start_step` on (after warm-up and compilation) and writes `profile.md`
-    and `trace.json` into `out_dir`.
+    """Profiles `steps` optimiser steps from `start_step` on (after warm-up and compilation) and writes `profile.md`,
+    `kernels.md` and `trace.json` into `out_dir`.
 
     Args:
         out_dir: where the two files go (e.g. the run directory).
@@ -141,4 +143,5 @@ class ProfileSteps(Callback):
         if trainer.is_global_zero:
             self.out_dir.mkdir(parents=True, exist_ok=True)
             (self.out_dir / "profile.md").write_text(self.table)
+            (self.out_dir / "kernels.md").write_text(top_kernels_table(events, on_gpu, self.steps, n=None))
             self._profiler.export_chrome_trace(str(self.out_dir / "trace.json"))
