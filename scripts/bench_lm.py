@@ -17,6 +17,9 @@ Markdown table; a model that fails (an error, out of memory) gets its error in i
     python scripts/bench_lm.py --merge a.json b.json
     # ... and as a plot: tokens/s against T, and each model's ratio to the gpt of its size
     python scripts/bench_lm.py --merge a.json b.json --plot lm_sweep.png
+    # an A/B that states its noise: every model three times, in turn (A B A B A B), each row the median run with the
+    # spread of the three:
+    python scripts/bench_lm.py --models kla_45m,gpt_45m --compile on --steps 60 --log-every 20 --repeats 3
     # where one training step's time goes (scan, attention, matmul, optimizer, data, other; torch.profiler):
     python scripts/bench_lm.py --models kla_45m,gpt_45m --profile
     # CPU check with the tiny presets:
@@ -71,6 +74,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--tokens-per-step", type=int, default=None, help="fix B·T: B = this // T (overrides B)")
     parser.add_argument("--compile", choices=sorted(COMPILE_MODES), default="off", help="train.compile off/on/both")
     parser.add_argument("--profile", action="store_true", help="profile one step per run (torch.profiler)")
+    parser.add_argument("--repeats", type=int, default=1, help="runs of each model, taken in turn; a row is the "
+                        "median run and gives the spread of tokens/s over the runs")  # fmt: skip
     parser.add_argument("--vocab-size", type=int, default=50257, help="random-token vocabulary (GPT-2's)")
     parser.add_argument("--trainer", default="gpu", help="configs/trainer file (gpu: bf16 on one GPU)")
     parser.add_argument("--override", action="append", default=[], help="extra Hydra override (repeatable)")
@@ -78,6 +83,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--merge", type=Path, nargs="+", default=None, help="print the sweep table of saved rows")
     parser.add_argument("--plot", type=Path, default=None, help="also plot the sweep (tokens/s and ratios by T) here")
     args = parser.parse_args(argv)
+    if args.repeats < 1:
+        parser.error(f"--repeats {args.repeats} must be at least 1")
     if args.steps < 2 * args.log_every:
         parser.error(f"--steps {args.steps} must be at least 2 × --log-every {args.log_every}")
     for seq_len in seq_lens(args):
@@ -123,10 +130,12 @@ def overrides_for(model: str, args: argparse.Namespace, setting: Setting, run_di
     ]
 
 
-def bench_one(model: str, args: argparse.Namespace, setting: Setting, root: Path) -> dict:
-    """Runs one model; returns its row (with "error" set when it failed, "profile" with --profile)."""
+def bench_one(model: str, args: argparse.Namespace, setting: Setting, root: Path, repeat: int = 0) -> dict:
+    """Runs one model (its `repeat`-th run of this setting); returns its row (with "error" set when it failed,
+    "profile" with --profile)."""
     started = time.time()
-    run_dir = root / f"{model}-B{setting.batch_size}-T{setting.seq_len}-{'compiled' if setting.compile else 'eager'}"
+    compiled = "compiled" if setting.compile else "eager"
+    run_dir = root / f"{model}-B{setting.batch_size}-T{setting.seq_len}-{compiled}-run{repeat}"
     try:
         cfg = compose("train", overrides=overrides_for(model, args, setting, run_dir))
         summary = run(cfg)
@@ -145,6 +154,20 @@ def bench_one(model: str, args: argparse.Namespace, setting: Setting, root: Path
             torch.cuda.empty_cache()
 
 
+def median_row(runs: list[dict]) -> dict:
+    """One row for repeated runs of a model: the run with the median tokens/s (the lower middle one of an even
+    count), with every run's tokens/s and their spread, (max - min) / median; a failed run's row if any failed."""
+    failed = [r for r in runs if "error" in r]
+    if failed:
+        return failed[0]
+    ordered = sorted(runs, key=lambda r: r["perf/tokens_per_s"])
+    row = dict(ordered[(len(ordered) - 1) // 2])
+    speeds = [r["perf/tokens_per_s"] for r in runs]
+    row["runs/tokens_per_s"] = speeds
+    row["runs/spread"] = (max(speeds) - min(speeds)) / row["perf/tokens_per_s"]
+    return row
+
+
 def _fmt(value: float | None, spec: str) -> str:
     return "—" if value is None or (isinstance(value, float) and math.isnan(value)) else format(value, spec)
 
@@ -154,19 +177,21 @@ def table(rows: list[dict], args: argparse.Namespace, setting: Setting) -> str:
     head = (
         f"Whole-LM training throughput, {device}, {time.strftime('%Y-%m-%d')}, trainer={args.trainer}, "
         f"B{setting.batch_size} × T{setting.seq_len}, train.compile={str(setting.compile).lower()}, "
-        f"vocab {args.vocab_size}, synthetic tokens, last {args.log_every} of {args.steps} steps\n\n"
+        f"vocab {args.vocab_size}, synthetic tokens, last {args.log_every} of {args.steps} steps"
+        + (f"; each row the median of {args.repeats} runs taken in turn" if args.repeats > 1 else "")
+        + "\n\n"
     )
-    lines = [
-        "| model | params | tokens/s | MFU | step ms | peak mem GB | loss | wall s | status |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
-    ]
+    runs = ["tokens/s of each run", "spread"] if args.repeats > 1 else []
+    header = ["model", "params", "tokens/s", *runs, "MFU", "step ms", "peak mem GB", "loss", "wall s", "status"]
+    lines = ["| " + " | ".join(header) + " |", "| --- |" + " ---: |" * (len(header) - 2) + " --- |"]
     for row in rows:
-        lines.append(
-            f"| {row['model']} | {_fmt(row.get('params'), ',')} | {_fmt(row.get('perf/tokens_per_s'), ',.0f')} | "
-            f"{_fmt(row.get('perf/mfu'), '.1%')} | {_fmt(row.get('perf/step_time_ms'), '.1f')} | "
-            f"{_fmt(row.get('perf/peak_mem_gb'), '.2f')} | {_fmt(row.get('train/loss'), '.3f')} | "
-            f"{row['wall_s']:.0f} | {row.get('error', 'ok')} |"
-        )
+        each = ", ".join(f"{v:,.0f}" for v in row.get("runs/tokens_per_s", []))
+        spread = [each or "—", _fmt(row.get("runs/spread"), ".1%")] if runs else []
+        cells = [row["model"], _fmt(row.get("params"), ","), _fmt(row.get("perf/tokens_per_s"), ",.0f"), *spread,
+                 _fmt(row.get("perf/mfu"), ".1%"), _fmt(row.get("perf/step_time_ms"), ".1f"),
+                 _fmt(row.get("perf/peak_mem_gb"), ".2f"), _fmt(row.get("train/loss"), ".3f"), f"{row['wall_s']:.0f}",
+                 row.get("error", "ok")]  # fmt: skip
+        lines.append("| " + " | ".join(cells) + " |")
     return head + "\n".join(lines) + "\n"
 
 
@@ -294,11 +319,13 @@ def main(argv: list[str] | None = None) -> int:
         initialize_config_module("klalm.configs", version_base="1.3"),
     ):
         for setting in settings(args):
-            setting_rows = []
-            for model in models:
-                setting_rows.append(bench_one(model, args, setting, Path(tmp)))
-                status = setting_rows[-1].get("error", "ok")
-                print(f"[bench_lm] {model} {setting}: {status}", file=sys.stderr, flush=True)
+            runs: dict[str, list[dict]] = {model: [] for model in models}
+            for repeat in range(args.repeats):  # the models in turn, so that drift over time hits each alike
+                for model in models:
+                    runs[model].append(bench_one(model, args, setting, Path(tmp), repeat))
+                    status = runs[model][-1].get("error", "ok")
+                    print(f"[bench_lm] {model} {setting} run {repeat + 1}: {status}", file=sys.stderr, flush=True)
+            setting_rows = [median_row(runs[model]) for model in models]
             new = setting_texts(setting_rows, args, setting)
             print(*new, sep="\n", flush=True)
             texts += new

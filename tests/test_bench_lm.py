@@ -65,3 +65,21 @@ def test_sweep_plot_draws_the_measured_rows_and_refuses_none(tmp_path):
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     with pytest.raises(ValueError, match="no row has a tokens/s value"):
         bench_lm.plot_sweep([{"setting": long, "model": "kla_45m", "error": "OOM"}], ["kla_45m"], tmp_path / "x.png")
+
+
+def test_repeated_runs_give_the_median_run_and_their_spread():
+    setting = Setting(16, 2048, True)
+    runs = [{"setting": setting, "model": "kla_45m", "perf/tokens_per_s": v, "wall_s": 1.0} for v in (90, 110, 100.0)]
+    row = bench_lm.median_row(runs)
+    assert row["perf/tokens_per_s"] == 100.0 and row["runs/tokens_per_s"] == [90, 110, 100.0]
+    assert abs(row["runs/spread"] - 0.2) < 1e-12
+    assert bench_lm.median_row(runs[:2])["perf/tokens_per_s"] == 90  # an even count: the lower middle run
+    failed = {"setting": setting, "model": "kla_45m", "error": "OOM", "wall_s": 1.0}
+    assert bench_lm.median_row([runs[0], failed]) is failed
+    args = bench_lm.parse_args(["--repeats", "3"])
+    text = bench_lm.table([row], args, setting)
+    assert "each row the median of 3 runs taken in turn" in text and "| tokens/s of each run | spread |" in text
+    assert "| kla_45m | — | 100 | 90, 110, 100 | 20.0% |" in text
+    assert "spread" not in bench_lm.table([runs[0]], bench_lm.parse_args([]), setting)
+    with pytest.raises(SystemExit):
+        bench_lm.parse_args(["--repeats", "0"])
