@@ -3,8 +3,9 @@
 # the learning rates LRS (default 2.2e-3,1e-2: one pack). Carry `.whl` and `.carry/synthetic_state`; run it again
 # to resume what paused. First the GPU tests of the captured, inductor-compiled step (the readout and the loss
 # compile together since aa339c4). At most 8 files come back: the test log, block.log, three results files and up
-# to three 15 MB parts of the paused state (two d_model-128 units: 33 MiB). Then, here: `run_synthetic.py merge`,
-# unpack state.tar.* into .carry/synthetic_state, `report` (docs/synthetic.md, "For the GPU session").
+# to three 15 MB parts of the paused state (two d_model-128 units: 33 MiB). Then, here: `run_synthetic.py merge
+# --from <files_at>/synthetic --results results/synthetic --state .carry/synthetic_state` and `report`
+# (docs/synthetic.md, "For the GPU session").
 start=$(date +%s); source scripts/device_setup.sh || exit 1
 mkdir -p $OUT/synthetic .carry/synthetic_state && cp results/synthetic/{mqar,progress,rates}.jsonl $OUT/synthetic/
 timeout 150 python3 -m pytest -q -m gpu tests/tasks/test_graph.py -k "mqar or inductor" 2>&1 | tail -4 \

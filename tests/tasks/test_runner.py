@@ -459,6 +459,47 @@ def test_merge_appends_only_new_rows_and_stamps_the_commit(tmp_path):
         read_jsonl(mine / "a5.jsonl")
 
 
+def _state_parts(folder: Path, files: dict[str, bytes], part_bytes: int = 700) -> None:
+    """A state folder as a device call sends it back: one tar archive split into state.tar.00, .01, ..."""
+    import io
+    import tarfile
+
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as archive:
+        for name, data in files.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            archive.addfile(info, io.BytesIO(data))
+    data = buffer.getvalue()
+    for i in range(0, len(data), part_bytes):
+        (folder / f"state.tar.{i // part_bytes:02d}").write_bytes(data[i : i + part_bytes])
+
+
+def test_merge_restores_the_state_that_came_back_and_keeps_the_old_one_otherwise(tmp_path, capsys):
+    back, mine, state = tmp_path / "back", tmp_path / "mine", tmp_path / "state"
+    (back / "synthetic").mkdir(parents=True), mine.mkdir(), state.mkdir()
+    (back / "synthetic" / "a5.jsonl").write_text(json.dumps(_row(_a5_unit(), 0, 0.5, run={"commit": "x"})) + "\n")
+    (state / "old.json").write_text("{}")
+    _state_parts(back, {"./abc.json": b'{"step": 3}', "./abc.pt": bytes(1000)})
+    assert len(list(back.glob("state.tar.*"))) > 1
+    args = ["merge", "--from", str(back / "synthetic"), "--results", str(mine), "--state", str(state)]
+    main(args)
+    assert json.loads(capsys.readouterr().out) == {"a5.jsonl": 1, "state": {"units": 1, "mib": 0.0}}
+    assert sorted(p.name for p in state.iterdir()) == ["abc.json", "abc.pt"]  # replaced, not added to
+    for part in back.glob("state.tar.*"):
+        part.unlink()
+    main(args)
+    assert json.loads(capsys.readouterr().out) == {"a5.jsonl": 0, "state": f"none came back: kept {state}"}
+    assert sorted(p.name for p in state.iterdir()) == ["abc.json", "abc.pt"]
+    _state_parts(back, {"../outside.json": b"{}"})  # a member outside the folder: refused, the state kept
+    with pytest.raises(SystemExit, match="cannot be unpacked"):
+        main(args)
+    assert not (tmp_path / "outside.json").exists()
+    assert sorted(p.name for p in state.iterdir()) == ["abc.json", "abc.pt"]
+    with pytest.raises(SystemExit, match="does not exist"):
+        main(["merge", "--from", str(tmp_path / "nowhere"), "--results", str(mine)])
+
+
 def test_plan_verb_lists_units_with_estimates(tmp_path, capsys):
     main(["plan", "--plan", "full", "--families", "a5", "--archs", "kla", "--results", str(tmp_path)])
     out = capsys.readouterr().out

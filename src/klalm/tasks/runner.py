@@ -38,6 +38,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -53,6 +54,7 @@ from klalm.tasks.units import (
     pack_tokens,
     paused_rows,
     remove_state,
+    restore_states,
     run_units,
     saved_states,
     state_mib,
@@ -424,6 +426,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     merged.add_argument("--from", dest="source", type=Path, required=True, help="the folder that came back")
     merged.add_argument("--results", type=Path, required=True, help="the committed results folder")
     merged.add_argument("--commit", default=None, help="commit recorded where rows say 'unknown' (default: HEAD)")
+    merged.add_argument("--state", type=Path, default=None, help="state folder to replace by the state.tar.* parts "
+                        "beside --from (kept as it is when none came back)")  # fmt: skip
     progress = verbs.add_parser("progress", help="record the evaluations of the units paused in a state folder")
     progress.add_argument("--state", type=Path, required=True, help="the state folder (e.g. one that came back)")
     progress.add_argument("--results", type=Path, required=True, help="the results folder (progress.jsonl)")
@@ -457,7 +461,16 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=logging.INFO, format="[synthetic %(asctime)s] %(message)s", datefmt="%H:%M:%S")
     args = parse_args(argv)
     if args.verb == "merge":
-        print(json.dumps(merge(args.source, args.results, args.commit or _commit())))
+        if not args.source.is_dir():
+            sys.exit(f"klalm-synthetic: --from folder {args.source} does not exist")
+        added: dict[str, Any] = merge(args.source, args.results, args.commit or _commit())
+        if args.state is not None:
+            parts = sorted(args.source.resolve().parent.glob("state.tar.*"))
+            try:
+                added["state"] = restore_states(parts, args.state) if parts else f"none came back: kept {args.state}"
+            except ValueError as err:
+                sys.exit(f"klalm-synthetic: {err} (kept {args.state})")
+        print(json.dumps(added))
         return
     if args.verb in ("evaluate", "positions"):
         from klalm.tasks.report import finished_positions, plot_positions, positions_markdown

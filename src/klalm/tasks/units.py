@@ -193,6 +193,37 @@ def saved_states(folder: Path) -> dict[str, dict[str, Any]]:
     return {path.stem: json.loads(path.read_text()) for path in sorted(folder.glob("*.json"))}
 
 
+def restore_states(parts: list[Path], folder: Path) -> dict[str, Any]:
+    """Replace `folder` by the state folder packed in `parts` (the pieces of one tar archive, in order, as a device
+    call sends a state folder back: `tar -cf - -C STATE . | split -b 15M -d - state.tar.`).
+
+    The archive is unpacked beside `folder` first (regular files only, no path outside it: tarfile's "data"
+    filter), and only then swapped in, so a broken archive leaves `folder` as it was. Returns the units and MiB
+    now paused in `folder`.
+
+    Raises:
+        ValueError: naming the archive, when it is not a readable tar or holds a member the filter refuses.
+    """
+    import io
+    import shutil
+    import tarfile
+
+    folder = Path(folder)
+    staging = folder.with_name(folder.name + ".restoring")
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    try:
+        with tarfile.open(fileobj=io.BytesIO(b"".join(p.read_bytes() for p in parts))) as archive:
+            archive.extractall(staging, filter="data")
+    except (tarfile.TarError, OSError) as err:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise ValueError(f"state archive {', '.join(p.name for p in parts)} cannot be unpacked: {err}") from err
+    shutil.rmtree(folder, ignore_errors=True)
+    os.replace(staging, folder)
+    mib = sum(path.stat().st_size for path in folder.rglob("*") if path.is_file()) / 2**20
+    return {"units": len(saved_states(folder)), "mib": round(mib, 1)}
+
+
 def remove_state(folder: Path, name: str) -> None:
     for suffix in (".json", ".pt"):
         (folder / name).with_suffix(suffix).unlink(missing_ok=True)
