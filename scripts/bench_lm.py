@@ -307,10 +307,11 @@ def merge(paths: list[Path]) -> str:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.merge:
-        print(merge(args.merge))
+        rows = load_rows(args.merge)
+        models = list(dict.fromkeys(r["model"] for r in rows))
+        print(sweep_table(rows, models))
         if args.plot is not None:
-            rows = load_rows(args.merge)
-            print(f"[bench_lm] wrote {plot_sweep(rows, list(dict.fromkeys(r['model'] for r in rows)), args.plot)}")
+            print(f"[bench_lm] wrote {plot_sweep(rows, models, args.plot)}")
         return 0
     models = [m.strip() for m in args.models.split(",") if m.strip()]
     rows, texts = [], []
