@@ -46,9 +46,10 @@ def categorize(name: str) -> str:
 
 def _timed(events: list, on_gpu: bool):
     """(name, µs) of each profiler event that counts: device kernels and copies on a GPU, operators' self time on a
-    CPU."""
+    CPU. On a GPU the device-side spans of annotated ranges (e.g. `Optimizer.step#AdamW.step`, which covers the
+    optimiser's kernels) are left out: they would count those kernels' time twice."""
     for event in events:
-        if on_gpu and event.device_type == DeviceType.CUDA:
+        if on_gpu and event.device_type == DeviceType.CUDA and not event.is_user_annotation:
             yield event.name, event.time_range.elapsed_us()
         elif not on_gpu and event.device_type == DeviceType.CPU:
             yield event.name, event.self_cpu_time_total
