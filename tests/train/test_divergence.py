@@ -42,3 +42,18 @@ def test_a_non_finite_parameter_is_a_bad_step(tmp_path, monkeypatch):
     monkeypatch.setattr(module_lib.LMModule, "training_step", poison_at_step_2)
     with pytest.raises(NonFiniteLossError, match=r"non-finite parameters.*step 2"):
         run(compose_train(_overrides("gpt", "train.max_bad_steps=1"), tmp_path / "run"))
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
+@pytest.mark.parametrize("where", [0, 100_000, -1])
+def test_all_finite_finds_one_bad_element_anywhere(device, bad, where):
+    """One NaN or ±inf anywhere in a tensor of several 64K-element chunks (the multi-tensor kernels' unit on a GPU)
+    makes it False; huge finite values, whose L2 norm overflows, do not; nor do empty tensors (a rank's empty FSDP2
+    shard), alone or among others."""
+    tensors = [torch.full((3, 5), 3e38), torch.randn(200_000), torch.empty(0), torch.randn(7, dtype=torch.bfloat16)]
+    tensors = [t.to(device) for t in tensors]
+    assert bool(module_lib._all_finite(tensors)) and bool(module_lib._all_finite(tensors[2:3]))
+    assert not torch.isfinite(torch.nn.utils.get_total_norm(tensors, norm_type=2.0))  # why not an L2 norm
+    tensors[1].view(-1)[where] = bad
+    assert not bool(module_lib._all_finite(tensors))
