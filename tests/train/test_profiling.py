@@ -8,7 +8,7 @@ import pytest
 from torch.autograd import DeviceType
 
 from klalm.train.app import run
-from klalm.train.profiling import CATEGORIES, OTHER, ProfileSteps, breakdown, categorize
+from klalm.train.profiling import CATEGORIES, OTHER, ProfileSteps, breakdown, categorize, gpu_idle_table
 
 from .conftest import TINY, compose_train
 
@@ -39,8 +39,34 @@ def test_categories_of_real_kernel_names(name):
 
 
 def _gpu_event(name: str, start_us: float, end_us: float, annotation: bool = False) -> SimpleNamespace:
-    span = SimpleNamespace(elapsed_us=lambda: end_us - start_us)
+    span = SimpleNamespace(start=start_us, end=end_us, elapsed_us=lambda: end_us - start_us)
     return SimpleNamespace(name=name, device_type=DeviceType.CUDA, time_range=span, is_user_annotation=annotation)
+
+
+def _cpu_event(name: str, start_us: float, end_us: float, children: tuple = ()) -> SimpleNamespace:
+    span = SimpleNamespace(start=start_us, end=end_us, elapsed_us=lambda: end_us - start_us)
+    return SimpleNamespace(name=name, device_type=DeviceType.CPU, time_range=span, cpu_children=list(children),
+                           is_user_annotation=False)  # fmt: skip
+
+
+def test_gpu_idle_table_finds_the_gaps_and_what_the_host_ran():
+    """Kernels busy 0-2, 5-6 and 10-13 ms of a window from -0.5 ms (the first host operator) to 13 ms: idle 7.5 ms,
+    in three stretches, longest first, each with the host's self time in it; the annotated span is not a kernel."""
+    foreach = _cpu_event("aten::_foreach_mul_", 3000, 3500)
+    events = [
+        _gpu_event("nvjet_a", 0, 1000), _gpu_event("nvjet_b", 500, 2000), _gpu_event("triton_c", 5000, 6000),
+        _gpu_event("_kla_bwd_kernel", 10000, 13000), _gpu_event("Optimizer.step#AdamW.step", 2000, 9000, True),
+        _cpu_event("aten::linear", -500, 300), _cpu_event("Optimizer.step#AdamW.step", 2500, 4800, (foreach,)), foreach,
+    ]  # fmt: skip
+    lines = gpu_idle_table(events, steps=1).splitlines()
+    assert lines[0] == "GPU busy 6.00 ms a step (the union of its kernels and copies), idle 7.50 ms of the 13.50 ms " \
+        "profiled window"  # fmt: skip
+    assert lines[4:] == [
+        "| 1 | 4.00 | 6.50 | untraced 4.00 |",
+        "| 2 | 3.00 | 2.50 | `Optimizer.step#AdamW.step` 1.80, `aten::_foreach_mul_` 0.50, untraced 0.70 |",
+        "| 3 | 0.50 | 0.00 | `aten::linear` 0.50 |",
+    ]
+    assert gpu_idle_table([_cpu_event("aten::mm", 0, 10)], steps=1) == ""  # no device: nothing to say
 
 
 def test_gpu_breakdown_leaves_out_annotated_spans():

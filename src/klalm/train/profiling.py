@@ -4,7 +4,8 @@
 its directory:
 
     profile.md     a Markdown table: time per step by category (scan, attention, matmul, optimizer, data, other),
-                   the sum over categories, and the wall-clock time of a step; then the 20 largest kernels
+                   the sum over categories, and the wall-clock time of a step; then the 20 largest kernels; on a
+                   GPU also how long it sat idle and what the host ran in its longest idle stretches
     kernels.md     every kernel of those steps by time, with its calls per step (where many small ones add up)
     trace.json     the Chrome trace of those steps (open in https://ui.perfetto.dev or chrome://tracing)
 
@@ -101,6 +102,68 @@ def breakdown_table(totals: dict[str, tuple[float, int]], steps: int, wall_ms: f
     return "\n".join(lines) + "\n"
 
 
+IDLE_GAPS = 10  # rows of the table of the GPU's longest idle stretches
+MIN_GAP_US = 10.0  # shorter stretches between kernels are launch latency, not waiting
+
+
+def _merged(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """The union of [start, end) intervals as sorted, disjoint intervals."""
+    merged: list[tuple[float, float]] = []
+    for start, end in sorted(intervals):
+        if merged and start <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], end))
+        else:
+            merged.append((start, end))
+    return merged
+
+
+def _overlap(event: Any, start: float, end: float) -> float:
+    return max(0.0, min(event.time_range.end, end) - max(event.time_range.start, start))
+
+
+def _host_work(cpu_events: list, start: float, end: float, n: int = 3) -> str:
+    """What the host ran in [start, end): the operators and annotated ranges with the most self time in it (their
+    time there less their children's), e.g. `Optimizer.step#AdamW.step` for Python time inside the optimiser."""
+    selfs: dict[str, float] = {}
+    for event in cpu_events:
+        own = _overlap(event, start, end) - sum(_overlap(child, start, end) for child in event.cpu_children)
+        if own > 0:
+            selfs[event.name] = selfs.get(event.name, 0.0) + own
+    traced = sum(selfs.values())
+    parts = [f"`{name[:60]}` {us / 1e3:.2f}" for name, us in sorted(selfs.items(), key=lambda kv: -kv[1])[:n]]
+    untraced = max(0.0, (end - start) - traced)  # host time in no profiled operator (Python between them)
+    return ", ".join(parts + ([f"untraced {untraced / 1e3:.2f}"] if untraced >= MIN_GAP_US else []))
+
+
+def gpu_idle_table(events: list, steps: int, n: int = IDLE_GAPS) -> str:
+    """Where the GPU waits: the profiled window (first to last event, host or device) less the union of the
+    device's kernels and copies, per step, then the `n` longest idle stretches (≥ MIN_GAP_US) with what the host
+    ran during each, in ms. Empty without device events. The profiler adds host time to every operator, so the
+    idle time here is an upper bound of the unprofiled step's."""
+    device = [e for e in events if e.device_type == DeviceType.CUDA and not e.is_user_annotation]
+    if not device:
+        return ""
+    cpu = [e for e in events if e.device_type == DeviceType.CPU]
+    first = min(e.time_range.start for e in events)
+    last = max(e.time_range.end for e in events)
+    busy = _merged([(e.time_range.start, e.time_range.end) for e in device])
+    edges = [first] + [t for interval in busy for t in interval] + [last]
+    gaps = [(edges[i], edges[i + 1]) for i in range(0, len(edges), 2) if edges[i + 1] - edges[i] >= MIN_GAP_US]
+    busy_ms = sum(end - start for start, end in busy) / 1e3 / steps
+    window_ms = (last - first) / 1e3 / steps
+    lines = [
+        f"GPU busy {busy_ms:.2f} ms a step (the union of its kernels and copies), idle {window_ms - busy_ms:.2f} ms "
+        f"of the {window_ms:.2f} ms profiled window",
+        "",
+        f"| idle stretch ({min(n, len(gaps))} longest) | ms | from ms | host work in it (self ms) |",
+        "| --- | ---: | ---: | --- |",
+    ]
+    for rank, (start, end) in enumerate(sorted(gaps, key=lambda g: g[0] - g[1])[:n], 1):
+        where = _host_work(cpu, start, end).replace("|", "\\|")
+        lines.append(f"| {rank} | {(end - start) / 1e3:.2f} | {(start - first) / 1e3:.2f} | {where} |")
+    return "\n".join(lines) + "\n"
+
+
 class ProfileSteps(Callback):
     """Profiles `steps` optimiser steps from `start_step` on (after warm-up and compilation) and writes `profile.md`,
     `kernels.md` and `trace.json` into `out_dir`.
@@ -141,6 +204,8 @@ class ProfileSteps(Callback):
         events = self._profiler.events()
         self.table = breakdown_table(breakdown(events, on_gpu), self.steps, wall_ms, on_gpu)
         self.table += "\n" + top_kernels_table(events, on_gpu, self.steps)
+        if on_gpu:
+            self.table += "\n" + gpu_idle_table(events, self.steps)
         if trainer.is_global_zero:
             self.out_dir.mkdir(parents=True, exist_ok=True)
             (self.out_dir / "profile.md").write_text(self.table)
