@@ -184,6 +184,27 @@ def test_estimates_use_the_rows_of_the_units_shape_and_name_them():
         estimate_s(_a5_unit(arch="gpt"), [], "H", 1, prior)
 
 
+def test_estimates_above_the_measured_tokens_take_the_other_shapes_points():
+    """MQAR's case: two blocks measured only at a short length (flat there), one block at a long one. Above its own
+    counts a shape takes the others' points, bounded up to it; time never falls as the tokens grow."""
+    prior = Estimate(tokens_per_s={"kla": 4000.0}, overhead_s=5.0, safety=1.0)
+    rates = [_rate(n_layers=2), _rate(tokens_per_step=4000, step_s=0.05)]  # depth 2 at 40 tokens, depth 1 at 4000
+    seconds, source = estimate_s(_a5_unit(length=499, depth=2), rates, "H", 1, prior)  # 8 x 499 + 8 = 4000 tokens
+    assert seconds == pytest.approx(10 + 1000 * 0.05 * 2)
+    assert "from rates.jsonl lines 1 and bounded from depth 1, 1 seeds, 1 proc/GPU on rates.jsonl lines 2" in source
+    between = estimate_s(_a5_unit(length=249, depth=2), rates, "H", 1, prior)[0]  # 2000 tokens: interpolated
+    assert between == pytest.approx(10 + 1000 * (0.01 + (2000 - 40) / (4000 - 40) * 0.09))
+    assert estimate_s(_a5_unit(length=4, depth=2), rates, "H", 1, prior)[0] == pytest.approx(10 + 1000 * 0.01)  # own
+    faster = [_rate(n_layers=2, step_s=0.03), _rate(tokens_per_step=400, step_s=0.01)]  # x2 = 0.02 < 0.03 at 400
+    assert estimate_s(_a5_unit(length=49, depth=2), faster, "H", 1, prior)[0] == pytest.approx(10 + 1000 * 0.03)
+    # a shape never measured: every shape's points, bounded up to it (depth 1 x 4 at 40, depth 2 x 2 at 400)
+    unmeasured = [_rate(), _rate(n_layers=2, tokens_per_step=400, step_s=0.05)]
+    seconds, source = estimate_s(_a5_unit(length=26, depth=2, seeds=(0, 1)), unmeasured, "H", 1, prior)  # 216
+    assert seconds == pytest.approx(10 + 1000 * (0.04 + (216 - 40) / 360 * 0.06))
+    assert source.startswith("69.33 ms/step bounded from depth 1, 1 seeds, 1 proc/GPU on rates.jsonl lines 1 and "
+                             "bounded from depth 2, 1 seeds, 1 proc/GPU on rates.jsonl lines 2;")  # fmt: skip
+
+
 def test_compiled_estimates_read_compiled_rates_else_eager_step_times_and_the_prior_overhead():
     prior = Estimate(tokens_per_s={"kla": 4000.0}, overhead_s=5.0, safety=1.0)
     unit, eager = _a5_unit(), _rate()  # an eager unit run: 10 ms per step, 10 s overhead

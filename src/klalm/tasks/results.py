@@ -11,13 +11,18 @@ unit it finished. A (cell, seed) with a row is finished and is not run again.
 Estimates (`estimate_s`): a unit's seconds are overhead + steps left × seconds per step, each from this device's
 rows of rates.jsonl of the same family, arch and width, and the log names the rows:
 
-- seconds per step from the rows of the unit's own shape (depth, seeds side by side, processes per GPU). The steps
-  are launch-bound, so the time barely grows with the tokens of a step: between the token counts measured it is
-  interpolated linearly, above the largest it follows the slope of the top two (never downwards), below the
-  smallest it is that count's time, and a shape measured at one token count only is taken as flat. A shape never
-  measured is bounded from the measured ones (a step never gets faster with more layers, seeds or processes):
-  measured × max(1, depth ratio) × max(1, seeds ratio) × max(1, processes ratio), the smallest bound. The step
-  time of a unit run includes its evaluations (every 1,000 steps in A5: a few per cent).
+- seconds per step from points (tokens per step, median seconds per step): the rows of the unit's own shape
+  (depth, seeds side by side, processes per GPU), and, at token counts above the largest of them (at every count,
+  for a shape never measured), the other shapes' rows bounded up to the unit's shape (a step never gets faster with
+  more layers, seeds or processes): measured × max(1, depth ratio) × max(1, seeds ratio) × max(1, processes
+  ratio), the smallest at each count. A bound at a count bounds every smaller count too (a running minimum from the
+  top, which leaves measured points as they are), and time never falls as the tokens grow (a running maximum
+  from the bottom). Between the counts
+  it is interpolated linearly, above the largest it follows the slope of the top two (never downwards), below the
+  smallest it is that count's time, so one point alone is taken as flat: right for small, launch-bound steps,
+  where the time barely grows with the tokens, and the reason for the other shapes' points above: MQAR's
+  (2048, 256) cell at one block takes 25 ms a step, where a flat (64, 4) point of two blocks had said 3 ms. The
+  step time of a unit run includes its evaluations (every 1,000 steps in A5: a few per cent).
 - overhead (process start, data, build, compilation, capture: what a run spends outside its training loop) is the
   median of the unit runs of the same arch on this device, else of any arch on it (benchmark rows measure no process
   start and are not used), else the plan's prior.
@@ -141,23 +146,13 @@ def estimate_s(unit: Unit, rates: list[dict[str, Any]], device: str, procs_per_g
     shapes, eager = _rate_shapes(rates, (device, unit.family, unit.arch, unit.d_model, compile_backend)), ""
     if not shapes and compile_backend is not None:
         shapes, eager = _rate_shapes(rates, (device, unit.family, unit.arch, unit.d_model, None)), "eager "
-    if shape in shapes:
-        step_s, lines = _step_time(shapes[shape], tokens), [line for line, _ in shapes[shape]]
-        how = f"{step_s * 1e3:.2f} ms/step from {eager}rates.jsonl lines {_lines(lines)}"
-    elif shapes:
-        bounds = [
-            (_step_time(rows, tokens) * max(1.0, shape[0] / n) * max(1.0, shape[1] / m) * max(1.0, shape[2] / p), key)
-            for key, rows in shapes.items()
-            for n, m, p in [key]
-        ]
-        step_s, key = min(bounds)
-        how = (f"{step_s * 1e3:.2f} ms/step bounded from depth {key[0]}, {key[1]} seeds, {key[2]} proc/GPU on "
-               f"{eager}rates.jsonl lines {_lines([line for line, _ in shapes[key]])}")  # fmt: skip
-    else:
+    if not shapes:
         if unit.arch not in prior.tokens_per_s:
             raise KeyError(f"estimate.tokens_per_s has no prior for arch {unit.arch!r}; add one to the plan")
         step_s = tokens * unit.n_layers * len(unit.seeds) * procs_per_gpu / prior.tokens_per_s[unit.arch]
         return (prior.overhead_s + steps * step_s) * prior.safety, "prior"
+    step_s, how = _step_time(shapes, shape, tokens)
+    how = how.replace("rates.jsonl", f"{eager}rates.jsonl")
     runs = [r for r in rates if r["device"] == device and r["ended"] != "bench"
             and r.get("compile_backend") == compile_backend]  # fmt: skip
     same_arch = [r["overhead_s"] for r in runs if r["arch"] == unit.arch]
@@ -177,19 +172,51 @@ def _rate_shapes(rates: list[dict[str, Any]], kind: tuple) -> dict[tuple[int, in
     return shapes
 
 
-def _step_time(rows: list[tuple[int, dict]], tokens: int) -> float:
-    """Seconds per step at `tokens` tokens per step from rows of one shape (see the module doc)."""
-    by_tokens: dict[int, list[float]] = {}
-    for _, r in rows:
-        by_tokens.setdefault(r["tokens_per_step"], []).append(r["step_s"])
-    points = sorted((t, statistics.median(s)) for t, s in by_tokens.items())
-    counts = [t for t, _ in points]
-    if len(points) == 1 or tokens <= counts[0]:
-        return points[0][1]
-    upper = min(bisect.bisect_left(counts, tokens), len(points) - 1)  # >= 1: tokens is above the smallest count
-    (t0, s0), (t1, s1) = points[upper - 1], points[upper]
-    slope = (s1 - s0) / (t1 - t0)
-    return s0 + (slope if tokens <= t1 else max(0.0, slope)) * (tokens - t0)
+def _points(rows: list[tuple[int, dict]]) -> dict[int, tuple[float, list[int]]]:
+    """tokens per step -> (median seconds per step, rates.jsonl lines) over rows of one shape."""
+    by_tokens: dict[int, list[tuple[int, float]]] = {}
+    for line, r in rows:
+        by_tokens.setdefault(r["tokens_per_step"], []).append((line, r["step_s"]))
+    return {t: (statistics.median(s for _, s in runs), [line for line, _ in runs]) for t, runs in by_tokens.items()}
+
+
+def _step_time(shapes: dict[tuple[int, int, int], list[tuple[int, dict]]], shape: tuple[int, int, int],
+               tokens: int) -> tuple[float, str]:  # fmt: skip
+    """Seconds per step of `shape` at `tokens` tokens per step and where they came from (see the module doc): the
+    shape's own points, and above its largest token count (everywhere, for a shape never measured) the other
+    shapes' points bounded up to it, the smallest at each count; a bound holds for fewer tokens too, and time never
+    falls as the tokens grow."""
+    own = _points(shapes.get(shape, []))
+    top = max(own, default=-1)
+    points = {t: (s, None, lines) for t, (s, lines) in own.items()}
+    for key, rows in shapes.items():
+        if key == shape:
+            continue
+        factor = max(1.0, shape[0] / key[0]) * max(1.0, shape[1] / key[1]) * max(1.0, shape[2] / key[2])
+        for t, (s, lines) in _points(rows).items():
+            if t > top and (t not in points or s * factor < points[t][0]):
+                points[t] = (s * factor, key, lines)
+    counts = sorted(points)
+    times = [points[t][0] for t in counts]
+    for i in reversed(range(len(times) - 1)):  # a bound at more tokens also bounds fewer; a measured time stays
+        if points[counts[i]][1] is not None:
+            times[i] = min(times[i], times[i + 1])
+    for i in range(1, len(times)):  # and no count is faster than a smaller one
+        times[i] = max(times[i], times[i - 1])
+    if len(counts) == 1 or tokens <= counts[0]:
+        used, step_s = counts[:1], times[0]
+    else:
+        upper = min(bisect.bisect_left(counts, tokens), len(counts) - 1)  # >= 1: above the smallest count
+        (t0, s0), (t1, s1) = (counts[upper - 1], times[upper - 1]), (counts[upper], times[upper])
+        slope = (s1 - s0) / (t1 - t0)
+        used, step_s = [t0, t1], s0 + (slope if tokens <= t1 else max(0.0, slope)) * (tokens - t0)
+    own_lines = sorted(line for t in used if points[t][1] is None for line in points[t][2])
+    parts = [f"from rates.jsonl lines {_lines(own_lines)}"] if own_lines else []
+    for key in dict.fromkeys(points[t][1] for t in used if points[t][1] is not None):
+        lines = sorted(line for t in used if points[t][1] == key for line in points[t][2])
+        parts.append(f"bounded from depth {key[0]}, {key[1]} seeds, {key[2]} proc/GPU on rates.jsonl lines "
+                     f"{_lines(lines)}")  # fmt: skip
+    return step_s, f"{step_s * 1e3:.2f} ms/step " + " and ".join(parts)
 
 
 def _lines(lines: list[int]) -> str:
