@@ -18,6 +18,7 @@ def test_console_shows_steps_and_tokens_per_s_without_noise_and_loggers_get_the_
     assert proc.returncode == 0, proc.stderr[-4000:]
     console = proc.stdout + proc.stderr
     assert "train: 100%|" in console and "| 4/4 [" in console and "tok/s=" in console  # optimiser steps
+    assert "loss=" in console  # StepMetrics' latest loss (no Lightning `self.log` in the step)
     for noise in ("Epoch 0", "litlogger", "set_vital", "LeafSpec", "dataloader_iter", "v_num"):
         assert noise not in console, noise
     assert console.count("Seed set to 1234") == 1  # Lightning's lines are no longer printed twice

@@ -176,11 +176,12 @@ class TextSampler(Callback):
 
 
 class StepProgressBar(TQDMProgressBar):
-    """Lightning's TQDM bar counting optimiser steps out of `max_steps`, labelled "train", with tokens/s.
+    """Lightning's TQDM bar counting optimiser steps out of `max_steps`, labelled "train", with the loss and tokens/s.
 
     Lightning counts fetched batches, which are micro-batches here (`LMModule` pulls `accumulate` of them per step),
     so its own bar overshoots its total and loses it on resume; and it is labelled "Epoch 0", which means nothing in a
-    run measured in tokens. The tokens/s shown are `StepMetrics`' latest measurement (the one the loggers get).
+    run measured in tokens. The loss and tokens/s shown are `StepMetrics`' latest row (the one the loggers get, every
+    `trainer.log_every_n_steps` steps), so drawing the bar never waits for the GPU.
     Args as `TQDMProgressBar`.
     """
 
@@ -202,10 +203,12 @@ class StepProgressBar(TQDMProgressBar):
         self.train_progress_bar.n = self.train_progress_bar.initial = trainer.global_step
 
     def get_metrics(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> dict[str, Any]:
-        """The bar's postfix: Lightning's (loss, val/loss, ...) without the logger version, plus tokens/s."""
+        """The bar's postfix: the latest loss, Lightning's (val/loss, val/ppl) without the logger version, tokens/s."""
         metrics = super().get_metrics(trainer, pl_module)
         metrics.pop("v_num", None)
         measured = [c.last_row for c in trainer.callbacks if isinstance(c, StepMetrics)]
+        if measured and "train/loss" in measured[0]:
+            metrics = {"loss": f"{measured[0]['train/loss']:.3f}", **metrics}
         if measured and "perf/tokens_per_s" in measured[0]:
             metrics["tok/s"] = f"{measured[0]['perf/tokens_per_s']:,.0f}"
         return metrics
