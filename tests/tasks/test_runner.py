@@ -591,6 +591,23 @@ def test_positions_of_finished_runs_filter_table_and_plot(tmp_path, capsys):
     assert not (tmp_path / "nowhere").exists()  # a mistyped folder is not created
 
 
+def test_mqar_positions_by_span_table_and_plot(tmp_path, capsys):
+    """MQAR rows score only their query positions (None elsewhere): shown as means over spans of length/8."""
+    plan = _tiny_plan(families=["mqar"])
+    block = _block(tmp_path, plan)
+    first = block.units[0]  # gpt, L 16, K 2, depth 1, d 16, lr 1e-3
+    acc = [None] * 4 + [1.0, None, 0.5, None, 0.25, None, None, None, 0.0, None, None, 0.5]
+    block.results.record(_outcome([_row(first, 0, 0.5, position_acc=acc)]))
+    main(["positions", "--family", "mqar", "--results", str(tmp_path), "--plot", str(tmp_path / "mqar.png")])
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("MQAR L=16 K=2, held-out accuracy (%) by query position")
+    assert lines[2] == "| unit | seed | step | token acc | 4–5 | 6–7 | 8–9 | 12–13 | 14–15 |"  # 10–11: no query
+    assert lines[4:] == ["| gpt L=16 K=2 depth=1 d=16 lr=0.001 | 0 | 20 | 50.0 | 100.0 | 50.0 | 25.0 | 0.0 | 50.0 |"]
+    assert (tmp_path / "mqar.png").stat().st_size > 1000
+    with pytest.raises(SystemExit, match="no MQAR row with accuracy by position in .* matches"):
+        main(["positions", "--family", "mqar", "--results", str(tmp_path), "--lengths", "64"])
+
+
 def test_every_documented_command_parses_and_its_plan_loads():
     calls = _documented_commands()
     verbs = {"run", "plan", "report", "merge", "progress", "evaluate", "positions"}

@@ -327,19 +327,48 @@ def sections(plan: RunPlan, folder: Path, image_dir: Path, link_prefix: str) -> 
 
 
 def finished_positions(rows: list[Row], archs: list[str], lengths: list[int], depths: list[int]) -> list[Row]:
-    """The A5 result rows that carry accuracy by position, of the given archs, lengths and depths (empty: all), in
-    the form `units.evaluate_saved` gives paused units (a `unit` label per (arch, length, depth)), sorted by arch,
-    depth, length and seed."""
+    """The A5 or MQAR result rows that carry accuracy by position, of the given archs, lengths and depths (empty:
+    all), in the form `units.evaluate_saved` gives paused units (a `unit` label per (arch, length, depth), and for
+    MQAR its pairs, width and learning rate), sorted by arch, depth, length (width, lr) and seed."""
     kept = [r for r in rows if r.get("position_acc") and (not archs or r["arch"] in archs)
             and (not lengths or r["task"]["length"] in lengths)
             and (not depths or r["n_layers"] in depths)]  # fmt: skip
-    kept.sort(key=lambda r: (r["arch"], r["n_layers"], r["task"]["length"], r["seed"]))
-    return [{**r, "unit": f"{r['arch']} L={r['task']['length']} depth={r['n_layers']}"} for r in kept]
+    kept.sort(key=lambda r: (r["arch"], r["n_layers"], r["task"]["length"], r["d_model"], r["train"]["lr"], r["seed"]))
+    return [{**r, "unit": _position_unit(r)} for r in kept]
+
+
+def _position_unit(row: Row) -> str:
+    label = f"{row['arch']} L={row['task']['length']}"
+    if row["task"]["name"] == "mqar":
+        return (
+            f"{label} K={row['task']['num_pairs']} depth={row['n_layers']} d={row['d_model']} lr={row['train']['lr']:g}"
+        )
+    return f"{label} depth={row['n_layers']}"
+
+
+POSITION_BINS = 8  # MQAR: its scored positions shown in spans of length/8
+
+
+def position_bins(row: Row, bins: int = POSITION_BINS) -> list[tuple[int, int, float]]:
+    """(first, last position, mean accuracy) of each span [j·L/bins, (j+1)·L/bins) that holds scored positions: the
+    mean over the span's scored positions, each counting once however many queries it had (MQAR's queries crowd
+    towards their keys, so spans differ in queries)."""
+    acc, length = row["position_acc"], len(row["position_acc"])
+    spans = []
+    for j in range(bins):
+        first, end = length * j // bins, length * (j + 1) // bins
+        scored = [a for a in acc[first:end] if a is not None]
+        if scored:
+            spans.append((first, end - 1, sum(scored) / len(scored)))
+    return spans
 
 
 def positions_markdown(rows: list[Row]) -> str:
     """Rows of `units.evaluate_saved` or `finished_positions` as a table: accuracies (%) overall and at every
-    position, one line per seed (with the accuracy training last recorded, where the rows were re-evaluated)."""
+    position, one line per seed (with the accuracy training last recorded, where the rows were re-evaluated); MQAR
+    rows as one table per (length, pairs) cell, by spans of positions (`position_bins`)."""
+    if rows[0]["task"]["name"] == "mqar":
+        return _mqar_positions_markdown(rows)
     width = max(len(r["position_acc"]) for r in rows)
     recorded = all("recorded_token_acc" in r for r in rows)
     lines = []
@@ -354,14 +383,30 @@ def positions_markdown(rows: list[Row]) -> str:
     return _table(header, lines)
 
 
+def _mqar_positions_markdown(rows: list[Row]) -> str:
+    tables = []
+    for cell in dict.fromkeys((r["task"]["length"], r["task"]["num_pairs"]) for r in rows):
+        at_cell = [r for r in rows if (r["task"]["length"], r["task"]["num_pairs"]) == cell]
+        spans = [(first, last) for first, last, _ in position_bins(at_cell[0])]
+        lines = [[r["unit"], str(r["seed"]), str(r["steps"]), _pct(r["token_acc"]),
+                  *(_pct(mean) for _, _, mean in position_bins(r))] for r in at_cell]  # fmt: skip
+        header = ["unit", "seed", "step", "token acc", *(f"{first}–{last}" for first, last in spans)]
+        tables.append(f"MQAR L={cell[0]} K={cell[1]}, held-out accuracy (%) by query position: the mean over each "
+                      f"span's scored positions\n\n{_table(header, lines)}")  # fmt: skip
+    return "\n\n".join(tables)
+
+
 def plot_positions(rows: list[Row], path: Path) -> None:
     """Held-out accuracy by position: one panel per A5 length, one colour per arch and one line style per depth;
     each line is a (arch, length, depth) unit's best seed (highest token accuracy, the seed that decides whether the
-    cell is solved), the range over its seeds shaded."""
+    cell is solved), the range over its seeds shaded. MQAR rows: `plot_mqar_positions`."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
+    if rows[0]["task"]["name"] == "mqar":
+        return plot_mqar_positions(rows, path, plt)
 
     lengths = sorted({r["task"]["length"] for r in rows})
     colours = {arch: f"C{i}" for i, arch in enumerate(dict.fromkeys(r["arch"] for r in rows))}
@@ -383,6 +428,27 @@ def plot_positions(rows: list[Row], path: Path) -> None:
         ax.legend(fontsize=6.5, loc="lower left")
     axes[0][0].set_ylabel("held-out token accuracy (%)")
     fig.suptitle("A5 accuracy by position (line: best seed; shaded: all seeds)", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def plot_mqar_positions(rows: list[Row], path: Path, plt: Any) -> None:
+    """MQAR held-out accuracy by query position: one panel per (length, pairs) cell, each run's scored positions as
+    faint points and the means of its spans (`position_bins`, 4× finer than the table's) as a line."""
+    cells = list(dict.fromkeys((r["task"]["length"], r["task"]["num_pairs"]) for r in rows))
+    fig, axes = plt.subplots(1, len(cells), figsize=(max(7.0, 4.6 * len(cells) + 1.0), 3.8), sharey=True, squeeze=False)
+    for ax, cell in zip(axes[0], cells, strict=True):
+        for i, r in enumerate(r for r in rows if (r["task"]["length"], r["task"]["num_pairs"]) == cell):
+            scored = [(t, 100 * a) for t, a in enumerate(r["position_acc"]) if a is not None]
+            ax.plot(*zip(*scored, strict=True), ".", ms=2, color=f"C{i}", alpha=0.25)
+            spans = position_bins(r, 4 * POSITION_BINS)
+            ax.plot([(first + last) / 2 for first, last, _ in spans], [100 * mean for _, _, mean in spans],
+                    "-", color=f"C{i}", label=f"{r['unit']} seed {r['seed']} ({_pct(r['token_acc'])} %)")  # fmt: skip
+        ax.set(title=f"L = {cell[0]}, K = {cell[1]}", xlabel="query position", ylim=(0, 101))
+        ax.legend(fontsize=6.5, loc="upper right")
+    axes[0][0].set_ylabel("held-out accuracy (%)")
+    fig.suptitle("MQAR accuracy by query position (points: positions; lines: means over spans)", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

@@ -8,6 +8,7 @@
     klalm-synthetic progress --state .carry/synthetic_state --results results/synthetic   # paused units' evaluations
     klalm-synthetic evaluate --state .carry/synthetic_state --plot positions.png        # their accuracy by position
     klalm-synthetic positions --results results/synthetic --archs kla --plot positions.png  # finished runs' too
+    klalm-synthetic positions --family mqar --results results/synthetic --lengths 2048     # MQAR's, by spans
 
 A block first resumes the units paused in the state folder (plan order), then walks the plan's other units in
 order (klalm.tasks.plans) and starts each that is ready: its (cell, seed)s have no row yet; for A5, every shallower
@@ -436,10 +437,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     assess.add_argument("--state", type=Path, required=True, help="the state folder")
     assess.add_argument("--device", default="cpu", help="torch device to evaluate on (default: cpu)")
     assess.add_argument("--plot", type=Path, default=None, help="also plot accuracy by position to this PNG")
-    shown = verbs.add_parser("positions", help="finished A5 runs' held-out accuracy by position")
-    shown.add_argument("--results", type=Path, required=True, help="the results folder (a5.jsonl)")
+    shown = verbs.add_parser("positions", help="finished A5 or MQAR runs' held-out accuracy by position")
+    shown.add_argument("--results", type=Path, required=True, help="the results folder (a5.jsonl, mqar.jsonl)")
+    shown.add_argument("--family", choices=["a5", "mqar"], default="a5", help="which runs (default: a5)")
     shown.add_argument("--archs", type=name_list, default=[], help="comma-separated archs (default: all)")
-    shown.add_argument("--lengths", type=int_list, default=[], help="comma-separated A5 lengths (default: all)")
+    shown.add_argument("--lengths", type=int_list, default=[], help="comma-separated lengths (default: all)")
     shown.add_argument("--depths", type=int_list, default=[], help="comma-separated depths (default: all)")
     shown.add_argument("--plot", type=Path, default=None, help="also plot accuracy by position to this PNG")
     return p.parse_args(argv)
@@ -482,9 +484,13 @@ def main(argv: list[str] | None = None) -> None:
         else:
             if not args.results.is_dir():
                 sys.exit(f"klalm-synthetic: results folder {args.results} does not exist")
-            rows = finished_positions(Results(args.results, ["a5"]).rows["a5"], args.archs, args.lengths, args.depths)
+            family = args.family
+            rows = finished_positions(Results(args.results, [family]).rows[family], args.archs, args.lengths,
+                                      args.depths)  # fmt: skip
             if not rows:
-                sys.exit(f"klalm-synthetic: no A5 row with accuracy by position in {args.results} matches")
+                sys.exit(
+                    f"klalm-synthetic: no {family.upper()} row with accuracy by position in {args.results} matches"
+                )
         print(positions_markdown(rows))
         if args.plot is not None:
             plot_positions(rows, args.plot)
