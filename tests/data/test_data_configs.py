@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 
@@ -91,3 +92,16 @@ def test_config_keys_are_datamodule_arguments(name, monkeypatch):
 
     accepted = set(inspect.signature(TextDataModule.__init__).parameters) - {"self"}
     assert set(config) - {"_target_"} <= accepted
+
+
+@pytest.mark.parametrize("cuda", [False, True])
+def test_batches_are_pinned_when_cuda_is_available(cuda, monkeypatch):
+    """pin_memory=None (every config's default) pins exactly when CUDA is available; an explicit value is kept."""
+    from klalm.data.loader import resolve_pin_memory
+    from klalm.data.random_tokens import RandomTokenDataModule
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
+    assert resolve_pin_memory(None) is cuda and resolve_pin_memory(True) is True and resolve_pin_memory(False) is False
+    module = RandomTokenDataModule(vocab_size=16, seq_len=4, batch_size=2)
+    assert module.train_dataloader().pin_memory is cuda and module.val_dataloader().pin_memory is cuda
+    assert RandomTokenDataModule(vocab_size=16, seq_len=4, batch_size=2, pin_memory=False).pin_memory is False

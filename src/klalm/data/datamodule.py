@@ -18,7 +18,7 @@ import lightning as L
 import torch
 from torch.utils.data import DataLoader
 
-from klalm.data.loader import ResumableLoader
+from klalm.data.loader import ResumableLoader, resolve_pin_memory
 from klalm.data.packing import PackedTextDataset
 from klalm.data.shards import ShardDataset
 from klalm.data.sources import build_source
@@ -79,7 +79,8 @@ class TextDataModule(L.LightningDataModule):
         block_docs: documents read and tokenised at a time (and the shuffle span).
         on_bad_record: "raise" or "skip" (counted) for corrupt/empty/undecodable records.
         rank, world_size: for use without torch.distributed (taken from it when initialised).
-        pin_memory: pin batches for faster host-to-GPU copies.
+        pin_memory: pin batches, so that moving them to the GPU neither waits for the GPU's queued work nor
+            stalls the host (None: pin when CUDA is available).
         data_root: folder the config's paths are interpolated from (``${..data_root}``); checked to exist, so a
             missing ../shared/data fails at once with its name.
 
@@ -103,7 +104,7 @@ class TextDataModule(L.LightningDataModule):
         on_bad_record: Literal["raise", "skip"] = "raise",
         rank: int | None = None,
         world_size: int | None = None,
-        pin_memory: bool = False,
+        pin_memory: bool | None = None,
         data_root: str | None = None,
     ):
         super().__init__()
@@ -123,7 +124,7 @@ class TextDataModule(L.LightningDataModule):
         self.seq_len, self.batch_size, self.num_workers = seq_len, batch_size, num_workers
         self.val_batches, self.val_batch_size = val_batches, val_batch_size or batch_size
         self.seed, self.shuffle, self.block_docs, self.on_bad_record = seed, shuffle, block_docs, on_bad_record
-        self.rank, self.world_size, self.pin_memory = rank, world_size, pin_memory
+        self.rank, self.world_size, self.pin_memory = rank, world_size, resolve_pin_memory(pin_memory)
         self._train_loader: ResumableLoader | None = None
         self._pending_state: dict[str, Any] | None = None
 

@@ -26,6 +26,13 @@ warnings.filterwarnings("ignore", message=r"'set_vital' is deprecated", category
 MAX_LAG_BATCHES = 8  # snapshots kept: consumption may trail yielding by at most this many batches
 
 
+def resolve_pin_memory(pin_memory: bool | None) -> bool:
+    """A data module's `pin_memory` setting: None pins when CUDA is available. A pinned batch moves to the GPU
+    asynchronously (Lightning copies with non_blocking=True); a pageable one is staged through the driver, and the
+    copy can wait for the work already queued on the GPU before the host may go on to launch the next step."""
+    return torch.cuda.is_available() if pin_memory is None else pin_memory
+
+
 def consumer_split(rank: int, world_size: int, num_batches: int | None) -> tuple[int, int, int | None]:
     """(consumer index, number of consumers, this consumer's batch quota) for the calling DataLoader worker.
 

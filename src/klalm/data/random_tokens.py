@@ -16,7 +16,7 @@ import lightning.pytorch as pl
 import torch
 from torch.utils.data import IterableDataset
 
-from klalm.data.loader import ResumableLoader
+from klalm.data.loader import ResumableLoader, resolve_pin_memory
 
 
 def _rank_and_world() -> tuple[int, int]:
@@ -72,19 +72,29 @@ class RandomTokenDataModule(pl.LightningDataModule):
         batch_size: sequences per micro-batch on one rank (B).
         seed: stream seed; validation uses seed + 1.
         val_batches: number of validation batches.
+        pin_memory: pin batches (None: when CUDA is available; `klalm.data.loader.resolve_pin_memory`).
     """
 
-    def __init__(self, vocab_size: int, seq_len: int, batch_size: int, seed: int = 0, val_batches: int = 2) -> None:
+    def __init__(
+        self,
+        vocab_size: int,
+        seq_len: int,
+        batch_size: int,
+        seed: int = 0,
+        val_batches: int = 2,
+        pin_memory: bool | None = None,
+    ) -> None:
         super().__init__()
         if vocab_size < 2:
             raise ValueError(f"data.vocab_size={vocab_size} must be ≥ 2")
         self.vocab_size, self.seq_len, self.batch_size = vocab_size, seq_len, batch_size
-        self.seed, self.val_batches = seed, val_batches
+        self.seed, self.val_batches, self.pin_memory = seed, val_batches, resolve_pin_memory(pin_memory)
         self.tokenizer = None
 
     def train_dataloader(self) -> ResumableLoader:
-        return ResumableLoader(RandomTokens(self.vocab_size, self.seq_len, self.seed), batch_size=self.batch_size)
+        dataset = RandomTokens(self.vocab_size, self.seq_len, self.seed)
+        return ResumableLoader(dataset, batch_size=self.batch_size, pin_memory=self.pin_memory)
 
     def val_dataloader(self) -> ResumableLoader:
         dataset = RandomTokens(self.vocab_size, self.seq_len, self.seed + 1, self.val_batches * self.batch_size)
-        return ResumableLoader(dataset, batch_size=self.batch_size)
+        return ResumableLoader(dataset, batch_size=self.batch_size, pin_memory=self.pin_memory)
