@@ -3,8 +3,9 @@
 # what finished.
 # 1. The GPU tests of the finiteness check (one max-norm over the parameters; NaN must propagate on CUDA).
 # 2. Two rounds of an A/B at T 2048 (compile on, 32,768 tokens a step, 60 steps, the last 20 timed): HEAD;
-#    HEAD without this session's two host-side changes (`git apply -R host_changes.patch`: the finiteness check
-#    per parameter and Lightning's `self.log` in every step come back); HEAD with `sensors_one_matmul.patch`
+#    HEAD without this session's three host-side changes (`git apply -R host_changes.patch`: the finiteness check
+#    per parameter, Lightning's `self.log` in every step and pageable batches come back); HEAD with
+#    `sensors_one_matmul.patch`
 #    (the KLA layer's maps that read z as one matmul; kla_45m only).
 # 3. The compiled step's profile on HEAD, with the GPU's idle time and what the host ran then (new in 5dacff0).
 source scripts/device_setup.sh || exit 1
