@@ -7,7 +7,8 @@
 #    per parameter, Lightning's `self.log` in every step and pageable batches come back); HEAD with
 #    `sensors_one_matmul.patch`
 #    (the KLA layer's maps that read z as one matmul; kla_45m only).
-# 3. The compiled step's profile on HEAD, with the GPU's idle time and what the host ran then (new in 5dacff0).
+# 3. The compiled step's profile on HEAD, with the GPU's idle time and what the host ran then (new in 5dacff0), and
+#    kla_45m's with fused AdamW (5-9 % slower in the twelfth session, unexplained: its kernels take about 1.2 ms).
 source scripts/device_setup.sh || exit 1
 P=results/cpu_2026-12-02c
 mkdir -p /tmp/nc
@@ -24,4 +25,5 @@ for r in 1 2; do
   git apply -R $P/sensors_one_matmul.patch
 done
 bench profile_head --models kla_45m,gpt_45m --profile
+bench profile_fused_adamw --models kla_45m --profile --override optim.fused=true  # why fused AdamW was slower
 echo "== end $(date +%T)"
