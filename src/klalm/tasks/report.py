@@ -48,6 +48,15 @@ def _done(runs: dict[int, Row | None]) -> list[Row]:
     return [r for r in runs.values() if r is not None]
 
 
+def _save(fig: Any, path: Path) -> None:
+    """Lay out, write (PNG, 120 dpi) and close a report figure."""
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
 # ------------------------------------------------------------------------------------------------------------ A5
 
 
@@ -206,9 +215,7 @@ def plot_a5(cells: dict, lengths: list[int], deepest: int, plan: RunPlan, path: 
                 for state, label in (("unsolved", "not solved"), ("unfinished", "unfinished or not run"))]  # fmt: skip
     ax.legend(handles=handles, fontsize=8, ncols=len(handles), loc="upper center", bbox_to_anchor=(0.5, -0.14),
               frameon=False)  # fmt: skip
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    _save(fig, path)
 
 
 # ------------------------------------------------------------------------------------------------------------ MQAR
@@ -292,9 +299,7 @@ def plot_lines(cells: dict, title: str, path: Path) -> None:
     ax.set_xticks(range(len(columns)), columns, rotation=20)
     ax.set(ylabel="accuracy (%)", ylim=(0, 101), title=title)
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    _save(fig, path)
 
 
 # ------------------------------------------------------------------------------------------------------------ MAD
@@ -428,9 +433,7 @@ def plot_positions(rows: list[Row], path: Path) -> None:
         ax.legend(fontsize=6.5, loc="lower left")
     axes[0][0].set_ylabel("held-out token accuracy (%)")
     fig.suptitle("A5 accuracy by position (line: best seed; shaded: all seeds)", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    _save(fig, path)
 
 
 def plot_mqar_positions(rows: list[Row], path: Path, plt: Any) -> None:
@@ -449,9 +452,7 @@ def plot_mqar_positions(rows: list[Row], path: Path, plt: Any) -> None:
         ax.legend(fontsize=6.5, loc="upper right")
     axes[0][0].set_ylabel("held-out accuracy (%)")
     fig.suptitle("MQAR accuracy by query position (points: positions; lines: means over spans)", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    _save(fig, path)
 
 
 def write_doc(plan: RunPlan, folder: Path, doc: Path) -> str:
