@@ -1,5 +1,5 @@
-# Written in the eleventh session after its GPU time was spent; not run yet (kernels/NOTES.md, "Measurements still
-# to take", items 1-2). One device call, about 8 minutes, carry `.whl`: the whole-LM table on main (compiled;
+# Written in the eleventh session after its GPU time was spent; run in the twelfth (results/gpu_2026-12-02c, call 1,
+# 519 s; kernels/NOTES.md, "Twelfth session"). One device call, carry `.whl`: the whole-LM table on main (compiled;
 # 45M at T 2048, 8192, 16384 and 32768, 180M at T 2048), an A/B of fused AdamW (`optim.fused=true`) in two rounds,
 # and the compiled step's profile of kla_45m and gpt_45m. Everything comes back as one archive, lm_table.tgz,
 # rewritten after every run so that a call stopped by its time limit still returns what finished.
