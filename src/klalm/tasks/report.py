@@ -392,10 +392,10 @@ def _mqar_positions_markdown(rows: list[Row]) -> str:
     tables = []
     for cell in dict.fromkeys((r["task"]["length"], r["task"]["num_pairs"]) for r in rows):
         at_cell = [r for r in rows if (r["task"]["length"], r["task"]["num_pairs"]) == cell]
-        spans = [(first, last) for first, last, _ in position_bins(at_cell[0])]
-        lines = [[r["unit"], str(r["seed"]), str(r["steps"]), _pct(r["token_acc"]),
-                  *(_pct(mean) for _, _, mean in position_bins(r))] for r in at_cell]  # fmt: skip
-        header = ["unit", "seed", "step", "token acc", *(f"{first}–{last}" for first, last in spans)]
+        binned = [position_bins(r) for r in at_cell]
+        lines = [[r["unit"], str(r["seed"]), str(r["steps"]), _pct(r["token_acc"]), *(_pct(mean) for *_, mean in bins)]
+                 for r, bins in zip(at_cell, binned, strict=True)]  # fmt: skip
+        header = ["unit", "seed", "step", "token acc", *(f"{first}–{last}" for first, last, _ in binned[0])]
         tables.append(f"MQAR L={cell[0]} K={cell[1]}, held-out accuracy (%) by query position: the mean over each "
                       f"span's scored positions\n\n{_table(header, lines)}")  # fmt: skip
     return "\n\n".join(tables)

@@ -151,8 +151,7 @@ def estimate_s(unit: Unit, rates: list[dict[str, Any]], device: str, procs_per_g
             raise KeyError(f"estimate.tokens_per_s has no prior for arch {unit.arch!r}; add one to the plan")
         step_s = tokens * unit.n_layers * len(unit.seeds) * procs_per_gpu / prior.tokens_per_s[unit.arch]
         return (prior.overhead_s + steps * step_s) * prior.safety, "prior"
-    step_s, how = _step_time(shapes, shape, tokens)
-    how = how.replace("rates.jsonl", f"{eager}rates.jsonl")
+    step_s, how = _step_time(shapes, shape, tokens, f"{eager}rates.jsonl")
     runs = [r for r in rates if r["device"] == device and r["ended"] != "bench"
             and r.get("compile_backend") == compile_backend]  # fmt: skip
     same_arch = [r["overhead_s"] for r in runs if r["arch"] == unit.arch]
@@ -181,8 +180,9 @@ def _points(rows: list[tuple[int, dict]]) -> dict[int, tuple[float, list[int]]]:
 
 
 def _step_time(shapes: dict[tuple[int, int, int], list[tuple[int, dict]]], shape: tuple[int, int, int],
-               tokens: int) -> tuple[float, str]:  # fmt: skip
-    """Seconds per step of `shape` at `tokens` tokens per step and where they came from (see the module doc): the
+               tokens: int, source: str) -> tuple[float, str]:  # fmt: skip
+    """Seconds per step of `shape` at `tokens` tokens per step and where they came from (lines of `source`, the
+    rates file as the log names it; see the module doc): the
     shape's own points, and above its largest token count (everywhere, for a shape never measured) the other
     shapes' points bounded up to it, the smallest at each count; a bound holds for fewer tokens too, and time never
     falls as the tokens grow."""
@@ -211,10 +211,10 @@ def _step_time(shapes: dict[tuple[int, int, int], list[tuple[int, dict]]], shape
         slope = (s1 - s0) / (t1 - t0)
         used, step_s = [t0, t1], s0 + (slope if tokens <= t1 else max(0.0, slope)) * (tokens - t0)
     own_lines = sorted(line for t in used if points[t][1] is None for line in points[t][2])
-    parts = [f"from rates.jsonl lines {_lines(own_lines)}"] if own_lines else []
+    parts = [f"from {source} lines {_lines(own_lines)}"] if own_lines else []
     for key in dict.fromkeys(points[t][1] for t in used if points[t][1] is not None):
         lines = sorted(line for t in used if points[t][1] == key for line in points[t][2])
-        parts.append(f"bounded from depth {key[0]}, {key[1]} seeds, {key[2]} proc/GPU on rates.jsonl lines "
+        parts.append(f"bounded from depth {key[0]}, {key[1]} seeds, {key[2]} proc/GPU on {source} lines "
                      f"{_lines(lines)}")  # fmt: skip
     return step_s, f"{step_s * 1e3:.2f} ms/step " + " and ".join(parts)
 
