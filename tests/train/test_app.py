@@ -107,18 +107,33 @@ def _nan_loss_at(monkeypatch, bad_calls):
     monkeypatch.setattr(module_lib, "lm_loss", patched)
 
 
-def test_non_finite_steps_are_skipped_and_counted(tmp_path, monkeypatch):
-    _nan_loss_at(monkeypatch, {2, 5})  # step 2 (micro 2-3) and step 3 (micro 4-5) each get one NaN micro-batch
-    summary = run(compose_train([*TINY, "train.max_bad_steps=3"], tmp_path / "run"))
-    assert summary["skipped_steps"] == 2
-    assert summary["steps"] == 4  # optimiser steps: the skipped ones do not count
-    assert summary["tokens_seen"] == 6 * 64  # but their tokens were consumed
+def test_non_finite_steps_are_skipped_and_counted_on_the_host_and_on_the_device(tmp_path, monkeypatch):
+    """foreach AdamW skips a bad step after reading its flag on the host; fused AdamW from the flag on the device
+    (`found_inf`), read by the host a step later. Both count the same steps, leave parameters and moments alone on
+    them (AdamW's step count is the number of good steps) and give the same losses."""
+    summaries, losses, adam_steps = {}, {}, {}
+    for fused in (False, True):
+        _nan_loss_at(monkeypatch, {2, 5})  # step 2 (micro 2-3) and step 3 (micro 4-5) each get one NaN micro-batch
+        run_dir = tmp_path / f"fused_{fused}"
+        overrides = [*TINY, *WITH_CKPT, "train.max_bad_steps=3", f"optim.fused={str(fused).lower()}"]
+        summaries[fused] = run(compose_train(overrides, run_dir))
+        losses[fused] = [float(r["train/loss"]) for r in _rows(run_dir) if r["train/loss"]]
+        state = torch.load(find_latest([run_dir]), weights_only=True)["optimizer_states"][0]["state"]
+        adam_steps[fused] = {float(s["step"]) for s in state.values()}
+    for summary in summaries.values():
+        assert summary["skipped_steps"] == 2
+        assert summary["steps"] == 4  # a skipped step is a step (its tokens, its learning rate) without an update
+        assert summary["tokens_seen"] == 4 * 64
+    assert adam_steps == {False: {2.0}, True: {2.0}}
+    assert [math.isnan(x) for x in losses[True]] == [False, True, True, False]
+    torch.testing.assert_close(torch.tensor(losses[True]), torch.tensor(losses[False]), equal_nan=True)
 
 
-def test_too_many_non_finite_steps_stop_the_run(tmp_path, monkeypatch):
+@pytest.mark.parametrize("fused", ["false", "true"])  # the host reads the flag in the step / a step later
+def test_too_many_non_finite_steps_stop_the_run(tmp_path, monkeypatch, fused):
     _nan_loss_at(monkeypatch, set(range(100)))
-    with pytest.raises(NonFiniteLossError, match="3 consecutive"):
-        run(compose_train([*TINY, "train.max_bad_steps=3"], tmp_path / "run"))
+    with pytest.raises(NonFiniteLossError, match=r"3 consecutive .* step 2\)"):
+        run(compose_train([*TINY, "train.max_bad_steps=3", f"optim.fused={fused}"], tmp_path / "run"))
 
 
 def test_activation_checkpointing_gives_the_same_losses(tmp_path):

@@ -91,6 +91,7 @@ class StepMetrics(Callback):
         if pl_module.device.type == "cuda":
             torch.cuda.synchronize(pl_module.device)
         elapsed = max(time.perf_counter() - self._window_start, 1e-9)
+        pl_module.check_skipped_steps()  # this step's skip is counted in the row (LMModule reads it a step late)
         tokens_per_s = self._window_tokens / elapsed
         row = {k: float(v) for k, v in pl_module.step_metrics.items()}
         row.update({

@@ -7,9 +7,17 @@ at once:
 
     for each micro-batch: loss = CE(model(input_ids), labels); backward(loss / accumulate)  (DDP syncs on the last)
     grad_norm = global L2 norm (clipped to `grad_clip`)
-    non-finite loss, grad_norm or parameter on any rank → zero the grads, count, skip; `max_bad_steps` in a row →
-        stop with `NonFiniteLossError`, naming the learning rate
-    otherwise → optimiser step, scheduler step
+    bad = non-finite loss, grad_norm or parameter on any rank (one collective)
+    optimiser step that leaves parameters and moments unchanged when bad; scheduler step (a skipped step still
+        counts as a step: its tokens, its learning rate, `global_step`)
+    bad → count and warn; `max_bad_steps` in a row → stop with `NonFiniteLossError`, naming the learning rate
+
+How a bad step is skipped depends on the optimiser. A fused one (`optim.fused=true`) takes `bad` as its `found_inf`
+(the flag torch's GradScaler uses) and skips on the device, so the host never waits for the GPU inside a step: it
+reads the flag one step later, when the GPU has long written it, and launches the next step's kernels meanwhile.
+Others need the flag on the host first (one synchronisation a step); a bad step then drops its gradients, so the
+optimiser's step leaves every parameter and moment as it was. Both skip the same steps and give the same parameters
+(tests/train/test_app.py).
 
 Forward passes run with the ops' default value checks suspended (`klalm.ops.checks.value_checks_suspended`), so
 that a diverging KLA model reaches the same skip-and-count path as every other architecture instead of stopping in
@@ -19,6 +27,7 @@ the scan's input check on CPUs.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import random
 import warnings
@@ -111,6 +120,23 @@ def _all_finite(tensors: list[Tensor]) -> Tensor:
     return torch.isfinite(torch.nn.utils.get_total_norm(filled, norm_type=float("inf")))
 
 
+@dataclasses.dataclass(frozen=True)
+class _StepRecord:
+    """What a skipped step's warning needs, kept on the device until the host reads `bad`."""
+
+    bad: Tensor  # float32 0/1: any rank saw a non-finite loss, gradient or parameter
+    loss: Tensor
+    grad_norm: Tensor
+    params_finite: Tensor
+    step: int
+    lr: float
+
+
+def _skips_on_device(optimizer: torch.optim.Optimizer) -> bool:
+    """Whether the optimiser skips a step from a `found_inf` flag on the device: torch's fused Adam/AdamW/SGD."""
+    return bool(optimizer.defaults.get("fused"))
+
+
 class LMModule(pl.LightningModule):
     """Causal-LM pretraining around any klalm model (`forward(input_ids).logits` → [B, T, V]).
 
@@ -158,6 +184,7 @@ class LMModule(pl.LightningModule):
         self.tokens_seen = 0
         self.bad_steps_total = 0
         self.bad_steps_in_row = 0
+        self._unchecked: _StepRecord | None = None  # the last step whose bad flag the host has not read yet
         self._val_sums: list[Tensor] = []
         self.step_metrics: dict[str, Any] = {}
         self.last_val: dict[str, float] = {}  # val/loss and val/ppl of the latest validation
@@ -216,14 +243,21 @@ class LMModule(pl.LightningModule):
         self.tokens_seen += self.budget.tokens_per_step
         grad_norm = self._clip_and_norm()
         params_finite = _all_finite(list(self.parameters()))
-        loss, any_bad = self._reduce_step(loss_sum / self.budget.accumulate, grad_norm, params_finite)
-        if any_bad:
-            self._skip_step(optimizer, loss, grad_norm, params_finite, scheduler)
-        else:
-            self.bad_steps_in_row = 0
-            optimizer.step()
-            scheduler.step()
+        loss, bad = self._reduce_step(loss_sum / self.budget.accumulate, grad_norm, params_finite)
+        record = _StepRecord(bad, loss, grad_norm, params_finite, self.global_step, scheduler.get_last_lr()[0])
+        inner = getattr(optimizer, "optimizer", optimizer)  # Lightning's wrapper holds the torch optimiser
+        on_device = _skips_on_device(inner)
+        if on_device:
+            inner.found_inf = bad  # read by the fused kernel: no update, and its step count is restored
+        elif bool(bad):  # the one synchronisation of a step, for optimisers without found_inf
+            optimizer.zero_grad(set_to_none=True)  # parameters without a gradient are left alone, moments included
+        optimizer.step()
+        scheduler.step()
         self._log_step(loss, grad_norm, scheduler)
+        self.check_skipped_steps()  # on the device path the previous step's flag, which the GPU wrote long ago
+        self._unchecked = record
+        if not on_device:
+            self.check_skipped_steps()  # this step's, already on the host
 
     def _grad_sync(self, sync: bool) -> contextlib.AbstractContextManager:
         """Context of one micro-batch's forward and backward: gradient all-reduce (DDP) or reduce-scatter (FSDP2)
@@ -243,32 +277,41 @@ class LMModule(pl.LightningModule):
             torch.nn.utils.clip_grads_with_norm_(params, self.grad_clip, total)
         return total
 
-    def _reduce_step(self, local_loss: Tensor, grad_norm: Tensor, params_finite: Tensor) -> tuple[Tensor, bool]:
-        """Mean loss over ranks and whether any rank saw a non-finite loss, gradient or parameter (one collective)."""
+    def _reduce_step(self, local_loss: Tensor, grad_norm: Tensor, params_finite: Tensor) -> tuple[Tensor, Tensor]:
+        """Mean loss over ranks (this rank's own loss on a bad step) and a float32 flag, 1 where any rank saw a
+        non-finite loss, gradient or parameter: one collective, no synchronisation."""
         bad = (~torch.isfinite(local_loss) | ~torch.isfinite(grad_norm) | ~params_finite).float()
         stats = torch.stack([torch.nan_to_num(local_loss, nan=0.0, posinf=0.0, neginf=0.0), bad])
         stats = self.trainer.strategy.reduce(stats, reduce_op="sum")
-        any_bad = bool(stats[1] > 0)
-        loss = local_loss if any_bad else stats[0] / self.trainer.world_size
+        any_bad = (stats[1] > 0).float()
+        loss = torch.where(any_bad > 0, local_loss, stats[0] / self.trainer.world_size)
         return loss, any_bad
 
-    def _skip_step(
-        self, optimizer: Any, loss: Tensor, grad_norm: Tensor, params_finite: Tensor, scheduler: Any
-    ) -> None:
-        optimizer.zero_grad(set_to_none=True)
+    def check_skipped_steps(self) -> None:
+        """Reads the bad flag of the last step not read yet (waiting for the GPU to write it, if it has not): counts
+        a skipped step, warns, and raises `NonFiniteLossError` after `max_bad_steps` in a row. Called by every step,
+        and before anything reports the counts (checkpoints, `StepMetrics`, the end of training)."""
+        record, self._unchecked = self._unchecked, None
+        if record is None:
+            return
+        if not bool(record.bad):
+            self.bad_steps_in_row = 0
+            return
         self.bad_steps_total += 1
         self.bad_steps_in_row += 1
-        what = f"loss={loss.item():.4g}, grad_norm={grad_norm.item():.4g}"
-        what += "" if bool(params_finite) else ", non-finite parameters"
-        lr = f"lr {scheduler.get_last_lr()[0]:.3g} (optim.lr={self.optimizer_factory.keywords['lr']:g})"
+        if hasattr(self, "step_metrics"):
+            self.step_metrics["train/skipped_steps"] = self.bad_steps_total
+        what = f"loss={record.loss.item():.4g}, grad_norm={record.grad_norm.item():.4g}"
+        what += "" if bool(record.params_finite) else ", non-finite parameters"
+        lr = f"lr {record.lr:.3g} (optim.lr={self.optimizer_factory.keywords['lr']:g})"
         log.warning(
             "non-finite step skipped (%s at step %d, %s); %d in a row, %d in total",
-            what, self.global_step, lr, self.bad_steps_in_row, self.bad_steps_total,
+            what, record.step, lr, self.bad_steps_in_row, self.bad_steps_total,
         )  # fmt: skip
         if self.bad_steps_in_row >= self.max_bad_steps:
             raise NonFiniteLossError(
                 f"{self.bad_steps_in_row} consecutive optimiser steps were non-finite (last: {what}, step "
-                f"{self.global_step}): the run diverged at {lr}; lower optim.lr, check the data, or raise "
+                f"{record.step}): the run diverged at {lr}; lower optim.lr, check the data, or raise "
                 "train.max_bad_steps"
             )
 
@@ -306,7 +349,11 @@ class LMModule(pl.LightningModule):
         for logger in self.trainer.loggers:
             logger.log_metrics(self.last_val, step=self.global_step)
 
+    def on_train_end(self) -> None:
+        self.check_skipped_steps()
+
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        self.check_skipped_steps()
         checkpoint["klalm"] = {
             **self.meta,
             "tokens_seen": self.tokens_seen,
