@@ -1,0 +1,22 @@
+# Written in the thirteenth session, not run yet (its device time was spent): one device call, about 6-7 minutes,
+# carry `.whl`. Returns one archive, next_call.tgz, rewritten after every run so a call stopped by its limit still
+# returns what finished.
+# 1. The GPU test of the sync-free step: fused AdamW skips a bad step from its flag on the device, the host reads the
+#    flag a step later; foreach AdamW reads it in the step. Same skipped steps, same losses (bf16 tolerance).
+# 2. Three interleaved rounds at T 2048 (compile on, 32,768 tokens a step, 100 steps, the last 50 timed): the
+#    default foreach AdamW (one host synchronisation a step) against fused AdamW (none). The thirteenth session
+#    measured 9-24 % between two runs of one tree, so the rounds and their spread are the result, not one pair.
+# 3. The compiled step's profile with fused AdamW: is the GPU's idle time at the step boundary gone?
+source scripts/device_setup.sh || exit 1
+mkdir -p /tmp/nc
+timeout 150 python3 -m pytest -q -m gpu tests/train/test_app.py -k non_finite -p no:cacheprovider 2>&1 | tail -2 \
+  | tee /tmp/nc/tests_skip_gpu.log
+bench() { local name=$1; shift; echo "== $name $(date +%T)"
+  python3 scripts/bench_lm.py --seq-len 2048 --tokens-per-step 32768 --compile on "$@" --out /tmp/nc/$name.md 2>&1 \
+    | tail -7 | tee /tmp/nc/$name.log; tar -czf $OUT/next_call.tgz -C /tmp/nc .; }
+for r in 1 2 3; do
+  bench foreach_$r --models kla_45m,gpt_45m --steps 100 --log-every 50
+  bench fused_$r --models kla_45m,gpt_45m --steps 100 --log-every 50 --override optim.fused=true
+done
+bench profile_fused --models kla_45m,gpt_45m --profile --override optim.fused=true
+echo "== end $(date +%T)"
