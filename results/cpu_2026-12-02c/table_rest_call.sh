@@ -17,6 +17,7 @@ bench() { local name=$1; shift; echo "== $name $(date +%T)"
 case $part in
   1) bench rest_45m_long --models mamba_45m,gpt_kla_45m --seq-lens 8192,16384,32768
      bench rest_180m_2048 --models mamba_180m,gpt_kla_180m --seq-len 2048 ;;
+  1b) bench rest_180m_2048 --models mamba_180m,gpt_kla_180m --seq-len 2048 ;;  # PART 1's second half (not reached)
   2) bench rest_180m_mid --models kla_180m,gpt_180m,mamba_180m,gpt_kla_180m --seq-lens 8192,16384 ;;
   3) bench rest_180m_32k --models kla_180m,gpt_180m,mamba_180m,gpt_kla_180m --seq-len 32768 ;;
   *) echo "PART must be 1, 2 or 3"; exit 2 ;;
