@@ -2,14 +2,16 @@
 # carry `.whl`. Returns one archive, next_call.tgz, rewritten after every run so a call stopped by its limit still
 # returns what finished.
 # 1. The GPU test of the sync-free step: fused AdamW skips a bad step from its flag on the device, the host reads the
-#    flag a step later; foreach AdamW reads it in the step. Same skipped steps, same losses (bf16 tolerance).
+#    flag a step later (waiting for the flag's copy alone, not for the work queued after it); foreach AdamW reads it
+#    in the step. Same skipped steps, same losses (bf16 tolerance).
 # 2. Three interleaved rounds at T 2048 (compile on, 32,768 tokens a step, 100 steps, the last 50 timed): the
 #    default foreach AdamW (one host synchronisation a step) against fused AdamW (none). The thirteenth session
 #    measured 9-24 % between two runs of one tree, so the rounds and their spread are the result, not one pair.
 # 3. The compiled step's profile with fused AdamW: is the GPU's idle time at the step boundary gone?
 source scripts/device_setup.sh || exit 1
 mkdir -p /tmp/nc
-timeout 150 python3 -m pytest -q -m gpu tests/train/test_app.py -k non_finite -p no:cacheprovider 2>&1 | tail -2 \
+timeout 150 python3 -m pytest -q -m gpu tests/train/test_app.py tests/train/test_divergence.py -p no:cacheprovider \
+  -k "non_finite or host_flag or all_finite" 2>&1 | tail -2 \
   | tee /tmp/nc/tests_skip_gpu.log
 bench() { local name=$1; shift; echo "== $name $(date +%T)"
   python3 scripts/bench_lm.py --seq-len 2048 --tokens-per-step 32768 --compile on "$@" --out /tmp/nc/$name.md 2>&1 \

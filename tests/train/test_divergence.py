@@ -57,3 +57,16 @@ def test_all_finite_finds_one_bad_element_anywhere(device, bad, where):
     assert not torch.isfinite(torch.nn.utils.get_total_norm(tensors, norm_type=2.0))  # why not an L2 norm
     tensors[1].view(-1)[where] = bad
     assert not bool(module_lib._all_finite(tensors))
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_host_flag_reads_the_flag_without_waiting_for_later_work(device):
+    """The sync-free step reads a step's bad flag a step later; on CUDA it must wait only for that flag's copy, not
+    for the work launched after it (which `bool(tensor)` would queue behind and wait for)."""
+    flags = [module_lib._HostFlag(torch.tensor(v, device=device)) for v in (0.0, 1.0)]
+    if device == "cuda":
+        torch.cuda._sleep(2_000_000_000)  # about a second of GPU time queued behind the two copies
+    assert [flag.value() for flag in flags] == [False, True]
+    if device == "cuda":
+        assert not torch.cuda.current_stream().query()  # the sleep still runs: value() did not wait for it
+        torch.cuda.synchronize()

@@ -14,7 +14,8 @@ at once:
 
 How a bad step is skipped depends on the optimiser. A fused one (`optim.fused=true`) takes `bad` as its `found_inf`
 (the flag torch's GradScaler uses) and skips on the device, so the host never waits for the GPU inside a step: it
-reads the flag one step later, when the GPU has long written it, and launches the next step's kernels meanwhile.
+reads the flag one step later, from a pinned copy the GPU wrote long before (`_HostFlag`), and launches the next
+step's kernels meanwhile.
 Others need the flag on the host first (one synchronisation a step); a bad step then drops its gradients, so the
 optimiser's step leaves every parameter and moment as it was. Both skip the same steps and give the same parameters
 (tests/train/test_app.py).
@@ -120,11 +121,31 @@ def _all_finite(tensors: list[Tensor]) -> Tensor:
     return torch.isfinite(torch.nn.utils.get_total_norm(filled, norm_type=float("inf")))
 
 
+class _HostFlag:
+    """A 0-dim device tensor on its way to the host. On CUDA the copy goes into pinned memory behind the work queued
+    so far, and `value()` waits for that copy alone: reading a CUDA tensor directly (`bool(t)`) would queue its copy
+    behind everything launched since, and wait for all of it."""
+
+    def __init__(self, flag: Tensor) -> None:
+        self._event = None
+        if flag.device.type == "cuda":
+            self._value = torch.empty((), dtype=flag.dtype, pin_memory=True).copy_(flag, non_blocking=True)
+            self._event = torch.cuda.Event()
+            self._event.record()
+        else:
+            self._value = flag
+
+    def value(self) -> bool:
+        if self._event is not None:
+            self._event.synchronize()
+        return bool(self._value)
+
+
 @dataclasses.dataclass(frozen=True)
 class _StepRecord:
     """What a skipped step's warning needs, kept on the device until the host reads `bad`."""
 
-    bad: Tensor  # float32 0/1: any rank saw a non-finite loss, gradient or parameter
+    bad: _HostFlag  # any rank saw a non-finite loss, gradient or parameter
     loss: Tensor
     grad_norm: Tensor
     params_finite: Tensor
@@ -244,12 +265,14 @@ class LMModule(pl.LightningModule):
         grad_norm = self._clip_and_norm()
         params_finite = _all_finite(list(self.parameters()))
         loss, bad = self._reduce_step(loss_sum / self.budget.accumulate, grad_norm, params_finite)
-        record = _StepRecord(bad, loss, grad_norm, params_finite, self.global_step, scheduler.get_last_lr()[0])
+        record = _StepRecord(
+            _HostFlag(bad), loss, grad_norm, params_finite, self.global_step, scheduler.get_last_lr()[0]
+        )
         inner = getattr(optimizer, "optimizer", optimizer)  # Lightning's wrapper holds the torch optimiser
         on_device = _skips_on_device(inner)
         if on_device:
             inner.found_inf = bad  # read by the fused kernel: no update, and its step count is restored
-        elif bool(bad):  # the one synchronisation of a step, for optimisers without found_inf
+        elif record.bad.value():  # the one synchronisation of a step, for optimisers without found_inf
             optimizer.zero_grad(set_to_none=True)  # parameters without a gradient are left alone, moments included
         optimizer.step()
         scheduler.step()
@@ -294,7 +317,7 @@ class LMModule(pl.LightningModule):
         record, self._unchecked = self._unchecked, None
         if record is None:
             return
-        if not bool(record.bad):
+        if not record.bad.value():
             self.bad_steps_in_row = 0
             return
         self.bad_steps_total += 1
