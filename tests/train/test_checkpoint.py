@@ -17,23 +17,22 @@ class FakeStrategy:
     def barrier(self, name=None):
         pass
 
-    def reduce_boolean_decision(self, decision, all=True):
-        return decision
+    root_device = torch.device("cpu")
+
+    def reduce(self, tensor, reduce_op):  # the sum over ranks of a world of three, each with this rank's flag
+        return tensor * 3
 
 
 class FakeTrainer(SimpleNamespace):
     """What RollingCheckpoint uses of a Trainer; save_checkpoint writes a payload (or fails half-way)."""
 
-    def __init__(self, step, fail=False):
+    def __init__(self, step, fail=False, world_size=1):
         connector = SimpleNamespace(received_sigterm=False)
         super().__init__(
-            global_step=step, is_global_zero=True, strategy=FakeStrategy(), _signal_connector=connector, loggers=[]
+            global_step=step, is_global_zero=True, strategy=FakeStrategy(), _signal_connector=connector, loggers=[],
+            world_size=world_size,
         )
         self.fail = fail
-
-    @property
-    def received_sigterm(self):
-        return self._signal_connector.received_sigterm
 
     def save_checkpoint(self, path, weights_only=None):
         if self.fail:
@@ -72,15 +71,23 @@ def test_crash_during_save_leaves_previous_checkpoints_intact(tmp_path):
     assert sorted(os.listdir(tmp_path / "checkpoints")) == ["step-00000030.ckpt", "step-00000030.ckpt.sha256"]
 
 
-def test_periodic_and_sigterm_triggers(tmp_path):
+@pytest.mark.parametrize("world_size", [1, 3])
+def test_periodic_and_sigterm_triggers(tmp_path, world_size):
+    """One process stops at the step it got SIGTERM; several agree on the sum of their flags started a step before,
+    so they stop one step later (no step waits for the GPU to read the sum)."""
     callback = RollingCheckpoint(tmp_path / "checkpoints", every_n_steps=4, keep_last=10)
     for step in range(1, 10):
-        callback.on_train_batch_end(FakeTrainer(step))
+        callback.on_train_batch_end(FakeTrainer(step, world_size=world_size))
     assert [checkpoint_step(p) for p in list_checkpoints(tmp_path)] == [4, 8]
-    trainer = FakeTrainer(9)
-    trainer._signal_connector.received_sigterm = True
+    trainer = FakeTrainer(9, world_size=world_size)
+    callback.sigterm_received = True  # what the SIGTERM handler does
     callback.on_train_batch_end(trainer)
-    assert checkpoint_step(find_latest([tmp_path])) == 9
+    if world_size > 1:
+        assert checkpoint_step(find_latest([tmp_path])) == 8
+        trainer.global_step = 10
+        callback.on_train_batch_end(trainer)
+    assert checkpoint_step(find_latest([tmp_path])) == (9 if world_size == 1 else 10)
+    assert trainer._signal_connector.received_sigterm  # so that Lightning ends the loop after this step
 
 
 def test_find_latest_prefers_highest_step_across_runs(tmp_path):

@@ -10,6 +10,7 @@ import torch
 from klalm.models import ARCH_LAYOUTS
 from klalm.train import module as module_lib
 from klalm.train.app import run
+from klalm.train.distributed import HostFlag
 from klalm.train.module import NonFiniteLossError
 
 from .conftest import TINY, compose_train
@@ -63,7 +64,7 @@ def test_all_finite_finds_one_bad_element_anywhere(device, bad, where):
 def test_host_flag_reads_the_flag_without_waiting_for_later_work(device):
     """The sync-free step reads a step's bad flag a step later; on CUDA it must wait only for that flag's copy, not
     for the work launched after it (which `bool(tensor)` would queue behind and wait for)."""
-    flags = [module_lib._HostFlag(torch.tensor(v, device=device)) for v in (0.0, 1.0)]
+    flags = [HostFlag(torch.tensor(v, device=device)) for v in (0.0, 1.0)]
     if device == "cuda":
         torch.cuda._sleep(2_000_000_000)  # about a second of GPU time queued behind the two copies
     assert [flag.value() for flag in flags] == [False, True]

@@ -51,7 +51,7 @@ from klalm.models.checkpoint import (
     list_checkpoints,
     model_state_from_checkpoint,
 )
-from klalm.train.distributed import gather_objects
+from klalm.train.distributed import HostFlag, gather_objects
 
 log = logging.getLogger(__name__)
 
@@ -91,6 +91,8 @@ class RollingCheckpoint(Callback):
         self.every_n_steps = every_n_steps
         self.keep_last = keep_last
         self.last_saved_step = -1
+        self.sigterm_received = False  # this rank got SIGTERM (set by the handler `on_train_start` installs)
+        self._sigterm_sum: HostFlag | None = None  # the ranks' SIGTERM flags summed, started a step ago
         self.last_path: Path | None = None
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -98,14 +100,15 @@ class RollingCheckpoint(Callback):
 
         Lightning 2.6's handler runs a `dist.broadcast` inside the signal handler, which interleaves with whatever
         collective the ranks are in (measured: 2-rank CPU DDP runs hung or died without a checkpoint). Here the ranks
-        agree at the next step boundary instead (`on_train_batch_end`); Lightning restores its handlers at teardown.
+        agree at a step boundary instead (`on_train_batch_end`); Lightning restores its handlers at teardown. The
+        signal is kept in `sigterm_received`, not in Lightning's `received_sigterm`, which would end the loop at this
+        step's end, before the ranks have agreed to save.
         """
-        connector = trainer._signal_connector
 
         def record_sigterm(signum: int, frame: Any) -> None:
-            if not connector.received_sigterm and trainer.strategy.launcher is not None:
+            if not self.sigterm_received and trainer.strategy.launcher is not None:
                 trainer.strategy.launcher.kill(signum)  # forward to the processes Lightning started, as it does
-            connector.received_sigterm = True
+            self.sigterm_received = True
 
         if threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, record_sigterm)
@@ -113,14 +116,24 @@ class RollingCheckpoint(Callback):
     def on_train_batch_end(self, trainer: pl.Trainer, *_: Any) -> None:
         step = trainer.global_step
         periodic = self.every_n_steps > 0 and step % self.every_n_steps == 0
-        # every rank must take the same decision (a save is collective): stop if any rank got SIGTERM
-        sigterm = trainer.strategy.reduce_boolean_decision(bool(trainer.received_sigterm), all=False)
+        sigterm = self._any_rank_got_sigterm(trainer)
         if sigterm:
             trainer._signal_connector.received_sigterm = True  # so that every rank leaves the loop after this step
         if (periodic or sigterm) and step != self.last_saved_step:
             path = self.save(trainer)
             if sigterm:
                 log.warning("SIGTERM received: wrote %s; stopping (resume with resume=auto)", path)
+
+    def _any_rank_got_sigterm(self, trainer: pl.Trainer) -> bool:
+        """Whether to stop, the same answer on every rank (a save is collective). One process: its own flag. Several:
+        each step starts a sum of the ranks' flags and reads the one started a step before (`HostFlag`), so the
+        step never waits for the GPU (Lightning's `reduce_boolean_decision` reads its sum at once, which waits for
+        all the work queued on the GPU); the ranks stop one step after the signal."""
+        if trainer.world_size == 1:
+            return self.sigterm_received
+        flag = torch.full((), float(self.sigterm_received), device=trainer.strategy.root_device)
+        started, self._sigterm_sum = self._sigterm_sum, HostFlag(trainer.strategy.reduce(flag, reduce_op="sum"))
+        return started is not None and started.value()
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if trainer.global_step != self.last_saved_step:

@@ -8,7 +8,8 @@ forward of every unit, so `LMModule`'s several micro-batch forwards inside one s
 and `set_requires_gradient_sync(False)` skips the reduce-scatter of all but the last micro-batch.
 
 `gather_objects` collects one Python object per rank (loader states for checkpoints, skipped-record counts for the
-metrics) under any data-parallel strategy.
+metrics) under any data-parallel strategy. `HostFlag` brings a flag that the ranks agreed on (a non-finite step, a
+SIGTERM) to the host a step later without waiting for the GPU's later work.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Any
 
 import torch
 from lightning.pytorch.strategies import ModelParallelStrategy
-from torch import nn
+from torch import Tensor, nn
 
 
 def gather_objects(obj: Any) -> list[Any]:
@@ -27,6 +28,26 @@ def gather_objects(obj: Any) -> list[Any]:
     out: list[Any] = [None] * torch.distributed.get_world_size()
     torch.distributed.all_gather_object(out, obj)
     return out
+
+
+class HostFlag:
+    """A 0-dim device tensor on its way to the host. On CUDA the copy goes into pinned memory behind the work queued
+    so far, and `value()` waits for that copy alone: reading a CUDA tensor directly (`bool(t)`) would queue its copy
+    behind everything launched since, and wait for all of it."""
+
+    def __init__(self, flag: Tensor) -> None:
+        self._event = None
+        if flag.device.type == "cuda":
+            self._value = torch.empty((), dtype=flag.dtype, pin_memory=True).copy_(flag, non_blocking=True)
+            self._event = torch.cuda.Event()
+            self._event.record()
+        else:
+            self._value = flag
+
+    def value(self) -> bool:
+        if self._event is not None:
+            self._event.synchronize()
+        return bool(self._value)
 
 
 def block_classes() -> tuple[type[nn.Module], ...]:

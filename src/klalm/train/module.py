@@ -14,7 +14,7 @@ at once:
 
 How a bad step is skipped depends on the optimiser. A fused one (`optim.fused=true`) takes `bad` as its `found_inf`
 (the flag torch's GradScaler uses) and skips on the device, so the host never waits for the GPU inside a step: it
-reads the flag one step later, from a pinned copy the GPU wrote long before (`_HostFlag`), and launches the next
+reads the flag one step later, from a pinned copy the GPU wrote long before (`HostFlag`), and launches the next
 step's kernels meanwhile.
 Others need the flag on the host first (one synchronisation a step); a bad step then drops its gradients, so the
 optimiser's step leaves every parameter and moment as it was. Both skip the same steps and give the same parameters
@@ -44,7 +44,7 @@ from torch.distributed.tensor import DTensor
 from klalm.models.loss import scored_tokens, token_cross_entropy
 from klalm.ops.checks import value_checks_suspended
 from klalm.train.budget import TokenBudget
-from klalm.train.distributed import FSDPStrategy, block_classes, shard_model
+from klalm.train.distributed import FSDPStrategy, HostFlag, block_classes, shard_model
 from klalm.train.optim import classify_parameters, param_groups
 
 log = logging.getLogger(__name__)
@@ -121,31 +121,11 @@ def _all_finite(tensors: list[Tensor]) -> Tensor:
     return torch.isfinite(torch.nn.utils.get_total_norm(filled, norm_type=float("inf")))
 
 
-class _HostFlag:
-    """A 0-dim device tensor on its way to the host. On CUDA the copy goes into pinned memory behind the work queued
-    so far, and `value()` waits for that copy alone: reading a CUDA tensor directly (`bool(t)`) would queue its copy
-    behind everything launched since, and wait for all of it."""
-
-    def __init__(self, flag: Tensor) -> None:
-        self._event = None
-        if flag.device.type == "cuda":
-            self._value = torch.empty((), dtype=flag.dtype, pin_memory=True).copy_(flag, non_blocking=True)
-            self._event = torch.cuda.Event()
-            self._event.record()
-        else:
-            self._value = flag
-
-    def value(self) -> bool:
-        if self._event is not None:
-            self._event.synchronize()
-        return bool(self._value)
-
-
 @dataclasses.dataclass(frozen=True)
 class _StepRecord:
     """What a skipped step's warning needs, kept on the device until the host reads `bad`."""
 
-    bad: _HostFlag  # any rank saw a non-finite loss, gradient or parameter
+    bad: HostFlag  # any rank saw a non-finite loss, gradient or parameter
     loss: Tensor
     grad_norm: Tensor
     params_finite: Tensor
@@ -266,7 +246,7 @@ class LMModule(pl.LightningModule):
         params_finite = _all_finite(list(self.parameters()))
         loss, bad = self._reduce_step(loss_sum / self.budget.accumulate, grad_norm, params_finite)
         record = _StepRecord(
-            _HostFlag(bad), loss, grad_norm, params_finite, self.global_step, scheduler.get_last_lr()[0]
+            HostFlag(bad), loss, grad_norm, params_finite, self.global_step, scheduler.get_last_lr()[0]
         )
         inner = getattr(optimizer, "optimizer", optimizer)  # Lightning's wrapper holds the torch optimiser
         on_device = _skips_on_device(inner)
