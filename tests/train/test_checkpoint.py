@@ -29,7 +29,11 @@ class FakeTrainer(SimpleNamespace):
     def __init__(self, step, fail=False, world_size=1):
         connector = SimpleNamespace(received_sigterm=False)
         super().__init__(
-            global_step=step, is_global_zero=True, strategy=FakeStrategy(), _signal_connector=connector, loggers=[],
+            global_step=step,
+            is_global_zero=True,
+            strategy=FakeStrategy(),
+            _signal_connector=connector,
+            loggers=[],
             world_size=world_size,
         )
         self.fail = fail
