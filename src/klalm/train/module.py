@@ -302,8 +302,7 @@ class LMModule(pl.LightningModule):
             return
         self.bad_steps_total += 1
         self.bad_steps_in_row += 1
-        if hasattr(self, "step_metrics"):
-            self.step_metrics["train/skipped_steps"] = self.bad_steps_total
+        self.step_metrics["train/skipped_steps"] = self.bad_steps_total  # the row StepMetrics writes next
         what = f"loss={record.loss.item():.4g}, grad_norm={record.grad_norm.item():.4g}"
         what += "" if bool(record.params_finite) else ", non-finite parameters"
         lr = f"lr {record.lr:.3g} (optim.lr={self.optimizer_factory.keywords['lr']:g})"
