@@ -182,13 +182,15 @@ def table(rows: list[dict], args: argparse.Namespace, setting: Setting) -> str:
         + "\n\n"
     )
     runs = ["tokens/s of each run", "spread"] if args.repeats > 1 else []
-    header = ["model", "params", "tokens/s", *runs, "MFU", "step ms", "peak mem GB", "loss", "wall s", "status"]
+    header = ["model", "params", "tokens/s", *runs, "MFU", "step ms", "step ms median / max", "peak mem GB", "loss",
+              "wall s", "status"]  # fmt: skip
     lines = ["| " + " | ".join(header) + " |", "| --- |" + " ---: |" * (len(header) - 2) + " --- |"]
     for row in rows:
         each = ", ".join(f"{v:,.0f}" for v in row.get("runs/tokens_per_s", []))
         spread = [each or "—", _fmt(row.get("runs/spread"), ".1%")] if runs else []
         cells = [row["model"], _fmt(row.get("params"), ","), _fmt(row.get("perf/tokens_per_s"), ",.0f"), *spread,
                  _fmt(row.get("perf/mfu"), ".1%"), _fmt(row.get("perf/step_time_ms"), ".1f"),
+                 " / ".join(_fmt(row.get(f"perf/step_time_ms_{k}"), ".1f") for k in ("median", "max")),
                  _fmt(row.get("perf/peak_mem_gb"), ".2f"), _fmt(row.get("train/loss"), ".3f"), f"{row['wall_s']:.0f}",
                  row.get("error", "ok")]  # fmt: skip
         lines.append("| " + " | ".join(cells) + " |")

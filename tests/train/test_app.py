@@ -6,6 +6,7 @@ import logging
 import math
 import os
 import shutil
+import time
 
 import pytest
 import torch
@@ -261,3 +262,20 @@ def test_skipped_records_reach_the_metrics_and_the_summary(tmp_path, shared_data
     column = [int(r["train/skipped_records"]) for r in _rows(tmp_path / "run") if r["train/loss"]]
     assert column == sorted(column) and column[-1] == sum(counts.values())  # a running total, per logged step
     assert any(f"skipped bad record at {corpus}:line 2: empty_document" in r.getMessage() for r in caplog.records)
+
+
+def test_metrics_show_one_slow_step_in_a_window(tmp_path, monkeypatch):
+    """perf/step_time_ms_median and _max time the window's steps one by one: one slow step shows in the max alone."""
+    real = module_lib.LMModule.training_step
+
+    def slow_step_2(self, dataloader_iter):
+        if self.global_step == 2:
+            time.sleep(0.3)
+        return real(self, dataloader_iter)
+
+    monkeypatch.setattr(module_lib.LMModule, "training_step", slow_step_2)
+    run(compose_train([*TINY, "trainer.log_every_n_steps=4"], tmp_path / "run"))
+    (row,) = [r for r in _rows(tmp_path / "run") if r["train/loss"]]
+    median, slowest = float(row["perf/step_time_ms_median"]), float(row["perf/step_time_ms_max"])
+    assert slowest >= 300 > median
+    assert slowest <= 4 * float(row["perf/step_time_ms"])  # one of the window's four steps

@@ -6,6 +6,8 @@ wandb), straight through `logger.log_metrics`, so large counters such as tokens 
     train/loss, train/grad_norm, train/lr, train/skipped_steps        from LMModule.step_metrics
     train/skipped_records          bad data records skipped so far (on_bad_record=skip), all ranks; text data only
     train/tokens_seen, perf/tokens_per_s, perf/tokens_per_s_per_device, perf/step_time_ms
+    perf/step_time_ms_median, perf/step_time_ms_max   the window's steps one by one, as the GPU saw them (CUDA
+                                   events at each step's end; the host's clock on CPUs): a few slow steps, or all?
     perf/mfu                       only on GPUs whose peak rate is known (flops.PEAK_BF16_FLOPS) or is configured
     perf/peak_mem_gb               CUDA only: peak allocated memory since the previous row, GiB
 
@@ -60,6 +62,7 @@ class StepMetrics(Callback):
         self._window_start = 0.0
         self._window_tokens = 0
         self._window_steps = 0
+        self._marks: list[Any] = []  # the window's start and each step's end: CUDA events, or perf_counter() on CPUs
         self.last_row: dict[str, float] = {}
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -79,12 +82,14 @@ class StepMetrics(Callback):
 
     def _reset_window(self, pl_module: pl.LightningModule) -> None:
         self._window_start, self._window_tokens, self._window_steps = time.perf_counter(), 0, 0
+        self._marks = [_time_mark(pl_module.device)]
         if pl_module.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(pl_module.device)
 
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, *_: Any) -> None:
         self._window_tokens += pl_module.budget.tokens_per_step
         self._window_steps += 1
+        self._marks.append(_time_mark(pl_module.device))
         step = trainer.global_step
         if step % trainer.log_every_n_steps and step != trainer.max_steps:
             return
@@ -100,6 +105,9 @@ class StepMetrics(Callback):
             "perf/tokens_per_s_per_device": tokens_per_s / trainer.world_size,
             "perf/step_time_ms": 1e3 * elapsed / self._window_steps,
         })  # fmt: skip
+        steps_ms = sorted(_elapsed_ms(a, b) for a, b in zip(self._marks, self._marks[1:]))
+        row["perf/step_time_ms_median"] = steps_ms[(len(steps_ms) - 1) // 2]
+        row["perf/step_time_ms_max"] = steps_ms[-1]
         skipped = skipped_records(trainer)
         if skipped is not None:
             row["train/skipped_records"] = sum(skipped.values())
@@ -111,6 +119,20 @@ class StepMetrics(Callback):
         for logger in trainer.loggers:
             logger.log_metrics(row, step=step)
         self._reset_window(pl_module)
+
+
+def _time_mark(device: torch.device) -> Any:
+    """A point in time as the device sees it: a recorded CUDA event (no wait), or the host clock elsewhere."""
+    if device.type != "cuda":
+        return time.perf_counter()
+    event = torch.cuda.Event(enable_timing=True)
+    event.record()
+    return event
+
+
+def _elapsed_ms(start: Any, end: Any) -> float:
+    """Milliseconds between two `_time_mark`s (CUDA events must have completed: the caller synchronised)."""
+    return start.elapsed_time(end) if isinstance(start, torch.cuda.Event) else 1e3 * (end - start)
 
 
 class TextSampler(Callback):
