@@ -8,8 +8,13 @@
 #    default foreach AdamW (one host synchronisation a step) against fused AdamW (none). The thirteenth session
 #    measured 9-24 % between two runs of one tree, so the rounds and their spread are the result, not one pair.
 # 3. The compiled step's profile with fused AdamW: is the GPU's idle time at the step boundary gone?
+# Beside them, nvidia-smi samples the SM and memory clocks, power and temperature (gpu_clocks.csv), and each bench table
+# gives its runs' median and slowest step: is the noise a few slow steps, or slower clocks?
 source scripts/device_setup.sh || exit 1
 mkdir -p /tmp/nc
+# the GPU's clocks, power and temperature twice a second for the whole call: do runs of one tree differ by clocks?
+command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu \
+  --format=csv -lms 500 > /tmp/nc/gpu_clocks.csv 2>&1 &
 timeout 150 python3 -m pytest -q -m gpu tests/train/test_app.py tests/train/test_divergence.py -p no:cacheprovider \
   -k "non_finite or host_flag or all_finite" 2>&1 | tail -2 \
   | tee /tmp/nc/tests_skip_gpu.log
