@@ -1,4 +1,4 @@
-# Written in the twelfth session, not run yet (no device time was left): one device call, about 6 minutes, carry
+# Written in the twelfth session, run in the thirteenth (results/gpu_2026-12-02d, call 1, 366 s): one device call, carry
 # `.whl`. Returns one archive, next_call.tgz, rewritten after every run so a call stopped by its limit still returns
 # what finished.
 # 1. The GPU tests of the finiteness check (one max-norm over the parameters; NaN must propagate on CUDA).

@@ -1,4 +1,4 @@
-# Written in the twelfth session, not run yet: the rest of #17's whole-LM table (docs/benchmarks.md, "Twelfth
+# Written in the twelfth session; PART 1's 45M rows ran in the thirteenth (results/gpu_2026-12-02d, call 4): the rest of #17's whole-LM table (docs/benchmarks.md, "Twelfth
 # session", has kla/gpt at 45M for T 2048-32768, mamba/gpt_kla at 45M for T 2048 and kla/gpt at 180M for T 2048).
 # Compile on, 32,768 tokens a step, 40 steps with the last 10 timed, as that table's long-T rows. One device call per
 # PART (carry `.whl`; each about 5-9 minutes by the twelfth session's wall times of 10-54 s a run plus compiling):
