@@ -71,3 +71,36 @@ def test_host_flag_reads_the_flag_without_waiting_for_later_work(device):
     if device == "cuda":
         assert not torch.cuda.current_stream().query()  # the sleep still runs: value() did not wait for it
         torch.cuda.synchronize()
+
+
+@pytest.mark.parametrize("fused", [False, True])
+def test_only_the_host_path_reads_a_steps_flag_inside_that_step(tmp_path, monkeypatch, fused):
+    """The sync-free step's contract: with fused AdamW, a training step reads only the flags of earlier steps (so it
+    never waits for its own GPU work); with foreach AdamW it reads its own (the one synchronisation a step)."""
+    reads, inside = [], {"step": None}
+    real_init, real_value, real_step = HostFlag.__init__, HostFlag.value, module_lib.LMModule.training_step
+
+    def tagged_init(self, flag):
+        real_init(self, flag)
+        self.made_in = inside["step"]
+
+    def logged_value(self):
+        if inside["step"] is not None:
+            reads.append((self.made_in, inside["step"]))
+        return real_value(self)
+
+    def marked_step(self, dataloader_iter):
+        inside["step"] = self.global_step
+        try:
+            return real_step(self, dataloader_iter)
+        finally:
+            inside["step"] = None
+
+    monkeypatch.setattr(HostFlag, "__init__", tagged_init)
+    monkeypatch.setattr(HostFlag, "value", logged_value)
+    monkeypatch.setattr(module_lib.LMModule, "training_step", marked_step)
+    overrides = [*TINY, f"optim.fused={str(fused).lower()}", "trainer.log_every_n_steps=4"]  # one metrics row
+    run(compose_train(overrides, tmp_path / "run"))
+    made = {m for m, _ in reads}
+    assert made == ({0, 1, 2} if fused else {0, 1, 2, 3})  # fused: the last step's flag is read by the metrics row
+    assert all(m < r for m, r in reads) if fused else all(m == r for m, r in reads)
