@@ -83,3 +83,13 @@ def test_repeated_runs_give_the_median_run_and_their_spread():
     assert "spread" not in bench_lm.table([runs[0]], bench_lm.parse_args([]), setting)
     with pytest.raises(SystemExit):
         bench_lm.parse_args(["--repeats", "0"])
+
+
+def test_table_shows_the_median_and_slowest_step():
+    setting = Setting(16, 2048, True)
+    row = {"setting": setting, "model": "kla_45m", "perf/tokens_per_s": 100.0, "perf/step_time_ms": 20.0,
+           "perf/step_time_ms_median": 12.5, "perf/step_time_ms_max": 40.0, "wall_s": 1.0}  # fmt: skip
+    text = bench_lm.table([row], bench_lm.parse_args([]), setting)
+    assert "| step ms | step ms median / max |" in text and "| 20.0 | 12.5 / 40.0 |" in text
+    old = {k: v for k, v in row.items() if k not in ("perf/step_time_ms_median", "perf/step_time_ms_max")}
+    assert "| 20.0 | — / — |" in bench_lm.table([old], bench_lm.parse_args([]), setting)
