@@ -15,6 +15,8 @@ mkdir -p /tmp/nc
 # the GPU's clocks, power and temperature twice a second for the whole call: do runs of one tree differ by clocks?
 command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu \
   --format=csv -lms 500 > /tmp/nc/gpu_clocks.csv 2>&1 &
+# stop the sampler when the script ends: left running, it held the fourteenth session's call open to its 600 s limit
+trap 'kill %1 2>/dev/null; tar -czf $OUT/next_call.tgz -C /tmp/nc .' EXIT
 timeout 150 python3 -m pytest -q -m gpu tests/train/test_app.py tests/train/test_divergence.py -p no:cacheprovider \
   -k "non_finite or host_flag or all_finite" 2>&1 | tail -2 \
   | tee /tmp/nc/tests_skip_gpu.log

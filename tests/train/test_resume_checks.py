@@ -48,6 +48,11 @@ def _train_steps(run_dir):
         return [int(r["step"]) for r in csv.DictReader(handle) if r["train/loss"]]
 
 
+def _losses(run_dir):
+    with open(run_dir / "csv" / "metrics.csv", newline="") as handle:
+        return [float(r["train/loss"]) for r in csv.DictReader(handle) if r["train/loss"]]
+
+
 @pytest.mark.parametrize(
     ("damage", "reason"),
     [(_truncate, "sha256"), (_truncate_without_checksum, "truncated or corrupted"), (_flip_bytes, "sha256")],
@@ -109,3 +114,13 @@ def test_resume_allow_changes_accepts_them(finished, tmp_path, caplog):
                                     tmp_path / "v" / "b"))  # fmt: skip
     assert summary["steps"] == 6 and _train_steps(tmp_path / "v" / "b") == [5, 6]
     assert any("changed settings: train.max_tokens 256 -> 384" in r.getMessage() for r in caplog.records)
+
+
+def test_a_resume_may_switch_between_fused_and_foreach_adamw(finished, tmp_path):
+    """`optim.fused` says how AdamW runs, not what it computes: a resume may change it, and Adam's state carries over
+    (the steps after the switch match the fused run's own, where a fresh optimiser state would not)."""
+    step_2 = finished / "checkpoints" / "step-00000002.ckpt"
+    run(compose_train([*RUN, f"resume={step_2}", "optim.fused=false"], tmp_path / "v" / "b"))
+    assert _train_steps(tmp_path / "v" / "b") == [3, 4]
+    fused, foreach = (_losses(finished)[2:], _losses(tmp_path / "v" / "b"))
+    assert foreach == pytest.approx(fused, rel=1e-5)

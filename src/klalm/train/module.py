@@ -12,10 +12,10 @@ at once:
         counts as a step: its tokens, its learning rate, `global_step`)
     bad → count and warn; `max_bad_steps` in a row → stop with `NonFiniteLossError`, naming the learning rate
 
-How a bad step is skipped depends on the optimiser. A fused one (`optim.fused=true`) takes `bad` as its `found_inf`
-(the flag torch's GradScaler uses) and skips on the device, so the host never waits for the GPU inside a step: it
-reads the flag one step later, from a pinned copy the GPU wrote long before (`HostFlag`), and launches the next
-step's kernels meanwhile.
+How a bad step is skipped depends on the optimiser. A fused one (`optim.fused=true`, the default) takes `bad` as its
+`found_inf` (the flag torch's GradScaler uses) and skips on the device, so the host never waits for the GPU inside a
+step: it reads the flag one step later, from a pinned copy the GPU wrote long before (`HostFlag`), and launches the
+next step's kernels meanwhile.
 Others need the flag on the host first (one synchronisation a step); a bad step then drops its gradients, so the
 optimiser's step leaves every parameter and moment as it was. Both skip the same steps and give the same parameters
 (tests/train/test_app.py).

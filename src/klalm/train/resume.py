@@ -14,7 +14,8 @@ A resume keeps the settings that fix the lr schedule and the data order (`RESUME
 a changed token budget, global batch, optimiser, schedule or data setting is refused with one line naming the keys
 (`check_settings`), unless `resume_allow_changes=true`. Silently accepting them would stretch or cut the schedule
 mid-run or replay other data, and the optimiser's own values (lr, betas, weight decay) would come back from the
-checkpoint anyway, ignoring the new ones.
+checkpoint anyway, ignoring the new ones. `FREE_KEYS` (`optim.fused`: how AdamW runs, not what it computes) may
+change freely.
 
 resume=auto and resume=<run dir> continue in the run folder of the checkpoint they resume from
 (`klalm.train.rundir.run_dir_for`, the resolver behind `hydra.run.dir`), so one run keeps one metrics.csv, loss.png
@@ -50,6 +51,9 @@ RESUME_KEYS = (
     "data.block_docs",
     "data.vocab_size",
 )
+# Keys inside RESUME_KEYS that choose how the same maths runs, not what it computes: a resume may change them.
+# (Fused and foreach AdamW keep the same state dict; the loaded state moves to the kernel's device and dtype.)
+FREE_KEYS = ("optim.fused",)
 
 
 def resolve_resume(resume: str | None, search_glob: str) -> Path | None:
@@ -89,7 +93,7 @@ def resume_settings(cfg: DictConfig) -> dict[str, Any]:
         node = OmegaConf.select(cfg, key, default=None)
         value = OmegaConf.to_container(node, resolve=True) if OmegaConf.is_config(node) else node
         _flatten(key, value, flat)
-    return flat
+    return {key: value for key, value in flat.items() if key not in FREE_KEYS}
 
 
 def _flatten(prefix: str, value: Any, out: dict[str, Any]) -> None:
@@ -116,6 +120,7 @@ def check_settings(ckpt_path: Path, current: dict[str, Any], allow_changes: bool
             "cannot be checked; pass resume_allow_changes=true to resume it anyway"
         )
     absent = "(absent)"
+    saved = {key: value for key, value in saved.items() if key not in FREE_KEYS}  # checkpoints that recorded them
     changes = [
         f"{key} {saved.get(key, absent)!r} -> {current.get(key, absent)!r}"
         for key in sorted(saved.keys() | current.keys())
