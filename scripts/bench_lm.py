@@ -30,6 +30,8 @@ The numbers come from the last logging window (steps after the first window, whi
 tokens/s over wall-clock time including data and optimiser, MFU from klalm.train.flops, and the peak allocated
 CUDA memory in that window. `--profile` profiles the second-to-last step (klalm.train.profiling.ProfileSteps); with
 `--out`, every profiled run's table of all its kernels goes beside it (`<out>_<model>_B.._T.._<compiled>_kernels.md`).
+Every row records how it ran (`ran_with`: the optimiser as configured, the extra overrides and the klalm commit); a
+table's header names them, and a merged table lists which rows differ in them.
 """
 
 from __future__ import annotations
@@ -48,7 +50,9 @@ from typing import NamedTuple
 
 import torch
 from hydra import compose, initialize_config_module
+from omegaconf import DictConfig
 
+from klalm.provenance import git_commit
 from klalm.train.app import run
 
 ALL_MODELS = [f"{a}_{s}" for s in ("45m", "180m") for a in ("gpt", "kla", "mamba", "gdn", "gpt_kla")]
@@ -130,16 +134,24 @@ def overrides_for(model: str, args: argparse.Namespace, setting: Setting, run_di
     ]
 
 
+def optimizer_name(optim: DictConfig) -> str:
+    """The optimiser a config builds, e.g. "AdamW (fused)"; AdamW's `fused: null` is torch's default, foreach."""
+    name = str(optim.get("_target_", "?")).rpartition(".")[2]
+    return f"{name} ({'fused' if optim.get('fused') else 'foreach'})" if "fused" in optim else name
+
+
 def bench_one(model: str, args: argparse.Namespace, setting: Setting, root: Path, repeat: int = 0) -> dict:
     """Runs one model (its `repeat`-th run of this setting); returns its row (with "error" set when it failed,
-    "profile" with --profile)."""
+    "profile" with --profile, and "ran_with" always)."""
     started = time.time()
     compiled = "compiled" if setting.compile else "eager"
     run_dir = root / f"{model}-B{setting.batch_size}-T{setting.seq_len}-{compiled}-run{repeat}"
+    ran_with = {"optimizer": None, "overrides": list(args.override), "commit": git_commit()}
     try:
         cfg = compose("train", overrides=overrides_for(model, args, setting, run_dir))
+        ran_with["optimizer"] = optimizer_name(cfg.optim)
         summary = run(cfg)
-        row = {"model": model, "setting": setting, **summary, "wall_s": time.time() - started}
+        row = {"model": model, "setting": setting, **summary, "wall_s": time.time() - started, "ran_with": ran_with}
         if args.profile:
             row["profile"] = (run_dir / "profile.md").read_text()
             row["kernels"] = (run_dir / "kernels.md").read_text()
@@ -147,7 +159,8 @@ def bench_one(model: str, args: argparse.Namespace, setting: Setting, root: Path
     except Exception as err:  # one failing model must not stop the table: report it in its row
         logging.getLogger("bench_lm").error("%s failed:\n%s", model, traceback.format_exc())
         message = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"[:160]
-        return {"model": model, "setting": setting, "error": message.replace("|", "/"), "wall_s": time.time() - started}
+        return {"model": model, "setting": setting, "error": message.replace("|", "/"), "wall_s": time.time() - started,
+                "ran_with": ran_with}  # fmt: skip
     finally:
         gc.collect()
         if torch.cuda.is_available():
@@ -172,6 +185,25 @@ def _fmt(value: float | None, spec: str) -> str:
     return "—" if value is None or (isinstance(value, float) and math.isnan(value)) else format(value, spec)
 
 
+def describe_ran_with(ran_with: dict | None) -> str:
+    """How a row ran, e.g. `AdamW (fused), overrides: x=1 y=2, commit abc1234` ("not recorded" for older rows)."""
+    if not ran_with:
+        return "optimiser, overrides and commit not recorded"
+    optimizer, overrides = ran_with.get("optimizer") or "optimiser unknown", " ".join(ran_with.get("overrides") or [])
+    return f"{optimizer}, overrides: {overrides or 'none'}, commit {ran_with.get('commit')}"
+
+
+def ran_with_note(rows: list[dict]) -> str:
+    """One line when every row ran alike; otherwise a line per way of running, naming its rows (model@T)."""
+    groups: dict[str, list[str]] = {}
+    for row in rows:
+        groups.setdefault(describe_ran_with(row.get("ran_with")), []).append(f"{row['model']}@{row['setting'].seq_len}")
+    if len(groups) == 1:
+        return f"All rows ran with {next(iter(groups))}.\n"
+    lines = [f"- {how}: {', '.join(which)}" for how, which in groups.items()]
+    return "**The rows did not all run alike:**\n\n" + "\n".join(lines) + "\n"
+
+
 def table(rows: list[dict], args: argparse.Namespace, setting: Setting) -> str:
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else "CPU"
     head = (
@@ -181,6 +213,7 @@ def table(rows: list[dict], args: argparse.Namespace, setting: Setting) -> str:
         + (f"; each row the median of {args.repeats} runs taken in turn" if args.repeats > 1 else "")
         + "\n\n"
     )
+    ran = ran_with_note(rows)
     runs = ["tokens/s of each run", "spread"] if args.repeats > 1 else []
     header = ["model", "params", "tokens/s", *runs, "MFU", "step ms", "step ms median / max", "peak mem GB", "loss",
               "wall s", "status"]  # fmt: skip
@@ -194,7 +227,7 @@ def table(rows: list[dict], args: argparse.Namespace, setting: Setting) -> str:
                  _fmt(row.get("perf/peak_mem_gb"), ".2f"), _fmt(row.get("train/loss"), ".3f"), f"{row['wall_s']:.0f}",
                  row.get("error", "ok")]  # fmt: skip
         lines.append("| " + " | ".join(cells) + " |")
-    return head + "\n".join(lines) + "\n"
+    return head + "\n".join(lines) + "\n\n" + ran
 
 
 def gpt_of(model: str) -> str | None:
@@ -225,7 +258,8 @@ def sweep_table(rows: list[dict], models: list[str]) -> str:
                     and (speed.get((s, m)) or 0) >= (speed.get((s, gpt_of(m))) or math.inf)]  # fmt: skip
             where = f"T = {over[0]}" if over else "no measured T"
             notes.append(f"- {m} overtakes {gpt_of(m)} (compile {'on' if compiled else 'off'}): {where}")
-    return "Tokens/s by context length\n\n" + "\n".join(lines) + "\n\n" + "\n".join(notes) + "\n"
+    table_text = "Tokens/s by context length\n\n" + "\n".join(lines) + "\n\n" + "\n".join(notes) + "\n"
+    return table_text + "\n" + ran_with_note(rows)
 
 
 def plot_sweep(rows: list[dict], models: list[str], path: Path) -> Path:

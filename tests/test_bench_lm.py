@@ -4,9 +4,11 @@ model's ratio to the gpt of its size and the context length at which it overtake
 from __future__ import annotations
 
 import importlib.util
+import json
 from pathlib import Path
 
 import pytest
+from omegaconf import OmegaConf
 
 REPO = Path(__file__).resolve().parents[1]
 spec = importlib.util.spec_from_file_location("bench_lm", REPO / "scripts" / "bench_lm.py")
@@ -93,3 +95,40 @@ def test_table_shows_the_median_and_slowest_step():
     assert "| step ms | step ms median / max |" in text and "| 20.0 | 12.5 / 40.0 |" in text
     old = {k: v for k, v in row.items() if k not in ("perf/step_time_ms_median", "perf/step_time_ms_max")}
     assert "| 20.0 | — / — |" in bench_lm.table([old], bench_lm.parse_args([]), setting)
+
+
+def test_optimizer_names_say_fused_or_foreach():
+    def name(**optim):
+        return bench_lm.optimizer_name(OmegaConf.create(optim))
+
+    assert name(_target_="torch.optim.AdamW", fused=True) == "AdamW (fused)"
+    assert name(_target_="torch.optim.AdamW", fused=None) == "AdamW (foreach)"
+    assert name(_target_="torch.optim.SGD") == "SGD"
+
+
+def test_a_merged_table_names_rows_that_ran_differently():
+    short, long = Setting(16, 2048, True), Setting(1, 32768, True)
+    fused = {"optimizer": "AdamW (fused)", "overrides": [], "commit": "abc1234"}
+    rows = [{"setting": short, "model": "kla_45m", "perf/tokens_per_s": 3.0, "ran_with": fused},
+            {"setting": long, "model": "kla_45m", "perf/tokens_per_s": 2.0, "ran_with": fused}]  # fmt: skip
+    alike = bench_lm.sweep_table(rows, ["kla_45m"])
+    assert "All rows ran with AdamW (fused), overrides: none, commit abc1234." in alike
+    foreach = {**fused, "overrides": ["optim.fused=false"], "optimizer": "AdamW (foreach)"}
+    old = {"setting": long, "model": "gpt_45m", "perf/tokens_per_s": 1.0}  # saved before rows recorded how they ran
+    rows += [{"setting": short, "model": "gpt_45m", "perf/tokens_per_s": 4.0, "ran_with": foreach}, old]
+    text = bench_lm.sweep_table(rows, ["kla_45m", "gpt_45m"])
+    assert "**The rows did not all run alike:**" in text
+    assert "- AdamW (fused), overrides: none, commit abc1234: kla_45m@2048, kla_45m@32768" in text
+    assert "- AdamW (foreach), overrides: optim.fused=false, commit abc1234: gpt_45m@2048" in text
+    assert "- optimiser, overrides and commit not recorded: gpt_45m@32768" in text
+
+
+def test_a_cpu_run_records_how_it_ran(tmp_path, monkeypatch):
+    monkeypatch.setenv("KLALM_COMMIT", "test123")
+    out = tmp_path / "lm.md"
+    argv = ["--models", "gpt_tiny", "--trainer", "cpu", "--seq-len", "32", "--batch-size", "2", "--steps", "4",
+            "--log-every", "2", "--override", "optim.fused=false", "--out", str(out)]  # fmt: skip
+    assert bench_lm.main(argv) == 0
+    (row,) = json.loads(out.with_suffix(".json").read_text())
+    assert row["ran_with"] == {"optimizer": "AdamW (foreach)", "overrides": ["optim.fused=false"], "commit": "test123"}
+    assert "All rows ran with AdamW (foreach), overrides: optim.fused=false, commit test123." in out.read_text()

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import subprocess
 import time
 from pathlib import Path
 
@@ -446,22 +445,6 @@ def test_units_run_in_child_processes_side_by_side(tmp_path):
     assert all(r["procs_per_gpu"] == 2 for r in read_jsonl(tmp_path / "rates.jsonl"))
     with pytest.raises(ValueError, match="one unit at a time"):
         _block(tmp_path, plan, in_process=True)
-
-
-def test_the_recorded_commit_says_when_the_tree_differs_from_it(tmp_path, monkeypatch):
-    monkeypatch.delenv("KLALM_COMMIT", raising=False)
-    monkeypatch.chdir(tmp_path)
-    assert runner._commit() == "unknown"  # not a git checkout
-    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t"]
-    subprocess.run(["git", "init", "-q"], check=True)
-    (tmp_path / "f.txt").write_text("a")
-    subprocess.run(["git", "add", "f.txt"], check=True)
-    subprocess.run([*git, "commit", "-qm", "x"], check=True)
-    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-    (tmp_path / "new.txt").write_text("untracked files do not count")
-    assert runner._commit() == head
-    (tmp_path / "f.txt").write_text("b")
-    assert runner._commit() == head + "-dirty"
 
 
 def test_merge_appends_only_new_rows_and_stamps_the_commit(tmp_path):

@@ -43,6 +43,7 @@ from typing import Any
 
 import torch
 
+from klalm.provenance import git_commit
 from klalm.tasks.plans import RunPlan, add_plan_args, apply_args, int_list, load_plan, name_list, plan_units
 from klalm.tasks.results import Results, estimate_s, merge
 from klalm.tasks.units import (
@@ -384,20 +385,6 @@ def _resolve_device(plan: RunPlan) -> str:
     return plan.device
 
 
-def _commit() -> str:
-    """$KLALM_COMMIT, else git's short HEAD, with "-dirty" when tracked files differ from it (a run of uncommitted
-    code, or a copied tree whose .git is stale), else "unknown"."""
-    if "KLALM_COMMIT" in os.environ:
-        return os.environ["KLALM_COMMIT"]
-    try:
-        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True)
-        changed = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
-                                 text=True, check=True)  # fmt: skip
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-    return head.stdout.strip() + ("-dirty" if changed.stdout.strip() else "")
-
-
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="klalm-synthetic", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
@@ -453,7 +440,7 @@ def _block(args: argparse.Namespace, plan: RunPlan) -> GridBlock:
     budget = args.time_budget_s if args.time_budget_s is not None else plan.time_budget_s
     results = Results(args.results, plan.families)
     return GridBlock(plan, results, args.state, device, gpus, getattr(args, "in_process", False), budget or None,
-                     _commit(), getattr(args, "gpu_name", None), getattr(args, "finish_only", False))  # fmt: skip
+                     git_commit(), getattr(args, "gpu_name", None), getattr(args, "finish_only", False))  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -465,7 +452,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.verb == "merge":
         if not args.source.is_dir():
             sys.exit(f"klalm-synthetic: --from folder {args.source} does not exist")
-        added: dict[str, Any] = merge(args.source, args.results, args.commit or _commit())
+        added: dict[str, Any] = merge(args.source, args.results, args.commit or git_commit())
         if args.state is not None:
             parts = sorted(args.source.resolve().parent.glob("state.tar.*"))
             try:
@@ -498,7 +485,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.verb == "progress":
         if not args.state.is_dir():
             sys.exit(f"klalm-synthetic: state folder {args.state} does not exist")
-        rows = paused_rows(args.state, args.commit or _commit())
+        rows = paused_rows(args.state, args.commit or git_commit())
         print(json.dumps({"progress.jsonl": Results(args.results, []).record_progress(rows)}))
         return
     try:
