@@ -48,6 +48,7 @@ def test_study_runs_end_to_end_on_the_cpu(tmp_path, shared_data, monkeypatch):
         sweep={"lrs": {"gpt_tiny": [1e-3, 3e-3]}, "fraction": 0.25},
         eval={**raw["eval"], "limit": 4, "batch_size": 4},
         estimate={**raw["estimate"], "prior_tokens_per_s": {"gpt_tiny": 1e5, "kla_tiny": 1e5}},
+        cost={**raw["cost"], "bench_rows": [str(REPO / p) for p in raw["cost"]["bench_rows"]]},
     )
     spec_path = tmp_path / "spec.yaml"
     spec_path.write_text(yaml.safe_dump(raw))

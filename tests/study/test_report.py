@@ -3,6 +3,7 @@ results produce (so none of its generated numbers is typed by hand or out of dat
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -10,6 +11,7 @@ import pytest
 
 from klalm.markdown import fill_sections
 from klalm.study.report import write_report
+from klalm.study.results import bench_rates
 from klalm.study.spec import load_spec
 
 REPO = Path(__file__).resolve().parents[2]
@@ -27,11 +29,28 @@ def test_fill_replaces_only_between_markers():
         fill_sections(text, {"c": "x"}, "study")
 
 
-def test_results_md_matches_the_committed_results(tmp_path):
+def test_results_md_matches_the_committed_results(tmp_path, monkeypatch):
     doc = tmp_path / "RESULTS.md"
     shutil.copy(REPO / "docs/RESULTS.md", doc)
     spec = load_spec()
     spec = type(spec)(**{**spec.__dict__, "results": REPO / spec.results})
+    monkeypatch.chdir(REPO)  # cost.bench_rows name files from the repository root, and the doc names them so
     write_report(spec, doc)
     assert doc.read_text() == (REPO / "docs/RESULTS.md").read_text(), "run `klalm-study report` and commit the doc"
     assert (tmp_path / "img/study_val_loss.png").stat().st_size > 10_000
+
+
+def test_bench_rates_read_the_study_shape_first_file_first(tmp_path):
+    def rows(*entries):
+        shape = ("batch_size", "seq_len", "compile")
+        return json.dumps([{"model": m, "setting": dict(zip(shape, s, strict=True)), "perf/tokens_per_s": v}
+                           for m, *s, v in entries])  # fmt: skip
+
+    (tmp_path / "a.json").write_text(rows(("kla_45m", 16, 2048, True, 9.0), ("kla_45m", 4, 8192, False, 8.0),
+                                          ("gpt_45m", 16, 2048, False, 5.0)))  # fmt: skip
+    (tmp_path / "b.json").write_text(rows(("gpt_45m", 16, 2048, False, 6.0), ("kla_45m", 16, 2048, False, 3.0)))
+    (tmp_path / "c.json").write_text(json.dumps([{"model": "mamba_45m", "setting": {}, "error": "OOM"}]))
+    rates = bench_rates([tmp_path / "a.json", tmp_path / "b.json", tmp_path / "c.json"])
+    assert rates == {"gpt_45m": (5.0, str(tmp_path / "a.json")), "kla_45m": (3.0, str(tmp_path / "b.json"))}
+    with pytest.raises(FileNotFoundError, match=r"cost.bench_rows: .*missing.json does not exist"):
+        bench_rates([tmp_path / "missing.json"])

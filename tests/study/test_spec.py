@@ -24,6 +24,7 @@ def test_the_shipped_spec_loads_and_names_its_cells():
         ({"models": {"gpt_45m": {"lr": "kla_tiny", "dynamics_lr_scale": 1.0}}}, "kla_tiny has no sweep.lrs entry"),
         ({"models": {"gpt_45m": {"lr": "sweep", "dyn": 1.0}}}, "study models.gpt_45m: keys must be"),
         ({"colour": "blue"}, "keys must be"),
+        ({"cost": {"tokens": [1], "gpus": [1], "tokens_per_s_180m": {}}}, "study cost: keys must be bench_rows"),
     ],
 )
 def test_mistakes_are_refused(tmp_path, changes, message):

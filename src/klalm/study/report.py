@@ -200,34 +200,41 @@ def _arch(model: str) -> str:
 
 
 def section_cost(spec: Spec, runs: list[dict[str, Any]]) -> str:
-    """GPU-hours for the paper's token budgets at 45M (this study's rates) and 180M (bench_lm's one-GPU rates)."""
+    """GPU-hours for the paper's token budgets: each model's one-GPU rate from this study's sweep where it was swept,
+    else from the committed bench_lm rows of `cost.bench_rows` (a model in neither gets dashes)."""
     chosen = {m: results.best_lr(spec, m) for m in spec.sweep["lrs"]}
     sweep = {r["model"]: r for r in results.finished(spec, sweep=True) if r["lr"] == chosen[r["model"]]}
+    bench = results.bench_rates(spec.cost["bench_rows"])
     first = {r["model"]: r for r in reversed(runs)}
     budgets = [(t, g) for t in spec.cost["tokens"] for g in spec.cost["gpus"]]
     head = ["model", "1-GPU tokens/s", "multi-GPU efficiency"]
     head += [f"{t / 1e9:g}B tokens, {g} GPU{'s' if g > 1 else ''}" for t, g in budgets]
     lines = ["| " + " | ".join(head) + " |", "| --- |" + " ---: |" * (len(head) - 1)]
-    efficiency: dict[str, float] = {}
-    rows = []
-    for model in spec.models:
-        run = first.get(model)
+    rates: dict[str, tuple[float, str] | None] = {}
+    for model in [*spec.models, *spec.cost["models_180m"]]:
         single = sweep.get(model)
-        one = single["throughput"]["tokens_per_s_per_gpu"] if single else spec.estimate["prior_tokens_per_s"][model]
-        if run is not None:
-            efficiency[_arch(model)] = run["throughput"]["tokens_per_s_per_gpu"] / one
-        rows.append((model, one, "sweep" if single else "bench_lm"))
-    rows += [(m, rate, "bench_lm") for m, rate in spec.cost["tokens_per_s_180m"].items()]
-    for model, one, source in rows:
+        rates[model] = (single["throughput"]["tokens_per_s_per_gpu"], "sweep") if single else bench.get(model)
+    efficiency: dict[str, float] = {}
+    for model in spec.models:
+        if first.get(model) is not None and rates[model] is not None:
+            efficiency[_arch(model)] = first[model]["throughput"]["tokens_per_s_per_gpu"] / rates[model][0]
+    for model, rate in rates.items():
         eff = efficiency.get(_arch(model))
-        hours = [t / (one * (1 if g == 1 else g * (eff or float("nan")))) / 3600 for t, g in budgets]
-        cells = [model, f"{one:,.0f} ({source})", "—" if eff is None else f"{eff:.0%}"]
-        lines.append("| " + " | ".join(cells + [f"{h:,.1f}" for h in hours]) + " |")
+        if rate is None:
+            cells = [model, "not measured", "—"] + ["—"] * len(budgets)
+        else:
+            one, source = rate
+            hours = [t / (one * (1 if g == 1 else g * (eff or float("nan")))) / 3600 for t, g in budgets]
+            cells = [model, f"{one:,.0f} ({'sweep' if source == 'sweep' else 'bench_lm'})",
+                     "—" if eff is None else f"{eff:.0%}", *(f"{h:,.1f}" for h in hours)]  # fmt: skip
+        lines.append("| " + " | ".join(cells) + " |")
     gpus = sorted({r["gpus"] for r in runs})
+    files = sorted({source for rate in rates.values() if rate and (source := rate[1]) != "sweep"})
     lines += [
         "",
         "Hours of wall-clock time on H200s. 1-GPU tokens/s: this study's sweep (one GPU, the study's recipe) where "
-        "the model was swept, else `scripts/bench_lm.py` (docs/benchmarks.md, random tokens, same shape). "
+        "the model was swept, else `scripts/bench_lm.py` at the study's shape (B16 × T2048, bf16, no compile, random "
+        f'tokens) from {", ".join(f"`{f}`" for f in files) or "no file"}; "not measured": in neither. '
         f"Multi-GPU efficiency: per-GPU tokens/s of this study's {'/'.join(map(str, gpus))}-GPU DDP run over the "
         "1-GPU rate, measured at 45M and applied unchanged to 180M and to 8 GPUs (neither measured here).",
     ]

@@ -63,6 +63,22 @@ def tokens_per_s_per_gpu(spec: Spec, model: str) -> tuple[float, str]:
     return float(spec.estimate["prior_tokens_per_s"][model]), "prior (docs/benchmarks.md)"
 
 
+def bench_rates(paths: list[str | Path]) -> dict[str, tuple[float, str]]:
+    """One-GPU tokens/s by model from committed `scripts/bench_lm.py` rows (its `--out` .json files) at the study's
+    shape (B16 × T2048, no compile), with the file each came from; the first file that has a model wins."""
+    rates: dict[str, tuple[float, str]] = {}
+    for path in map(Path, paths):
+        if not path.is_file():
+            raise FileNotFoundError(f"study cost.bench_rows: {path} does not exist (a bench_lm.py --out .json file)")
+        for row in json.loads(path.read_text()):
+            setting, speed = row.get("setting", {}), row.get("perf/tokens_per_s")
+            at_study_shape = (setting.get("batch_size"), setting.get("seq_len"), setting.get("compile")) == (
+                16, 2048, False)  # fmt: skip
+            if at_study_shape and speed and row["model"] not in rates:
+                rates[row["model"]] = (float(speed), str(path))
+    return rates
+
+
 def split_metrics(metrics_csv: Path, out_dir: Path) -> dict[str, list[dict[str, float]]]:
     """Writes train.csv (step, tokens, loss, lr, grad norm, tokens/s) and val.csv (step, tokens, loss) from
     Lightning's metrics.csv; returns both as lists of rows."""

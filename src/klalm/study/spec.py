@@ -71,6 +71,8 @@ def _check(spec: Spec) -> None:
     for model in [*spec.extra_seeds, *spec.sweep["lrs"], *spec.estimate["prior_tokens_per_s"]]:
         if model not in spec.models:
             raise ValueError(f"study: {model!r} is used but not listed under models ({sorted(spec.models)})")
+    if set(spec.cost) != {"tokens", "gpus", "models_180m", "bench_rows"}:
+        raise ValueError(f"study cost: keys must be bench_rows, gpus, models_180m and tokens, got {sorted(spec.cost)}")
     if not 0 < spec.sweep["fraction"] <= 1:
         raise ValueError(f"study sweep.fraction={spec.sweep['fraction']} must be in (0, 1]")
 
