@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import time
 from pathlib import Path
 
@@ -507,9 +508,11 @@ def test_merge_restores_the_state_that_came_back_and_keeps_the_old_one_otherwise
 def test_plan_verb_lists_units_with_estimates(tmp_path, capsys):
     main(["plan", "--plan", "full", "--families", "a5", "--archs", "kla", "--results", str(tmp_path)])
     out = capsys.readouterr().out
-    assert "| a5 length=4 kla depth=1 d=128 lr=0.001 seeds=0,1,2 | ready |" in out
-    assert "| a5 length=4 kla depth=2 d=128 lr=0.001 seeds=0,1,2 | waits |" in out
+    assert "| a5 length=4 kla depth=1 d=128 lr=0.001 wd=0.01 seeds=0,1,2 | ready |" in out
+    assert "| a5 length=4 kla depth=2 d=128 lr=0.001 wd=0.01 seeds=0,1,2 | waits |" in out
     assert "packs of up to 4 units run side by side" in out  # the sum counts each unit alone
+    ready = re.search(r"\| a5 \| ready \| (\d+) \| ([\d,.]+) \|", out)  # the per-family sums
+    assert ready and int(ready[1]) == out.count("| ready |") - 1 and float(ready[2].replace(",", "")) > 0
     assert Path(tmp_path).is_dir()
 
 

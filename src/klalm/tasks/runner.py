@@ -355,11 +355,16 @@ def plan_table(block: GridBlock) -> str:
     """Markdown: every unit with its state and estimated seconds (pending seconds summed per slot)."""
     lines = ["| unit | state | est. s | rate from |", "| --- | --- | ---: | --- |"]
     pending = 0.0
+    by_family: dict[tuple[str, str], list[float]] = {}  # (family, state) -> estimated seconds of its units
     for unit, state in block.states():
         seconds, source = block.estimate(dataclasses.replace(unit, seeds=block.free_seeds(unit) or unit.seeds))
         if state in ("ready", "resumes", "waits"):
             pending += seconds
+        by_family.setdefault((unit.family, state), []).append(seconds)
         lines.append(f"| {unit.label()} | {state} | {seconds:.0f} | {source} |")
+    lines += ["", "| family | state | units | unit-minutes |", "| --- | --- | ---: | ---: |"]
+    for (family, state), seconds in sorted(by_family.items()):
+        lines.append(f"| {family} | {state} | {len(seconds)} | {sum(seconds) / 60:,.1f} |")
     lines.append("")
     lines.append(
         f"pending (ready, resumes or waits): {pending / 60:.1f} unit-minutes at these estimates, at most (A5 depths"

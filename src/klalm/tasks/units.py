@@ -90,8 +90,9 @@ class Unit:
 
     def label(self) -> str:
         settings = " ".join(f"{k}={v}" for k, v in self.task.items() if k != "name")
+        seeds = ",".join(map(str, self.seeds))
         return f"{self.task['name']} {settings} {self.arch} depth={self.n_layers} d={self.d_model} " \
-               f"lr={self.train.lr:g} seeds={','.join(map(str, self.seeds))}"  # fmt: skip
+               f"lr={self.train.lr:g} wd={self.train.weight_decay:g} seeds={seeds}"  # fmt: skip
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> Unit:
