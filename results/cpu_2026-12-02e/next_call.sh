@@ -1,4 +1,4 @@
-# Written in the fourteenth session, not run yet: one device call (carry `.whl`; about 6-8 minutes, every step under
+# Written in the fourteenth session, not run yet: one device call (carry `.whl`; at most about 9 minutes, every step under
 # its own `timeout`), for numbers the docs quote but no committed file holds, or that predate the kernels on main:
 # 1. the scan kernels at README's headline size (B8 L2048 M1536 S16) and the length sweep L 512-16384
 #    (`bench_scan.py --skip-torch`; README's 0.61 / 2.97 ms predate the half-scratch backward);
@@ -14,8 +14,8 @@ trap 'tar -czf $OUT/next_call.tgz -C /tmp/nc .' EXIT
 step() { local name=$1 limit=$2; shift 2; echo "== $name $(date +%T)"
   timeout "$limit" "$@" > /tmp/nc/$name.log 2>&1; echo "rc $? $(date +%T)" >> /tmp/nc/$name.log
   tail -25 /tmp/nc/$name.log; tar -czf $OUT/next_call.tgz -C /tmp/nc .; }
-step scan_main 150 python3 kernels/bench_scan.py --skip-torch
+step scan_main 170 python3 kernels/bench_scan.py --skip-torch
 step scan_lengths 150 python3 kernels/bench_scan.py --lengths --skip-torch
 # foreach AdamW, as the study's runs and the 2026-11-29 table (fused is the default since the fourteenth session)
-step bench_all_eager 240 python3 scripts/bench_lm.py --override optim.fused=false --out /tmp/nc/bench_all_eager.md
+step bench_all_eager 200 python3 scripts/bench_lm.py --override optim.fused=false --out /tmp/nc/bench_all_eager.md
 echo "== end $(date +%T)"
