@@ -31,7 +31,7 @@ tokens/s over wall-clock time including data and optimiser, MFU from klalm.train
 CUDA memory in that window. `--profile` profiles the second-to-last step (klalm.train.profiling.ProfileSteps); with
 `--out`, every profiled run's table of all its kernels goes beside it (`<out>_<model>_B.._T.._<compiled>_kernels.md`).
 Every row records how it ran (`ran_with`: the optimiser as configured, the extra overrides and the klalm commit); a
-table's header names them, and a merged table lists which rows differ in them.
+table ends with a line naming them, or, where its rows differ in them (a merged table), a line for each way.
 """
 
 from __future__ import annotations
