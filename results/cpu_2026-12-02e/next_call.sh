@@ -7,6 +7,7 @@
 # 3. all ten presets without compile (`bench_lm.py`'s defaults: B16 x T2048, 15 steps, the last 5 timed), the shape of
 #    docs/benchmarks.md's first table, whose 2026-11-29 output was not committed, and of the study's cost table
 #    (docs/RESULTS.md: gdn "not measured" until this file joins `cost.bench_rows` in configs/study/enwiki_45m.yaml).
+# 4. why the step's parameter finiteness check ran as 105 per-tensor reductions (finite_check.py, seconds).
 # Everything comes back in next_call.tgz, rewritten after each step and when the script exits.
 source scripts/device_setup.sh || exit 1
 mkdir -p /tmp/nc
@@ -18,4 +19,5 @@ step scan_main 170 python3 kernels/bench_scan.py --skip-torch
 step scan_lengths 150 python3 kernels/bench_scan.py --lengths --skip-torch
 # foreach AdamW, as the study's runs and the 2026-11-29 table (fused is the default since the fourteenth session)
 step bench_all_eager 200 python3 scripts/bench_lm.py --override optim.fused=false --out /tmp/nc/bench_all_eager.md
+step finite_check 60 python3 results/cpu_2026-12-02e/finite_check.py
 echo "== end $(date +%T)"
