@@ -15,9 +15,9 @@ trap 'tar -czf $OUT/next_call.tgz -C /tmp/nc .' EXIT
 step() { local name=$1 limit=$2; shift 2; echo "== $name $(date +%T)"
   timeout "$limit" "$@" > /tmp/nc/$name.log 2>&1; echo "rc $? $(date +%T)" >> /tmp/nc/$name.log
   tail -25 /tmp/nc/$name.log; tar -czf $OUT/next_call.tgz -C /tmp/nc .; }
+step finite_check 60 python3 results/cpu_2026-12-02e/finite_check.py
 step scan_main 170 python3 kernels/bench_scan.py --skip-torch
 step scan_lengths 140 python3 kernels/bench_scan.py --lengths --skip-torch
 # foreach AdamW, as the study's runs and the 2026-11-29 table (fused is the default since the fourteenth session)
 step bench_all_eager 180 python3 scripts/bench_lm.py --override optim.fused=false --out /tmp/nc/bench_all_eager.md
-step finite_check 60 python3 results/cpu_2026-12-02e/finite_check.py
 echo "== end $(date +%T)"
