@@ -7,7 +7,7 @@
 # 3. all ten presets without compile (`bench_lm.py`'s defaults: B16 x T2048, 15 steps, the last 5 timed), the shape of
 #    docs/benchmarks.md's first table, whose 2026-11-29 output was not committed, and of the study's cost table
 #    (docs/RESULTS.md: gdn "not measured" until this file joins `cost.bench_rows` in configs/study/enwiki_45m.yaml).
-# 4. why the step's parameter finiteness check ran as 105 per-tensor reductions (finite_check.py, seconds).
+# 4. (run first, seconds) why the step's parameter finiteness check ran as 105 per-tensor reductions (finite_check.py).
 # Everything comes back in next_call.tgz, rewritten after each step and when the script exits.
 source scripts/device_setup.sh || exit 1
 mkdir -p /tmp/nc
