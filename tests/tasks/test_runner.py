@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from klalm.models import build_model
 from klalm.tasks import MAD_TASKS, materialize, runner, units
 from klalm.tasks.plans import (
     FAMILY_NAMES,
@@ -75,13 +76,33 @@ def test_full_plan_is_the_design_recipe_in_the_issue_order():
     assert [(u.arch, u.task["length"], u.n_layers) for u in units[:5]] == [
         ("kla", 4, 1), ("gpt", 4, 1), ("mamba", 4, 1), ("gdn", 4, 1), ("kla", 4, 2)]  # fmt: skip
     assert units[0].seeds == [0, 1, 2] and units[0].stop == {"metric": "token_acc", "threshold": 0.9}
-    zoology, long = plan.mqar.stages
+    zoology, long, capacity = plan.mqar.stages
     assert zoology.archs == ["kla", "gpt"] and zoology.cells == [[64, 4], [128, 8], [256, 16], [512, 64]]
     assert zoology.depths == [2] and len(zoology.lrs) == 4 and min(zoology.d_models) >= 64
     assert max(zoology.d_models) <= 256 and len(zoology.d_models) > 1
     assert (long.archs, long.cells, long.depths) == (["kla"], [[2048, 256]], [1, 2])
+    assert (capacity.cells, capacity.depths, capacity.d_states) == ([[2048, 256]], [1], [64])
     mqar = [u for u in plan_units(plan) if u.family == "mqar"]  # Zoology: evaluated every epoch, stopped at 99 %
     assert {(u.eval_every, u.stop["threshold"], u.stop["metric"]) for u in mqar} == {(391, 0.99, "token_acc")}
+
+
+def test_mqar_d_states_set_the_kla_key_dimension_and_name_it():
+    """A stage's d_states reach the KLA archs' build_model overrides (the plan's own kept), not the others'; the
+    layer's default spelled out names the same unit as no d_state at all (so its finished rows still count)."""
+    plan = load_plan("full")
+    stage = plan.mqar.stages[0]
+    stage.archs, stage.cells, stage.d_models, stage.lrs, stage.d_states = ["kla", "gpt"], [[64, 4]], [64], [1e-3], [64]
+    plan.mqar.stages = [stage]
+    kla, gpt = [u for u in plan_units(plan) if u.family == "mqar"]
+    assert kla.model_overrides == {"mixer_options": {"kla": {"block": "plain", "d_state": 64}}}
+    assert kla.kla_d_state() == 64 and "d=64 S=64 lr=0.001" in kla.label()
+    assert gpt.model_overrides == {} and gpt.kla_d_state() is None and " S=" not in gpt.label()
+    default = apply_args(load_plan("full"), parse_args(["run", "--results", "x", "--families", "mqar",
+                                                        "--mqar-d-states", "16"]))  # fmt: skip
+    assert {u.key(0) for u in plan_units(default) if u.family == "mqar"} <= {
+        u.key(0) for u in plan_units(load_plan("full")) if u.family == "mqar"}  # fmt: skip
+    model = build_model(kla.arch, d_model=kla.d_model, n_layers=kla.n_layers, vocab_size=64, **kla.model_overrides)
+    assert model.model.layers[0].mixer.d_state == 64
 
 
 def test_bad_plans_fail_clearly(tmp_path):
@@ -129,7 +150,13 @@ def test_command_line_knobs_replace_plan_values_in_every_stage(capsys):
                                                      "--mqar-cells", "2048x256", "--mqar-depths", "1",
                                                      "--mqar-d-models", "128"]))  # fmt: skip
     assert {(u.task["length"], u.n_layers, u.d_model, u.arch) for u in plan_units(long)} == {(2048, 1, 128, "kla")}
-    assert len(plan_units(long)) == 4  # the four learning rates, once although two stages name the cell
+    # the four learning rates, once although two stages name the cell, and the capacity stage's d_state-64 unit
+    assert sorted((u.kla_d_state() or 16, u.train.lr) for u in plan_units(long)) == [
+        (16, 1e-4), (16, 4.6e-4), (16, 2.2e-3), (16, 1e-2), (64, 2.2e-3)]  # fmt: skip
+    args = ["run", "--results", "x", "--families", "mqar", "--archs", "kla", "--mqar-cells", "2048x256",
+            "--mqar-depths", "1", "--mqar-d-models", "128", "--mqar-d-states", "16"]  # fmt: skip
+    default_only = apply_args(load_plan("full"), parse_args(args))
+    assert len(plan_units(default_only)) == 4 and not any(u.kla_d_state() for u in plan_units(default_only))
     with pytest.raises(SystemExit):
         parse_args(["run", "--results", "x", "--mqar-cells", "64-4"])
     assert "--mqar-cells: wants LENGTHxPAIRS items like 64x4,128x8; got '64-4'" in capsys.readouterr().err

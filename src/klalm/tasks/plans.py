@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import inspect
 import itertools
 import math
 from importlib import resources
@@ -63,6 +64,7 @@ class MQARStage:
     d_models: list[int]
     lrs: list[float]
     seeds: list[int]
+    d_states: list[int] | None = None  # KLA's d_state (its key and readout dimension) for the KLA archs; None: default
 
 
 @dataclasses.dataclass
@@ -199,10 +201,24 @@ def mqar_units(plan: RunPlan) -> list[Unit]:
         ):
             task = {"name": "mqar", "length": length, "num_pairs": pairs, "vocab": mqar.vocab}
             train = dataclasses.replace(mqar.train, lr=lr)
-            for seeds in _seed_groups(stage.seeds, plan.members):
-                units.append(Unit("mqar", task, arch, depth, d_model, plan.model_overrides.get(arch, {}), train, seeds,
+            d_states = (stage.d_states or [None]) if "kla" in arch.split("_") else [None]  # kla, gpt_kla
+            for d_state, seeds in itertools.product(d_states, _seed_groups(stage.seeds, plan.members)):
+                overrides = with_kla_d_state(plan.model_overrides.get(arch, {}), d_state)
+                units.append(Unit("mqar", task, arch, depth, d_model, overrides, train, seeds,
                                   mqar.num_test, mqar.num_train, None, mqar.eval_every, stop))  # fmt: skip
     return units
+
+
+def with_kla_d_state(overrides: dict[str, Any], d_state: int | None) -> dict[str, Any]:
+    """An arch's build_model overrides with the KLA mixer's d_state set. Unchanged for None, and for the layer's
+    default where the overrides do not set another: spelling the default out names the same unit (and results)."""
+    from klalm.models.mixers.kla import KLAMixer  # lazy, as the model zoo in `validate`
+
+    options = overrides.get("mixer_options", {})
+    default = inspect.signature(KLAMixer).parameters["d_state"].default
+    if d_state is None or (d_state == default and "d_state" not in options.get("kla", {})):
+        return overrides
+    return {**overrides, "mixer_options": {**options, "kla": {**options.get("kla", {}), "d_state": d_state}}}
 
 
 def mad_units(plan: RunPlan) -> list[Unit]:
@@ -287,6 +303,7 @@ def add_plan_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--mqar-cells", type=_cells, help="MQAR LENGTHxPAIRS cells, e.g. 64x4,128x8,256x16")
     p.add_argument("--mqar-depths", type=int_list, help="MQAR depths (blocks), e.g. 1")
     p.add_argument("--mqar-d-models", type=int_list, help="MQAR widths, e.g. 128")
+    p.add_argument("--mqar-d-states", type=int_list, help="MQAR: the KLA archs' d_state, e.g. 64")
     p.add_argument("--mad-tasks", type=name_list, help=f"comma-separated subset of {','.join(MAD_TASKS)}")
 
 
@@ -312,6 +329,7 @@ def apply_args(plan: RunPlan, args: argparse.Namespace) -> RunPlan:
         "mqar_cells": plan.mqar.stages,
         "mqar_depths": plan.mqar.stages,
         "mqar_d_models": plan.mqar.stages,
+        "mqar_d_states": plan.mqar.stages,
         "lrs": [*plan.mqar.stages, plan.mad],
     }
     for knob, targets in stage_knobs.items():

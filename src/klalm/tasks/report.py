@@ -276,8 +276,10 @@ def _grid_section(cells: dict, heading: str, first: str, with_lr: bool, name: st
 
 
 def mqar_section(plan: RunPlan, rows: list[Row], figure: Figure | None, progress: list[Row] = ()) -> str:
-    cells = best_runs(plan, rows, "mqar", lambda u: f"{u.arch}, {_blocks(u.n_layers)}, d={u.d_model}",
-                      lambda u: f"L={u.task['length']} K={u.task['num_pairs']}", progress)  # fmt: skip
+    def model(u: Unit) -> str:
+        return f"{u.arch}, {_blocks(u.n_layers)}, d={u.d_model}" + (f", S={u.kla_d_state()}" if u.kla_d_state() else "")
+
+    cells = best_runs(plan, rows, "mqar", model, lambda u: f"L={u.task['length']} K={u.task['num_pairs']}", progress)
     heading = "MQAR, held-out accuracy % at the query positions (best over learning rates and seeds):"
     return _grid_section(cells, heading, "model", True, "MQAR", figure if rows else None)
 

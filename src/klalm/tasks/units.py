@@ -88,10 +88,15 @@ class Unit:
         aux = self.train.aux_batch_size * make_task(**self.aux_task).seq_len if self.aux_task else 0
         return main + aux
 
+    def kla_d_state(self) -> int | None:
+        """The KLA mixer's d_state where the unit sets it (`model_overrides`), else None (the layer's default)."""
+        return self.model_overrides.get("mixer_options", {}).get("kla", {}).get("d_state")
+
     def label(self) -> str:
         settings = " ".join(f"{k}={v}" for k, v in self.task.items() if k != "name")
         seeds = ",".join(map(str, self.seeds))
-        return f"{self.task['name']} {settings} {self.arch} depth={self.n_layers} d={self.d_model} " \
+        width = f"d={self.d_model}" + (f" S={self.kla_d_state()}" if self.kla_d_state() is not None else "")
+        return f"{self.task['name']} {settings} {self.arch} depth={self.n_layers} {width} " \
                f"lr={self.train.lr:g} wd={self.train.weight_decay:g} seeds={seeds}"  # fmt: skip
 
     @classmethod
