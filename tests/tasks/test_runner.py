@@ -202,6 +202,12 @@ def test_estimates_use_the_rows_of_the_units_shape_and_name_them():
     rates = [_rate(), _rate(n_layers=2, members=2, step_s=0.03)]
     assert estimate_s(bigger, rates, "H", 1, prior)[0] == pytest.approx(10 + 1000 * 0.03)  # its own shape wins
     assert estimate_s(unit, [_rate()], "H", 2, prior)[0] == pytest.approx(10 + 1000 * 0.02)
+    # a KLA d_state is part of the kind: its rates and the default's (rows without the key) do not mix
+    wide = dataclasses.replace(unit, model_overrides={"mixer_options": {"kla": {"d_state": 64}}})
+    rates = [_rate(), _rate(kla_d_state=64, step_s=0.04)]
+    assert estimate_s(wide, rates, "H", 1, prior)[0] == pytest.approx(10 + 1000 * 0.04)
+    assert estimate_s(unit, rates, "H", 1, prior)[0] == pytest.approx(10 + 1000 * 0.01)
+    assert estimate_s(wide, [_rate()], "H", 1, prior)[1] == "prior"
     # overhead: unit runs of the arch, else of any arch; benchmark rows (no process start) never; else the prior
     bench = _rate(ended="bench", overhead_s=0.1)
     assert estimate_s(unit, [bench], "H", 1, prior)[0] == pytest.approx(5 + 10)

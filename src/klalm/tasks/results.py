@@ -143,9 +143,10 @@ def estimate_s(unit: Unit, rates: list[dict[str, Any]], device: str, procs_per_g
     """
     steps = unit.train.steps if steps is None else steps
     tokens, shape = tokens_per_step or unit.tokens_per_step(), (unit.n_layers, len(unit.seeds), procs_per_gpu)
-    shapes, eager = _rate_shapes(rates, (device, unit.family, unit.arch, unit.d_model, compile_backend)), ""
+    kind = (device, unit.family, unit.arch, unit.d_model, unit.kla_d_state())
+    shapes, eager = _rate_shapes(rates, (*kind, compile_backend)), ""
     if not shapes and compile_backend is not None:
-        shapes, eager = _rate_shapes(rates, (device, unit.family, unit.arch, unit.d_model, None)), "eager "
+        shapes, eager = _rate_shapes(rates, (*kind, None)), "eager "
     if not shapes:
         if unit.arch not in prior.tokens_per_s:
             raise KeyError(f"estimate.tokens_per_s has no prior for arch {unit.arch!r}; add one to the plan")
@@ -163,10 +164,11 @@ def estimate_s(unit: Unit, rates: list[dict[str, Any]], device: str, procs_per_g
 
 def _rate_shapes(rates: list[dict[str, Any]], kind: tuple) -> dict[tuple[int, int, int], list[tuple[int, dict]]]:
     """(depth, members, procs per GPU) -> the (line, rate) pairs of that shape among the rates of `kind`: (device,
-    family, arch, d_model, compile backend); rates from before the backend was recorded ran eager."""
+    family, arch, d_model, KLA d_state, compile backend); rates from before the backend or the d_state was recorded
+    ran eager and at the default d_state."""
     shapes: dict[tuple[int, int, int], list[tuple[int, dict]]] = {}
     for line, r in enumerate(rates, start=1):
-        if (r["device"], r["family"], r["arch"], r["d_model"], r.get("compile_backend")) == kind:
+        if (r["device"], r["family"], r["arch"], r["d_model"], r.get("kla_d_state"), r.get("compile_backend")) == kind:
             shapes.setdefault((r["n_layers"], r["members"], r["procs_per_gpu"]), []).append((line, r))
     return shapes
 

@@ -173,6 +173,7 @@ def rate_record(unit: Unit, run: dict[str, Any], step_s: float, train_s: float, 
     return {
         **run,
         **{name: getattr(unit, name) for name in ("family", "arch", "n_layers", "d_model")},
+        "kla_d_state": unit.kla_d_state(),  # None: the layer's default (as in rows from before it was recorded)
         "tokens_per_step": unit.tokens_per_step(),
         "step_s": step_s,
         "train_s": train_s,
