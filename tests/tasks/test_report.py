@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from klalm.tasks import report
 from klalm.tasks.plans import A5Stage, load_plan, plan_units
 from klalm.tasks.report import min_depth, sections, write_doc, write_folder
 
@@ -140,3 +141,12 @@ def test_paused_mqar_units_show_how_far_they_got(tmp_path):
     _write(tmp_path, "mqar", [_row(mqar[0], 0, 0.5), {**_row(mqar[1], 0, 0.995), "ended": "threshold", "steps": 3128}])
     text = sections(plan, tmp_path, tmp_path, "")["mqar"]  # a run the stop rule ended says when
     assert f"| kla, 2 blocks, d=64 | 99.5 (lr {mqar[1].train.lr:g}, stopped at 3,128 steps) (2/4) |" in text, text
+
+
+def test_mqar_position_tables_name_a_kla_d_state():
+    overrides = {"mixer_options": {"kla": {"block": "plain", "d_state": 4}}}
+    row = {"arch": "kla", "task": {"name": "mqar", "length": 32, "num_pairs": 8}, "n_layers": 1, "d_model": 64,
+           "train": {"lr": 3e-3}, "model_overrides": overrides}  # fmt: skip
+    assert report._position_unit(row) == "kla L=32 K=8 depth=1 d=64 S=4 lr=0.003"
+    default = {**row, "model_overrides": {"mixer_options": {"kla": {"block": "plain"}}}}
+    assert report._position_unit(default) == "kla L=32 K=8 depth=1 d=64 lr=0.003"

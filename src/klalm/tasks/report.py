@@ -347,9 +347,9 @@ def finished_positions(rows: list[Row], archs: list[str], lengths: list[int], de
 def _position_unit(row: Row) -> str:
     label = f"{row['arch']} L={row['task']['length']}"
     if row["task"]["name"] == "mqar":
-        return (
-            f"{label} K={row['task']['num_pairs']} depth={row['n_layers']} d={row['d_model']} lr={row['train']['lr']:g}"
-        )
+        d_state = row["model_overrides"].get("mixer_options", {}).get("kla", {}).get("d_state")
+        width = f"d={row['d_model']}" + (f" S={d_state}" if d_state is not None else "")
+        return f"{label} K={row['task']['num_pairs']} depth={row['n_layers']} {width} lr={row['train']['lr']:g}"
     return f"{label} depth={row['n_layers']}"
 
 
