@@ -113,8 +113,10 @@ def _all_finite(tensors: list[Tensor]) -> Tensor:
     The max-norm max|x| is finite exactly when every element is: it cannot overflow on large finite weights (an L2
     norm can), and NaN propagates through torch's max reductions (the foreach kernels use a NaN-propagating max).
     It takes a few multi-tensor kernels however many tensors there are; `isfinite(t).all()` per tensor took five
-    kernels for each (560 launches a step for kla_45m's 112 parameters)."""
-    local = [t.to_local() if isinstance(t, DTensor) else t for t in tensors]
+    kernels for each (560 launches a step for kla_45m's 112 parameters). The tensors are detached first: torch's
+    foreach norm falls back to one reduction per tensor for tensors that require grad, even under no_grad (kla_45m
+    on an H200: 147 kernels, 0.67 ms as parameters; 11 kernels, 0.07 ms detached; results/gpu_2026-12-02f)."""
+    local = [(t.to_local() if isinstance(t, DTensor) else t).detach() for t in tensors]
     filled = [t for t in local if t.numel() > 0]  # a max has no identity: empty shards (FSDP2) are left out
     if not filled:
         return torch.ones((), dtype=torch.bool, device=local[0].device)
