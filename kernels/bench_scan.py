@@ -305,8 +305,8 @@ def run_registers() -> None:
     BWD_VARIANTS, with float32 rows and with a bf16 model's rows."""
     import triton
 
-    from klalm.kernels.common import BF16_PAIRS, ScanConfig
-    from klalm.kernels.mobius_scan_bwd import _kla_bwd_kernel, pair_unroll
+    from klalm.kernels.common import BF16_PAIRS, ScanConfig, pair_unroll
+    from klalm.kernels.mobius_scan_bwd import _kla_bwd_kernel
     from klalm.kernels.mobius_scan_fwd import _kla_fwd_kernel
     from klalm.kernels.sm90 import code_counts, compile_sm90, resource_usage
 

@@ -85,6 +85,12 @@ MIN_SEGMENT_STEPS = 256
 SUMMARY_UNROLL = 1
 
 
+def pair_unroll(bwd_unroll: int) -> int:
+    """The backward kernels' PAIR_UNROLL: their loops take the steps in pairs (half the chunk's states kept in
+    scratch), so `ScanConfig.bwd_unroll` steps per loop body are this many pairs (at least one)."""
+    return max(1, bwd_unroll // 2)
+
+
 def segment_chunks(batch: int, length: int, channels: int, state_size: int, config: ScanConfig) -> int:
     """Chunks per time-parallel segment; a result ≥ ceil(L / chunk) means one segment (the sequential walk).
 

@@ -52,6 +52,7 @@ from klalm.kernels.common import (
     as_rows,
     interpreting,
     load_row,
+    pair_unroll,
     rcp,
     row_start,
     segment_chunks,
@@ -176,12 +177,6 @@ def _reverse_step(
     tl.store(p_dk + t * S + o_s, b_dk, mask=m_s, eviction_policy="evict_first")
     tl.store(p_dq + t * S + o_s, tl.sum(b_dq, axis=1), mask=m_s, eviction_policy="evict_first")
     return b_a * b_gw, b_a2 * b_gPp, b_ga, b_ga2, b_gp
-
-
-def pair_unroll(bwd_unroll: int) -> int:
-    """`_kla_bwd_kernel`'s PAIR_UNROLL: its loops take the steps in pairs, so `ScanConfig.bwd_unroll` steps per loop
-    body are this many pairs (at least one)."""
-    return max(1, bwd_unroll // 2)
 
 
 @triton.jit

@@ -7,7 +7,9 @@ Oracle: `klalm.ops.selective_scan.selective_scan_reference` (same arguments and 
 The machinery is the KLA scan's (mobius_scan_fwd.py; shared helpers in common.py): one program per batch row,
 BM channels and one time segment, the [N_PAD, BM] state in registers, time walked in order with the loads
 pipelined (16-bit rows read in pairs), the state saved every CHUNK steps. The backward recomputes each chunk's
-states into a per-program scratch buffer and runs the reverse recursion gh_{t-1} = exp(Δ_t·A)·gh_t, with
+states, keeping every other one in a per-program scratch buffer (the state between is recomputed in the reverse
+walk from the one before it, as the reverse step does anyway for the state after its step), and runs the reverse
+recursion gh_{t-1} = exp(Δ_t·A)·gh_t, with
 gh_t += gy_t·C_t at each step; dB and dC (sums over m) leave one [N] row per (program, t) in a [B, M/BM, L, N]
 buffer, dA and dD are summed over t in registers; the caller finishes those sums. No atomics: deterministic.
 
@@ -37,6 +39,7 @@ from klalm.kernels.common import (
     from_kernel_layout,
     load_row,
     load_row_spread,
+    pair_unroll,
     row_start,
     segment_chunks,
     state_pad,
@@ -222,14 +225,59 @@ def _ss_bwd_summary_kernel(
 
 
 @triton.jit
+def _ss_bwd_inputs(
+    u_ptr, dt_ptr, B_ptr, C_ptr, gy_ptr, row_m, row_n, m0, M, N, b_A2, b_hm,
+    BM: tl.constexpr, N_PAD: tl.constexpr,
+    U_FMT: tl.constexpr, DT_FMT: tl.constexpr, B_FMT: tl.constexpr, C_FMT: tl.constexpr, GY_FMT: tl.constexpr,
+):  # fmt: skip
+    """Step t's rows (at row_m = (b·L + t)·M, row_n = (b·L + t)·N), its decay exp(Δ·A), Δ·u, and the state after
+    it from the state before it, b_hm: (u, Δ, B, C, gy, decay, Δ·u, h)."""
+    b_u, b_dt, b_B, b_C = _ss_load_step(
+        u_ptr, dt_ptr, B_ptr, C_ptr, 0, row_m, row_n, m0, M, N, BM, N_PAD, U_FMT, DT_FMT, B_FMT, C_FMT, True
+    )
+    b_gy = load_row(gy_ptr, row_m + m0, row_m + M, BM, GY_FMT)
+    b_decay = tl.exp2(b_dt[None, :] * b_A2)  # [N_PAD, BM]
+    b_du_dt = b_dt * b_u  # [BM]
+    b_h = b_decay * b_hm + b_du_dt[None, :] * b_B[:, None]
+    return b_u, b_dt, b_B, b_C, b_gy, b_decay, b_du_dt, b_h
+
+
+@triton.jit
+def _ss_bwd_step(
+    b_gh, b_dA, b_dD, b_hm, b_h, b_u, b_dt, b_B, b_C, b_gy, b_decay, b_du_dt, b_A, b_D,
+    p_du, p_ddt, p_dB, p_dC, o_tm, o_tn, o_m, o_n, m_m, m_n, BM: tl.constexpr, N_PAD: tl.constexpr,
+):  # fmt: skip
+    """The reverse step through step t (its inputs from `_ss_bwd_inputs`): stores du, dΔ and the dB, dC rows at
+    o_tm = t·M, o_tn = t·N from this program's output rows; returns the adjoint of the state before the step and
+    the running dA, dD."""
+    b_gh += b_C[:, None] * b_gy[None, :]
+    b_g_decay = b_gh * b_hm * b_decay  # d/d(Δ·A) of exp(Δ·A)
+    b_g_dudt = tl.sum(b_gh * b_B[:, None], axis=0)  # [BM]
+    b_ddt = tl.sum(b_g_decay * b_A, axis=0) + b_g_dudt * b_u
+    b_du = b_g_dudt * b_dt + b_gy * b_D
+    b_dA += b_g_decay * b_dt[None, :]
+    b_dD += (b_gy * b_u)[None, :]
+    b_dC = tl.sum(b_h * b_gy[None, :], axis=1)  # [N_PAD]
+    b_dB = tl.sum(b_gh * b_du_dt[None, :], axis=1)  # [N_PAD]
+    store_reduced_row(p_du + o_tm, b_du, o_m, o_n, m_m, N_PAD, BM, False)
+    store_reduced_row(p_ddt + o_tm, b_ddt, o_m, o_n, m_m, N_PAD, BM, False)
+    tl.store(p_dB + o_tn + o_n, b_dB, mask=m_n)
+    tl.store(p_dC + o_tn + o_n, b_dC, mask=m_n)
+    return b_gh * b_decay, b_dA, b_dD
+
+
+@triton.jit
 def _ss_bwd_kernel(
     u_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, ckpt_ptr, gy_ptr, gh_ptr, carry_ptr,
     du_ptr, ddt_ptr, dA_ptr, dB_ptr, dC_ptr, dD_ptr, dh0_ptr, scr_ptr,
     L, M, N, n_chunks, seg_chunks,
-    BM: tl.constexpr, N_PAD: tl.constexpr, CHUNK: tl.constexpr, NUM_STAGES: tl.constexpr, UNROLL: tl.constexpr,
+    BM: tl.constexpr, N_PAD: tl.constexpr, CHUNK: tl.constexpr, NUM_STAGES: tl.constexpr, PAIR_UNROLL: tl.constexpr,
     HAS_D: tl.constexpr, HAS_INIT: tl.constexpr, HAS_GSTATE: tl.constexpr, HAS_CARRY: tl.constexpr,
     U_FMT: tl.constexpr, DT_FMT: tl.constexpr, B_FMT: tl.constexpr, C_FMT: tl.constexpr, GY_FMT: tl.constexpr,
 ):  # fmt: skip
+    """Half scratch: the recomputation keeps the state before every other step of a chunk; walking back, each pair
+    of steps recomputes the state between them from it, as the reverse step itself does for the state after its
+    step (so the pair's second state costs no extra exp)."""
     i_b, i_mb, i_seg = tl.program_id(0).to(tl.int64), tl.program_id(1), tl.program_id(2)
     n_mb, n_seg = tl.num_programs(1), tl.num_programs(2)
     m0 = i_mb * BM
@@ -256,7 +304,7 @@ def _ss_bwd_kernel(
     i_prog = (i_b * n_mb + i_mb) * n_seg + i_seg
     # the scratch and the outputs from this program's rows with int32 per-step offsets and masks fixed over t (the
     # loads keep the 64-bit offsets: see `_ss_load_step`)
-    p_scr = scr_ptr + i_prog * CHUNK * N_PAD * BM
+    p_scr = scr_ptr + i_prog * ((CHUNK + 1) // 2) * N_PAD * BM
     o_scr = o_n[:, None] * BM + tl.arange(0, BM)[None, :]  # [N_PAD, BM] into one [N_PAD, BM] slot
     p_du, p_ddt = du_ptr + i_b * L * M, ddt_ptr + i_b * L * M
     p_dB = dB_ptr + (i_b * n_mb + i_mb) * L * N  # [B, NMB, L, N] at t = 0
@@ -269,42 +317,54 @@ def _ss_bwd_kernel(
         t1 = t0 + CHUNK
         if t1 > L:
             t1 = L
+        n_pairs = (t1 - t0) // 2
         b_h = tl.load(ckpt_ptr + o_ckpt + (t0 // CHUNK) * N * M, mask=m_nm, other=0.0)
-        for t in tl.range(t0, t1, num_stages=NUM_STAGES, loop_unroll_factor=UNROLL):  # recompute the chunk's states
-            tl.store(p_scr + (t - t0) * N_PAD * BM + o_scr, b_h)
-            row_m, row_n = (i_b * L + t) * M, (i_b * L + t) * N
-            b_u, b_dt, b_B, _ = _ss_load_step(
-                u_ptr, dt_ptr, B_ptr, B_ptr, 0, row_m, row_n, m0, M, N, BM, N_PAD, U_FMT, DT_FMT, B_FMT, B_FMT, True
-            )
-            b_h = tl.exp2(b_dt[None, :] * b_A2) * b_h + (b_dt * b_u)[None, :] * b_B[:, None]
+        # recompute the chunk's states, keeping the state before every even step t0 + 2j in scratch slot j (and
+        # before the last step of a chunk of odd length, the sequence's last, in slot n_pairs)
+        for j in tl.range(0, n_pairs, num_stages=NUM_STAGES, loop_unroll_factor=PAIR_UNROLL):
+            tl.store(p_scr + j * N_PAD * BM + o_scr, b_h)
+            for s in tl.static_range(2):
+                row_m, row_n = (i_b * L + t0 + 2 * j + s) * M, (i_b * L + t0 + 2 * j + s) * N
+                b_u, b_dt, b_B, _ = _ss_load_step(
+                    u_ptr, dt_ptr, B_ptr, B_ptr, 0, row_m, row_n, m0, M, N, BM, N_PAD, U_FMT, DT_FMT, B_FMT, B_FMT,
+                    True,
+                )  # fmt: skip
+                b_h = tl.exp2(b_dt[None, :] * b_A2) * b_h + (b_dt * b_u)[None, :] * b_B[:, None]
+        if (t1 - t0) % 2 == 1:
+            tl.store(p_scr + n_pairs * N_PAD * BM + o_scr, b_h)
         tl.debug_barrier()
-        for j in tl.range(
-            0, t1 - t0, num_stages=NUM_STAGES, loop_unroll_factor=UNROLL
-        ):  # reverse recursion over the chunk
-            t = t1 - 1 - j
-            b_hm = tl.load(p_scr + (t - t0) * N_PAD * BM + o_scr)  # h_{t-1}
+        if (t1 - t0) % 2 == 1:  # a chunk of odd length: its last step alone
+            row_m, row_n = (i_b * L + t1 - 1) * M, (i_b * L + t1 - 1) * N
+            b_hm = tl.load(p_scr + n_pairs * N_PAD * BM + o_scr)
+            b_u, b_dt, b_B, b_C, b_gy, b_decay, b_du_dt, b_h = _ss_bwd_inputs(
+                u_ptr, dt_ptr, B_ptr, C_ptr, gy_ptr, row_m, row_n, m0, M, N, b_A2, b_hm, BM, N_PAD,
+                U_FMT, DT_FMT, B_FMT, C_FMT, GY_FMT,
+            )  # fmt: skip
+            b_gh, b_dA, b_dD = _ss_bwd_step(
+                b_gh, b_dA, b_dD, b_hm, b_h, b_u, b_dt, b_B, b_C, b_gy, b_decay, b_du_dt, b_A, b_D,
+                p_du, p_ddt, p_dB, p_dC, (t1 - 1) * M, (t1 - 1) * N, o_m, o_n, m_m, m_n, BM, N_PAD,
+            )  # fmt: skip
+        for j in tl.range(0, n_pairs, num_stages=NUM_STAGES, loop_unroll_factor=PAIR_UNROLL):  # pairs, last first
+            i_pair = n_pairs - 1 - j
+            t = t0 + 2 * i_pair  # the pair's first step
+            b_hm = tl.load(p_scr + i_pair * N_PAD * BM + o_scr)  # the state before step t
             row_m, row_n = (i_b * L + t) * M, (i_b * L + t) * N
-            b_u, b_dt, b_B, b_C = _ss_load_step(
-                u_ptr, dt_ptr, B_ptr, C_ptr, 0, row_m, row_n, m0, M, N, BM, N_PAD, U_FMT, DT_FMT, B_FMT, C_FMT, True
-            )
-            b_gy = load_row(gy_ptr, row_m + m0, row_m + M, BM, GY_FMT)
-            b_decay = tl.exp2(b_dt[None, :] * b_A2)  # [N_PAD, BM]
-            b_du_dt = b_dt * b_u  # [BM]
-            b_h = b_decay * b_hm + b_du_dt[None, :] * b_B[:, None]
-            b_gh += b_C[:, None] * b_gy[None, :]
-            b_g_decay = b_gh * b_hm * b_decay  # d/d(Δ·A) of exp(Δ·A)
-            b_g_dudt = tl.sum(b_gh * b_B[:, None], axis=0)  # [BM]
-            b_ddt = tl.sum(b_g_decay * b_A, axis=0) + b_g_dudt * b_u
-            b_du = b_g_dudt * b_dt + b_gy * b_D
-            b_dA += b_g_decay * b_dt[None, :]
-            b_dD += (b_gy * b_u)[None, :]
-            b_dC = tl.sum(b_h * b_gy[None, :], axis=1)  # [N_PAD]
-            b_dB = tl.sum(b_gh * b_du_dt[None, :], axis=1)  # [N_PAD]
-            b_gh = b_gh * b_decay
-            store_reduced_row(p_du + t * M, b_du, o_m, o_n, m_m, N_PAD, BM, False)
-            store_reduced_row(p_ddt + t * M, b_ddt, o_m, o_n, m_m, N_PAD, BM, False)
-            tl.store(p_dB + t * N + o_n, b_dB, mask=m_n)
-            tl.store(p_dC + t * N + o_n, b_dC, mask=m_n)
+            b_u, b_dt, b_B, b_C, b_gy, b_decay, b_du_dt, b_h = _ss_bwd_inputs(
+                u_ptr, dt_ptr, B_ptr, C_ptr, gy_ptr, row_m, row_n, m0, M, N, b_A2, b_hm, BM, N_PAD,
+                U_FMT, DT_FMT, B_FMT, C_FMT, GY_FMT,
+            )  # fmt: skip
+            b_u2, b_dt2, b_B2, b_C2, b_gy2, b_decay2, b_du_dt2, b_h2 = _ss_bwd_inputs(
+                u_ptr, dt_ptr, B_ptr, C_ptr, gy_ptr, row_m + M, row_n + N, m0, M, N, b_A2, b_h, BM, N_PAD,
+                U_FMT, DT_FMT, B_FMT, C_FMT, GY_FMT,
+            )  # fmt: skip
+            b_gh, b_dA, b_dD = _ss_bwd_step(
+                b_gh, b_dA, b_dD, b_h, b_h2, b_u2, b_dt2, b_B2, b_C2, b_gy2, b_decay2, b_du_dt2, b_A, b_D,
+                p_du, p_ddt, p_dB, p_dC, (t + 1) * M, (t + 1) * N, o_m, o_n, m_m, m_n, BM, N_PAD,
+            )  # fmt: skip
+            b_gh, b_dA, b_dD = _ss_bwd_step(
+                b_gh, b_dA, b_dD, b_hm, b_h, b_u, b_dt, b_B, b_C, b_gy, b_decay, b_du_dt, b_A, b_D,
+                p_du, p_ddt, p_dB, p_dC, t * M, t * N, o_m, o_n, m_m, m_n, BM, N_PAD,
+            )  # fmt: skip
         tl.debug_barrier()
     tl.store(dA_ptr + (i_b * n_seg + i_seg) * M * N + o_nm, b_dA, mask=m_nm)
     p_dD = dD_ptr + (i_b * n_seg + i_seg) * M + (o_m[None, :] + 0 * o_n[:, None])  # [N_PAD, BM]
@@ -382,7 +442,7 @@ def _launch_bwd(saved, gy: Tensor, gh: Tensor | None, config: ScanConfig):
     dA_part = torch.empty(batch, n_seg, n_state, channels, **f32)  # [B, n_seg, N, M] (kernel layout)
     dD_part = torch.empty(batch, n_seg, channels, **f32)
     dh0 = torch.empty(batch, n_state, channels, **f32) if h0 is not None else None
-    scratch = torch.empty(batch, n_mb, n_seg, config.chunk, n_pad, config.bwd_block_m, **f32)
+    scratch = torch.empty(batch, n_mb, n_seg, (config.chunk + 1) // 2, n_pad, config.bwd_block_m, **f32)
     A_t, gh_t = to_kernel_layout(A), to_kernel_layout(gh)
     rows = [as_rows(x) for x in (u, delta, Bm, Cm, gy)]
     (u_rows, dt_rows, B_rows, C_rows, gy_rows), formats = zip(*rows)
@@ -402,7 +462,7 @@ def _launch_bwd(saved, gy: Tensor, gh: Tensor | None, config: ScanConfig):
         du, ddelta, dA_part, dB_part, dC_part, dD_part, dh0, scratch,
         length, channels, n_state, n_chunks, seg_chunks, CHUNK=config.chunk,
         HAS_D=D is not None, HAS_INIT=h0 is not None, HAS_GSTATE=gh is not None, HAS_CARRY=carry is not None,
-        **fmts, **launch,
+        PAIR_UNROLL=pair_unroll(config.bwd_unroll), **fmts, **{k: v for k, v in launch.items() if k != "UNROLL"},
     )  # fmt: skip
     dA = from_kernel_layout(dA_part.sum((0, 1))).to(A.dtype)
     dD = dD_part.sum((0, 1)).to(D.dtype) if D is not None else None
