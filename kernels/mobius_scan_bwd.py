@@ -117,31 +117,42 @@ def _precision_and_slope_once(b_x, floor):
 
 
 @triton.jit
-def _step_inputs(p_v, p_lv, p_k, t, m0, m_end, s_end, M, S, floor, BM: tl.constexpr, S_PAD: tl.constexpr,
-                 LOGVAR: tl.constexpr, V_FMT: tl.constexpr, LV_FMT: tl.constexpr, K_FMT: tl.constexpr):  # fmt: skip
-    """φ_t = Λ·k² and r_t = v·Λ·k of step t, [S_PAD, BM] each: what the filter step needs besides the state."""
+def _step_rows(p_v, p_lv, p_k, t, m0, m_end, s_end, M, S, BM: tl.constexpr, S_PAD: tl.constexpr,
+               V_FMT: tl.constexpr, LV_FMT: tl.constexpr, K_FMT: tl.constexpr):  # fmt: skip
+    """Step t's v and Λ (or log σ²) rows [BM] and k row [S_PAD], float32."""
     b_v = load_row(row_start(p_v, t, M, V_FMT), m0, m_end, BM, V_FMT)
-    b_lv = load_row(row_start(p_lv, t, M, LV_FMT), m0, m_end, BM, LV_FMT)
+    b_x = load_row(row_start(p_lv, t, M, LV_FMT), m0, m_end, BM, LV_FMT)
     b_k = load_row(row_start(p_k, t, S, K_FMT), 0, s_end, S_PAD, K_FMT)
+    return b_v, b_x, b_k
+
+
+@triton.jit
+def _phi_r(b_v, b_x, b_k, floor, LOGVAR: tl.constexpr):
+    """φ_t = Λ·k² and r_t = v·Λ·k from step t's rows, [S_PAD, BM] each: what the filter step needs besides the state."""
+    b_lv = b_x
     if LOGVAR:
-        b_lv = _precision_once(b_lv, floor)
+        b_lv = _precision_once(b_x, floor)
     return b_lv[None, :] * (b_k * b_k)[:, None], (b_v * b_lv)[None, :] * b_k[:, None]
 
 
 @triton.jit
+def _step_inputs(p_v, p_lv, p_k, t, m0, m_end, s_end, M, S, floor, BM: tl.constexpr, S_PAD: tl.constexpr,
+                 LOGVAR: tl.constexpr, V_FMT: tl.constexpr, LV_FMT: tl.constexpr, K_FMT: tl.constexpr):  # fmt: skip
+    """φ_t and r_t of step t read from its rows (`_step_rows`, `_phi_r`)."""
+    b_v, b_x, b_k = _step_rows(p_v, p_lv, p_k, t, m0, m_end, s_end, M, S, BM, S_PAD, V_FMT, LV_FMT, K_FMT)
+    return _phi_r(b_v, b_x, b_k, floor, LOGVAR)
+
+
+@triton.jit
 def _reverse_step(
-    t, b_Pm, b_mum, b_P, b_mu, b_gmu, b_gP, b_ga, b_ga2, b_gp, b_a, b_a2, b_p,
-    p_v, p_lv, p_k, p_q, p_gy, p_gyv, p_dv, p_dlv, p_dk, p_dq, o_m, o_s, m_m, m_s, m0, m_end, s_end, M, S, floor,
+    t, b_v, b_x, b_k, b_Pm, b_mum, b_P, b_mu, b_gmu, b_gP, b_ga, b_ga2, b_gp, b_a, b_a2, b_p,
+    p_q, p_gy, p_gyv, p_dv, p_dlv, p_dk, p_dq, o_m, o_s, m_m, m_s, m0, m_end, s_end, M, S, floor,
     BM: tl.constexpr, S_PAD: tl.constexpr, PRIOR: tl.constexpr, HAS_GYV: tl.constexpr, FAST_RCP: tl.constexpr,
-    LOGVAR: tl.constexpr, V_FMT: tl.constexpr, LV_FMT: tl.constexpr, K_FMT: tl.constexpr, Q_FMT: tl.constexpr,
-    GY_FMT: tl.constexpr, GYV_FMT: tl.constexpr,
+    LOGVAR: tl.constexpr, Q_FMT: tl.constexpr, GY_FMT: tl.constexpr, GYV_FMT: tl.constexpr,
 ):  # fmt: skip
-    """The adjoint recursion (module doc) through step t, from the states before (b_Pm, b_mum) and after (b_P, b_mu)
-    it: stores the step's dv, dΛ rows and dk, dq partial rows; returns (gμ, gP) of the state before the step and
-    the running sums ga, ga2, gp."""
-    b_v = load_row(row_start(p_v, t, M, V_FMT), m0, m_end, BM, V_FMT)
-    b_x = load_row(row_start(p_lv, t, M, LV_FMT), m0, m_end, BM, LV_FMT)
-    b_k = load_row(row_start(p_k, t, S, K_FMT), 0, s_end, S_PAD, K_FMT)
+    """The adjoint recursion (module doc) through step t, from its rows v, Λ (or log σ²), k (`_step_rows`) and the
+    states before (b_Pm, b_mum) and after (b_P, b_mu) it: stores the step's dv, dΛ rows and dk, dq partial rows;
+    returns (gμ, gP) of the state before the step and the running sums ga, ga2, gp."""
     b_q = load_row(row_start(p_q, t, S, Q_FMT), 0, s_end, S_PAD, Q_FMT)
     b_lv = b_x
     b_slope = b_x  # dΛ/d log σ² (LOGVAR only)
@@ -272,10 +283,12 @@ def _kla_bwd_kernel(
         if (t1 - t0) % 2 == 1:
             b_Pm = tl.load(p_scr_P + n_pairs * S_PAD * BM + o_scr, eviction_policy="evict_last")
             b_mum = tl.load(p_scr_mu + n_pairs * S_PAD * BM + o_scr, eviction_policy="evict_last")
+            b_v, b_x, b_k = _step_rows(p_v, p_lv, p_k, t1 - 1, m0, m_end, s_end, M, S, BM, S_PAD, V_FMT, LV_FMT,
+                                       K_FMT)  # fmt: skip
             b_gmu, b_gP, b_ga, b_ga2, b_gp = _reverse_step(
-                t1 - 1, b_Pm, b_mum, b_P, b_mu, b_gmu, b_gP, b_ga, b_ga2, b_gp, b_a, b_a2, b_p,
-                p_v, p_lv, p_k, p_q, p_gy, p_gyv, p_dv, p_dlv, p_dk, p_dq, o_m, o_s, m_m, m_s, m0, m_end, s_end,
-                M, S, floor, BM, S_PAD, PRIOR, HAS_GYV, FAST_RCP, LOGVAR, V_FMT, LV_FMT, K_FMT, Q_FMT, GY_FMT, GYV_FMT,
+                t1 - 1, b_v, b_x, b_k, b_Pm, b_mum, b_P, b_mu, b_gmu, b_gP, b_ga, b_ga2, b_gp, b_a, b_a2, b_p,
+                p_q, p_gy, p_gyv, p_dv, p_dlv, p_dk, p_dq, o_m, o_s, m_m, m_s, m0, m_end, s_end,
+                M, S, floor, BM, S_PAD, PRIOR, HAS_GYV, FAST_RCP, LOGVAR, Q_FMT, GY_FMT, GYV_FMT,
             )  # fmt: skip
             b_P, b_mu = b_Pm, b_mum
         for j in tl.range(0, n_pairs, num_stages=NUM_STAGES, loop_unroll_factor=PAIR_UNROLL):  # pairs, last first
@@ -283,18 +296,21 @@ def _kla_bwd_kernel(
             t = t0 + 2 * i_pair  # the pair's even step
             b_Pe = tl.load(p_scr_P + i_pair * S_PAD * BM + o_scr, eviction_policy="evict_last")
             b_mue = tl.load(p_scr_mu + i_pair * S_PAD * BM + o_scr, eviction_policy="evict_last")
-            b_phi, b_r = _step_inputs(p_v, p_lv, p_k, t, m0, m_end, s_end, M, S, floor, BM, S_PAD, LOGVAR,
-                                      V_FMT, LV_FMT, K_FMT)  # fmt: skip
+            # step t's rows are read once: for the state after it, then for its own reverse step
+            b_v, b_x, b_k = _step_rows(p_v, p_lv, p_k, t, m0, m_end, s_end, M, S, BM, S_PAD, V_FMT, LV_FMT, K_FMT)
+            b_phi, b_r = _phi_r(b_v, b_x, b_k, floor, LOGVAR)
             b_Po, b_muo, _, _ = _filter_step(b_Pe, b_mue, b_a, b_a2, b_p, b_phi, b_r, FAST_RCP)  # before step t + 1
+            b_v1, b_x1, b_k1 = _step_rows(p_v, p_lv, p_k, t + 1, m0, m_end, s_end, M, S, BM, S_PAD, V_FMT, LV_FMT,
+                                          K_FMT)  # fmt: skip
             b_gmu, b_gP, b_ga, b_ga2, b_gp = _reverse_step(
-                t + 1, b_Po, b_muo, b_P, b_mu, b_gmu, b_gP, b_ga, b_ga2, b_gp, b_a, b_a2, b_p,
-                p_v, p_lv, p_k, p_q, p_gy, p_gyv, p_dv, p_dlv, p_dk, p_dq, o_m, o_s, m_m, m_s, m0, m_end, s_end,
-                M, S, floor, BM, S_PAD, PRIOR, HAS_GYV, FAST_RCP, LOGVAR, V_FMT, LV_FMT, K_FMT, Q_FMT, GY_FMT, GYV_FMT,
+                t + 1, b_v1, b_x1, b_k1, b_Po, b_muo, b_P, b_mu, b_gmu, b_gP, b_ga, b_ga2, b_gp, b_a, b_a2, b_p,
+                p_q, p_gy, p_gyv, p_dv, p_dlv, p_dk, p_dq, o_m, o_s, m_m, m_s, m0, m_end, s_end,
+                M, S, floor, BM, S_PAD, PRIOR, HAS_GYV, FAST_RCP, LOGVAR, Q_FMT, GY_FMT, GYV_FMT,
             )  # fmt: skip
             b_gmu, b_gP, b_ga, b_ga2, b_gp = _reverse_step(
-                t, b_Pe, b_mue, b_Po, b_muo, b_gmu, b_gP, b_ga, b_ga2, b_gp, b_a, b_a2, b_p,
-                p_v, p_lv, p_k, p_q, p_gy, p_gyv, p_dv, p_dlv, p_dk, p_dq, o_m, o_s, m_m, m_s, m0, m_end, s_end,
-                M, S, floor, BM, S_PAD, PRIOR, HAS_GYV, FAST_RCP, LOGVAR, V_FMT, LV_FMT, K_FMT, Q_FMT, GY_FMT, GYV_FMT,
+                t, b_v, b_x, b_k, b_Pe, b_mue, b_Po, b_muo, b_gmu, b_gP, b_ga, b_ga2, b_gp, b_a, b_a2, b_p,
+                p_q, p_gy, p_gyv, p_dv, p_dlv, p_dk, p_dq, o_m, o_s, m_m, m_s, m0, m_end, s_end,
+                M, S, floor, BM, S_PAD, PRIOR, HAS_GYV, FAST_RCP, LOGVAR, Q_FMT, GY_FMT, GYV_FMT,
             )  # fmt: skip
             b_P, b_mu = b_Pe, b_mue  # the state after step t - 1
         tl.debug_barrier()
