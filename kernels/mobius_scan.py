@@ -17,14 +17,26 @@ import torch
 import triton
 from torch import Tensor
 
-from klalm.kernels.common import ScanConfig, check_config, check_kernel_device, check_offsets
+from klalm.kernels.common import ScanConfig, check_config, check_kernel_device, check_offsets, state_pad
 from klalm.kernels.mobius_scan_bwd import mobius_scan_bwd
 from klalm.kernels.mobius_scan_fwd import mobius_scan_fwd
 from klalm.ops.checks import check_inputs
 from klalm.ops.common import KLAState
 
 MAX_STATE_SIZE = 64
-DEFAULT_CONFIG = ScanConfig()  # the KLA scan's launch parameters: ScanConfig's defaults (kernels/NOTES.md)
+DEFAULT_CONFIG = ScanConfig()  # the KLA scan's launch parameters up to S = 16: ScanConfig's defaults (kernels/NOTES.md)
+# Larger states, by S_PAD: a program holds S_PAD x block_m numbers of each state row, so the S-16 defaults spill
+# registers at 32 and 64. Picked on an H200 at MQAR's long cell (B256 L2048 M256, bf16 v, k, q), forward+backward
+# of y in ms, default -> this: S 32 29.07 -> 20.33, S 64 238.77 -> 52.58 (results/gpu_2026-12-02f, dstate_*.md).
+LARGE_STATE_CONFIGS = {
+    32: DEFAULT_CONFIG._replace(bwd_block_m=8),
+    64: DEFAULT_CONFIG._replace(block_m=8, bwd_block_m=4),
+}
+
+
+def default_config(state_size: int) -> ScanConfig:
+    """The launch parameters `kla_scan_triton` uses when none are given, for keys of `state_size` dimensions."""
+    return LARGE_STATE_CONFIGS.get(state_pad(state_size), DEFAULT_CONFIG)
 
 
 @torch.library.custom_op("klalm::kla_scan_fwd", mutates_args=())
@@ -146,7 +158,7 @@ def kla_scan_triton(
         p: discrete process noise, [M, S], ≥ 0.
         initial_state: KLAState(lam [B, M, S] > 0, eta [B, M, S]) or None for λ0 = 1, η0 = 0.
         decode_from_prior: read out the one-step-ahead prediction (a·μ, a²·σ² + p) instead of the posterior.
-        config: launch parameters (`DEFAULT_CONFIG` by default; its `segment` picks the time-parallel split).
+        config: launch parameters (`default_config(S)` by default; its `segment` picks the time-parallel split).
         precision_floor: when given, lambda_v holds log σ² and the kernels form Λ = 1/(softplus(log σ²) +
             precision_floor) as they load it (no float32 [B, L, M] Λ in memory); its gradient is then d/d log σ².
         variance: False skips y_var (its products, reduction and store in the forward kernel) and returns None
@@ -169,7 +181,7 @@ def kla_scan_triton(
     if v.shape[1] == 0:
         y, y_var, state = _empty_scan(v, k.shape[-1], lam0, eta0)
         return y, y_var if variance else None, state
-    config = config or DEFAULT_CONFIG
+    config = config or default_config(k.shape[-1])
     check_config(config)
     args = [x.contiguous() if x is not None else None for x in (v, lambda_v, k, q, a, p, lam0, eta0)]
     save_ckpt = torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in args)

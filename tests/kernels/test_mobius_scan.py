@@ -259,6 +259,27 @@ def test_edge_sizes(device, batch, length, channels, state):
         assert_matches(*ours, *ref)
 
 
+def test_default_config_by_state_size():
+    """Keys of up to 16 dimensions take ScanConfig's defaults; wider ones the smaller channel blocks that keep the
+    state rows in registers (S_PAD 32, 64), so a KLA layer with d_state 64 does not spill (kernels/mobius_scan.py)."""
+    pick = mobius_scan.default_config
+    assert pick(1) == pick(16) == mobius_scan.DEFAULT_CONFIG == ScanConfig()
+    assert pick(17) == pick(32) == ScanConfig(bwd_block_m=8)
+    assert pick(33) == pick(64) == ScanConfig(block_m=8, bwd_block_m=4)
+
+
+@pytest.mark.parametrize("state", [20, 64])
+def test_large_state_defaults_match_reference(device, state, monkeypatch):
+    """The launch configs `kla_scan_triton` picks for keys wider than 16 (no config given; L 37 is two chunks, M 10
+    not a multiple of their channel blocks) against the float64 oracle."""
+    picked = []
+    real = mobius_scan.default_config
+    monkeypatch.setattr(mobius_scan, "default_config", lambda s: picked.append(real(s)) or picked[-1])
+    ours, ref = run_both(make_inputs(2, 37, 10, state, device, seed=9), True, False, config=None)
+    assert picked and all(c == real(state) != ScanConfig() for c in picked)
+    assert_matches(*ours, *ref)
+
+
 # One unit in the last place of a 16-bit float relative to the value: 7 stored mantissa bits in bfloat16, 10 in float16
 ULP = {torch.bfloat16: 2.0**-7, torch.float16: 2.0**-10}
 NARROW = ("v", "k", "q")  # what the KLA layer hands the scan in 16 bits under autocast
@@ -413,6 +434,19 @@ def test_gpu_real_size(config):
     and with 8)."""
     x = make_inputs(2, 2048, 1536, 16, "cuda", seed=5)
     (outs, grads), (ref_outs, ref_grads) = run_both(x, True, False, config)
+    errors = {f"out {n}": rel_err(outs[n], r) for n, r in ref_outs.items()}
+    errors |= {f"d{n}": rel_err(grads[n], r) for n, r in ref_grads.items()}
+    print({n: f"{e:.1e}" for n, e in errors.items()})
+    assert all(e <= (1e-5 if n.startswith("out") else 1e-4) for n, e in errors.items()), errors
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("state", [32, 64])
+def test_gpu_large_state_default(state):
+    """B=4, L=2048, M=256 (an MQAR layer's channels) at S 32 and 64 with the default launch config for that S,
+    every output and gradient against the float64 reference."""
+    x = make_inputs(4, 2048, 256, state, "cuda", seed=10)
+    (outs, grads), (ref_outs, ref_grads) = run_both(x, True, False, mobius_scan.default_config(state))
     errors = {f"out {n}": rel_err(outs[n], r) for n, r in ref_outs.items()}
     errors |= {f"d{n}": rel_err(grads[n], r) for n, r in ref_grads.items()}
     print({n: f"{e:.1e}" for n, e in errors.items()})
