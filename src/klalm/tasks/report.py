@@ -22,7 +22,7 @@ from typing import Any
 from klalm.markdown import fill_sections
 from klalm.tasks.plans import CRITERIA, RunPlan, plan_units
 from klalm.tasks.results import Results
-from klalm.tasks.units import EVAL_COLUMNS, Unit, row_key
+from klalm.tasks.units import EVAL_COLUMNS, Unit, kla_d_state, row_key
 
 Row = dict[str, Any]
 Figure = tuple[Path, str]  # (PNG file to write, its path as the Markdown links it)
@@ -347,7 +347,7 @@ def finished_positions(rows: list[Row], archs: list[str], lengths: list[int], de
 def _position_unit(row: Row) -> str:
     label = f"{row['arch']} L={row['task']['length']}"
     if row["task"]["name"] == "mqar":
-        d_state = row["model_overrides"].get("mixer_options", {}).get("kla", {}).get("d_state")
+        d_state = kla_d_state(row["model_overrides"])
         width = f"d={row['d_model']}" + (f" S={d_state}" if d_state is not None else "")
         return f"{label} K={row['task']['num_pairs']} depth={row['n_layers']} {width} lr={row['train']['lr']:g}"
     return f"{label} depth={row['n_layers']}"

@@ -39,6 +39,11 @@ DATA_SEED = 0  # every arch and seed trains (split tasks) and is tested on the s
 MAIN_STREAM, AUX_STREAM = 0, 1  # stream ids of FreshStream under a seed
 
 
+def kla_d_state(model_overrides: dict[str, Any]) -> int | None:
+    """The KLA mixer's d_state set in an arch's build_model overrides (a unit's or a results row's), else None."""
+    return model_overrides.get("mixer_options", {}).get("kla", {}).get("d_state")
+
+
 @dataclasses.dataclass
 class Unit:
     """One cell and the seeds trained together on it.
@@ -90,7 +95,7 @@ class Unit:
 
     def kla_d_state(self) -> int | None:
         """The KLA mixer's d_state where the unit sets it (`model_overrides`), else None (the layer's default)."""
-        return self.model_overrides.get("mixer_options", {}).get("kla", {}).get("d_state")
+        return kla_d_state(self.model_overrides)
 
     def label(self) -> str:
         settings = " ".join(f"{k}={v}" for k, v in self.task.items() if k != "name")
