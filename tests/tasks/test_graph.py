@@ -9,7 +9,7 @@ import time
 import pytest
 import torch
 
-from klalm.tasks import make_task, materialize
+from klalm.tasks import MAD_TASKS, make_task, materialize
 from klalm.tasks.streams import FreshStream, SplitStream
 from klalm.tasks.train import WARMUP_STEPS, GroupTrainer, StopRule, TrainSettings, train_group
 from klalm.tasks.units import Execution, Unit, build_member, run_unit, run_units
@@ -79,10 +79,6 @@ def test_captured_mqar_training_on_the_scored_positions_gives_the_eager_losses(a
     eager, captured = losses(False, None), losses(True, "inductor")
     assert torch.isfinite(captured).all()
     torch.testing.assert_close(captured, eager, rtol=2e-3, atol=2e-3)
-
-
-MAD_TASKS = ["mad_in_context_recall", "mad_noisy_recall", "mad_fuzzy_recall", "mad_selective_copy",
-             "mad_compression", "mad_memorization"]  # fmt: skip
 
 
 def _mad_losses(name: str, arch: str, capture: bool, compile_backend: str | None, device=CUDA) -> torch.Tensor:
