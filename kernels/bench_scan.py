@@ -390,7 +390,8 @@ FLOOR = 1e-4  # the KLA layer's precision floor
 
 def run_dtypes(asm_dir: Path | None = None) -> None:
     """fp32 against 16-bit inputs at the kla_45m scan shape: the KLA layer's inputs before and after the in-kernel
-    Λ, each at block_m 32 and 64 (64 channels on one warp: two per thread, another way to 32-bit 16-bit loads).
+    Λ, each at block_m 16, 32 and 64 (16: twice the programs for the GPU's 528 schedulers; 64: two channels per
+    thread, another way to 32-bit 16-bit loads).
     With `asm_dir`, the code of every kernel a row launched is written there (`write_asm`)."""
     from klalm.kernels.common import ScanConfig
 
@@ -408,7 +409,7 @@ def run_dtypes(asm_dir: Path | None = None) -> None:
 
     rows = []
     for i, (name, (inputs, floor)) in enumerate(variants.items()):
-        for block_m in (32, 64):
+        for block_m in (16, 32, 64):
             config = ScanConfig(block_m=block_m)
             runners = scan_runners("triton", inputs, config, precision_floor=floor)
             known = compiled_kernels(_kla_fwd_kernel) | compiled_kernels(_kla_bwd_kernel)
