@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import re
+import shutil
 import time
 from pathlib import Path
 
@@ -343,6 +345,25 @@ def test_paused_units_leave_progress_rows_once(tmp_path, capsys):
     assert (tmp_path / "positions.png").stat().st_size > 1000
     with pytest.raises(SystemExit, match="no paused unit in"):
         main(["evaluate", "--state", str(tmp_path / "nowhere")])
+
+
+def test_a_paused_unit_whose_state_is_lost_is_named_before_it_restarts(tmp_path, caplog):
+    plan = _tiny_plan(families=["a5"], archs=["kla"])
+    block = _block(tmp_path, plan)
+    kla1 = block.units[0]
+    run_unit(kla1, torch.device("cpu"), Execution(), deadline=time.time(), state=block.state)  # paused at step 10
+    block.results.record_progress(paused_rows(block.state, "abc"))
+    assert block.lost_pauses() == []  # its state is there: it resumes
+    shutil.rmtree(block.state)  # e.g. a new checkout without the ignored state folder
+    lost = _block(tmp_path, plan)
+    assert [(u.label(), step) for u, step in lost.lost_pauses()] == [(kla1.label(), 10)]
+    assert lost.steps_left(kla1) == 20 and lost.states()[0][1] == "ready"  # from step 0
+    assert f"{kla1.label()}: paused at step 10 by progress.jsonl, but its state is not in" in plan_table(lost)
+    with caplog.at_level(logging.WARNING):
+        lost.run()
+    assert "holds no state for it: it starts again from step 0" in caplog.text
+    assert _block(tmp_path, plan).lost_pauses() == []  # once its seeds have rows, nothing is lost any more
+    assert GridBlock(plan, lost.results, None, "cpu", 0, True, None, "abc").lost_pauses() == []  # no state folder
 
 
 def test_a_finish_only_block_starts_only_what_ends_before_the_deadline(tmp_path, monkeypatch):

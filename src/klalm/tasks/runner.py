@@ -57,6 +57,7 @@ from klalm.tasks.units import (
     paused_rows,
     remove_state,
     restore_states,
+    row_key,
     run_units,
     saved_states,
     state_mib,
@@ -144,6 +145,28 @@ class GridBlock:
     def saved(self) -> dict[str, dict]:
         """state_name -> saved state (.json) of every unit paused in the state folder."""
         return {} if self.state is None else saved_states(self.state)
+
+    def lost_pauses(self) -> list[tuple[Unit, int]]:
+        """Units of the plan with a seed that progress.jsonl records as paused (and no row has finished) but that no
+        state in the state folder holds, each with the last step recorded: they start again from step 0. Empty
+        without a state folder, where no unit can have resumed anyway."""
+        if self.state is None:
+            return []
+        held = set()
+        for saved in self.saved().values():
+            unit = Unit.from_dict(saved["unit"])
+            held.update(unit.key(seed) for seed in unit.seeds)
+        paused: dict[str, int] = {}
+        for row in self.results.progress:
+            key = row_key(row)
+            paused[key] = max(paused.get(key, 0), row["steps"])
+        lost = []
+        for unit in self.units:
+            keys = [unit.key(s) for s in unit.seeds if not self.results.finished(unit, s)]
+            steps = [paused[key] for key in keys if key in paused and key not in held]
+            if steps:
+                lost.append((unit, max(steps)))
+        return lost
 
     def _drop_stale_states(self) -> None:
         """Remove the states of units whose seeds all have rows, or whose A5 cell was solved at a lower depth."""
@@ -315,6 +338,9 @@ class GridBlock:
         log.info("%d units in the plan, %d slot(s) on %s (%s), deadline in %s", len(self.units), self.slots,
                  self.device, self.device_name,
                  "none" if self.deadline is None else f"{self.deadline - time.time():.0f} s")  # fmt: skip
+        for unit, step in self.lost_pauses():
+            log.warning("%s: progress.jsonl records it paused at step %d, but %s holds no state for it: it starts "
+                        "again from step 0", unit.label(), step, self.state)  # fmt: skip
         threads = [threading.Thread(target=self._slot, args=(i,)) for i in range(self.slots)]
         for thread in threads:
             thread.start()
@@ -370,6 +396,9 @@ def plan_table(block: GridBlock) -> str:
         f"pending (ready, resumes or waits): {pending / 60:.1f} unit-minutes at these estimates, at most (A5 depths"
     )
     lines.append("that a shallower solve makes unnecessary are dropped as the grid goes)")
+    for unit, step in block.lost_pauses():
+        lines.append(f"{unit.label()}: paused at step {step} by progress.jsonl, but its state is not in {block.state}: "
+                     "it starts again from step 0")  # fmt: skip
     if block.plan.units_per_process > 1:
         lines.append(f"each unit is estimated alone; packs of up to {block.plan.units_per_process} units run side by "
                      "side in one process and take less GPU time than the sum")  # fmt: skip
