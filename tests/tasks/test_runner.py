@@ -661,3 +661,20 @@ def test_every_documented_command_parses_and_its_plan_loads():
         args = parse_args(call)
         if args.verb not in ("merge", "progress", "evaluate", "positions"):  # the verbs that take no plan
             assert plan_units(apply_args(load_plan(args.plan), args)), call
+
+
+def test_a_running_unit_logs_its_progress_at_most_once_a_period(tmp_path, caplog, monkeypatch):
+    plan = _tiny_plan(families=["a5"], archs=["gpt"])
+    unit = _block(tmp_path, plan).units[0]  # 20 steps, an evaluation every 10
+    monkeypatch.setattr(units, "PROGRESS_EVERY_S", 0.0)
+    with caplog.at_level(logging.INFO, logger="klalm.tasks.units"):
+        run_unit(unit, torch.device("cpu"), Execution())
+    lines = [r.getMessage() for r in caplog.records if r.name == "klalm.tasks.units"]
+    assert [line.split(" (")[0] for line in lines] == ["step 10/20", "step 20/20"]
+    pattern = rf"step 10/20 \([\d.]+ ms a step, \d+ s to the step cap\): token acc {re.escape(unit.label())}: \d+\.\d%"
+    assert re.fullmatch(pattern, lines[0])
+    caplog.clear()
+    monkeypatch.setattr(units, "PROGRESS_EVERY_S", 3600.0)
+    with caplog.at_level(logging.INFO, logger="klalm.tasks.units"):
+        run_unit(unit, torch.device("cpu"), Execution())
+    assert len([r for r in caplog.records if r.name == "klalm.tasks.units"]) == 1  # the first evaluation's only

@@ -358,6 +358,7 @@ def train_group(
     deadline: float | None = None,
     evals: list[list[dict]] | None = None,
     cells: list[int] | None = None,
+    progress: Callable[[int, int, float, dict[int, float]], None] | None = None,
 ) -> GroupResult:
     """Train every member of `trainer` to its planned steps, evaluating on `test` every `eval_every` steps and at
     the end; stop a cell's members early by `stop`, the others training on; pause when the next stretch of steps
@@ -369,6 +370,8 @@ def train_group(
         evals: the evaluations so far of members resumed from a paused run (GroupResult.evals); None for a new run.
         cells: the cell of each member (default: all one cell). When a member reaches the stop rule, every member
             of its cell stops there; the group ends when no cell is left.
+        progress: called after every evaluation with the step, the planned steps, the seconds per step so far in
+            this run and, for each cell still training, the best token accuracy of its members at this evaluation.
     """
     members, total = list(trainer.members), trainer.members[0].settings.steps
     cells = [0] * len(members) if cells is None else cells
@@ -394,6 +397,11 @@ def train_group(
                 loss = float(members[i].losses[last_eval:step].mean())
                 evals[i].append({"step": step, "loss": loss, **_evaluate_member(members[i], tests[cells[i]])})
             eval_s, last_eval = time.perf_counter() - eval_start, step
+            if progress is not None and step > loop_first:
+                best: dict[int, float] = {}
+                for i in active:
+                    best[cells[i]] = max(best.get(cells[i], 0.0), evals[i][-1]["token_acc"])
+                progress(step, total, (time.perf_counter() - loop_start) / (step - loop_first), best)
             reached = {cells[i] for i in active if stop is not None and evals[i][-1][stop.metric] >= stop.threshold}
             if reached:
                 before_solve = before_solve or (time.perf_counter() - loop_start, step - loop_first)

@@ -19,6 +19,8 @@ import argparse
 import dataclasses
 import hashlib
 import json
+import logging
+import math
 import os
 import sys
 import time
@@ -35,6 +37,8 @@ from klalm.tasks.readouts import wrap_readout
 from klalm.tasks.streams import FreshStream, SplitStream
 from klalm.tasks.train import GroupResult, GroupTrainer, Member, StopRule, TrainSettings, evaluate, train_group
 
+log = logging.getLogger(__name__)
+PROGRESS_EVERY_S = 60.0  # a running unit logs its progress at most this often (ProgressLog)
 DATA_SEED = 0  # every arch and seed trains (split tasks) and is tested on the same fixed splits
 MAIN_STREAM, AUX_STREAM = 0, 1  # stream ids of FreshStream under a seed
 
@@ -383,7 +387,7 @@ def run_units(units: list[Unit], device: torch.device, execution: Execution, dea
     evals = None if saved[0] is None else [log for unit_state in saved for log in unit_state["evals"]]
     with recording() as used:
         result = train_group(trainer, tests, eval_every=units[0].eval_every, stop=stop, deadline=deadline,
-                             evals=evals, cells=cells)  # fmt: skip
+                             evals=evals, cells=cells, progress=ProgressLog(units))  # fmt: skip
     wall_s = time.perf_counter() - started
     common = run_record(device, trainer.graph is not None, len(members), execution, dict(sorted(used.items())))
     rate = rate_record(units[0], common, result.step_s, result.train_s, wall_s - result.train_s, result.ended)
@@ -415,6 +419,31 @@ def run_units(units: list[Unit], device: torch.device, execution: Execution, dea
     phases = (built - started, loaded - built, result.setup_s, time.perf_counter() - started - wall_s)
     rate["phases_s"] = dict(zip(("build", "load", "setup", "finish"), (round(x, 2) for x in phases), strict=True))
     return UnitOutcome(rows, rate)
+
+
+class ProgressLog:
+    """`train_group`'s progress callback for a pack: one log line at most every PROGRESS_EVERY_S seconds (the first
+    after the first evaluation), with the step, the time a step takes and what is left to the step cap at that
+    rate, and each unit's best held-out token accuracy so far, so a long block shows where it is."""
+
+    def __init__(self, units: list[Unit]) -> None:
+        self.units, self.last = units, -math.inf
+
+    def __call__(self, step: int, total: int, step_s: float, best: dict[int, float]) -> None:
+        now = time.monotonic()
+        if now - self.last < PROGRESS_EVERY_S:
+            return
+        self.last = now
+        left = (total - step) * step_s
+        accs = ", ".join(f"{self.units[cell].label()}: {acc:.1%}" for cell, acc in sorted(best.items()))
+        log.info("step %d/%d (%.1f ms a step, %s to the step cap): token acc %s", step, total, step_s * 1e3,
+                 _duration(left), accs)  # fmt: skip
+
+
+def _duration(seconds: float) -> str:
+    if seconds >= 5400:
+        return f"{seconds / 3600:.1f} h"
+    return f"{seconds / 60:.0f} min" if seconds >= 90 else f"{seconds:.0f} s"
 
 
 def _split(splits: dict, task: SyntheticTask, num_examples: int, name: str, device: torch.device) -> tuple:
@@ -458,6 +487,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--state", type=Path, help="folder of paused units: resume from it, pause into it")
     p.add_argument("--execution", default="{}", help="JSON of Execution's fields")
     args = p.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="[unit %(asctime)s] %(message)s", datefmt="%H:%M:%S")
     values = json.loads(args.unit.read_text())
     units = [Unit.from_dict(v) for v in (values if isinstance(values, list) else [values])]
     execution = Execution(**json.loads(args.execution))
