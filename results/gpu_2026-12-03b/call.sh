@@ -5,7 +5,7 @@
 # (docs/synthetic.md, "For the GPU session").
 start=$(date +%s)
 source scripts/device_setup.sh || exit 1
-mkdir -p $OUT/synthetic .carry/synthetic_state && cp results/synthetic/*.jsonl $OUT/synthetic/
+mkdir -p $OUT/synthetic .carry/synthetic_state && cp results/synthetic/{a5,progress,rates}.jsonl $OUT/synthetic/
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader
 if [ "${PICK:-0}" = 1 ]; then timeout 120 python3 results/cpu_2026-12-03/s64_pick.py 2>&1 | tee $OUT/s64_pick.md; fi
 if [ "${KTEST:-0}" = 1 ]; then
