@@ -38,3 +38,25 @@ def test_the_recorded_commit_names_the_tree_that_ran_when_it_differs_from_head(t
 def test_an_environment_value_wins(monkeypatch):
     monkeypatch.setenv("KLALM_COMMIT", "abc1234")
     assert git_commit() == "abc1234"
+
+
+def test_untracked_files_past_the_limit_are_left_out_and_said_so(tmp_path, monkeypatch):
+    from klalm import provenance
+
+    monkeypatch.delenv("KLALM_COMMIT", raising=False)
+    monkeypatch.chdir(tmp_path)
+    _git("init", "-q")
+    (tmp_path / "f.txt").write_text("a")
+    _git("add", "f.txt")
+    _git("commit", "-qm", "x")
+    head = _git("rev-parse", "--short", "HEAD")
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "data.bin").write_bytes(b"x" * 100)
+    monkeypatch.setattr(provenance, "UNTRACKED_LIMIT_BYTES", 99)
+    monkeypatch.chdir(tmp_path / "sub")  # from a subfolder too: the whole checkout is read
+    assert git_commit() == head + " (untracked files too large to hash were left out)"
+    (tmp_path / "f.txt").write_text("b")
+    tracked_only = git_commit()
+    assert tracked_only.startswith(head + "-dirty (tree ") and tracked_only.endswith(", untracked files left out)")
+    monkeypatch.setattr(provenance, "UNTRACKED_LIMIT_BYTES", 100)
+    assert git_commit() != tracked_only and git_commit().endswith(")") and "left out" not in git_commit()

@@ -6,6 +6,9 @@ repository whose .git is older than its files, as on a machine that receives the
 it names the exact code that ran. Once that code is committed, the commit whose tree it is can be found with
 
     git log --format='%h %T' | grep <T>
+
+Untracked files that are not ignored count (new code is code that ran), unless together they pass
+UNTRACKED_LIMIT_BYTES (data left in the checkout, say): then T holds the tracked files only and the record says so.
 """
 
 from __future__ import annotations
@@ -16,23 +19,30 @@ import subprocess
 import tempfile
 
 TREE_DIGITS = 12  # of the tree hash recorded with "-dirty"
+UNTRACKED_LIMIT_BYTES = 64 << 20  # untracked files hashed into the tree only up to this many bytes in all
 
 
 def _git(*args: str, env: dict[str, str] | None = None) -> str:
     return subprocess.run(["git", *args], capture_output=True, text=True, check=True, env=env).stdout.strip()
 
 
-def worktree_tree() -> str:
-    """Git's tree hash of the working tree: tracked and untracked files, ignored ones left out. Built in a copy of
-    the index, so the real index (what is staged) is not touched; the files' blobs are written to the object store
-    as `git add` writes them."""
+def _untracked_bytes() -> int:
+    top = _git("rev-parse", "--show-toplevel")
+    names = _git("ls-files", "--others", "--exclude-standard", "-z", "--full-name", top).split("\0")
+    return sum(os.path.getsize(os.path.join(top, n)) for n in names if n and os.path.isfile(os.path.join(top, n)))
+
+
+def worktree_tree(with_untracked: bool = True) -> str:
+    """Git's tree hash of the working tree: tracked files and (with_untracked) untracked ones, ignored ones left
+    out. Built in a copy of the index, so the real index (what is staged) is not touched; the files' blobs are
+    written to the object store as `git add` writes them."""
     with tempfile.TemporaryDirectory() as tmp:
         index = os.path.join(tmp, "index")
         real = _git("rev-parse", "--git-path", "index")
         if os.path.exists(real):
             shutil.copyfile(real, index)  # its stat data spares hashing the files that did not change
         env = {**os.environ, "GIT_INDEX_FILE": index}
-        _git("add", "--all", env=env)
+        _git("add", "--all" if with_untracked else "--update", ":/", env=env)
         return _git("write-tree", env=env)
 
 
@@ -43,8 +53,12 @@ def git_commit() -> str:
         return os.environ["KLALM_COMMIT"]
     try:
         head = _git("rev-parse", "--short", "HEAD")
-        tree = worktree_tree()
+        with_untracked = _untracked_bytes() <= UNTRACKED_LIMIT_BYTES
+        tree = worktree_tree(with_untracked)
         head_tree = _git("rev-parse", "HEAD^{tree}")
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
-    return head if tree == head_tree else f"{head}-dirty (tree {tree[:TREE_DIGITS]})"
+    if tree == head_tree:
+        return head if with_untracked else f"{head} (untracked files too large to hash were left out)"
+    left_out = "" if with_untracked else ", untracked files left out"
+    return f"{head}-dirty (tree {tree[:TREE_DIGITS]}{left_out})"
