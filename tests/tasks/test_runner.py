@@ -204,12 +204,13 @@ def test_estimates_use_the_rows_of_the_units_shape_and_name_them():
     rates = [_rate(), _rate(n_layers=2, members=2, step_s=0.03)]
     assert estimate_s(bigger, rates, "H", 1, prior)[0] == pytest.approx(10 + 1000 * 0.03)  # its own shape wins
     assert estimate_s(unit, [_rate()], "H", 2, prior)[0] == pytest.approx(10 + 1000 * 0.02)
-    # a KLA d_state is part of the kind: its rates and the default's (rows without the key) do not mix
+    # a KLA d_state is part of the kind: its rates and the default's (rows without the key) do not mix where both
+    # are measured
     wide = dataclasses.replace(unit, model_overrides={"mixer_options": {"kla": {"d_state": 64}}})
     rates = [_rate(), _rate(kla_d_state=64, step_s=0.04)]
     assert estimate_s(wide, rates, "H", 1, prior)[0] == pytest.approx(10 + 1000 * 0.04)
     assert estimate_s(unit, rates, "H", 1, prior)[0] == pytest.approx(10 + 1000 * 0.01)
-    assert estimate_s(wide, [_rate()], "H", 1, prior)[1] == "prior"
+    assert estimate_s(wide, [_rate()], "H", 1, prior)[0] == pytest.approx(10 + 1000 * 0.01 * 64 / 16)  # see below
     # overhead: unit runs of the arch, else of any arch; benchmark rows (no process start) never; else the prior
     bench = _rate(ended="bench", overhead_s=0.1)
     assert estimate_s(unit, [bench], "H", 1, prior)[0] == pytest.approx(5 + 10)
@@ -238,6 +239,29 @@ def test_estimates_above_the_measured_tokens_take_the_other_shapes_points():
     assert seconds == pytest.approx(10 + 1000 * (0.04 + (216 - 40) / 360 * 0.06))
     assert source.startswith("69.33 ms/step bounded from depth 1, 1 seeds, 1 proc/GPU on rates.jsonl lines 1 and "
                              "bounded from depth 2, 1 seeds, 1 proc/GPU on rates.jsonl lines 2;")  # fmt: skip
+
+
+def test_an_unmeasured_kla_d_state_is_interpolated_in_d_state_from_the_measured_ones():
+    prior = Estimate(tokens_per_s={"kla": 4000.0}, overhead_s=5.0, safety=1.0)
+    wide = {"mixer_options": {"kla": {"d_state": 64}}}
+    rates = [_rate(step_s=0.010), _rate(step_s=0.040, kla_d_state=64)]  # the default (16) and 64: 10 and 40 ms
+
+    def at(d_state):
+        unit = _a5_unit()
+        if d_state is not None:
+            unit = dataclasses.replace(unit, model_overrides={"mixer_options": {"kla": {"d_state": d_state}}})
+        return estimate_s(unit, rates, "H", 1, prior)
+
+    assert at(None)[0] == pytest.approx(10 + 1000 * 0.010) and at(64)[0] == pytest.approx(10 + 1000 * 0.040)
+    seconds, source = at(32)  # a third of the way from 16 to 64
+    assert seconds == pytest.approx(10 + 1000 * 0.020)
+    assert source.startswith("20.00 ms/step at d_state 32, linear in d_state from d_state 16: 10.00 ms/step from "
+                             "rates.jsonl lines 1 and d_state 64: 40.00 ms/step from rates.jsonl lines 2")  # fmt: skip
+    assert at(128)[0] == pytest.approx(10 + 1000 * 0.080)  # above: the top two's slope
+    assert at(8)[0] == pytest.approx(10 + 1000 * 0.010)  # below: the smallest's time
+    only_wide = [_rate(step_s=0.040, kla_d_state=64, model_overrides=wide)]
+    assert at(None)[0] != estimate_s(_a5_unit(), [], "H", 1, prior)[0]  # measured d_states beat the prior
+    assert estimate_s(_a5_unit(), only_wide, "H", 1, prior)[0] == pytest.approx(10 + 1000 * 0.040)  # one: its time
 
 
 def test_compiled_estimates_read_compiled_rates_else_eager_step_times_and_the_prior_overhead():

@@ -209,14 +209,18 @@ def mqar_units(plan: RunPlan) -> list[Unit]:
     return units
 
 
+def kla_default_d_state() -> int:
+    """The KLA mixer's d_state when nothing sets it."""
+    from klalm.models.mixers.kla import KLAMixer  # lazy, as the model zoo in `validate`
+
+    return inspect.signature(KLAMixer).parameters["d_state"].default
+
+
 def with_kla_d_state(overrides: dict[str, Any], d_state: int | None) -> dict[str, Any]:
     """An arch's build_model overrides with the KLA mixer's d_state set. Unchanged for None, and for the layer's
     default where the overrides do not set another: spelling the default out names the same unit (and results)."""
-    from klalm.models.mixers.kla import KLAMixer  # lazy, as the model zoo in `validate`
-
     options = overrides.get("mixer_options", {})
-    default = inspect.signature(KLAMixer).parameters["d_state"].default
-    if d_state is None or (d_state == default and "d_state" not in options.get("kla", {})):
+    if d_state is None or (d_state == kla_default_d_state() and "d_state" not in options.get("kla", {})):
         return overrides
     return {**overrides, "mixer_options": {**options, "kla": {**options.get("kla", {}), "d_state": d_state}}}
 

@@ -27,6 +27,12 @@ rows of rates.jsonl of the same family, arch and width, and the log names the ro
   median of the unit runs of the same arch on this device, else of any arch on it (benchmark rows measure no process
   start and are not used), else the plan's prior.
 
+- a KLA d_state never measured (rows record `kla_d_state`) takes the step times of the measured d_states of the
+  same kind, each as above, linearly in d_state (the scan's work grows with it, the rest of the step does not):
+  interpolated between the nearest measured below and above, along the top two's slope above the largest (never
+  downwards), the smallest's time below it; with one d_state measured and the unit's above it, that time scaled
+  in proportion to d_state (an upper bound, since the rest of the step does not grow).
+
 With no row of the arch on this device, the plan's prior (tokens per second of one block and one seed) is used.
 """
 
@@ -40,7 +46,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from klalm.tasks.plans import Estimate
+from klalm.tasks.plans import Estimate, kla_default_d_state
 from klalm.tasks.units import Unit, UnitOutcome, row_key
 
 RATES_FILE = "rates.jsonl"
@@ -143,16 +149,21 @@ def estimate_s(unit: Unit, rates: list[dict[str, Any]], device: str, procs_per_g
     """
     steps = unit.train.steps if steps is None else steps
     tokens, shape = tokens_per_step or unit.tokens_per_step(), (unit.n_layers, len(unit.seeds), procs_per_gpu)
-    kind = (device, unit.family, unit.arch, unit.d_model, unit.kla_d_state())
-    shapes, eager = _rate_shapes(rates, (*kind, compile_backend)), ""
-    if not shapes and compile_backend is not None:
-        shapes, eager = _rate_shapes(rates, (*kind, None)), "eager "
-    if not shapes:
+    kind = (device, unit.family, unit.arch, unit.d_model)
+    by_d_state, eager = _rate_shapes(rates, kind, compile_backend), ""
+    if not by_d_state and compile_backend is not None:
+        by_d_state, eager = _rate_shapes(rates, kind, None), "eager "
+    if not by_d_state:
         if unit.arch not in prior.tokens_per_s:
             raise KeyError(f"estimate.tokens_per_s has no prior for arch {unit.arch!r}; add one to the plan")
         step_s = tokens * unit.n_layers * len(unit.seeds) * procs_per_gpu / prior.tokens_per_s[unit.arch]
         return (prior.overhead_s + steps * step_s) * prior.safety, "prior"
-    step_s, how = _step_time(shapes, shape, tokens, f"{eager}rates.jsonl")
+    source = f"{eager}rates.jsonl"
+    d_state = unit.kla_d_state() or kla_default_d_state()
+    if d_state in by_d_state:
+        step_s, how = _step_time(by_d_state[d_state], shape, tokens, source)
+    else:
+        step_s, how = _d_state_time(by_d_state, d_state, shape, tokens, source)
     runs = [r for r in rates if r["device"] == device and r["ended"] != "bench"
             and r.get("compile_backend") == compile_backend]  # fmt: skip
     same_arch = [r["overhead_s"] for r in runs if r["arch"] == unit.arch]
@@ -162,15 +173,41 @@ def estimate_s(unit: Unit, rates: list[dict[str, Any]], device: str, procs_per_g
     return (overhead_s + steps * step_s) * prior.safety, f"{how}; overhead {overhead_s:.0f} s ({where})"
 
 
-def _rate_shapes(rates: list[dict[str, Any]], kind: tuple) -> dict[tuple[int, int, int], list[tuple[int, dict]]]:
-    """(depth, members, procs per GPU) -> the (line, rate) pairs of that shape among the rates of `kind`: (device,
-    family, arch, d_model, KLA d_state, compile backend); rates from before the backend or the d_state was recorded
-    ran eager and at the default d_state."""
-    shapes: dict[tuple[int, int, int], list[tuple[int, dict]]] = {}
+Shapes = dict[tuple[int, int, int], list[tuple[int, dict]]]  # (depth, members, procs per GPU) -> (line, rate)s
+
+
+def _rate_shapes(rates: list[dict[str, Any]], kind: tuple, compile_backend: str | None) -> dict[int, Shapes]:
+    """KLA d_state -> (depth, members, procs per GPU) -> the (line, rate) pairs of that shape among the rates of
+    `kind` (device, family, arch, d_model) and `compile_backend`; rates from before the backend or the d_state was
+    recorded ran eager and at the default d_state (as do the archs without a KLA layer)."""
+    default = kla_default_d_state()
+    by_d_state: dict[int, Shapes] = {}
     for line, r in enumerate(rates, start=1):
-        if (r["device"], r["family"], r["arch"], r["d_model"], r.get("kla_d_state"), r.get("compile_backend")) == kind:
+        if (r["device"], r["family"], r["arch"], r["d_model"]) == kind and r.get("compile_backend") == compile_backend:
+            shapes = by_d_state.setdefault(r.get("kla_d_state") or default, {})
             shapes.setdefault((r["n_layers"], r["members"], r["procs_per_gpu"]), []).append((line, r))
-    return shapes
+    return by_d_state
+
+
+def _d_state_time(by_d_state: dict[int, Shapes], d_state: int, shape: tuple[int, int, int], tokens: int,
+                  source: str) -> tuple[float, str]:  # fmt: skip
+    """Seconds per step at a d_state never measured, from the measured ones (module doc) and where they came from."""
+    known = sorted(by_d_state)
+    upper = bisect.bisect_left(known, d_state)
+    if upper == 0:
+        used = known[:1]
+    elif upper < len(known):
+        used = known[upper - 1 : upper + 1]
+    else:
+        used = known[-2:]
+    times = [_step_time(by_d_state[d], shape, tokens, source) for d in used]
+    if len(used) == 1:  # below the smallest: its time; above the only one: in proportion to d_state
+        step_s = times[0][0] * max(1.0, d_state / used[0])
+    else:
+        (d0, d1), (s0, s1) = used, (times[0][0], times[1][0])
+        step_s = s0 + max(0.0, (s1 - s0) / (d1 - d0)) * (d_state - d0)
+    parts = " and ".join(f"d_state {d}: {how}" for d, (_, how) in zip(used, times, strict=True))
+    return step_s, f"{step_s * 1e3:.2f} ms/step at d_state {d_state}, linear in d_state from {parts}"
 
 
 def _points(rows: list[tuple[int, dict]]) -> dict[int, tuple[float, list[int]]]:
