@@ -6,25 +6,20 @@ gradient, one segment). Prints one Markdown table. From the repository root, wit
     env -u TRITON_INTERPRET .venv-triton36/bin/python results/cpu_2026-12-03b/ss_registers.py
 """
 
+import sys
+from pathlib import Path
+
 import triton
+
+sys.path.insert(0, str(Path(__file__).parent))  # ss_bf16_pick.py
+from ss_bf16_pick import CANDIDATES  # noqa: E402
 
 from klalm.kernels.bench_scan import COMPILED_COLUMNS, print_table
 from klalm.kernels.common import BF16_PAIRS, pair_unroll
 from klalm.kernels.selective_scan import DEFAULT_CONFIG, _ss_bwd_kernel
 from klalm.kernels.sm90 import code_counts, compile_sm90, resource_usage
 
-D = DEFAULT_CONFIG
-CONFIGS = {
-    "default": D,
-    "bwd_num_stages 2": D._replace(bwd_num_stages=2),
-    "bwd_num_stages 4": D._replace(bwd_num_stages=4),
-    "bwd_unroll 4": D._replace(bwd_unroll=4),
-    "bwd_block_m 16": D._replace(bwd_block_m=16),
-    "bwd_block_m 16, 2 warps": D._replace(bwd_block_m=16, bwd_num_warps=2),
-    "bwd_block_m 4": D._replace(bwd_block_m=4),
-    "chunk 32": D._replace(chunk=32),
-    "chunk 128": D._replace(chunk=128),
-}
+CONFIGS = {"default": DEFAULT_CONFIG, **CANDIDATES}  # the configs ss_bf16_pick.py times
 FLAGS = dict(HAS_D=True, HAS_INIT=False, HAS_GSTATE=False, HAS_CARRY=False, N_PAD=16)
 BF16 = {name: BF16_PAIRS.value for name in ("U_FMT", "B_FMT", "C_FMT", "GY_FMT")}
 rows = []

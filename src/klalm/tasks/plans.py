@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import inspect
 import itertools
 import math
@@ -209,6 +210,7 @@ def mqar_units(plan: RunPlan) -> list[Unit]:
     return units
 
 
+@functools.cache
 def kla_default_d_state() -> int:
     """The KLA mixer's d_state when nothing sets it."""
     from klalm.models.mixers.kla import KLAMixer  # lazy, as the model zoo in `validate`
