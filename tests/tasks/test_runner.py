@@ -83,7 +83,7 @@ def test_full_plan_is_the_design_recipe_in_the_issue_order():
     assert zoology.depths == [2] and len(zoology.lrs) == 4 and min(zoology.d_models) >= 64
     assert max(zoology.d_models) <= 256 and len(zoology.d_models) > 1
     assert (long.archs, long.cells, long.depths) == (["kla"], [[2048, 256]], [1, 2])
-    assert (capacity.cells, capacity.depths, capacity.d_states) == ([[2048, 256]], [1], [64])
+    assert (capacity.cells, capacity.depths, capacity.d_states) == ([[2048, 256]], [1], [32, 64])
     mqar = [u for u in plan_units(plan) if u.family == "mqar"]  # Zoology: evaluated every epoch, stopped at 99 %
     assert {(u.eval_every, u.stop["threshold"], u.stop["metric"]) for u in mqar} == {(391, 0.99, "token_acc")}
 
@@ -152,9 +152,9 @@ def test_command_line_knobs_replace_plan_values_in_every_stage(capsys):
                                                      "--mqar-cells", "2048x256", "--mqar-depths", "1",
                                                      "--mqar-d-models", "128"]))  # fmt: skip
     assert {(u.task["length"], u.n_layers, u.d_model, u.arch) for u in plan_units(long)} == {(2048, 1, 128, "kla")}
-    # the four learning rates, once although two stages name the cell, and the capacity stage's d_state-64 unit
+    # the four learning rates, once although two stages name the cell, and the capacity stage's d_state 32 and 64
     assert sorted((u.kla_d_state() or 16, u.train.lr) for u in plan_units(long)) == [
-        (16, 1e-4), (16, 4.6e-4), (16, 2.2e-3), (16, 1e-2), (64, 2.2e-3)]  # fmt: skip
+        (16, 1e-4), (16, 4.6e-4), (16, 2.2e-3), (16, 1e-2), (32, 2.2e-3), (64, 2.2e-3)]  # fmt: skip
     args = ["run", "--results", "x", "--families", "mqar", "--archs", "kla", "--mqar-cells", "2048x256",
             "--mqar-depths", "1", "--mqar-d-models", "128", "--mqar-d-states", "16"]  # fmt: skip
     default_only = apply_args(load_plan("full"), parse_args(args))
