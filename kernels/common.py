@@ -34,7 +34,11 @@ class ScanConfig(NamedTuple):
     unroll / bwd_unroll: time steps per unrolled loop body (lets the scheduler overlap independent work of
     several steps; the KLA backward takes its steps in pairs, so there bwd_unroll 1 and 2 are the same kernel);
     segment: steps per time-parallel segment, a multiple of chunk; 0 lets `segment_chunks` choose, a value ≥ L
-    walks the whole sequence in one segment (the sequential kernels).
+    walks the whole sequence in one segment (the sequential kernels);
+    state_slice (KLA scan only; the selective scan takes 0): key dimensions per scan: the KLA scan of S key
+    dimensions runs as the sum of scans over consecutive slices of this many (the last one narrower when it does
+    not divide S), each with these launch parameters; 0, or a value ≥ S, scans the whole state at once
+    (kernels/mobius_scan.py).
     """
 
     block_m: int = 32
@@ -47,6 +51,7 @@ class ScanConfig(NamedTuple):
     bwd_num_stages: int = 3
     bwd_unroll: int = 2
     segment: int = 0
+    state_slice: int = 0
 
 
 def check_config(config: ScanConfig) -> None:
@@ -61,6 +66,8 @@ def check_config(config: ScanConfig) -> None:
     for name in ("chunk", "num_stages", "unroll", "bwd_num_stages", "bwd_unroll"):
         if getattr(config, name) < 1:
             raise ValueError(f"ScanConfig.{name}={getattr(config, name)} must be >= 1")
+    if config.state_slice < 0:
+        raise ValueError(f"ScanConfig.state_slice={config.state_slice} must be >= 0 (0: the whole state)")
     if config.segment < 0 or config.segment % config.chunk:
         raise ValueError(
             f"ScanConfig.segment={config.segment} must be 0 or a positive multiple of chunk={config.chunk}"

@@ -27,10 +27,13 @@ MAX_STATE_SIZE = 64
 DEFAULT_CONFIG = ScanConfig()  # the KLA scan's launch parameters up to S = 16: ScanConfig's defaults (kernels/NOTES.md)
 # Larger states, by S_PAD: a program holds S_PAD x block_m numbers of each state row, so the S-16 defaults spill
 # registers at 32 and 64. Picked on an H200 at MQAR's long cell (B256 L2048 M256, bf16 v, k, q), forward+backward
-# of y in ms, default -> this: S 32 29.07 -> 20.33, S 64 238.77 -> 52.58 (results/gpu_2026-12-02f, dstate_*.md).
+# of y in ms, default -> this: S 32 29.07 -> 20.33 (results/gpu_2026-12-02f, dstate_*.md); S 64 238.77 -> 52.58
+# with block_m 8, bwd_block_m 4 (the same files; no other whole-state config did better, results/gpu_2026-12-03b),
+# then -> 40.90 as four scans of 16 key dimensions on the S-16 defaults (against 53.25 / 53.57 for the whole scan
+# in the same run; timed as four `kla_scan_triton` calls summed by autograd, results/gpu_2026-12-03c/call1).
 LARGE_STATE_CONFIGS = {
     32: DEFAULT_CONFIG._replace(bwd_block_m=8),
-    64: DEFAULT_CONFIG._replace(block_m=8, bwd_block_m=4),
+    64: DEFAULT_CONFIG._replace(state_slice=16),
 }
 
 
@@ -57,9 +60,13 @@ def kla_scan_fwd_op(
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     """(y, y_var, λ, η, ckpt_P, ckpt_mu) of `mobius_scan_fwd` on contiguous inputs; `config` is a ScanConfig as a
     list; without `save_ckpt` the two chunk-state tensors are empty, without `with_variance` y_var is."""
+    config = ScanConfig(*config)
+    slices = state_slices(k.shape[-1], config)
+    if len(slices) > 1:
+        return _sliced_fwd(v, lambda_v, k, q, a, p, lam0, eta0, decode_from_prior, config, save_ckpt,
+                           precision_floor, with_variance, slices)  # fmt: skip
     outs = mobius_scan_fwd(
-        v, lambda_v, k, q, a, p, lam0, eta0, decode_from_prior, ScanConfig(*config), save_ckpt, precision_floor,
-        with_variance,
+        v, lambda_v, k, q, a, p, lam0, eta0, decode_from_prior, config, save_ckpt, precision_floor, with_variance
     )  # fmt: skip
     return *outs[:4], *(v.new_empty(0, dtype=torch.float32) if c is None else c for c in outs[4:])
 
@@ -100,7 +107,12 @@ def kla_scan_bwd_op(
     """Gradients (dv, dlambda_v, dk, dq, da, dp, dlam0, deta0) of `mobius_scan_bwd`; dlam0, deta0 are empty
     without an initial state; a None gyv, glam, geta means that output was unused (its terms are skipped)."""
     saved = (v, lambda_v, k, q, a, p, lam0, eta0, lam, eta, ckpt_P, ckpt_mu)
-    grads = mobius_scan_bwd(saved, gy, gyv, glam, geta, decode_from_prior, ScanConfig(*config), precision_floor)
+    config = ScanConfig(*config)
+    slices = state_slices(k.shape[-1], config)
+    if len(slices) > 1:
+        grads = _sliced_bwd(saved, gy, gyv, glam, geta, decode_from_prior, config, precision_floor, slices)
+    else:
+        grads = mobius_scan_bwd(saved, gy, gyv, glam, geta, decode_from_prior, config, precision_floor)
     return *grads[:6], *(v.new_empty(0, dtype=torch.float32) if g is None else g for g in grads[6:])
 
 
@@ -108,6 +120,78 @@ def kla_scan_bwd_op(
 def _(v, lambda_v, k, q, a, p, lam0, eta0, *rest):
     initial = [torch.empty_like(x) if x is not None else v.new_empty(0, dtype=torch.float32) for x in (lam0, eta0)]
     return (*(torch.empty_like(x) for x in (v, lambda_v, k, q, a, p)), *initial)
+
+
+def state_slices(state_size: int, config: ScanConfig) -> list[slice]:
+    """The key dimensions of each scan: all S at once, or consecutive slices of `config.state_slice`."""
+    width = config.state_slice or state_size
+    return [slice(i, min(i + width, state_size)) for i in range(0, state_size, width)]
+
+
+# The sliced scan. Every (m, s) of the filter is its own recurrence (docs/kla.md): only y = Σ_s q_s·mean_{m,s} and
+# y_var (and so the gradients of v and Λ) sum over s; the state, its checkpoints and the gradients of k, q, a, p and
+# of the initial state are per s. So a scan of S key dimensions is the sum of scans over slices of k, q, a, p (and
+# λ0, η0), each on the kernels of the slice's width. Their y, y_var, dv and dΛ are written in float32 and summed, so
+# 16-bit outputs round once, as the whole scan's do. The chunk states of slice j are one contiguous [B, NC, W_j, M]
+# block of the [B, NC, S, M] buffers, the blocks in slice order (the buffers' shape is the whole scan's, so the ops'
+# fake implementations hold for both).
+
+
+def _columns(x: Tensor | None, s: slice) -> Tensor | None:
+    """x[..., s] as a contiguous tensor (the kernels read state-shaped inputs densely)."""
+    return None if x is None else x[..., s].contiguous()
+
+
+def _ckpt_blocks(buffers: tuple[Tensor, Tensor], slices: list[slice]) -> list[tuple[Tensor, Tensor]]:
+    """Each slice's [B, NC, W, M] views of the chunk-state buffers [B, NC, S, M] (module comment above)."""
+    batch, n_chunks, _, channels = buffers[0].shape
+    per_dim = batch * n_chunks * channels
+    return [tuple(b.view(-1)[s.start * per_dim : s.stop * per_dim].view(batch, n_chunks, s.stop - s.start, channels)
+                  for b in buffers) for s in slices]  # fmt: skip
+
+
+def _sliced_fwd(v, lambda_v, k, q, a, p, lam0, eta0, decode_from_prior, config, save_ckpt, precision_floor,
+                with_variance, slices):  # fmt: skip
+    """`kla_scan_fwd_op`'s outputs, as the sum of scans over `slices` of the state."""
+    batch, length, channels = v.shape
+    f32 = torch.float32
+    ckpt = None
+    if save_ckpt:
+        ckpt = tuple(v.new_empty(batch, triton.cdiv(length, config.chunk), k.shape[-1], channels, dtype=f32)
+                     for _ in range(2))  # fmt: skip
+    blocks = _ckpt_blocks(ckpt, slices) if save_ckpt else [None] * len(slices)
+    y = y_var = None
+    lams, etas = [], []
+    for s, block in zip(slices, blocks, strict=True):
+        part = mobius_scan_fwd(
+            v, lambda_v, _columns(k, s), _columns(q, s), _columns(a, s), _columns(p, s), _columns(lam0, s),
+            _columns(eta0, s), decode_from_prior, config, save_ckpt, precision_floor, with_variance, f32, block,
+        )  # fmt: skip
+        y = part[0] if y is None else y.add_(part[0])
+        y_var = part[1] if y_var is None else y_var.add_(part[1])
+        lams.append(part[2])
+        etas.append(part[3])
+    empty = v.new_empty(0, dtype=f32)
+    ckpt = ckpt or (empty, empty)
+    y_var = y_var.to(v.dtype) if with_variance else v.new_empty(0)
+    return y.to(v.dtype), y_var, torch.cat(lams, -1), torch.cat(etas, -1), *ckpt
+
+
+def _sliced_bwd(saved, gy, gyv, glam, geta, decode_from_prior, config, precision_floor, slices):
+    """`mobius_scan_bwd`'s gradients of the sliced scan: per slice, summed over slices for v and Λ (float32), put
+    side by side over s for the rest."""
+    v, lambda_v, k, q, a, p, lam0, eta0, lam, eta, ckpt_P, ckpt_mu = saved
+    dv = dlv = None
+    per_s = []  # per slice: dk, dq, da, dp, dlam0, deta0
+    for s, (block_P, block_mu) in zip(slices, _ckpt_blocks((ckpt_P, ckpt_mu), slices), strict=True):
+        part_saved = (v, lambda_v, *(_columns(x, s) for x in (k, q, a, p, lam0, eta0, lam, eta)), block_P, block_mu)
+        grads = mobius_scan_bwd(part_saved, gy, gyv, _columns(glam, s), _columns(geta, s), decode_from_prior, config,
+                                precision_floor, grad_dtype=torch.float32)  # fmt: skip
+        dv = grads[0] if dv is None else dv.add_(grads[0])
+        dlv = grads[1] if dlv is None else dlv.add_(grads[1])
+        per_s.append(grads[2:])
+    rest = [None if parts[0] is None else torch.cat(parts, -1) for parts in zip(*per_s, strict=True)]
+    return dv.to(v.dtype), dlv.to(lambda_v.dtype), *rest
 
 
 def _setup_context(ctx, inputs, output):
@@ -158,7 +242,8 @@ def kla_scan_triton(
         p: discrete process noise, [M, S], ≥ 0.
         initial_state: KLAState(lam [B, M, S] > 0, eta [B, M, S]) or None for λ0 = 1, η0 = 0.
         decode_from_prior: read out the one-step-ahead prediction (a·μ, a²·σ² + p) instead of the posterior.
-        config: launch parameters (`default_config(S)` by default; its `segment` picks the time-parallel split).
+        config: launch parameters (`default_config(S)` by default; its `segment` picks the time-parallel split,
+            its `state_slice` scans the state as slices of that many key dimensions).
         precision_floor: when given, lambda_v holds log σ² and the kernels form Λ = 1/(softplus(log σ²) +
             precision_floor) as they load it (no float32 [B, L, M] Λ in memory); its gradient is then d/d log σ².
         variance: False skips y_var (its products, reduction and store in the forward kernel) and returns None

@@ -471,6 +471,7 @@ def mobius_scan_bwd(
     decode_from_prior: bool,
     config: ScanConfig,
     precision_floor: float | None = None,
+    grad_dtype: torch.dtype | None = None,
 ) -> tuple[Tensor, ...]:
     """Launch the backward kernels and finish the reductions over batch, channel blocks and time segments.
 
@@ -482,9 +483,10 @@ def mobius_scan_bwd(
             lam0/eta0 None for a fresh sequence.
         gy: gradient of y [B, L, M], contiguous; gyv: gradient of y_var, the same or None (y_var unused: its
             terms are skipped). glam, geta: final-state gradients [B, M, S] or None.
+        grad_dtype: the dtype of dv and dlambda_v (default: their inputs').
     Returns:
-        (dv, dlambda_v, dk, dq, da, dp, dlam0, deta0), each in its input's dtype; dlam0, deta0 None when
-        the forward had no initial state.
+        (dv, dlambda_v, dk, dq, da, dp, dlam0, deta0), each in its input's dtype but for `grad_dtype`; dlam0, deta0
+        None when the forward had no initial state.
     """
     v, lambda_v, k, q, a, p, lam0, eta0, lam, eta, ckpt_P, ckpt_mu = saved
     batch, length, channels = v.shape
@@ -494,7 +496,7 @@ def mobius_scan_bwd(
     n_seg = triton.cdiv(n_chunks, seg_chunks)
     n_mb = triton.cdiv(channels, config.bwd_block_m)
     f32 = dict(device=v.device, dtype=torch.float32)
-    dv, dlv = torch.empty_like(v), torch.empty_like(lambda_v)
+    dv, dlv = torch.empty_like(v, dtype=grad_dtype), torch.empty_like(lambda_v, dtype=grad_dtype)
     dk_part = torch.empty(batch, n_mb, length, state_size, **f32)
     dq_part = torch.empty_like(dk_part)
     da_part = torch.empty(batch, n_seg, channels, state_size, **f32)

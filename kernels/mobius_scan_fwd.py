@@ -407,6 +407,8 @@ def mobius_scan_fwd(
     save_ckpt: bool,
     precision_floor: float | None = None,
     with_variance: bool = True,
+    out_dtype: torch.dtype | None = None,
+    ckpt: tuple[Tensor, Tensor] | None = None,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor | None, Tensor | None]:
     """Launch the forward kernels on contiguous inputs (checked by the caller).
 
@@ -415,9 +417,10 @@ def mobius_scan_fwd(
     The kernels read and write state-shaped tensors once per program in their own [.., M, S] layout; only the
     chunk states, touched every chunk, are stored channel-contiguous. Time segments (`common.segment_chunks`)
     run in parallel from start states found by the summary and carry kernels.
-    Returns y, y_var [B, L, M] in v's dtype (y_var empty, never computed, without `with_variance`); final λ, η
-    [B, M, S] float32; and, when `save_ckpt`, the states (P, μ) before every chunk, each [B, NC, S, M] float32
-    with NC = ceil(L / chunk), else None.
+    Returns y, y_var [B, L, M] in `out_dtype` (default v's dtype; y_var empty, never computed, without
+    `with_variance`); final λ, η [B, M, S] float32; and, when `save_ckpt`, the states (P, μ) before every chunk,
+    each [B, NC, S, M] float32 with NC = ceil(L / chunk), written into `ckpt` when given (contiguous, that shape),
+    else None.
     """
     batch, length, channels = v.shape
     state_size = k.shape[-1]
@@ -428,14 +431,15 @@ def mobius_scan_fwd(
         seg_steps = seg_chunks * config.chunk
         lam0, eta0 = _segment_starts(v, lambda_v, k, a, p, lam0, eta0, seg_steps, n_seg, config, precision_floor)
         # from here lam0, eta0 hold every segment's start (P, μ): INIT_COV
-    y = torch.empty_like(v)
-    y_var = torch.empty_like(v) if with_variance else v.new_empty(0)
+    y = torch.empty_like(v, dtype=out_dtype)
+    y_var = torch.empty_like(y) if with_variance else v.new_empty(0)
     lam = v.new_empty(batch, channels, state_size, dtype=torch.float32)
     eta = torch.empty_like(lam)
     ckpt_P = ckpt_mu = None
     if save_ckpt:
-        ckpt_P = v.new_empty(batch, n_chunks, state_size, channels, dtype=torch.float32)
-        ckpt_mu = torch.empty_like(ckpt_P)
+        if ckpt is None:
+            ckpt = tuple(v.new_empty(batch, n_chunks, state_size, channels, dtype=torch.float32) for _ in range(2))
+        ckpt_P, ckpt_mu = ckpt
     grid = (batch, triton.cdiv(channels, config.block_m), n_seg)
     (v, v_fmt), (lambda_v, lv_fmt), (k, k_fmt), (q, q_fmt) = (as_rows(x) for x in (v, lambda_v, k, q))
     # a 16-bit y is stored as words of two (`_store_row_pairs`) where the kernel's TRIM_16BIT holds (Λ given, no y_var)

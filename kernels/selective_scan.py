@@ -592,6 +592,8 @@ def selective_scan_triton(
         return u.clone(), h if initial_state is None else initial_state.float()
     config = config or DEFAULT_CONFIG
     check_config(config)
+    if config.state_slice:
+        raise ValueError(f"ScanConfig.state_slice={config.state_slice}: the selective scan has no sliced path (use 0)")
     args = [x.contiguous() if x is not None else None for x in (u, delta, A, Bm, Cm, D, initial_state)]
     save_ckpt = torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in args)
     y, h, _ = selective_scan_fwd_op(*args, list(config), save_ckpt)

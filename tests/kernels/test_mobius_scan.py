@@ -24,6 +24,8 @@ OUTPUTS = ("y", "y_var", "lam", "eta")
 TINY = ScanConfig(block_m=4, chunk=4, num_stages=2, unroll=2, bwd_block_m=8, bwd_num_stages=2, bwd_unroll=2)
 SEGMENTS = TINY._replace(segment=8)  # time-parallel: segments of two chunks
 CONFIGS = [pytest.param(TINY, id="sequential"), pytest.param(SEGMENTS, id="segments")]
+SLICES = SEGMENTS._replace(state_slice=3)  # the state as scans over slices of 3 key dimensions (the last narrower)
+WITH_SLICES = [*CONFIGS, pytest.param(SLICES, id="slices")]
 
 
 def rel_err(x: torch.Tensor, ref: torch.Tensor) -> float:
@@ -102,7 +104,7 @@ def assert_matches(outs, grads, ref_outs, ref_grads, out_tol=1e-5, grad_tol=1e-4
         assert rel_err(grads[name], ref) <= grad_tol, f"d{name}: rel err {rel_err(grads[name], ref):.2e}"
 
 
-@pytest.mark.parametrize("config", CONFIGS)
+@pytest.mark.parametrize("config", WITH_SLICES)
 @pytest.mark.parametrize("length,state,use_init,prior", CASES)
 def test_scan_matches_reference(device, length, state, use_init, prior, config):
     x = make_inputs(2, length, 6, state, device)  # M=6 is not a multiple of block_m=4
@@ -120,7 +122,7 @@ def test_long_sequence_time_parallel(device, length):
     assert_matches(*ours, *ref)
 
 
-@pytest.mark.parametrize("config", CONFIGS)
+@pytest.mark.parametrize("config", WITH_SLICES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 def test_precision_from_logvar(device, config, dtype):
     """precision_floor: the kernels form Λ = 1/(softplus(log σ²) + floor) as they load log σ² (from −40, where
@@ -165,7 +167,7 @@ def test_extreme_values(device, config):
     assert_matches(*ours, *ref)
 
 
-@pytest.mark.parametrize("config", CONFIGS)
+@pytest.mark.parametrize("config", WITH_SLICES)
 def test_state_carried_across_calls(device, config):
     """Two calls, the second starting from the first's final state, equal one call over the whole sequence, with
     gradients flowing back through the carried state (every input of the first call gets its gradient)."""
@@ -231,7 +233,7 @@ def test_unused_outputs(device, used, prior, config, monkeypatch):
             assert rel_err(grads[name], ref) <= 1e-4, f"d{name}: rel err {rel_err(grads[name], ref):.2e}"
 
 
-@pytest.mark.parametrize("config", CONFIGS)
+@pytest.mark.parametrize("config", WITH_SLICES)
 @pytest.mark.parametrize("prior", [False, True], ids=["posterior", "prior"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 def test_without_variance(device, config, prior, dtype):
@@ -259,13 +261,30 @@ def test_edge_sizes(device, batch, length, channels, state):
         assert_matches(*ours, *ref)
 
 
+@pytest.mark.parametrize("width,widths", [(2, [2, 2, 1]), (4, [4, 1]), (5, [5]), (0, [5])])
+def test_state_slices_split_the_keys(device, width, widths, monkeypatch):
+    """`state_slice` runs one forward and one backward scan per slice of the keys, of the widths the slicing names,
+    and agrees with the whole scan to float32 rounding (the checkpoints of every slice in one buffer)."""
+    seen = {"fwd": [], "bwd": []}
+    fwd, bwd = mobius_scan.mobius_scan_fwd, mobius_scan.mobius_scan_bwd
+    monkeypatch.setattr(mobius_scan, "mobius_scan_fwd", lambda *a: seen["fwd"].append(a[2].shape[-1]) or fwd(*a))
+    spy_bwd = lambda saved, *a, **kw: seen["bwd"].append(saved[2].shape[-1]) or bwd(saved, *a, **kw)
+    monkeypatch.setattr(mobius_scan, "mobius_scan_bwd", spy_bwd)
+    x = make_inputs(2, 21, 6, 5, device, seed=23)
+    whole, sliced = (run_kernel(x, SEGMENTS._replace(state_slice=w), torch.float32) for w in (0, width))
+    assert seen == {"fwd": [5] + widths, "bwd": [5] + widths}
+    for part in range(2):
+        for name, ref in whole[part].items():
+            torch.testing.assert_close(sliced[part][name], ref, rtol=1e-5, atol=1e-6, msg=lambda m, n=name: f"{n}: {m}")
+
+
 def test_default_config_by_state_size():
-    """Keys of up to 16 dimensions take ScanConfig's defaults; wider ones the smaller channel blocks that keep the
-    state rows in registers (S_PAD 32, 64), so a KLA layer with d_state 64 does not spill (kernels/mobius_scan.py)."""
+    """Keys of up to 16 dimensions take ScanConfig's defaults; up to 32 the smaller backward channel blocks that keep
+    the state rows in registers; up to 64 four scans of 16 key dimensions each (kernels/mobius_scan.py)."""
     pick = mobius_scan.default_config
     assert pick(1) == pick(16) == mobius_scan.DEFAULT_CONFIG == ScanConfig()
     assert pick(17) == pick(32) == ScanConfig(bwd_block_m=8)
-    assert pick(33) == pick(64) == ScanConfig(block_m=8, bwd_block_m=4)
+    assert pick(33) == pick(64) == ScanConfig(state_slice=16)
 
 
 @pytest.mark.parametrize("state", [20, 64])
@@ -304,7 +323,7 @@ def fixed_cotangents(outs: dict, cotangent_dtype: torch.dtype) -> list[torch.Ten
     return [w[n].to(o.dtype) for n, o in outs.items()]
 
 
-@pytest.mark.parametrize("config", CONFIGS)
+@pytest.mark.parametrize("config", WITH_SLICES)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
 @pytest.mark.parametrize("channels,state", [(6, 4), (5, 3)], ids=["even-widths", "odd-widths"])
 def test_16bit_inputs_give_the_float32_result(device, dtype, channels, state, config):
@@ -379,6 +398,8 @@ def test_bad_inputs_raise(device, monkeypatch):
         kla_scan_triton(*args[:2], wide_k, wide_k, wide_a, wide_a)
     with pytest.raises(ValueError, match="block_m=12"):
         kla_scan_triton(*args, config=ScanConfig(block_m=12))
+    with pytest.raises(ValueError, match="state_slice=-1"):
+        kla_scan_triton(*args, config=ScanConfig(state_slice=-1))
     monkeypatch.setenv(CHECK_ENV_VAR, "1")
     with pytest.raises(ValueError, match="decay a"):
         kla_scan_triton(*args[:4], args[4] + 1.0, args[5])
@@ -386,8 +407,8 @@ def test_bad_inputs_raise(device, monkeypatch):
 
 @pytest.mark.parametrize(
     "config,use_init,variance",
-    [(TINY, False, False), (SEGMENTS, True, True)],
-    ids=["sequential-no-variance", "segments-init"],
+    [(TINY, False, False), (SEGMENTS, True, True), (SLICES, True, False)],
+    ids=["sequential-no-variance", "segments-init", "slices-init"],
 )
 def test_custom_ops_pass_opcheck(device, config, use_init, variance):
     """klalm::kla_scan_fwd / kla_scan_bwd: schema, fake (shape-only) implementations, autograd registration and

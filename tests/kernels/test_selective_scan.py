@@ -168,6 +168,8 @@ def test_selective_scan_bf16_and_errors(device):
         selective_scan_triton(x["u"], x["delta"], x["A"], x["Bm"], x["Cm"][:, :2])
     with pytest.raises(ValueError, match="float64"):
         selective_scan_triton(*(x[n].double() for n in NAMES[:5]))
+    with pytest.raises(ValueError, match="state_slice=2"):
+        selective_scan_triton(*(x[n] for n in NAMES[:5]), config=TINY._replace(state_slice=2))
 
 
 @pytest.mark.gpu
