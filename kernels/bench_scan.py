@@ -6,6 +6,7 @@
     python kernels/bench_scan.py --lengths  # sequential vs time-parallel per token, 16,384 tokens a call, L 512..65536
     python kernels/bench_scan.py --dtypes   # fp32 vs 16-bit inputs at the kla_45m shape (B16 L2048 M1024 S16)
     python kernels/bench_scan.py --segments # f+b(y) by segment length at small batch: tunes common.segment_chunks
+    python kernels/bench_scan.py --states   # wide keys (S 16, 32, 64) whole against in slices of 16, MQAR's layer
     python kernels/bench_scan.py --registers  # registers and spills per thread by launch config (no GPU needed)
 
 Times are medians of `triton.testing.do_bench` in ms. The floor of a row is the larger of its HBM time
@@ -522,6 +523,37 @@ def run_segments() -> None:
     print_table(["shape", "auto: segments", "sequential", "auto", *map(str, SEGMENT_LENGTHS)], rows)
 
 
+STATES_SHAPE = dict(batch=256, length=2048, channels=256)  # MQAR's long-cell layer (d_model 128, batch 256)
+STATES = (16, 32, 64)
+STATE_SLICE = 16
+WHOLE_STATE_CONFIGS = {64: dict(block_m=8, bwd_block_m=4)}  # S 64's whole-scan default before state slices
+
+
+def run_states() -> None:
+    """f+b(y) of the KLA scan with bf16 v, k, q at STATES_SHAPE for each S of STATES: the whole state in one scan
+    (`default_config(S)`, or WHOLE_STATE_CONFIGS[S] where the default slices) against slices of STATE_SLICE key
+    dimensions (`state_slice`), in ms and in ps per (b, t, m, s) element; each S's whole scan again last (drift)."""
+    from klalm.kernels.common import ScanConfig
+    from klalm.kernels.mobius_scan import default_config
+
+    rows = []
+    for state in STATES:
+        shape = dict(STATES_SHAPE, state=state)
+        inputs = _narrow(kla_inputs(**shape), torch.bfloat16, LAYER_NARROW)
+        whole = ScanConfig(**WHOLE_STATE_CONFIGS[state]) if state in WHOLE_STATE_CONFIGS else default_config(state)
+        sliced = default_config(STATE_SLICE)._replace(state_slice=STATE_SLICE)
+        elements = shape["batch"] * shape["length"] * shape["channels"] * state
+        for label, config in (("whole", whole), (f"slices of {STATE_SLICE}", sliced), ("whole, again", whole)):
+            if label.startswith("slices") and state <= STATE_SLICE:
+                continue  # one slice: the whole scan
+            ms = timed_ms(scan_runners("triton", inputs, config, variance=False)["fwd+bwd (y)"])
+            ps = ms if ms == "OOM" else f"{float(ms) * 1e9 / elements:.2f}"
+            rows.append([str(state), label, str(tuple(config)), ms, ps])
+        del inputs
+    print("\nKLA scan f+b(y), B{batch} L{length} M{channels}, bf16 v, k, q:".format(**STATES_SHAPE))
+    print_table(["S", "scan", "config", "f+b(y) ms", "ps / element"], rows)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="one small size only")
@@ -530,6 +562,7 @@ def main() -> None:
     parser.add_argument("--lengths", action="store_true", help="sequential vs time-parallel at fixed tokens per call")
     parser.add_argument("--dtypes", action="store_true", help="fp32 vs 16-bit inputs at the kla_45m scan shape")
     parser.add_argument("--segments", action="store_true", help="f+b(y) by segment length at small batch")
+    parser.add_argument("--states", action="store_true", help="wide states whole vs in slices, MQAR's layer")
     parser.add_argument("--registers", action="store_true", help="registers per thread by config (no GPU needed)")
     parser.add_argument("--asm", type=Path, default=None, help="with --dtypes: write the TTGIR, PTX and SASS of "
                         "every kernel each row launched into this folder")  # fmt: skip
@@ -542,7 +575,8 @@ def main() -> None:
         return
     print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}")
     chosen = [run for flag, run in ((args.lengths, run_lengths), (args.dtypes, lambda: run_dtypes(args.asm)),
-                                    (args.segments, run_segments), (args.tune, run_tune)) if flag]  # fmt: skip
+                                    (args.segments, run_segments), (args.states, run_states),
+                                    (args.tune, run_tune)) if flag]  # fmt: skip
     for run in chosen:
         run()
     if not chosen:

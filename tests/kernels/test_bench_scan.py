@@ -29,6 +29,9 @@ def tiny_bench(monkeypatch):
     monkeypatch.setattr(bench_scan, "DTYPE_SHAPE", dict(batch=1, length=9, channels=4, state=2))
     monkeypatch.setattr(bench_scan, "SEGMENT_LENGTHS", (ScanConfig().chunk,))
     monkeypatch.setattr(bench_scan, "SEGMENT_SHAPES", [dict(batch=1, length=70, channels=4, state=2)])
+    monkeypatch.setattr(bench_scan, "STATES_SHAPE", dict(batch=1, length=9, channels=4))
+    monkeypatch.setattr(bench_scan, "STATES", (2, 5))
+    monkeypatch.setattr(bench_scan, "STATE_SLICE", 2)
     return calls
 
 
@@ -38,11 +41,11 @@ def table_rows(text: str) -> list[list[str]]:
 
 @pytest.mark.parametrize(
     "run, n_rows, n_timings",
-    [("run_lengths", 2, 8), ("run_dtypes", 17, 49), ("run_segments", 1, 3)],
+    [("run_lengths", 2, 8), ("run_dtypes", 17, 49), ("run_segments", 1, 3), ("run_states", 5, 5)],
 )
 def test_tables_run_at_tiny_shapes(tiny_bench, capsys, run, n_rows, n_timings):
     getattr(bench_scan, run)()
-    rows = [row for row in table_rows(capsys.readouterr().out) if row[0] not in ("L", "inputs", "shape")]  # data
+    rows = [row for row in table_rows(capsys.readouterr().out) if row[0] not in ("L", "inputs", "shape", "S")]  # data
     assert len(rows) == n_rows and len(tiny_bench) == n_timings
     assert all(cell for row in rows for cell in row)
 
