@@ -672,9 +672,37 @@ def test_mqar_positions_by_span_table_and_plot(tmp_path, capsys):
         main(["positions", "--family", "mqar", "--results", str(tmp_path), "--lengths", "64"])
 
 
+def test_curves_show_finished_and_paused_runs_by_step(tmp_path, capsys):
+    """`curves`: a finished run's accuracy at each step (its last evaluation at or before it), a paused run's from
+    its latest progress row, blank past its last evaluation; the plot; and a filter that matches nothing."""
+    plan = _tiny_plan(families=["mqar"])
+    block = _block(tmp_path, plan)
+    done, paused = block.units  # gpt, L 16, K 2, lr 1e-3 and 3e-3
+    evals = [[10, 2.0, 0.25, 0.0], [20, 1.0, 0.75, 0.5]]
+    block.results.record(_outcome([_row(done, 0, 0.75, evals=evals, ended="steps", planned_steps=20)]))
+    for steps, acc in ((10, 0.5), (12, 0.625)):  # two pauses: the later one is shown
+        so_far = [[10, 1.5, 0.5, 0.0], [steps, 1.2, acc, 0.0]][: 1 + (steps > 10)]
+        block.results.record_progress(
+            [_row(paused, 0, acc, steps=steps, ended="paused", planned_steps=20, evals=so_far)]
+        )
+    main(["curves", "--family", "mqar", "--results", str(tmp_path), "--plot", str(tmp_path / "curves.png")])
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "| unit | seed | ended | step 4 | step 8 | step 12 | step 16 | step 20 | last (step) |"
+    assert lines[2:] == [
+        "| gpt L=16 K=2 depth=1 d=16 lr=0.001 | 0 | steps at 20 |  |  | 25.0 | 25.0 | 75.0 | 75.0 (20) |",
+        "| gpt L=16 K=2 depth=1 d=16 lr=0.003 | 0 | paused at 12 |  |  | 62.5 |  |  | 62.5 (12) |"]  # fmt: skip
+    assert (tmp_path / "curves.png").stat().st_size > 1000
+    main(["curves", "--family", "mqar", "--results", str(tmp_path), "--steps", "15"])
+    assert capsys.readouterr().out.splitlines()[2:] == [
+        "| gpt L=16 K=2 depth=1 d=16 lr=0.001 | 0 | steps at 20 | 25.0 | 75.0 (20) |",
+        "| gpt L=16 K=2 depth=1 d=16 lr=0.003 | 0 | paused at 12 |  | 62.5 (12) |"]  # fmt: skip
+    with pytest.raises(SystemExit, match="no MQAR run with evaluations in .* matches"):
+        main(["curves", "--family", "mqar", "--results", str(tmp_path), "--lengths", "64"])
+
+
 def test_every_documented_command_parses_and_its_plan_loads():
     calls = _documented_commands()
-    verbs = {"run", "plan", "report", "merge", "progress", "evaluate", "positions"}
+    verbs = {"run", "plan", "report", "merge", "progress", "evaluate", "positions", "curves"}
     assert len(calls) >= 8 and {c[0] for c in calls} == verbs
     for call in calls:
         if "--help" in call:
@@ -683,7 +711,7 @@ def test_every_documented_command_parses_and_its_plan_loads():
             assert done.value.code == 0
             continue
         args = parse_args(call)
-        if args.verb not in ("merge", "progress", "evaluate", "positions"):  # the verbs that take no plan
+        if args.verb not in ("merge", "progress", "evaluate", "positions", "curves"):  # the verbs that take no plan
             assert plan_units(apply_args(load_plan(args.plan), args)), call
 
 

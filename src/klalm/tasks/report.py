@@ -457,6 +457,84 @@ def plot_mqar_positions(rows: list[Row], path: Path, plt: Any) -> None:
     _save(fig, path)
 
 
+# -------------------------------------------------------------------------------------------- accuracy by step
+
+
+def training_curves(rows: list[Row], progress: list[Row], archs: list[str], lengths: list[int],
+                    depths: list[int]) -> list[Row]:  # fmt: skip
+    """Every run of one family with its evaluations, of the given archs, lengths and depths (empty: all): the
+    finished rows, and for each (cell, seed) without one its latest progress row (`ended` "paused"), with a `unit`
+    label and in the order of `finished_positions`."""
+    finished = {row_key(r) for r in rows}
+    latest: dict[str, Row] = {}
+    for r in progress:
+        key = row_key(r)
+        if key not in finished and (key not in latest or r["steps"] > latest[key]["steps"]):
+            latest[key] = r
+    family = {r["family"] for r in rows}
+    paused = [r for r in latest.values() if not family or r["family"] in family]
+    kept = [r for r in [*rows, *paused] if r.get("evals") and (not archs or r["arch"] in archs)
+            and (not lengths or r["task"]["length"] in lengths)
+            and (not depths or r["n_layers"] in depths)]  # fmt: skip
+    kept.sort(key=lambda r: (r["arch"], r["n_layers"], r["task"]["length"], r["d_model"],
+                             kla_d_state(r["model_overrides"]) or 0, r["train"]["lr"], r["seed"]))  # fmt: skip
+    return [{**r, "unit": _position_unit(r)} for r in kept]
+
+
+def accuracy_at(row: Row, step: int) -> float | None:
+    """Held-out token accuracy of the run's last evaluation at or before `step`; None past its last evaluation
+    (a paused run, or one stopped early) or before its first."""
+    column = EVAL_COLUMNS["token_acc"]
+    if step > row["evals"][-1][0]:
+        return None
+    before = [e for e in row["evals"] if e[0] <= step]
+    return before[-1][column] if before else None
+
+
+def curve_steps(rows: list[Row], points: int = 5) -> list[int]:
+    """`points` evenly spaced steps up to the longest planned schedule of `rows`."""
+    last = max(r["planned_steps"] for r in rows)
+    return [last * (i + 1) // points for i in range(points)]
+
+
+def curves_markdown(rows: list[Row], steps: list[int]) -> str:
+    """One line per run: how it ended and its held-out token accuracy (%) at each of `steps` (blank past its last
+    evaluation), then at its last evaluation."""
+    lines = []
+    for r in rows:
+        at = [accuracy_at(r, step) for step in steps]
+        ended = f"paused at {r['steps']}" if r["ended"] == "paused" else f"{r['ended']} at {r['steps']}"
+        last_step, last_acc = r["evals"][-1][0], r["evals"][-1][EVAL_COLUMNS["token_acc"]]
+        lines.append([r["unit"], str(r["seed"]), ended, *("" if a is None else _pct(a) for a in at),
+                      f"{_pct(last_acc)} ({last_step})"])  # fmt: skip
+    return _table(["unit", "seed", "ended", *(f"step {step:,}" for step in steps), "last (step)"], lines)
+
+
+def plot_curves(rows: list[Row], path: Path) -> None:
+    """Held-out token accuracy against step, one line per run (dashed: paused), one panel per task cell."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cells = list(dict.fromkeys(tuple(sorted(r["task"].items())) for r in rows))
+    fig, axes = plt.subplots(1, len(cells), figsize=(max(7.0, 4.6 * len(cells) + 1.0), 3.8), sharey=True, squeeze=False)
+    column = EVAL_COLUMNS["token_acc"]
+    for ax, cell in zip(axes[0], cells, strict=True):
+        for i, r in enumerate(r for r in rows if tuple(sorted(r["task"].items())) == cell):
+            is_paused = r["ended"] == "paused"
+            ax.plot([e[0] for e in r["evals"]], [100 * e[column] for e in r["evals"]], color=f"C{i % 10}",
+                    ls="--" if is_paused else "-",
+                    label=f"{r['unit']} seed {r['seed']}" + (" (paused)" if is_paused else ""))  # fmt: skip
+        task = dict(cell)
+        title = ", ".join(f"{k} {v}" for k, v in task.items() if k not in ("name", "vocab"))
+        ax.set(title=f"{task['name']}: {title}", xlabel="step", ylim=(0, 101))
+        ax.legend(fontsize=6.5, loc="center right")
+    axes[0][0].set_ylabel("held-out token accuracy (%)")
+    fig.suptitle("Held-out accuracy during training (every evaluation)", fontsize=10)
+    _save(fig, path)
+
+
 def write_doc(plan: RunPlan, folder: Path, doc: Path) -> str:
     """Rewrite the <!-- synthetic:FAMILY --> sections of `doc` (plots in doc's img/ folder); returns a summary."""
     image_dir = doc.parent / "img"

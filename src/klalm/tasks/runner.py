@@ -9,6 +9,7 @@
     klalm-synthetic evaluate --state .carry/synthetic_state --plot positions.png        # their accuracy by position
     klalm-synthetic positions --results results/synthetic --archs kla --plot positions.png  # finished runs' too
     klalm-synthetic positions --family mqar --results results/synthetic --lengths 2048     # MQAR's, by spans
+    klalm-synthetic curves --family mqar --results results/synthetic --lengths 2048 --plot curves.png  # by step
 
 A block first resumes the units paused in the state folder (plan order), then walks the plan's other units in
 order (klalm.tasks.plans) and starts each that is ready: its (cell, seed)s have no row yet; for A5, every shallower
@@ -465,6 +466,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     shown.add_argument("--lengths", type=int_list, default=[], help="comma-separated lengths (default: all)")
     shown.add_argument("--depths", type=int_list, default=[], help="comma-separated depths (default: all)")
     shown.add_argument("--plot", type=Path, default=None, help="also plot accuracy by position to this PNG")
+    curves = verbs.add_parser("curves", help="held-out accuracy by step of finished and paused runs")
+    curves.add_argument("--results", type=Path, required=True, help="the results folder (and its progress.jsonl)")
+    curves.add_argument("--family", choices=["a5", "mqar", "mad"], default="a5", help="which runs (default: a5)")
+    curves.add_argument("--archs", type=name_list, default=[], help="comma-separated archs (default: all)")
+    curves.add_argument("--lengths", type=int_list, default=[], help="comma-separated lengths (default: all)")
+    curves.add_argument("--depths", type=int_list, default=[], help="comma-separated depths (default: all)")
+    curves.add_argument("--steps", type=int_list, default=[], help="the table's steps (default: 5 evenly spaced)")
+    curves.add_argument("--plot", type=Path, default=None, help="also plot accuracy against step to this PNG")
     return p.parse_args(argv)
 
 
@@ -515,6 +524,19 @@ def main(argv: list[str] | None = None) -> None:
         print(positions_markdown(rows))
         if args.plot is not None:
             plot_positions(rows, args.plot)
+        return
+    if args.verb == "curves":
+        from klalm.tasks.report import curve_steps, curves_markdown, plot_curves, training_curves
+
+        if not args.results.is_dir():
+            sys.exit(f"klalm-synthetic: results folder {args.results} does not exist")
+        results = Results(args.results, [args.family])
+        rows = training_curves(results.rows[args.family], results.progress, args.archs, args.lengths, args.depths)
+        if not rows:
+            sys.exit(f"klalm-synthetic: no {args.family.upper()} run with evaluations in {args.results} matches")
+        print(curves_markdown(rows, args.steps or curve_steps(rows)))
+        if args.plot is not None:
+            plot_curves(rows, args.plot)
         return
     if args.verb == "progress":
         if not args.state.is_dir():
