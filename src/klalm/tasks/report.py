@@ -518,7 +518,9 @@ def plot_curves(rows: list[Row], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     cells = list(dict.fromkeys(tuple(sorted(r["task"].items())) for r in rows))
-    fig, axes = plt.subplots(1, len(cells), figsize=(max(7.0, 4.6 * len(cells) + 1.0), 3.8), sharey=True, squeeze=False)
+    most = max(sum(tuple(sorted(r["task"].items())) == cell for r in rows) for cell in cells)  # legend lines
+    width, height = max(7.0, 4.6 * len(cells) + 1.0), 3.8 + 0.16 * most
+    fig, axes = plt.subplots(1, len(cells), figsize=(width, height), sharey=True, squeeze=False)
     column = EVAL_COLUMNS["token_acc"]
     for ax, cell in zip(axes[0], cells, strict=True):
         for i, r in enumerate(r for r in rows if tuple(sorted(r["task"].items())) == cell):
@@ -529,7 +531,7 @@ def plot_curves(rows: list[Row], path: Path) -> None:
         task = dict(cell)
         title = ", ".join(f"{k} {v}" for k, v in task.items() if k not in ("name", "vocab"))
         ax.set(title=f"{task['name']}: {title}", xlabel="step", ylim=(0, 101))
-        ax.legend(fontsize=6.5, loc="center right")
+        ax.legend(fontsize=6.5, loc="upper center", bbox_to_anchor=(0.5, -0.18), frameon=False)  # below the axes
     axes[0][0].set_ylabel("held-out token accuracy (%)")
     fig.suptitle("Held-out accuracy during training (every evaluation)", fontsize=10)
     _save(fig, path)
