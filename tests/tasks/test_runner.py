@@ -698,6 +698,8 @@ def test_curves_show_finished_and_paused_runs_by_step(tmp_path, capsys):
         "| gpt L=16 K=2 depth=1 d=16 lr=0.003 | 0 | paused at 12 |  | 62.5 (12) |"]  # fmt: skip
     with pytest.raises(SystemExit, match="no MQAR run with evaluations in .* matches"):
         main(["curves", "--family", "mqar", "--results", str(tmp_path), "--lengths", "64"])
+    with pytest.raises(SystemExit, match="no A5 run"):  # another family's paused runs are not this one's
+        main(["curves", "--family", "a5", "--results", str(tmp_path)])
 
 
 def test_every_documented_command_parses_and_its_plan_loads():

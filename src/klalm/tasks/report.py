@@ -126,14 +126,20 @@ def a5_section(plan: RunPlan, rows: list[Row], figure: Figure | None, progress: 
     return "\n\n".join(parts)
 
 
-def paused_runs(plan: RunPlan, rows: list[Row], progress: list[Row], family: str) -> list[tuple[Unit, list[Row]]]:
-    """Planned units of `family` with unfinished seeds that have progress rows: the latest row of each such seed."""
+def latest_progress(rows: list[Row], progress: list[Row]) -> dict[str, Row]:
+    """row_key -> the latest progress row of each (cell, seed) that has no finished row."""
     finished = {row_key(r) for r in rows}
     latest: dict[str, Row] = {}
     for row in progress:
         key = row_key(row)
         if key not in finished and (key not in latest or row["steps"] > latest[key]["steps"]):
             latest[key] = row
+    return latest
+
+
+def paused_runs(plan: RunPlan, rows: list[Row], progress: list[Row], family: str) -> list[tuple[Unit, list[Row]]]:
+    """Planned units of `family` with unfinished seeds that have progress rows: the latest row of each such seed."""
+    latest = latest_progress(rows, progress)
     out = []
     for unit in plan_units(plan):
         seen = [latest[unit.key(s)] for s in unit.seeds if unit.key(s) in latest]
@@ -460,19 +466,12 @@ def plot_mqar_positions(rows: list[Row], path: Path, plt: Any) -> None:
 # -------------------------------------------------------------------------------------------- accuracy by step
 
 
-def training_curves(rows: list[Row], progress: list[Row], archs: list[str], lengths: list[int],
+def training_curves(rows: list[Row], progress: list[Row], family: str, archs: list[str], lengths: list[int],
                     depths: list[int]) -> list[Row]:  # fmt: skip
-    """Every run of one family with its evaluations, of the given archs, lengths and depths (empty: all): the
-    finished rows, and for each (cell, seed) without one its latest progress row (`ended` "paused"), with a `unit`
-    label and in the order of `finished_positions`."""
-    finished = {row_key(r) for r in rows}
-    latest: dict[str, Row] = {}
-    for r in progress:
-        key = row_key(r)
-        if key not in finished and (key not in latest or r["steps"] > latest[key]["steps"]):
-            latest[key] = r
-    family = {r["family"] for r in rows}
-    paused = [r for r in latest.values() if not family or r["family"] in family]
+    """Every run of `family` with its evaluations, of the given archs, lengths and depths (empty: all): its finished
+    rows, and for each (cell, seed) without one its latest progress row (`ended` "paused"), with a `unit` label and
+    in the order of `finished_positions`."""
+    paused = [r for r in latest_progress(rows, progress).values() if r["family"] == family]
     kept = [r for r in [*rows, *paused] if r.get("evals") and (not archs or r["arch"] in archs)
             and (not lengths or r["task"]["length"] in lengths)
             and (not depths or r["n_layers"] in depths)]  # fmt: skip

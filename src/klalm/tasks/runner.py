@@ -531,7 +531,8 @@ def main(argv: list[str] | None = None) -> None:
         if not args.results.is_dir():
             sys.exit(f"klalm-synthetic: results folder {args.results} does not exist")
         results = Results(args.results, [args.family])
-        rows = training_curves(results.rows[args.family], results.progress, args.archs, args.lengths, args.depths)
+        rows = training_curves(results.rows[args.family], results.progress, args.family, args.archs, args.lengths,
+                               args.depths)  # fmt: skip
         if not rows:
             sys.exit(f"klalm-synthetic: no {args.family.upper()} run with evaluations in {args.results} matches")
         print(curves_markdown(rows, args.steps or curve_steps(rows)))
