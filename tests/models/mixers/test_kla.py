@@ -25,9 +25,9 @@ def _id(opts):
     return "-".join(f"{k}={v}" for k, v in opts.items())
 
 
-def make(opts, dtype=torch.float64, **extra):
+def make(opts, dtype=torch.float64, d_state=4, **extra):
     torch.manual_seed(0)
-    return KLAMixer(D, d_state=4, **opts, **extra).to(dtype)
+    return KLAMixer(D, d_state=d_state, **opts, **extra).to(dtype)
 
 
 @pytest.mark.parametrize("opts", VARIANTS, ids=_id)
@@ -118,12 +118,16 @@ def test_backends_agree_inside_the_layer(block):
         torch.testing.assert_close(p_fast.grad, p_ref.grad, rtol=1e-9, atol=1e-12, msg=name)
 
 
-@pytest.mark.parametrize("opts", [dict(block="plain"), dict(block="mamba", decode_from_prior=True)], ids=_id)
-def test_triton_backend_inside_the_layer(opts):
-    """The Triton kernels (interpreted on CPU; Λ formed inside them from log σ²) give the torch backend's outputs
-    and parameter gradients in float32."""
+LAYER_CASES = [(dict(block="plain"), 4), (dict(block="mamba", decode_from_prior=True), 4), (dict(block="plain"), 64)]
+
+
+@pytest.mark.parametrize("opts,d_state", LAYER_CASES, ids=[f"{_id(o)}-S{s}" for o, s in LAYER_CASES])
+def test_triton_backend_inside_the_layer(opts, d_state):
+    """The Triton kernels (interpreted on CPU; Λ formed inside them from log σ²; d_state 64 as four scans of 16 key
+    dimensions, its default) give the torch backend's outputs and parameter gradients in float32."""
     x = torch.randn(B, L, D)
-    fast, ref = make(opts, torch.float32, backend="triton"), make(opts, torch.float32, backend="torch")
+    fast = make(opts, torch.float32, d_state, backend="triton")
+    ref = make(opts, torch.float32, d_state, backend="torch")
     for mixer in (ref, fast):
         y, _, y_var = mixer(x, return_variance=True)
         (y.sin().sum() + y_var.sum()).backward()
@@ -132,14 +136,15 @@ def test_triton_backend_inside_the_layer(opts):
         torch.testing.assert_close(p_fast.grad, p_ref.grad, rtol=1e-4, atol=1e-6, msg=name)
 
 
-def test_torch_compile_traces_the_layer_without_graph_breaks():
+@pytest.mark.parametrize("d_state", [4, 64], ids=["S4", "S64-sliced"])
+def test_torch_compile_traces_the_layer_without_graph_breaks(d_state):
     """On the Triton backend (custom ops klalm::kla_scan_fwd/bwd; interpreted on CPU) dynamo captures the whole
     layer as one graph, and the compiled layer (AOTAutograd, backend aot_eager: no C++ compiler needed) gives the
-    eager outputs and parameter gradients."""
+    eager outputs and parameter gradients; also where the ops run the state in slices (d_state 64)."""
     import torch._dynamo
 
     torch._dynamo.reset()
-    mixer = make(dict(block="mamba"), torch.float32, backend="triton")
+    mixer = make(dict(block="mamba"), torch.float32, d_state, backend="triton")
     x = torch.randn(B, L, D)
     explanation = torch._dynamo.explain(mixer)(x)
     assert (explanation.graph_count, explanation.graph_break_count) == (1, 0), explanation.break_reasons
