@@ -502,7 +502,7 @@ def curves_markdown(rows: list[Row], steps: list[int]) -> str:
     lines = []
     for r in rows:
         at = [accuracy_at(r, step) for step in steps]
-        ended = f"paused at {r['steps']}" if r["ended"] == "paused" else f"{r['ended']} at {r['steps']}"
+        ended = f"{r['ended']} at {r['steps']}"  # "steps", "threshold" or "paused"
         last_step, last_acc = r["evals"][-1][0], r["evals"][-1][EVAL_COLUMNS["token_acc"]]
         lines.append([r["unit"], str(r["seed"]), ended, *("" if a is None else _pct(a) for a in at),
                       f"{_pct(last_acc)} ({last_step})"])  # fmt: skip
@@ -516,13 +516,14 @@ def plot_curves(rows: list[Row], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    cells = list(dict.fromkeys(tuple(sorted(r["task"].items())) for r in rows))
-    most = max(sum(tuple(sorted(r["task"].items())) == cell for r in rows) for cell in cells)  # legend lines
-    width, height = max(7.0, 4.6 * len(cells) + 1.0), 3.8 + 0.16 * most
-    fig, axes = plt.subplots(1, len(cells), figsize=(width, height), sharey=True, squeeze=False)
+    by_cell: dict[tuple, list[Row]] = {}
+    for r in rows:
+        by_cell.setdefault(tuple(sorted(r["task"].items())), []).append(r)
+    width, height = max(7.0, 4.6 * len(by_cell) + 1.0), 3.8 + 0.16 * max(map(len, by_cell.values()))  # legend lines
+    fig, axes = plt.subplots(1, len(by_cell), figsize=(width, height), sharey=True, squeeze=False)
     column = EVAL_COLUMNS["token_acc"]
-    for ax, cell in zip(axes[0], cells, strict=True):
-        for i, r in enumerate(r for r in rows if tuple(sorted(r["task"].items())) == cell):
+    for ax, (cell, at_cell) in zip(axes[0], by_cell.items(), strict=True):
+        for i, r in enumerate(at_cell):
             is_paused = r["ended"] == "paused"
             ax.plot([e[0] for e in r["evals"]], [100 * e[column] for e in r["evals"]], color=f"C{i % 10}",
                     ls="--" if is_paused else "-",

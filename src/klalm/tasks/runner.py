@@ -468,7 +468,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     shown.add_argument("--plot", type=Path, default=None, help="also plot accuracy by position to this PNG")
     curves = verbs.add_parser("curves", help="held-out accuracy by step of finished and paused runs")
     curves.add_argument("--results", type=Path, required=True, help="the results folder (and its progress.jsonl)")
-    curves.add_argument("--family", choices=["a5", "mqar", "mad"], default="a5", help="which runs (default: a5)")
+    curves.add_argument("--family", choices=["a5", "mqar"], default="a5", help="which runs (default: a5)")
     curves.add_argument("--archs", type=name_list, default=[], help="comma-separated archs (default: all)")
     curves.add_argument("--lengths", type=int_list, default=[], help="comma-separated lengths (default: all)")
     curves.add_argument("--depths", type=int_list, default=[], help="comma-separated depths (default: all)")
