@@ -171,8 +171,7 @@ def _sliced_fwd(v, lambda_v, k, q, a, p, lam0, eta0, decode_from_prior, config, 
         y_var = part[1] if y_var is None else y_var.add_(part[1])
         lams.append(part[2])
         etas.append(part[3])
-    empty = v.new_empty(0, dtype=f32)
-    ckpt = ckpt or (empty, empty)
+    ckpt = ckpt or tuple(v.new_empty(0, dtype=f32) for _ in range(2))  # two tensors: a custom op's outputs never alias
     y_var = y_var.to(v.dtype) if with_variance else v.new_empty(0)
     return y.to(v.dtype), y_var, torch.cat(lams, -1), torch.cat(etas, -1), *ckpt
 

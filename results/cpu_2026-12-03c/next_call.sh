@@ -15,4 +15,4 @@ if [ "${KERNELS:-0}" = 1 ]; then
     timeout 150 python3 kernels/bench_scan.py --states
     timeout 150 python3 results/cpu_2026-12-03c/ss_bm16_lengths.py; } 2>&1 | tee $OUT/kernels.md
 fi
-DSTATES=${DSTATES:-64} MARGIN=$(( ${MARGIN:-45} + $(date +%s) - start )) bash results/gpu_2026-12-03c/call.sh
+KERNELS=0 DSTATES=${DSTATES:-64} MARGIN=$(( ${MARGIN:-45} + $(date +%s) - start )) bash results/gpu_2026-12-03c/call.sh
