@@ -526,7 +526,7 @@ def run_segments() -> None:
 STATES_SHAPE = dict(batch=256, length=2048, channels=256)  # MQAR's long-cell layer (d_model 128, batch 256)
 STATES = (16, 32, 64)
 STATE_SLICE = 16
-WHOLE_STATE_CONFIGS = {64: dict(block_m=8, bwd_block_m=4)}  # S 64's whole-scan default before state slices
+WHOLE_STATE_CONFIGS = {32: dict(bwd_block_m=8), 64: dict(block_m=8, bwd_block_m=4)}  # the defaults before slices
 
 
 def run_states() -> None:

@@ -25,21 +25,18 @@ from klalm.ops.common import KLAState
 
 MAX_STATE_SIZE = 64
 DEFAULT_CONFIG = ScanConfig()  # the KLA scan's launch parameters up to S = 16: ScanConfig's defaults (kernels/NOTES.md)
-# Larger states, by S_PAD: a program holds S_PAD x block_m numbers of each state row, so the S-16 defaults spill
-# registers at 32 and 64. Picked on an H200 at MQAR's long cell (B256 L2048 M256, bf16 v, k, q), forward+backward
-# of y in ms, default -> this: S 32 29.07 -> 20.33 (results/gpu_2026-12-02f, dstate_*.md); S 64 238.77 -> 52.58
-# with block_m 8, bwd_block_m 4 (the same files; no other whole-state config did better, results/gpu_2026-12-03b),
-# then -> 40.90 as four scans of 16 key dimensions on the S-16 defaults (against 53.25 / 53.57 for the whole scan
-# in the same run; timed as four `kla_scan_triton` calls summed by autograd, results/gpu_2026-12-03c/call1).
-LARGE_STATE_CONFIGS = {
-    32: DEFAULT_CONFIG._replace(bwd_block_m=8),
-    64: DEFAULT_CONFIG._replace(state_slice=16),
-}
+# Wider keys. A program holds S_PAD x block_m numbers of each state row, so the S-16 defaults spill registers at
+# S_PAD 32 and 64; smaller channel blocks were the first fix, timed on an H200 at MQAR's long cell (B256 L2048 M256,
+# bf16 v, k, q), forward+backward of y in ms: S 32 29.07 -> 20.33 with bwd_block_m 8 (results/gpu_2026-12-02f,
+# dstate_*.md), S 64 238.77 -> 52.58 with block_m 8, bwd_block_m 4 (no other whole-state config did better,
+# results/gpu_2026-12-03b). Scans over slices of 16 key dimensions on the S-16 defaults do better at both: S 64
+# 53.08 -> 40.83, S 32 20.93 -> 20.19 (the merged sliced path, `bench_scan.py --states`, results/gpu_2026-12-03d).
+WIDE_STATE_CONFIG = DEFAULT_CONFIG._replace(state_slice=16)
 
 
 def default_config(state_size: int) -> ScanConfig:
     """The launch parameters `kla_scan_triton` uses when none are given, for keys of `state_size` dimensions."""
-    return LARGE_STATE_CONFIGS.get(state_pad(state_size), DEFAULT_CONFIG)
+    return DEFAULT_CONFIG if state_pad(state_size) <= 16 else WIDE_STATE_CONFIG
 
 
 @torch.library.custom_op("klalm::kla_scan_fwd", mutates_args=())

@@ -279,12 +279,11 @@ def test_state_slices_split_the_keys(device, width, widths, monkeypatch):
 
 
 def test_default_config_by_state_size():
-    """Keys of up to 16 dimensions take ScanConfig's defaults; up to 32 the smaller backward channel blocks that keep
-    the state rows in registers; up to 64 four scans of 16 key dimensions each (kernels/mobius_scan.py)."""
+    """Keys of up to 16 dimensions take ScanConfig's defaults; wider keys the same defaults in scans over slices of 16
+    key dimensions each (kernels/mobius_scan.py)."""
     pick = mobius_scan.default_config
     assert pick(1) == pick(16) == mobius_scan.DEFAULT_CONFIG == ScanConfig()
-    assert pick(17) == pick(32) == ScanConfig(bwd_block_m=8)
-    assert pick(33) == pick(64) == ScanConfig(state_slice=16)
+    assert pick(17) == pick(32) == pick(33) == pick(64) == ScanConfig(state_slice=16)
 
 
 @pytest.mark.parametrize("state", [20, 64])
