@@ -168,7 +168,7 @@ def ss_runners(
     if backend == "triton":
         from klalm.kernels.selective_scan import selective_scan_triton
 
-        scan = lambda *x: selective_scan_triton(*x, config=config)  # None: its DEFAULT_CONFIG
+        scan = lambda *x: selective_scan_triton(*x, config=config)  # None: its default_config for the shape
     else:
         scan = lambda *x: selective_scan(*x, backend=backend)
     leaves = [x.detach().clone().requires_grad_() for x in inputs]
@@ -355,13 +355,19 @@ def per_token_ns(ms: str, tokens: int) -> str:
 
 def run_lengths() -> None:
     """Sequential vs time-parallel scans at fixed tokens per call (M1536 S16, fp32): fwd and f+b(y) per token, for
-    the KLA scan and the selective scan (its DEFAULT_CONFIG)."""
+    the KLA scan and the selective scan (the sequential walk on its DEFAULT_CONFIG, the split on its
+    `default_config` for the shape)."""
     from klalm.kernels.common import ScanConfig
-    from klalm.kernels.selective_scan import DEFAULT_CONFIG
+    from klalm.kernels.selective_scan import DEFAULT_CONFIG, default_config
+
+    def ss_config(shape: dict, segment: int) -> ScanConfig:
+        if segment:
+            return DEFAULT_CONFIG._replace(segment=segment)
+        return default_config(shape["batch"], shape["length"], shape["channels"], shape["state"])
 
     scans = {  # name -> runners for (shape, segment)
         "KLA scan": lambda shape, seg: scan_runners("triton", kla_inputs(**shape), ScanConfig(segment=seg)),
-        "Selective scan": lambda shape, seg: ss_runners("triton", shape, DEFAULT_CONFIG._replace(segment=seg)),
+        "Selective scan": lambda shape, seg: ss_runners("triton", shape, ss_config(shape, seg)),
     }
     width = "M{channels} S{state}".format(**WIDE)
     header = ["L", "B", "seq fwd ms", "seq fwd ns/tok", "seq f+b(y) ms", "seq f+b(y) ns/tok",

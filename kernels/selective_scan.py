@@ -52,6 +52,11 @@ DEFAULT_CONFIG = ScanConfig(  # fastest fwd and fwd+bwd measured on an H200 (ker
     block_m=16, chunk=64, num_warps=1, num_stages=3, unroll=4,
     bwd_block_m=8, bwd_num_warps=1, bwd_num_stages=3, bwd_unroll=2,  # 2 since the half-scratch backward
 )  # fmt: skip
+# Where the automatic split cuts time into segments (B·M·N below common.SEQUENTIAL_MIN_CHAINS), half the backward's
+# channel block was faster at every length timed (16,384 tokens a call, M1536 N16, L 4,096 to 65,536: f+b(y) 0.86-0.89x
+# with fp32 u, B, C and 0.94-0.97x with bf16; results/gpu_2026-12-03d/call1/kernels.md). Over the sequential walk it
+# was faster at some shapes and slower at others (B8 L2048 M1536: 1.13x fp32, 1.15x bf16), so DEFAULT_CONFIG keeps 8.
+SPLIT_CONFIG = DEFAULT_CONFIG._replace(bwd_block_m=16)
 LOG2E = tl.constexpr(1.4426950408889634)  # exp(x) = exp2(x·log2 e)
 PAIR = tl.constexpr(2)  # numbers per (b, m, n) of a segment map: (G, H) forwards, (Q, Σ Q_t·e_t) backwards
 
@@ -373,6 +378,13 @@ def _ss_bwd_kernel(
         tl.store(dh0_ptr + i_b * M * N + o_nm, b_gh, mask=m_nm)
 
 
+def default_config(batch: int, length: int, channels: int, n_state: int) -> ScanConfig:
+    """The launch parameters `selective_scan_triton` uses when none are given: SPLIT_CONFIG where the automatic
+    time-parallel split cuts [B, L, M] inputs with N states into segments, DEFAULT_CONFIG where it walks L whole."""
+    split = segment_chunks(batch, length, channels, n_state, DEFAULT_CONFIG) < triton.cdiv(length, DEFAULT_CONFIG.chunk)
+    return SPLIT_CONFIG if split else DEFAULT_CONFIG
+
+
 def _segments(u: Tensor, n_state: int, config: ScanConfig) -> tuple[int, int, int]:
     """(chunks, chunks per segment, segments) of the time-parallel split for inputs like u [B, L, M]."""
     batch, length, channels = u.shape
@@ -579,7 +591,8 @@ def selective_scan_triton(
         Bm, Cm: input-dependent input and output maps, [B, L, N].
         D: skip weights, [M], or None.
         initial_state: h0, [B, M, N], or None for zeros.
-        config: launch parameters (`DEFAULT_CONFIG` when None; its `segment` picks the time-parallel split).
+        config: launch parameters (`default_config` of the shapes when None; its `segment` picks the time-parallel
+            split).
     Returns:
         y [B, L, M] in u's dtype and the final state h [B, M, N] in float32, as the reference.
     """
@@ -590,7 +603,7 @@ def selective_scan_triton(
     if u.shape[1] == 0:
         h = u.new_zeros(u.shape[0], u.shape[2], A.shape[-1], dtype=torch.float32)
         return u.clone(), h if initial_state is None else initial_state.float()
-    config = config or DEFAULT_CONFIG
+    config = config or default_config(*u.shape, A.shape[-1])
     check_config(config)
     if config.state_slice:
         raise ValueError(f"ScanConfig.state_slice={config.state_slice}: the selective scan has no sliced path (use 0)")

@@ -7,8 +7,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from klalm.kernels import selective_scan
 from klalm.kernels.common import ScanConfig
-from klalm.kernels.selective_scan import DEFAULT_CONFIG, selective_scan_triton
+from klalm.kernels.selective_scan import DEFAULT_CONFIG, SPLIT_CONFIG, selective_scan_triton
 from klalm.ops.selective_scan import selective_scan_reference
 
 NAMES = ("u", "delta", "A", "Bm", "Cm", "D", "initial_state")
@@ -85,6 +86,26 @@ def test_selective_scan_final_state_unused(device, config):
     (_, grads), (_, ref_grads) = run_both(x, NAMES, config, use_h=False)
     for name, ref in ref_grads.items():
         assert rel_err(grads[name], ref) <= 1e-4, f"d{name}: rel err {rel_err(grads[name], ref):.2e}"
+
+
+def test_default_config_by_shape():
+    """The split's config (bwd_block_m 16) where the automatic split cuts time into segments, else DEFAULT_CONFIG:
+    at 16,384 tokens, M1536 N16 the split starts at B4 L4096 (B·M·N below SEQUENTIAL_MIN_CHAINS, L ≥ 512)."""
+    pick = selective_scan.default_config
+    assert DEFAULT_CONFIG._replace(bwd_block_m=16) == SPLIT_CONFIG
+    assert pick(8, 2048, 1536, 16) == pick(16, 2048, 1024, 16) == pick(1, 511, 8, 4) == DEFAULT_CONFIG
+    assert pick(4, 4096, 1536, 16) == pick(1, 65536, 1536, 16) == pick(1, 512, 8, 4) == SPLIT_CONFIG
+
+
+def test_default_config_matches_reference(device, monkeypatch):
+    """No config given at a shape the automatic split cuts (L 600, two segments): the split's config, against the
+    float64 reference."""
+    picked = []
+    real = selective_scan.default_config
+    monkeypatch.setattr(selective_scan, "default_config", lambda *shape: picked.append(real(*shape)) or picked[-1])
+    ours, ref = run_both(make_inputs(1, 600, 4, 3, device, seed=12), NAMES, None)
+    assert picked == [SPLIT_CONFIG]
+    assert_matches(*ours, *ref)
 
 
 def test_selective_scan_long_sequence_time_parallel(device):
@@ -173,12 +194,13 @@ def test_selective_scan_bf16_and_errors(device):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("segment", [0, 1 << 30], ids=["auto", "sequential"])
-def test_selective_scan_gpu_real_size(segment):
+@pytest.mark.parametrize("config", [None, DEFAULT_CONFIG, DEFAULT_CONFIG._replace(segment=1 << 30)],
+                         ids=["default", "split-bwd_block_m-8", "sequential"])  # fmt: skip
+def test_selective_scan_gpu_real_size(config):
     """B=2, L=2048, M=1536, N=16 (Mamba d_inner at d_model 768) against the float64 reference: the automatic split
-    (4 time-parallel segments) and one segment."""
+    (4 time-parallel segments) on the default for the shape (SPLIT_CONFIG) and on DEFAULT_CONFIG, and one segment."""
     x = make_inputs(2, 2048, 1536, 16, "cuda", seed=4)
-    (outs, grads), (ref_outs, ref_grads) = run_both(x, NAMES, DEFAULT_CONFIG._replace(segment=segment))
+    (outs, grads), (ref_outs, ref_grads) = run_both(x, NAMES, config)
     errors = {f"out {n}": rel_err(outs[n], r) for n, r in ref_outs.items()}
     errors |= {f"d{n}": rel_err(grads[n], r) for n, r in ref_grads.items()}
     print({n: f"{e:.1e}" for n, e in errors.items()})
