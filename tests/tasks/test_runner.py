@@ -127,6 +127,20 @@ def test_bad_plans_fail_clearly(tmp_path):
     bad.write_text("mqar:\n  stop_at: 99\n  eval_every: 391\n")  # a percentage where a fraction belongs
     with pytest.raises(ValueError, match=r"mqar.stop_at=99 is an accuracy: it must be in \(0, 1\]"):
         apply_args(load_plan(str(bad)), parse_args(["run", "--results", "x"]))
+    knobs = {  # command-line values that would fail only in a unit's process, on the GPU: one line each, up front
+        ("--mqar-cells", "64x100"): r"mqar.stages\[0\].cells: MQAR num_pairs=100 needs 1 <= 4 \* num_pairs",
+        ("--mqar-depths", "0"): r"mqar.stages\[0\].depths must be >= 1, got \[0\]",
+        ("--mqar-d-models", "0"): r"mqar.stages\[0\].d_models must be >= 1",
+        ("--mqar-d-states", "128"): r"mqar.stages\[0\].d_states must be in \[1, 64\] .*got \[128\]",
+        ("--seeds", "0,-1"): r"a5.stages\[0\].seeds: seeds must be >= 0, got \[0, -1\]",
+    }
+    for knob, message in knobs.items():
+        with pytest.raises(ValueError, match=message):
+            apply_args(load_plan("full"), parse_args(["run", "--results", "x", *knob]))
+    bad.write_text("mqar:\n  stages: [{archs: [kla], cells: [[64]], depths: [2], d_models: [64], lrs: [1.0e-3], "
+                   "seeds: [0]}]\n")  # fmt: skip
+    with pytest.raises(ValueError, match=r"mqar.stages\[0\].cells: each cell is \[length, pairs\], got \[64\]"):
+        apply_args(load_plan(str(bad)), parse_args(["run", "--results", "x"]))
     bad.write_text("a5:\n  train: {lr: 1.0e-3, min_lr: 1.0e-2}\n  stages: [{lengths: [3], depths: [1], seeds: [0]}]\n")
     with pytest.raises(ValueError, match="min_lr"):
         plan_units(load_plan(str(bad)))

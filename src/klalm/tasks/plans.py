@@ -386,3 +386,31 @@ def validate(plan: RunPlan) -> None:
     for i, stage in enumerate(plan.a5.stages):
         if any(n < 1 for n in stage.lengths) or any(d < 1 for d in stage.depths):
             raise ValueError(f"a5.stages[{i}]: lengths and depths must be >= 1, got {stage.lengths}, {stage.depths}")
+    for i, stage in enumerate(plan.mqar.stages):
+        _validate_mqar_stage(f"mqar.stages[{i}]", stage, plan.mqar.vocab)
+    seeds = {f"{family}.stages[{i}].seeds": stage.seeds for family in ("a5", "mqar")
+             for i, stage in enumerate(getattr(plan, family).stages)}  # fmt: skip
+    seeds["mad.seeds"] = plan.mad.seeds
+    for key, values in seeds.items():
+        if any(seed < 0 for seed in values):
+            raise ValueError(f"{key}: seeds must be >= 0, got {values}")
+
+
+def _validate_mqar_stage(where: str, stage: MQARStage, vocab: int) -> None:
+    """An MQAR stage's cells (each a task that can be built), depths, widths and KLA d_states (its learning rates are
+    checked with the rest of each unit's training settings)."""
+    from klalm.kernels.mobius_scan import MAX_STATE_SIZE  # lazy, as the model zoo in `validate`
+
+    for cell in stage.cells:
+        if len(cell) != 2:
+            raise ValueError(f"{where}.cells: each cell is [length, pairs], got {cell}")
+        try:
+            make_task("mqar", length=cell[0], num_pairs=cell[1], vocab=vocab)
+        except ValueError as err:
+            raise ValueError(f"{where}.cells: {err}") from None
+    for key in ("depths", "d_models"):
+        if any(v < 1 for v in getattr(stage, key)):
+            raise ValueError(f"{where}.{key} must be >= 1, got {getattr(stage, key)}")
+    if stage.d_states and any(not 1 <= d <= MAX_STATE_SIZE for d in stage.d_states):
+        raise ValueError(f"{where}.d_states must be in [1, {MAX_STATE_SIZE}] (the Triton KLA scan's), "
+                         f"got {stage.d_states}")  # fmt: skip
