@@ -461,20 +461,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     assess.add_argument("--plot", type=Path, default=None, help="also plot accuracy by position to this PNG")
     shown = verbs.add_parser("positions", help="finished A5 or MQAR runs' held-out accuracy by position")
     shown.add_argument("--results", type=Path, required=True, help="the results folder (a5.jsonl, mqar.jsonl)")
-    shown.add_argument("--family", choices=["a5", "mqar"], default="a5", help="which runs (default: a5)")
-    shown.add_argument("--archs", type=name_list, default=[], help="comma-separated archs (default: all)")
-    shown.add_argument("--lengths", type=int_list, default=[], help="comma-separated lengths (default: all)")
-    shown.add_argument("--depths", type=int_list, default=[], help="comma-separated depths (default: all)")
-    shown.add_argument("--plot", type=Path, default=None, help="also plot accuracy by position to this PNG")
+    _add_run_filters(shown, "by position")
     curves = verbs.add_parser("curves", help="held-out accuracy by step of finished and paused runs")
     curves.add_argument("--results", type=Path, required=True, help="the results folder (and its progress.jsonl)")
-    curves.add_argument("--family", choices=["a5", "mqar"], default="a5", help="which runs (default: a5)")
-    curves.add_argument("--archs", type=name_list, default=[], help="comma-separated archs (default: all)")
-    curves.add_argument("--lengths", type=int_list, default=[], help="comma-separated lengths (default: all)")
-    curves.add_argument("--depths", type=int_list, default=[], help="comma-separated depths (default: all)")
+    _add_run_filters(curves, "against step")
     curves.add_argument("--steps", type=int_list, default=[], help="the table's steps (default: 5 evenly spaced)")
-    curves.add_argument("--plot", type=Path, default=None, help="also plot accuracy against step to this PNG")
     return p.parse_args(argv)
+
+
+def _add_run_filters(verb: argparse.ArgumentParser, plotted: str) -> None:
+    """The options of the verbs that show A5 or MQAR runs: which runs, and a plot of their accuracy `plotted`."""
+    verb.add_argument("--family", choices=["a5", "mqar"], default="a5", help="which runs (default: a5)")
+    verb.add_argument("--archs", type=name_list, default=[], help="comma-separated archs (default: all)")
+    verb.add_argument("--lengths", type=int_list, default=[], help="comma-separated lengths (default: all)")
+    verb.add_argument("--depths", type=int_list, default=[], help="comma-separated depths (default: all)")
+    verb.add_argument("--plot", type=Path, default=None, help=f"also plot accuracy {plotted} to this PNG")
 
 
 def _block(args: argparse.Namespace, plan: RunPlan) -> GridBlock:
