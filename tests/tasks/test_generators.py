@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from klalm.tasks import MAD_TASKS, TASKS, TaskDataset, TaskStream, make_task, materialize
+from klalm.tasks import MAD_TASKS, TASKS, TaskDataset, TaskStream, base, make_task, materialize
 from klalm.tasks.a5 import MULTIPLICATION_TABLE, PERMUTATIONS, prefix_products
 
 # ---------------------------------------------------------------- A5
@@ -181,6 +181,15 @@ def test_datasets_are_views_of_the_same_examples():
         dataset[600]
     test_inputs, _ = materialize(task, 8, seed=2, split="test")
     assert not torch.equal(test_inputs, inputs[:8])
+
+
+def test_materialize_does_not_depend_on_its_thread_count(monkeypatch):
+    task = make_task("mqar", length=32, num_pairs=2, vocab=64)
+    monkeypatch.setattr(base, "MATERIALIZE_THREADS", 1)
+    one = materialize(task, 1300, seed=4, split="train")  # three chunks, the last one short
+    monkeypatch.setattr(base, "MATERIALIZE_THREADS", 3)
+    three = materialize(task, 1300, seed=4, split="train")
+    assert all(torch.equal(u, v) for u, v in zip(one, three)) and one[0].shape == (1300, 32)
 
 
 def test_registry_errors():

@@ -14,7 +14,9 @@ train and test splits never share a random stream, and worker sharding does not 
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import ClassVar, Literal
 
 import numpy as np
@@ -23,6 +25,7 @@ from torch import Tensor
 from torch.utils.data import Dataset, IterableDataset, get_worker_info
 
 CHUNK_SIZE = 512  # examples generated per random stream
+MATERIALIZE_THREADS = min(16, os.cpu_count() or 1)  # chunks drawn side by side by `materialize`
 Split = Literal["train", "test"]
 SPLIT_IDS: dict[str, int] = {"train": 0, "test": 1}
 # How a task is read out: "token" = the model's logits at each position; "last_position" = a decoder reads the
@@ -84,14 +87,20 @@ def generate_chunk(task: SyntheticTask, seed: int, split: Split, chunk: int, siz
 
 
 def materialize(task: SyntheticTask, num_examples: int, seed: int, split: Split) -> tuple[Tensor, Tensor]:
-    """The first `num_examples` examples of a split as two int64 tensors [N, L] (same as `TaskDataset`)."""
+    """The first `num_examples` examples of a split as two int64 tensors [N, L] (same as `TaskDataset`).
+
+    Chunks are drawn on up to `MATERIALIZE_THREADS` threads (torch releases the GIL inside its ops); each chunk has
+    its own generator, so the result does not depend on the thread count.
+    """
     if num_examples <= 0:
         raise ValueError(f"num_examples must be positive, got {num_examples}")
-    chunks = []
-    for chunk in range((num_examples + CHUNK_SIZE - 1) // CHUNK_SIZE):
-        size = min(CHUNK_SIZE, num_examples - chunk * CHUNK_SIZE)
-        chunks.append(generate_chunk(task, seed, split, chunk, size))
-    inputs, labels = zip(*chunks)
+    num_chunks = (num_examples + CHUNK_SIZE - 1) // CHUNK_SIZE
+
+    def draw(chunk: int) -> tuple[Tensor, Tensor]:
+        return generate_chunk(task, seed, split, chunk, min(CHUNK_SIZE, num_examples - chunk * CHUNK_SIZE))
+
+    with ThreadPoolExecutor(max_workers=max(1, min(MATERIALIZE_THREADS, num_chunks))) as pool:
+        inputs, labels = zip(*pool.map(draw, range(num_chunks)))
     return torch.cat(inputs), torch.cat(labels)
 
 
