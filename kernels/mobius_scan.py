@@ -23,7 +23,8 @@ from klalm.kernels.mobius_scan_fwd import mobius_scan_fwd
 from klalm.ops.checks import check_inputs
 from klalm.ops.common import KLAState
 
-MAX_STATE_SIZE = 64
+MAX_SCAN_STATE = 64  # key dimensions one scan holds in registers ([S_PAD, block_m] per state row)
+MAX_STATE_SIZE = 256  # key dimensions of the layer: wider than MAX_SCAN_STATE runs as scans over slices (below)
 DEFAULT_CONFIG = ScanConfig()  # the KLA scan's launch parameters up to S = 16: ScanConfig's defaults (kernels/NOTES.md)
 # Wider keys. A program holds S_PAD x block_m numbers of each state row, so the S-16 defaults spill registers at
 # S_PAD 32 and 64; smaller channel blocks were the first fix, timed on an H200 at MQAR's long cell (B256 L2048 M256,
@@ -232,7 +233,7 @@ def kla_scan_triton(
     Args:
         v: values, [B, L, M]; float16/bfloat16/float32, computed in float32 (16-bit rows are read in pairs).
         lambda_v: value precisions Λ, [B, L, M], > 0; or, with `precision_floor`, log σ² (any finite value).
-        k: keys (observation map), [B, L, S], S ≤ 64 (padded to a power of two inside).
+        k: keys (observation map), [B, L, S], S ≤ 256 (each scan's slice of it ≤ 64, padded to a power of two).
         q: queries (readout), [B, L, S].
         a: discrete decay, [M, S], in (0, 1].
         p: discrete process noise, [M, S], ≥ 0.
@@ -255,15 +256,19 @@ def kla_scan_triton(
     if initial_state is not None:
         tensors |= {"initial_state.lam": initial_state.lam, "initial_state.eta": initial_state.eta}
     check_kernel_device(tensors)
-    if not 1 <= k.shape[-1] <= MAX_STATE_SIZE:
-        raise ValueError(f"state size S={k.shape[-1]} must be in [1, {MAX_STATE_SIZE}] for the Triton kernels")
-    check_offsets(v.shape[1], v.shape[2], k.shape[-1])
+    state_size = k.shape[-1]
+    if not 1 <= state_size <= MAX_STATE_SIZE:
+        raise ValueError(f"state size S={state_size} must be in [1, {MAX_STATE_SIZE}] for the Triton kernels")
+    check_offsets(v.shape[1], v.shape[2], state_size)
+    config = config or default_config(state_size)
+    check_config(config)
+    if min(config.state_slice or state_size, state_size) > MAX_SCAN_STATE:
+        raise ValueError(f"ScanConfig.state_slice={config.state_slice}: one scan holds at most {MAX_SCAN_STATE} key "
+                         f"dimensions, so S={state_size} needs slices of at most that many")  # fmt: skip
     lam0, eta0 = (None, None) if initial_state is None else (initial_state.lam, initial_state.eta)
     if v.shape[1] == 0:
-        y, y_var, state = _empty_scan(v, k.shape[-1], lam0, eta0)
+        y, y_var, state = _empty_scan(v, state_size, lam0, eta0)
         return y, y_var if variance else None, state
-    config = config or default_config(k.shape[-1])
-    check_config(config)
     args = [x.contiguous() if x is not None else None for x in (v, lambda_v, k, q, a, p, lam0, eta0)]
     save_ckpt = torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in args)
     options = (decode_from_prior, list(config), save_ckpt, precision_floor, variance)

@@ -283,10 +283,10 @@ def test_default_config_by_state_size():
     key dimensions each (kernels/mobius_scan.py)."""
     pick = mobius_scan.default_config
     assert pick(1) == pick(16) == mobius_scan.DEFAULT_CONFIG == ScanConfig()
-    assert pick(17) == pick(32) == pick(33) == pick(64) == ScanConfig(state_slice=16)
+    assert pick(17) == pick(32) == pick(33) == pick(64) == pick(256) == ScanConfig(state_slice=16)
 
 
-@pytest.mark.parametrize("state", [20, 64])
+@pytest.mark.parametrize("state", [20, 64, 80])
 def test_large_state_defaults_match_reference(device, state, monkeypatch):
     """The launch configs `kla_scan_triton` picks for keys wider than 16 (no config given; L 37 is two chunks, M 10
     not a multiple of their channel blocks) against the float64 oracle."""
@@ -392,9 +392,10 @@ def test_bad_inputs_raise(device, monkeypatch):
         kla_scan_triton(args[0], args[1][:, :2], *args[2:])
     with pytest.raises(ValueError, match="float64"):
         kla_scan_triton(*(t.double() for t in args))
-    wide_k, wide_a = torch.zeros(1, 4, 65, device=device), torch.ones(4, 65, device=device)
-    with pytest.raises(ValueError, match="S=65"):
-        kla_scan_triton(*args[:2], wide_k, wide_k, wide_a, wide_a)
+    for width, message in ((257, "S=257"), (65, "state_slice=0")):  # too wide; too wide for one scan
+        wide_k, wide_a = torch.zeros(1, 4, width, device=device), torch.ones(4, width, device=device)
+        with pytest.raises(ValueError, match=message):
+            kla_scan_triton(*args[:2], wide_k, wide_k, wide_a, wide_a, config=ScanConfig())
     with pytest.raises(ValueError, match="block_m=12"):
         kla_scan_triton(*args, config=ScanConfig(block_m=12))
     with pytest.raises(ValueError, match="state_slice=-1"):
@@ -461,9 +462,9 @@ def test_gpu_real_size(config):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("state", [32, 64])
+@pytest.mark.parametrize("state", [32, 64, 128])
 def test_gpu_large_state_default(state):
-    """B=4, L=2048, M=256 (an MQAR layer's channels) at S 32 and 64 with the default launch config for that S,
+    """B=4, L=2048, M=256 (an MQAR layer's channels) at S 32, 64 and 128 with the default launch config for that S,
     every output and gradient against the float64 reference."""
     x = make_inputs(4, 2048, 256, state, "cuda", seed=10)
     (outs, grads), (ref_outs, ref_grads) = run_both(x, True, False, mobius_scan.default_config(state))

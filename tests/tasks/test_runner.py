@@ -83,7 +83,7 @@ def test_full_plan_is_the_design_recipe_in_the_issue_order():
     assert zoology.depths == [2] and len(zoology.lrs) == 4 and min(zoology.d_models) >= 64
     assert max(zoology.d_models) <= 256 and len(zoology.d_models) > 1
     assert (long.archs, long.cells, long.depths) == (["kla"], [[2048, 256]], [1, 2])
-    assert (capacity.cells, capacity.depths, capacity.d_states) == ([[2048, 256]], [1], [32, 64])
+    assert (capacity.cells, capacity.depths, capacity.d_states) == ([[2048, 256]], [1], [32, 64, 128])
     mqar = [u for u in plan_units(plan) if u.family == "mqar"]  # Zoology: evaluated every epoch, stopped at 99 %
     assert {(u.eval_every, u.stop["threshold"], u.stop["metric"]) for u in mqar} == {(391, 0.99, "token_acc")}
 
@@ -131,7 +131,7 @@ def test_bad_plans_fail_clearly(tmp_path):
         ("--mqar-cells", "64x100"): r"mqar.stages\[0\].cells: MQAR num_pairs=100 needs 1 <= 4 \* num_pairs",
         ("--mqar-depths", "0"): r"mqar.stages\[0\].depths must be >= 1, got \[0\]",
         ("--mqar-d-models", "0"): r"mqar.stages\[0\].d_models must be >= 1",
-        ("--mqar-d-states", "128"): r"mqar.stages\[0\].d_states must be in \[1, 64\] .*got \[128\]",
+        ("--mqar-d-states", "512"): r"mqar.stages\[0\].d_states must be in \[1, 256\] .*got \[512\]",
         ("--seeds", "0,-1"): r"a5.stages\[0\].seeds: seeds must be >= 0, got \[0, -1\]",
     }
     for knob, message in knobs.items():
@@ -166,9 +166,9 @@ def test_command_line_knobs_replace_plan_values_in_every_stage(capsys):
                                                      "--mqar-cells", "2048x256", "--mqar-depths", "1",
                                                      "--mqar-d-models", "128"]))  # fmt: skip
     assert {(u.task["length"], u.n_layers, u.d_model, u.arch) for u in plan_units(long)} == {(2048, 1, 128, "kla")}
-    # the four learning rates, once although two stages name the cell, and the capacity stage's d_state 32 and 64
+    # the four learning rates, once although two stages name the cell, and the capacity stage's d_state 32, 64 and 128
     assert sorted((u.kla_d_state() or 16, u.train.lr) for u in plan_units(long)) == [
-        (16, 1e-4), (16, 4.6e-4), (16, 2.2e-3), (16, 1e-2), (32, 2.2e-3), (64, 2.2e-3)]  # fmt: skip
+        (16, 1e-4), (16, 4.6e-4), (16, 2.2e-3), (16, 1e-2), (32, 2.2e-3), (64, 2.2e-3), (128, 2.2e-3)]  # fmt: skip
     args = ["run", "--results", "x", "--families", "mqar", "--archs", "kla", "--mqar-cells", "2048x256",
             "--mqar-depths", "1", "--mqar-d-models", "128", "--mqar-d-states", "16"]  # fmt: skip
     default_only = apply_args(load_plan("full"), parse_args(args))
