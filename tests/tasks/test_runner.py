@@ -133,6 +133,8 @@ def test_bad_plans_fail_clearly(tmp_path):
         ("--mqar-d-models", "0"): r"mqar.stages\[0\].d_models must be >= 1",
         ("--mqar-d-states", "512"): r"mqar.stages\[0\].d_states must be in \[1, 256\] .*got \[512\]",
         ("--seeds", "0,-1"): r"a5.stages\[0\].seeds: seeds must be >= 0, got \[0, -1\]",
+        ("--lrs", "1e-3,0"): r"mqar.stages\[0\].lrs: learning rates must be > 0, got \[0.001, 0.0\]",
+        ("--mad-weight-decays", "-0.1"): r"mad.weight_decays must be >= 0, got \[-0.1\]",
     }
     for knob, message in knobs.items():
         with pytest.raises(ValueError, match=message):
@@ -162,6 +164,12 @@ def test_command_line_knobs_replace_plan_values_in_every_stage(capsys):
     mqar = [u for u in units if u.family == "mqar"]
     assert {u.task["length"] for u in mqar} == {64} and {u.train.lr for u in mqar} == {1e-3}
     assert {u.arch for u in mqar} == {"gpt", "kla"}
+    mad = [u for u in units if u.family == "mad"]
+    assert {(u.train.lr, u.train.weight_decay) for u in mad} == {(1e-3, 0.0), (1e-3, 0.1)}  # the plan's two decays
+    one = apply_args(load_plan("full"), parse_args(["run", "--results", "x", "--families", "mad", "--lrs", "5e-4",
+                                                    "--mad-weight-decays", "0"]))  # fmt: skip
+    assert {(u.train.lr, u.train.weight_decay) for u in plan_units(one)} == {(5e-4, 0.0)}
+    assert len(plan_units(one)) == len(MAD_TASKS) * len(one.archs)  # one setting per task and arch
     long = apply_args(load_plan("full"), parse_args(["run", "--results", "x", "--families", "mqar", "--archs", "kla",
                                                      "--mqar-cells", "2048x256", "--mqar-depths", "1",
                                                      "--mqar-d-models", "128"]))  # fmt: skip

@@ -311,6 +311,7 @@ def add_plan_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--mqar-d-models", type=int_list, help="MQAR widths, e.g. 128")
     p.add_argument("--mqar-d-states", type=int_list, help="MQAR: the KLA archs' d_state, e.g. 64")
     p.add_argument("--mad-tasks", type=name_list, help=f"comma-separated subset of {','.join(MAD_TASKS)}")
+    p.add_argument("--mad-weight-decays", type=float_list, help="MAD weight decays, e.g. 0 (with --lrs: one setting)")
 
 
 def apply_args(plan: RunPlan, args: argparse.Namespace) -> RunPlan:
@@ -337,12 +338,13 @@ def apply_args(plan: RunPlan, args: argparse.Namespace) -> RunPlan:
         "mqar_d_models": plan.mqar.stages,
         "mqar_d_states": plan.mqar.stages,
         "lrs": [*plan.mqar.stages, plan.mad],
+        "mad_weight_decays": [plan.mad],
     }
     for knob, targets in stage_knobs.items():
         value = getattr(args, knob)
         if value is None:
             continue
-        field = knob.removeprefix("a5_").removeprefix("mqar_")
+        field = knob.removeprefix("a5_").removeprefix("mqar_").removeprefix("mad_")
         for target in targets:
             setattr(target, field, list(value))
     if args.a5_criterion is not None:
@@ -391,6 +393,12 @@ def validate(plan: RunPlan) -> None:
     seeds = {f"{family}.stages[{i}].seeds": stage.seeds for family in ("a5", "mqar")
              for i, stage in enumerate(getattr(plan, family).stages)}  # fmt: skip
     seeds["mad.seeds"] = plan.mad.seeds
+    lrs = {f"mqar.stages[{i}].lrs": stage.lrs for i, stage in enumerate(plan.mqar.stages)} | {"mad.lrs": plan.mad.lrs}
+    for key, values in lrs.items():
+        if any(lr <= 0 for lr in values):
+            raise ValueError(f"{key}: learning rates must be > 0, got {values}")
+    if any(wd < 0 for wd in plan.mad.weight_decays):
+        raise ValueError(f"mad.weight_decays must be >= 0, got {plan.mad.weight_decays}")
     for key, values in seeds.items():
         if any(seed < 0 for seed in values):
             raise ValueError(f"{key}: seeds must be >= 0, got {values}")
