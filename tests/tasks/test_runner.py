@@ -300,6 +300,18 @@ def test_compiled_estimates_read_compiled_rates_else_eager_step_times_and_the_pr
     assert estimate_s(unit, [eager, compiled], "H", 1, prior)[0] == pytest.approx(10 + 1000 * 0.01)  # eager: line 1
 
 
+def test_estimates_without_rows_of_the_family_read_the_other_families_of_the_same_model():
+    prior = Estimate(tokens_per_s={"kla": 4000.0}, overhead_s=5.0, safety=1.0)
+    mad = dataclasses.replace(_a5_unit(), family="mad")  # the same model and tokens; no MAD row anywhere
+    rates = [_rate(step_s=0.02), _rate(d_model=32, step_s=0.5)]  # an A5 row of its width, one of another width
+    seconds, source = estimate_s(mad, rates, "H", 1, prior)
+    assert seconds == pytest.approx(10 + 1000 * 0.02) and "(no mad rows: other families')" in source
+    own = _rate(family="mad", step_s=0.03)
+    seconds, source = estimate_s(mad, [*rates, own], "H", 1, prior)  # a row of its own family wins
+    assert seconds == pytest.approx(10 + 1000 * 0.03) and "from rates.jsonl lines 3;" in source
+    assert estimate_s(dataclasses.replace(mad, d_model=64), rates, "H", 1, prior)[1] == "prior"  # no row of its width
+
+
 def _row(unit: Unit, seed: int, acc: float, **more) -> dict:
     return {**unit.cell(), "seed": seed, "token_acc": acc, "seq_acc": 0.0, "steps": unit.train.steps, **more}
 

@@ -9,7 +9,9 @@ Rows are only ever appended, one JSON object per line, as each unit finishes, so
 unit it finished. A (cell, seed) with a row is finished and is not run again.
 
 Estimates (`estimate_s`): a unit's seconds are overhead + steps left × seconds per step, each from this device's
-rows of rates.jsonl of the same family, arch and width, and the log names the rows:
+rows of rates.jsonl of the same family, arch and width (with none of the family, those of the other families: the
+step is the same model's on a similar number of tokens; MAD's first units read MQAR's and A5's), and the log names
+the rows:
 
 - seconds per step from points (tokens per step, median seconds per step): the rows of the unit's own shape
   (depth, seeds side by side, processes per GPU), and, at token counts above the largest of them (at every count,
@@ -33,7 +35,8 @@ rows of rates.jsonl of the same family, arch and width, and the log names the ro
   downwards), the smallest's time below it; with one d_state measured and the unit's above it, that time scaled
   in proportion to d_state (an upper bound, since the rest of the step does not grow).
 
-With no row of the arch on this device, the plan's prior (tokens per second of one block and one seed) is used.
+With no row of the arch and width on this device, the plan's prior (tokens per second of one block and one seed) is
+used.
 """
 
 from __future__ import annotations
@@ -149,16 +152,19 @@ def estimate_s(unit: Unit, rates: list[dict[str, Any]], device: str, procs_per_g
     """
     steps = unit.train.steps if steps is None else steps
     tokens, shape = tokens_per_step or unit.tokens_per_step(), (unit.n_layers, len(unit.seeds), procs_per_gpu)
-    kind = (device, unit.family, unit.arch, unit.d_model)
-    by_d_state, eager = _rate_shapes(rates, kind, compile_backend), ""
-    if not by_d_state and compile_backend is not None:
-        by_d_state, eager = _rate_shapes(rates, kind, None), "eager "
+    backends = [compile_backend] if compile_backend is None else [compile_backend, None]
+    by_d_state, source = {}, ""
+    for family, backend in ((f, b) for f in (unit.family, None) for b in backends):
+        by_d_state = _rate_shapes(rates, (device, family, unit.arch, unit.d_model), backend)
+        if by_d_state:
+            eager = "eager " if backend != compile_backend else ""
+            source = f"{eager}rates.jsonl" + ("" if family else f" (no {unit.family} rows: other families')")
+            break
     if not by_d_state:
         if unit.arch not in prior.tokens_per_s:
             raise KeyError(f"estimate.tokens_per_s has no prior for arch {unit.arch!r}; add one to the plan")
         step_s = tokens * unit.n_layers * len(unit.seeds) * procs_per_gpu / prior.tokens_per_s[unit.arch]
         return (prior.overhead_s + steps * step_s) * prior.safety, "prior"
-    source = f"{eager}rates.jsonl"
     d_state = unit.kla_d_state() or kla_default_d_state()
     if d_state in by_d_state:
         step_s, how = _step_time(by_d_state[d_state], shape, tokens, source)
@@ -178,12 +184,14 @@ Shapes = dict[tuple[int, int, int], list[tuple[int, dict]]]  # (depth, members, 
 
 def _rate_shapes(rates: list[dict[str, Any]], kind: tuple, compile_backend: str | None) -> dict[int, Shapes]:
     """KLA d_state -> (depth, members, procs per GPU) -> the (line, rate) pairs of that shape among the rates of
-    `kind` (device, family, arch, d_model) and `compile_backend`; rates from before the backend or the d_state was
-    recorded ran eager and at the default d_state (as do the archs without a KLA layer)."""
+    `kind` (device, family, arch, d_model; family None: every family) and `compile_backend`; rates from before the
+    backend or the d_state was recorded ran eager and at the default d_state (as do the archs without a KLA layer)."""
     default = kla_default_d_state()
+    device, family, arch, d_model = kind
     by_d_state: dict[int, Shapes] = {}
     for line, r in enumerate(rates, start=1):
-        if (r["device"], r["family"], r["arch"], r["d_model"]) == kind and r.get("compile_backend") == compile_backend:
+        same = (r["device"], r["arch"], r["d_model"]) == (device, arch, d_model) and family in (None, r["family"])
+        if same and r.get("compile_backend") == compile_backend:
             shapes = by_d_state.setdefault(r.get("kla_d_state") or default, {})
             shapes.setdefault((r["n_layers"], r["members"], r["procs_per_gpu"]), []).append((line, r))
     return by_d_state
