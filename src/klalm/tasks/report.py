@@ -448,7 +448,9 @@ def plot_mqar_positions(rows: list[Row], path: Path, plt: Any) -> None:
     """MQAR held-out accuracy by query position: one panel per (length, pairs) cell, each run's scored positions as
     faint points and the means of its spans (`position_bins`, 4× finer than the table's) as a line."""
     cells = list(dict.fromkeys((r["task"]["length"], r["task"]["num_pairs"]) for r in rows))
-    fig, axes = plt.subplots(1, len(cells), figsize=(max(7.0, 4.6 * len(cells) + 1.0), 3.8), sharey=True, squeeze=False)
+    lines = max(sum((r["task"]["length"], r["task"]["num_pairs"]) == cell for r in rows) for cell in cells)
+    width, height = max(7.0, 4.6 * len(cells) + 1.0), 3.8 + 0.16 * lines  # room for the legend below the axes
+    fig, axes = plt.subplots(1, len(cells), figsize=(width, height), sharey=True, squeeze=False)
     for ax, cell in zip(axes[0], cells, strict=True):
         for i, r in enumerate(r for r in rows if (r["task"]["length"], r["task"]["num_pairs"]) == cell):
             scored = [(t, 100 * a) for t, a in enumerate(r["position_acc"]) if a is not None]
@@ -457,7 +459,7 @@ def plot_mqar_positions(rows: list[Row], path: Path, plt: Any) -> None:
             ax.plot([(first + last) / 2 for first, last, _ in spans], [100 * mean for _, _, mean in spans],
                     "-", color=f"C{i}", label=f"{r['unit']} seed {r['seed']} ({_pct(r['token_acc'])} %)")  # fmt: skip
         ax.set(title=f"L = {cell[0]}, K = {cell[1]}", xlabel="query position", ylim=(0, 101))
-        ax.legend(fontsize=6.5, loc="upper right")
+        ax.legend(fontsize=6.5, loc="upper center", bbox_to_anchor=(0.5, -0.18), frameon=False)  # below the axes
     axes[0][0].set_ylabel("held-out accuracy (%)")
     fig.suptitle("MQAR accuracy by query position (points: positions; lines: means over spans)", fontsize=10)
     _save(fig, path)
