@@ -300,6 +300,16 @@ def test_compiled_estimates_read_compiled_rates_else_eager_step_times_and_the_pr
     assert estimate_s(unit, [eager, compiled], "H", 1, prior)[0] == pytest.approx(10 + 1000 * 0.01)  # eager: line 1
 
 
+def test_estimates_read_the_latest_three_rows_of_a_shape():
+    """Rows are appended as units run; a shape's step time is the median of its latest three, so the runs of an older
+    (slower) kernel drop out once newer runs have measured it."""
+    prior = Estimate(tokens_per_s={"kla": 4000.0}, overhead_s=5.0, safety=1.0)
+    rates = [_rate(step_s=0.05)] * 3 + [_rate(step_s=s) for s in (0.011, 0.01, 0.012)]
+    seconds, source = estimate_s(_a5_unit(), rates, "H", 1, prior)
+    assert seconds == pytest.approx(10 + 1000 * 0.011) and "rates.jsonl lines 4,5,6" in source
+    assert estimate_s(_a5_unit(), rates[:5], "H", 1, prior)[0] == pytest.approx(10 + 1000 * 0.011)  # 0.05, .011, .01
+
+
 def test_estimates_without_rows_of_the_family_read_the_other_families_of_the_same_model():
     prior = Estimate(tokens_per_s={"kla": 4000.0}, overhead_s=5.0, safety=1.0)
     mad = dataclasses.replace(_a5_unit(), family="mad")  # the same model and tokens; no MAD row anywhere

@@ -13,7 +13,8 @@ rows of rates.jsonl of the same family, arch and width (with none of the family,
 step is the same model's on a similar number of tokens; MAD's first units read MQAR's and A5's), and the log names
 the rows:
 
-- seconds per step from points (tokens per step, median seconds per step): the rows of the unit's own shape
+- seconds per step from points (tokens per step, median seconds per step of the latest three rows at that count, so
+  that the runs of older kernels drop out as new runs come): the rows of the unit's own shape
   (depth, seeds side by side, processes per GPU), and, at token counts above the largest of them (at every count,
   for a shape never measured), the other shapes' rows bounded up to the unit's shape (a step never gets faster with
   more layers, seeds or processes): measured × max(1, depth ratio) × max(1, seeds ratio) × max(1, processes
@@ -53,6 +54,7 @@ from klalm.tasks.plans import Estimate, kla_default_d_state
 from klalm.tasks.units import Unit, UnitOutcome, row_key
 
 RATES_FILE = "rates.jsonl"
+RECENT_RATES = 3  # a shape's step time at a token count: the median of its latest this many rows (module doc)
 PROGRESS_FILE = "progress.jsonl"
 
 
@@ -219,11 +221,13 @@ def _d_state_time(by_d_state: dict[int, Shapes], d_state: int, shape: tuple[int,
 
 
 def _points(rows: list[tuple[int, dict]]) -> dict[int, tuple[float, list[int]]]:
-    """tokens per step -> (median seconds per step, rates.jsonl lines) over rows of one shape."""
+    """tokens per step -> (median seconds per step, rates.jsonl lines) over the latest RECENT_RATES rows of one shape
+    at that count (rows are appended as units run, so older rows may time older kernels)."""
     by_tokens: dict[int, list[tuple[int, float]]] = {}
     for line, r in rows:
         by_tokens.setdefault(r["tokens_per_step"], []).append((line, r["step_s"]))
-    return {t: (statistics.median(s for _, s in runs), [line for line, _ in runs]) for t, runs in by_tokens.items()}
+    latest = {t: runs[-RECENT_RATES:] for t, runs in by_tokens.items()}
+    return {t: (statistics.median(s for _, s in runs), [line for line, _ in runs]) for t, runs in latest.items()}
 
 
 def _step_time(shapes: dict[tuple[int, int, int], list[tuple[int, dict]]], shape: tuple[int, int, int],
