@@ -393,15 +393,15 @@ def validate(plan: RunPlan) -> None:
     seeds = {f"{family}.stages[{i}].seeds": stage.seeds for family in ("a5", "mqar")
              for i, stage in enumerate(getattr(plan, family).stages)}  # fmt: skip
     seeds["mad.seeds"] = plan.mad.seeds
+    for key, values in seeds.items():
+        if any(seed < 0 for seed in values):
+            raise ValueError(f"{key}: seeds must be >= 0, got {values}")
     lrs = {f"mqar.stages[{i}].lrs": stage.lrs for i, stage in enumerate(plan.mqar.stages)} | {"mad.lrs": plan.mad.lrs}
     for key, values in lrs.items():
         if any(lr <= 0 for lr in values):
             raise ValueError(f"{key}: learning rates must be > 0, got {values}")
     if any(wd < 0 for wd in plan.mad.weight_decays):
         raise ValueError(f"mad.weight_decays must be >= 0, got {plan.mad.weight_decays}")
-    for key, values in seeds.items():
-        if any(seed < 0 for seed in values):
-            raise ValueError(f"{key}: seeds must be >= 0, got {values}")
 
 
 def _validate_mqar_stage(where: str, stage: MQARStage, vocab: int) -> None:
