@@ -627,6 +627,80 @@ def test_merge_restores_the_state_that_came_back_and_keeps_the_old_one_otherwise
         main(["merge", "--from", str(tmp_path / "nowhere"), "--results", str(mine)])
 
 
+def test_pack_writes_the_pieces_merge_restores_and_drops_stale_ones(tmp_path, capsys):
+    state, out, back = tmp_path / "state", tmp_path / "out", tmp_path / "back"
+    state.mkdir()
+    files = {"abc.json": b'{"step": 3}', "abc.pt": bytes(range(256)) * 20, "def.json": b"{}", "def.pt": b"x"}
+    for name, data in files.items():
+        (state / name).write_bytes(data)
+    (state / "notes.txt").write_text("not a state")
+    parts = units.pack_states(state, out, part_bytes=2000)
+    assert [p.name for p in parts] == [f"state.tar.{i:02d}" for i in range(len(parts))] and len(parts) > 2
+    assert max(p.stat().st_size for p in parts) == 2000
+    (out / "state.tar.00.tmp").write_bytes(b"half written")  # a piece cut off mid-write is not one
+    assert units.state_parts(out) == parts
+    units.restore_states(units.state_parts(out), back)
+    assert {p.name: p.read_bytes() for p in back.iterdir()} == files  # and no lock file or stray notes
+    (state / "abc.pt").write_bytes(b"smaller")
+    main(["pack", "--state", str(state), "--out", str(out)])
+    assert json.loads(capsys.readouterr().out) == {"parts": ["state.tar.00"], "units": 2}
+    assert units.state_parts(out) == [out / "state.tar.00"]  # the larger pack's other pieces are gone
+    with pytest.raises(SystemExit, match="state folder .*nowhere does not exist"):
+        main(["pack", "--state", str(tmp_path / "nowhere"), "--out", str(out)])
+
+
+def test_pack_every_s_sends_each_new_checkpoint_until_killed(tmp_path):
+    import subprocess
+    import sys
+
+    state, out = tmp_path / "state", tmp_path / "out"
+    state.mkdir()
+    (state / "abc.json").write_text('{"step": 1}')
+    (state / "abc.pt").write_bytes(b"one")
+    script = Path(__file__).resolve().parents[2] / "scripts" / "run_synthetic.py"
+    watcher = subprocess.Popen([sys.executable, str(script), "pack", "--state", str(state), "--out", str(out),
+                                "--every-s", "0.05"])  # fmt: skip
+
+    def unpacked(step: int) -> bool:
+        deadline = time.time() + 120
+        while time.time() < deadline:
+            if units.state_parts(out):
+                back = tmp_path / f"back{step}"
+                units.restore_states(units.state_parts(out), back)
+                if json.loads((back / "abc.json").read_text())["step"] == step:
+                    return True
+            time.sleep(0.05)
+        return False
+
+    try:
+        assert unpacked(1)
+        (state / "abc.pt").write_bytes(b"two")
+        (state / "abc.json").write_text('{"step": 2}')
+        assert unpacked(2)
+    finally:
+        watcher.kill()
+        watcher.wait()
+
+
+def test_checkpoints_need_a_state_folder_and_a_positive_period(tmp_path):
+    plan = _tiny_plan()
+    with pytest.raises(ValueError, match="--checkpoint-every-s needs --state"):
+        GridBlock(plan, Results(tmp_path, plan.families), None, "cpu", 0, True, None, "abc", checkpoint_every_s=60.0)
+    with pytest.raises(ValueError, match="--checkpoint-every-s must be > 0, got 0.0"):
+        GridBlock(plan, Results(tmp_path, plan.families), tmp_path, "cpu", 0, True, None, "abc", checkpoint_every_s=0.0)
+
+
+def test_a_block_with_checkpoints_saves_them_in_its_child_processes_and_removes_them_at_the_end(tmp_path, capfd):
+    plan = _tiny_plan(families=["mqar"], members=1, procs_per_gpu=2)
+    plan.mqar.eval_every = 10  # an evaluation at step 10 of 20: one checkpoint per unit
+    block = GridBlock(plan, Results(tmp_path, plan.families), tmp_path / "state", "cpu", 0, False, None, "abc",
+                      checkpoint_every_s=1e-9)  # fmt: skip
+    block.run()
+    assert len(read_jsonl(tmp_path / "mqar.jsonl")) == 2 and not block.failed
+    assert capfd.readouterr().err.count("checkpoint at step 10: 1 unit(s) saved") == 2
+    assert units.saved_states(tmp_path / "state") == {}  # the checkpoints of finished units are removed
+
+
 def test_plan_verb_lists_units_with_estimates(tmp_path, capsys):
     main(["plan", "--plan", "full", "--families", "a5", "--archs", "kla", "--results", str(tmp_path)])
     out = capsys.readouterr().out
@@ -669,7 +743,7 @@ def _documented_commands() -> list[list[str]]:
                 tokens = shlex.split(line.replace("$OUT", "/tmp/out").replace("<files_at>", "/tmp/back"), comments=True)
                 for i, token in enumerate(tokens):
                     if token.endswith(("run_synthetic.py", "klalm-synthetic")):
-                        end = next((j for j in range(i + 1, len(tokens)) if tokens[j] in ("&&", "|", "2>&1", ";")),
+                        end = next((j for j in range(i + 1, len(tokens)) if tokens[j] in ("&&", "&", "|", "2>&1", ";")),
                                    len(tokens))  # fmt: skip
                         calls.append(tokens[i + 1 : end])
     return calls
@@ -748,7 +822,7 @@ def test_curves_show_finished_and_paused_runs_by_step(tmp_path, capsys):
 
 def test_every_documented_command_parses_and_its_plan_loads():
     calls = _documented_commands()
-    verbs = {"run", "plan", "report", "merge", "progress", "evaluate", "positions", "curves"}
+    verbs = {"run", "plan", "report", "merge", "pack", "progress", "evaluate", "positions", "curves"}
     assert len(calls) >= 8 and {c[0] for c in calls} == verbs
     for call in calls:
         if "--help" in call:
@@ -757,7 +831,7 @@ def test_every_documented_command_parses_and_its_plan_loads():
             assert done.value.code == 0
             continue
         args = parse_args(call)
-        if args.verb not in ("merge", "progress", "evaluate", "positions", "curves"):  # the verbs that take no plan
+        if args.verb not in ("merge", "pack", "progress", "evaluate", "positions", "curves"):  # verbs with no plan
             assert plan_units(apply_args(load_plan(args.plan), args)), call
 
 

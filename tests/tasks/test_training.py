@@ -31,7 +31,16 @@ from klalm.tasks.train import (
     train_group,
     train_step,
 )
-from klalm.tasks.units import Execution, Unit, build_member, run_unit, run_units, saved_states, state_name
+from klalm.tasks.units import (
+    Checkpoints,
+    Execution,
+    Unit,
+    build_member,
+    run_unit,
+    run_units,
+    saved_states,
+    state_name,
+)
 from klalm.train.optim import classify_parameters, cosine_multiplier, param_groups, warmup_cosine
 
 CPU = torch.device("cpu")
@@ -382,3 +391,48 @@ def test_a_pack_of_a5_cells_ends_the_solved_one_and_trains_the_other_on(tmp_path
     resumed = run_units([cells[1 - solved]], CPU, Execution(), state=tmp_path)
     assert same(paused.rows + resumed.rows) == same(alone)
     assert saved_states(tmp_path) == {}
+
+
+class _Killed(Exception):
+    """Stands for the end of a process that is killed (a machine taken back before the run's deadline)."""
+
+
+def test_a_unit_killed_after_a_checkpoint_resumes_from_it_to_the_rows_of_a_whole_run(tmp_path, monkeypatch):
+    """With checkpoint_every_s 0 every evaluation before the last saves the state; a process that dies after the save
+    at step 20 of 30 leaves that state, and a run from it ends with the rows of a run never stopped."""
+    unit = _unit(steps=30, seeds=(0, 1))
+    whole = run_unit(unit, CPU, Execution()).rows
+    save = Checkpoints.__call__
+
+    def dies_after_step_20(self, step, *args):
+        save(self, step, *args)
+        if step == 20:
+            raise _Killed
+
+    monkeypatch.setattr(Checkpoints, "__call__", dies_after_step_20)
+    with pytest.raises(_Killed):
+        run_unit(unit, CPU, Execution(), state=tmp_path, checkpoint_every_s=0.0)
+    monkeypatch.undo()
+    assert [saved["step"] for saved in saved_states(tmp_path).values()] == [20]
+    resumed = run_unit(unit, CPU, Execution(), state=tmp_path, checkpoint_every_s=0.0).rows
+    key = ("seed", "token_acc", "seq_acc", "final_loss", "evals", "steps", "ended")
+    assert [[r[k] for k in key] for r in resumed] == [[r[k] for k in key] for r in whole]
+    assert [r["run"]["blocks"] for r in resumed] == [2, 2] and saved_states(tmp_path) == {}
+    with pytest.raises(ValueError, match="checkpoints needs a state folder"):
+        run_unit(unit, CPU, Execution(), checkpoint_every_s=1.0)
+
+
+def test_checkpoints_save_units_whose_seeds_all_train_and_wait_their_period(tmp_path):
+    cells = [dataclasses.replace(_unit(seeds=(0, 1)), task={"name": "a5", "length": n}) for n in (3, 5)]
+    groups = [[build_member(cell, seed, CPU, None) for seed in cell.seeds] for cell in cells]
+    spent = [{"train_s": 1.0, "wall_s": 2.0, "blocks": 1}, {"train_s": 0.0, "wall_s": 0.0, "blocks": 0}]
+    evals = [[{"step": 10, "token_acc": 0.5}] for _ in range(4)]
+    checkpoints = Checkpoints(tmp_path, cells, groups, spent, every_s=3600.0, started=time.perf_counter())
+    checkpoints(10, evals, [0, 1, 2, 3], 5.0)
+    assert saved_states(tmp_path) == {}  # an hour has not passed
+    checkpoints.every_s = 0.0
+    checkpoints(10, evals, [0, 1, 3], 5.0)  # cell 1's first seed has stopped: that cell is not saved
+    saved = saved_states(tmp_path)
+    assert list(saved) == [state_name(cells[0])]
+    assert saved[state_name(cells[0])]["spent"]["train_s"] == 6.0
+    assert saved[state_name(cells[0])]["spent"]["blocks"] == 2

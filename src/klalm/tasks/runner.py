@@ -6,6 +6,7 @@
     klalm-synthetic report --plan full --results results/synthetic --doc docs/synthetic.md
     klalm-synthetic merge --from <copy of a results folder> --results results/synthetic
     klalm-synthetic progress --state .carry/synthetic_state --results results/synthetic   # paused units' evaluations
+    klalm-synthetic pack --state .carry/synthetic_state --out $OUT --every-s 20 &   # ship checkpoints as they come
     klalm-synthetic evaluate --state .carry/synthetic_state --plot positions.png        # their accuracy by position
     klalm-synthetic positions --results results/synthetic --archs kla --plot positions.png  # finished runs' too
     klalm-synthetic positions --family mqar --results results/synthetic --lengths 2048     # MQAR's, by spans
@@ -23,7 +24,10 @@ processes on each GPU, each training `members` seeds in one CUDA graph; a finish
 States live outside git (46 MiB for a pack of three KLA units) and are lost with the machine that holds them, so at
 its end a block also appends every paused unit's evaluations so far to progress.jsonl (`klalm-synthetic progress`
 does the same for a state folder that came back). A block run with `--finish-only` starts only units whose
-estimate ends before the deadline: the last block before the states would be lost.
+estimate ends before the deadline: the last block before the states would be lost. A block run with
+`--checkpoint-every-s N` also saves each running unit's state at an evaluation every N seconds, so a block killed
+before its deadline (a machine taken back early) resumes from there; `pack` packs a state folder into the pieces
+`merge --state` unpacks (with `--every-s`, again whenever it changes, until killed: run it beside such a block).
 """
 
 from __future__ import annotations
@@ -54,6 +58,7 @@ from klalm.tasks.units import (
     UnitOutcome,
     evaluate_saved,
     pack_key,
+    pack_states,
     pack_tokens,
     paused_rows,
     remove_state,
@@ -63,6 +68,8 @@ from klalm.tasks.units import (
     saved_states,
     state_mib,
     state_name,
+    state_parts,
+    watch_states,
 )
 
 log = logging.getLogger("klalm.synthetic")
@@ -110,13 +117,19 @@ class GridBlock:
         commit: recorded with every row.
         gpu_name: estimate for this GPU model (as rates.jsonl names it) instead of the device's own (`plan` only).
         finish_only: start only units (and packs) whose estimate ends before the deadline.
+        checkpoint_every_s: running units also save their state this often, at an evaluation (None: only to pause).
     """
 
     def __init__(self, plan: RunPlan, results: Results, state: Path | None, device: str, gpus: int, in_process: bool,
                  time_budget_s: float | None, commit: str, gpu_name: str | None = None,
-                 finish_only: bool = False) -> None:  # fmt: skip
+                 finish_only: bool = False, checkpoint_every_s: float | None = None) -> None:  # fmt: skip
         if time_budget_s is not None and state is None:
             raise ValueError("a block with a time budget needs --state (the folder its unfinished units pause into)")
+        if checkpoint_every_s is not None and state is None:
+            raise ValueError("a block with --checkpoint-every-s needs --state (the folder its checkpoints go to)")
+        if checkpoint_every_s is not None and checkpoint_every_s <= 0:
+            raise ValueError(f"--checkpoint-every-s must be > 0, got {checkpoint_every_s}")
+        self.checkpoint_every_s = checkpoint_every_s
         self.plan, self.results, self.state, self.device, self.gpus = plan, results, state, device, gpus
         self.slots = max(gpus, 1) * plan.procs_per_gpu
         if in_process and self.slots > 1:
@@ -277,7 +290,8 @@ class GridBlock:
     def _execute(self, pack: list[Unit], slot: int) -> UnitOutcome:
         deadline = None if self.deadline is None else self.deadline - MARGIN_S
         if self.in_process:
-            return run_units(pack, torch.device(self.device), self.execution, deadline, self.state)
+            return run_units(pack, torch.device(self.device), self.execution, deadline, self.state,
+                             self.checkpoint_every_s)  # fmt: skip
         env = dict(os.environ)
         if self.device == "cpu" and self.slots > 1:  # the slots share the cores instead of each spinning on all
             env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // self.slots))
@@ -294,6 +308,8 @@ class GridBlock:
                 command += ["--deadline", repr(deadline)]
             if self.state is not None:
                 command += ["--state", str(self.state)]
+            if self.checkpoint_every_s is not None:
+                command += ["--checkpoint-every-s", repr(self.checkpoint_every_s)]
             code = subprocess.call(command, env=env)
             if code != 0:
                 raise RuntimeError(f"the unit's process exited with code {code}")
@@ -436,6 +452,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             cmd.add_argument("--in-process", action="store_true", help="run units in this process (one slot)")
             cmd.add_argument("--finish-only", action="store_true", help="start only units estimated to end before "
                              "the deadline (the last block before the states would be lost)")  # fmt: skip
+            cmd.add_argument("--checkpoint-every-s", type=float, help="also save running units' states this often "
+                             "(at an evaluation), so a block killed early resumes from there")  # fmt: skip
         else:
             cmd.add_argument("--gpu-name", help="estimate from this GPU model's rows of rates.jsonl (e.g. 'NVIDIA "
                              "H200') instead of this machine's device")  # fmt: skip
@@ -451,6 +469,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     merged.add_argument("--commit", default=None, help="commit recorded where rows say 'unknown' (default: HEAD)")
     merged.add_argument("--state", type=Path, default=None, help="state folder to replace by the state.tar.* parts "
                         "beside --from (kept as it is when none came back)")  # fmt: skip
+    packed = verbs.add_parser("pack", help="pack a state folder into the state.tar.* pieces `merge --state` reads")
+    packed.add_argument("--state", type=Path, required=True, help="the state folder")
+    packed.add_argument("--out", type=Path, required=True, help="the folder the pieces are written to")
+    packed.add_argument("--every-s", type=float, default=None, help="look again this often and pack whenever the "
+                        "states changed, until killed (default: pack once)")  # fmt: skip
     progress = verbs.add_parser("progress", help="record the evaluations of the units paused in a state folder")
     progress.add_argument("--state", type=Path, required=True, help="the state folder (e.g. one that came back)")
     progress.add_argument("--results", type=Path, required=True, help="the results folder (progress.jsonl)")
@@ -484,7 +507,8 @@ def _block(args: argparse.Namespace, plan: RunPlan) -> GridBlock:
     budget = args.time_budget_s if args.time_budget_s is not None else plan.time_budget_s
     results = Results(args.results, plan.families)
     return GridBlock(plan, results, args.state, device, gpus, getattr(args, "in_process", False), budget or None,
-                     git_commit(), getattr(args, "gpu_name", None), getattr(args, "finish_only", False))  # fmt: skip
+                     git_commit(), getattr(args, "gpu_name", None), getattr(args, "finish_only", False),
+                     getattr(args, "checkpoint_every_s", None))  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -498,12 +522,20 @@ def main(argv: list[str] | None = None) -> None:
             sys.exit(f"klalm-synthetic: --from folder {args.source} does not exist")
         added: dict[str, Any] = merge(args.source, args.results, args.commit or git_commit())
         if args.state is not None:
-            parts = sorted(args.source.resolve().parent.glob("state.tar.*"))
+            parts = state_parts(args.source.resolve().parent)
             try:
                 added["state"] = restore_states(parts, args.state) if parts else f"none came back: kept {args.state}"
             except ValueError as err:
                 sys.exit(f"klalm-synthetic: {err} (kept {args.state})")
         print(json.dumps(added))
+        return
+    if args.verb == "pack":
+        if not args.state.is_dir():
+            sys.exit(f"klalm-synthetic: state folder {args.state} does not exist")
+        if args.every_s is not None:
+            watch_states(args.state, args.out, args.every_s)  # until killed
+        parts = pack_states(args.state, args.out)
+        print(json.dumps({"parts": [p.name for p in parts], "units": len(saved_states(args.state))}))
         return
     if args.verb in ("evaluate", "positions"):
         from klalm.tasks.report import finished_positions, plot_positions, positions_markdown

@@ -359,6 +359,7 @@ def train_group(
     evals: list[list[dict]] | None = None,
     cells: list[int] | None = None,
     progress: Callable[[int, int, float, dict[int, float]], None] | None = None,
+    checkpoint: Callable[[int, list[list[dict]], list[int], float], None] | None = None,
 ) -> GroupResult:
     """Train every member of `trainer` to its planned steps, evaluating on `test` every `eval_every` steps and at
     the end; stop a cell's members early by `stop`, the others training on; pause when the next stretch of steps
@@ -372,6 +373,9 @@ def train_group(
             of its cell stops there; the group ends when no cell is left.
         progress: called after every evaluation with the step, the planned steps, the seconds per step so far in
             this run and, for each cell still training, the best token accuracy of its members at this evaluation.
+        checkpoint: called after every evaluation that leaves members to train, with the step, the evaluations so
+            far (as `GroupResult.evals`), the indices of the members still training and the seconds trained so far
+            in this run: where a caller saves what a pause would, so a process killed early loses little.
     """
     members, total = list(trainer.members), trainer.members[0].settings.steps
     cells = [0] * len(members) if cells is None else cells
@@ -415,6 +419,8 @@ def train_group(
                     break
                 if step < total:
                     trainer.keep([members[i] for i in active])
+            if checkpoint is not None and step < total:
+                checkpoint(step, evals, active, time.perf_counter() - loop_start)
         if step == total:
             break
         per_step = (time.perf_counter() - loop_start) / (step - loop_first)

@@ -10,18 +10,23 @@ only its measured rate; run again with the same folder, it resumes exactly where
 and removes its state once it finishes. In the folder, unit X is `X.pt` (every member's `Member.state_dict`, the
 evaluations so far, the time spent) and `X.json` (the unit, the step reached, the time spent: what the runner reads),
 X a digest of the unit's cell and seeds (`state_name`). Both are written to a temporary name and renamed, the .json
-last, so a .json always has its .pt.
+last, so a .json always has its .pt, under the folder's lock (`.lock`), so `pack_states` reads a matching pair. With
+`checkpoint_every_s`, a unit also saves that state at an evaluation while it trains (`Checkpoints`): a process
+killed before its deadline resumes from the last one.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import hashlib
+import io
 import json
 import logging
 import math
 import os
+import re
 import sys
 import time
 from datetime import datetime, timezone
@@ -220,7 +225,6 @@ def restore_states(parts: list[Path], folder: Path) -> dict[str, Any]:
     Raises:
         ValueError: naming the archive, when it is not a readable tar or holds a member the filter refuses.
     """
-    import io
     import shutil
     import tarfile
 
@@ -240,6 +244,51 @@ def restore_states(parts: list[Path], folder: Path) -> dict[str, Any]:
     return {"units": len(saved_states(folder)), "mib": round(mib, 1)}
 
 
+STATE_PART = re.compile(r"state\.tar\.\d+")  # the name of one piece of a packed state folder
+
+
+def state_parts(folder: Path) -> list[Path]:
+    """The pieces of a packed state folder in `folder`, in order (unfinished `.tmp` pieces left out)."""
+    return sorted(path for path in Path(folder).glob("state.tar.*") if STATE_PART.fullmatch(path.name))
+
+
+def pack_states(folder: Path, out: Path, part_bytes: int = 15 * 2**20) -> list[Path]:
+    """Pack the paused units' states in `folder` (every .json and .pt, under its lock) into `out` as the pieces
+    `restore_states` reads: `state.tar.00`, `state.tar.01`, ... of at most `part_bytes` each (a device call sends
+    back files of up to 16 MiB). Each piece is written to a temporary name and renamed, and pieces left from a larger
+    earlier pack are removed, so `out` holds one whole pack but for the moment between two renames. Returns the
+    pieces."""
+    import tarfile
+
+    buffer = io.BytesIO()
+    with _locked(Path(folder)), tarfile.open(fileobj=buffer, mode="w") as archive:
+        for path in sorted(Path(folder).glob("*.json")) + sorted(Path(folder).glob("*.pt")):
+            archive.add(path, arcname=path.name)
+    data, size = buffer.getvalue(), part_bytes
+    out.mkdir(parents=True, exist_ok=True)
+    parts = []
+    for index, start in enumerate(range(0, len(data), size)):
+        part = out / f"state.tar.{index:02d}"
+        _write_atomically(part, lambda path, chunk=data[start : start + size]: path.write_bytes(chunk))
+        parts.append(part)
+    for stale in state_parts(out)[len(parts) :]:
+        stale.unlink()
+    return parts
+
+
+def watch_states(folder: Path, out: Path, every_s: float) -> None:
+    """Pack `folder` into `out` (`pack_states`) whenever its states change, looking every `every_s` seconds, until
+    killed: beside a run on a machine that may be taken back before the run pauses, so the last checkpoint comes
+    back with the call's files."""
+    packed = None
+    while True:
+        seen = sorted((p.name, p.stat().st_mtime_ns) for p in Path(folder).glob("*.json")) if folder.is_dir() else []
+        if seen and seen != packed:
+            pack_states(folder, out)
+            packed = seen
+        time.sleep(every_s)
+
+
 def remove_state(folder: Path, name: str) -> None:
     for suffix in (".json", ".pt"):
         (folder / name).with_suffix(suffix).unlink(missing_ok=True)
@@ -251,13 +300,27 @@ def _write_atomically(path: Path, write) -> None:
     os.replace(temporary, path)
 
 
-def _save_state(folder: Path, unit: Unit, members: list[Member], evals: list[list[dict]], spent: dict) -> None:
+@contextlib.contextmanager
+def _locked(folder: Path):
+    """Hold the state folder's lock (an flock on `folder/.lock`): one process writes or packs its states at a time."""
+    import fcntl  # lazy: POSIX only, like the device machines and CI
+
     folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / ".lock", "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _save_state(folder: Path, unit: Unit, members: list[Member], evals: list[list[dict]], spent: dict) -> None:
     name, step = state_name(unit), int(members[0].step)
     state = {"members": [m.state_dict() for m in members], "evals": evals, "spent": spent}
-    _write_atomically(folder / f"{name}.pt", lambda path: torch.save(state, path))
     info = {"unit": dataclasses.asdict(unit), "label": unit.label(), "step": step, "spent": spent}
-    _write_atomically(folder / f"{name}.json", lambda path: path.write_text(json.dumps(info)))
+    with _locked(folder):
+        _write_atomically(folder / f"{name}.pt", lambda path: torch.save(state, path))
+        _write_atomically(folder / f"{name}.json", lambda path: path.write_text(json.dumps(info)))
 
 
 def _load_state(folder: Path, unit: Unit, device: torch.device) -> dict[str, Any] | None:
@@ -344,14 +407,15 @@ def pack_tokens(units: list[Unit]) -> int:
 
 
 def run_unit(unit: Unit, device: torch.device, execution: Execution, deadline: float | None = None,
-             state: Path | None = None) -> UnitOutcome:  # fmt: skip
+             state: Path | None = None, checkpoint_every_s: float | None = None) -> UnitOutcome:  # fmt: skip
     """Build, train and evaluate every seed of `unit` side by side (see klalm.tasks.train.train_group); resume it
-    from its saved state in the folder `state` if there is one, and pause into that folder at `deadline`."""
-    return run_units([unit], device, execution, deadline, state)
+    from its saved state in the folder `state` if there is one, pause into that folder at `deadline`, and save its
+    state there at an evaluation at most every `checkpoint_every_s` seconds (`Checkpoints`; None: only to pause)."""
+    return run_units([unit], device, execution, deadline, state, checkpoint_every_s)
 
 
 def run_units(units: list[Unit], device: torch.device, execution: Execution, deadline: float | None = None,
-              state: Path | None = None) -> UnitOutcome:  # fmt: skip
+              state: Path | None = None, checkpoint_every_s: float | None = None) -> UnitOutcome:  # fmt: skip
     """`run_unit` for a pack: units of one `pack_key`, all their seeds side by side in one group (one CUDA graph),
     each unit with its own data, all fresh or all paused at the same step. When the seeds of one unit reach its stop
     rule, that unit ends there and the others train on in the same process (`train.train_group`). The outcome holds
@@ -359,6 +423,8 @@ def run_units(units: list[Unit], device: torch.device, execution: Execution, dea
     many; `step_s`: with all of them training)."""
     if deadline is not None and state is None:
         raise ValueError("a unit with a deadline needs a state folder to pause into")
+    if checkpoint_every_s is not None and state is None:
+        raise ValueError("a unit with checkpoints needs a state folder to save them into")
     if len({pack_key(u) for u in units}) != 1:
         raise ValueError(f"these units cannot share a process: {[u.label() for u in units]}")
     started = time.perf_counter()
@@ -385,9 +451,12 @@ def run_units(units: list[Unit], device: torch.device, execution: Execution, dea
     trainer = GroupTrainer(members, device)
     stop = None if units[0].stop is None else StopRule(**units[0].stop)
     evals = None if saved[0] is None else [log for unit_state in saved for log in unit_state["evals"]]
+    checkpoint = None
+    if checkpoint_every_s is not None:
+        checkpoint = Checkpoints(state, units, groups, spent, checkpoint_every_s, started)
     with recording() as used:
         result = train_group(trainer, tests, eval_every=units[0].eval_every, stop=stop, deadline=deadline,
-                             evals=evals, cells=cells, progress=ProgressLog(units))  # fmt: skip
+                             evals=evals, cells=cells, progress=ProgressLog(units), checkpoint=checkpoint)  # fmt: skip
     wall_s = time.perf_counter() - started
     common = run_record(device, trainer.graph is not None, len(members), execution, dict(sorted(used.items())))
     rate = rate_record(units[0], common, result.step_s, result.train_s, wall_s - result.train_s, result.ended)
@@ -395,7 +464,7 @@ def run_units(units: list[Unit], device: torch.device, execution: Execution, dea
     rate["units"] = len(units)
     rate["tokens_per_step"] = pack_tokens(units)
     rows, first = [], 0
-    for index, (unit, group, unit_state, unit_spent) in enumerate(zip(units, groups, saved, spent, strict=True)):
+    for index, (unit, group, unit_spent) in enumerate(zip(units, groups, spent, strict=True)):
         part = slice(first, first + len(group))
         first = part.stop
         unit_spent = {"train_s": unit_spent["train_s"] + result.train_s, "wall_s": unit_spent["wall_s"] + wall_s,
@@ -409,7 +478,7 @@ def run_units(units: list[Unit], device: torch.device, execution: Execution, dea
         if unit_result.ended == "paused":
             _save_state(state, unit, group, unit_result.evals, unit_spent)
             continue
-        if unit_state is not None:
+        if state is not None:  # the state it resumed from, or a checkpoint of this run
             remove_state(state, state_name(unit))
         params = sum(p.numel() for p in group[0].module.parameters())
         rows += [_row(unit, member, unit_result, i, params, common, unit_spent) for i, member in enumerate(group)]
@@ -419,6 +488,36 @@ def run_units(units: list[Unit], device: torch.device, execution: Execution, dea
     phases = (built - started, loaded - built, result.setup_s, time.perf_counter() - started - wall_s)
     rate["phases_s"] = dict(zip(("build", "load", "setup", "finish"), (round(x, 2) for x in phases), strict=True))
     return UnitOutcome(rows, rate)
+
+
+class Checkpoints:
+    """`train_group`'s checkpoint callback for a pack: at an evaluation, once `every_s` seconds have passed since
+    the last save (or the start), every unit whose seeds all still train saves into `folder` what a pause would
+    save there (its `spent` counting this run so far as a block). A process killed before its deadline (a lease or
+    job ended early) then resumes from the last save, losing at most `every_s` seconds and one evaluation's stretch
+    of steps; the saves cost a torch.save each (counted in the run's step time)."""
+
+    def __init__(self, folder: Path, units: list[Unit], groups: list[list[Member]], spent: list[dict],
+                 every_s: float, started: float) -> None:  # fmt: skip
+        self.folder, self.units, self.groups, self.spent = folder, units, groups, spent
+        self.every_s, self.started, self.last = every_s, started, time.perf_counter()
+
+    def __call__(self, step: int, evals: list[list[dict]], active: list[int], train_s: float) -> None:
+        now = time.perf_counter()
+        if now - self.last < self.every_s:
+            return
+        first, saved = 0, 0
+        for unit, group, spent in zip(self.units, self.groups, self.spent, strict=True):
+            members = range(first, first + len(group))
+            first = members.stop
+            if all(i in active for i in members):
+                so_far = {"train_s": spent["train_s"] + train_s, "wall_s": spent["wall_s"] + now - self.started,
+                          "blocks": spent["blocks"] + 1}  # fmt: skip
+                _save_state(self.folder, unit, group, evals[members.start : members.stop], so_far)
+                saved += 1
+        self.last = time.perf_counter()
+        if saved:
+            log.info("checkpoint at step %d: %d unit(s) saved in %.1f s", step, saved, self.last - now)
 
 
 class ProgressLog:
@@ -485,13 +584,15 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--device", default="cuda", help="torch device (the runner sets CUDA_VISIBLE_DEVICES)")
     p.add_argument("--deadline", type=float, help="time.time() at which the unit pauses (needs --state)")
     p.add_argument("--state", type=Path, help="folder of paused units: resume from it, pause into it")
+    p.add_argument("--checkpoint-every-s", type=float, help="also save the state this often while training")
     p.add_argument("--execution", default="{}", help="JSON of Execution's fields")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="[unit %(asctime)s] %(message)s", datefmt="%H:%M:%S")
     values = json.loads(args.unit.read_text())
     units = [Unit.from_dict(v) for v in (values if isinstance(values, list) else [values])]
     execution = Execution(**json.loads(args.execution))
-    outcome = run_units(units, torch.device(args.device), execution, args.deadline, args.state)
+    outcome = run_units(units, torch.device(args.device), execution, args.deadline, args.state,
+                        args.checkpoint_every_s)  # fmt: skip
     args.out.write_text(json.dumps(dataclasses.asdict(outcome)))
 
 
