@@ -661,13 +661,15 @@ def test_pack_every_s_sends_each_new_checkpoint_until_killed(tmp_path):
     watcher = subprocess.Popen([sys.executable, str(script), "pack", "--state", str(state), "--out", str(out),
                                 "--every-s", "0.05"])  # fmt: skip
 
-    def unpacked(step: int) -> bool:
+    def unpacked(step: int | None) -> bool:
+        """Whether the pieces in `out` come to hold abc.json at `step` (None: no state) within two minutes."""
         deadline = time.time() + 120
         while time.time() < deadline:
             if units.state_parts(out):
-                back = tmp_path / f"back{step}"
+                back = tmp_path / "back"
                 units.restore_states(units.state_parts(out), back)
-                if json.loads((back / "abc.json").read_text())["step"] == step:
+                saved = units.saved_states(back)
+                if (saved.get("abc", {}).get("step") if saved else None) == step:
                     return True
             time.sleep(0.05)
         return False
@@ -677,6 +679,8 @@ def test_pack_every_s_sends_each_new_checkpoint_until_killed(tmp_path):
         (state / "abc.pt").write_bytes(b"two")
         (state / "abc.json").write_text('{"step": 2}')
         assert unpacked(2)
+        units.remove_state(state, "abc")  # its unit finished: the pieces must not bring the state back
+        assert unpacked(None)
     finally:
         watcher.kill()
         watcher.wait()

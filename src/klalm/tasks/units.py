@@ -282,16 +282,23 @@ def watch_states(folder: Path, out: Path, every_s: float) -> None:
     back with the call's files."""
     packed = None
     while True:
-        seen = sorted((p.name, p.stat().st_mtime_ns) for p in Path(folder).glob("*.json")) if folder.is_dir() else []
-        if seen and seen != packed:
-            pack_states(folder, out)
-            packed = seen
+        try:
+            with _locked(folder):
+                seen = sorted((p.name, p.stat().st_mtime_ns) for p in folder.glob("*.json"))
+            if seen != packed:  # a new checkpoint or pause, or a state removed (its unit finished)
+                pack_states(folder, out)
+                packed = seen
+        except OSError as err:  # a full disk, say: the run goes on, and the next look tries again
+            log.warning("could not pack %s into %s: %s", folder, out, err)
         time.sleep(every_s)
 
 
 def remove_state(folder: Path, name: str) -> None:
-    for suffix in (".json", ".pt"):
-        (folder / name).with_suffix(suffix).unlink(missing_ok=True)
+    if not folder.is_dir():
+        return
+    with _locked(folder):
+        for suffix in (".json", ".pt"):
+            (folder / name).with_suffix(suffix).unlink(missing_ok=True)
 
 
 def _write_atomically(path: Path, write) -> None:
