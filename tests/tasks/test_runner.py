@@ -824,6 +824,31 @@ def test_curves_show_finished_and_paused_runs_by_step(tmp_path, capsys):
         main(["curves", "--family", "a5", "--results", str(tmp_path)])
 
 
+def test_a_run_has_one_colour_in_the_positions_and_curves_plots(tmp_path, monkeypatch):
+    """A paused run (lr 1e-3) sorts before a finished one (lr 3e-3) of the same cell: the positions plot, which shows
+    only the finished run, colours it as `curves` does (C1), not as the first line of its own (C0)."""
+    from klalm.tasks import report
+
+    plan = _tiny_plan(families=["mqar"])
+    block = _block(tmp_path, plan)
+    paused, done = block.units  # gpt, L 16, K 2, lr 1e-3 and 3e-3
+    evals = [[10, 2.0, 0.25, 0.0], [20, 1.0, 0.75, 0.5]]
+    acc = [None] * 4 + [1.0] * 12
+    block.results.record(_outcome([_row(done, 0, 0.75, evals=evals, planned_steps=20, position_acc=acc)]))
+    block.results.record_progress([_row(paused, 0, 0.5, steps=10, ended="paused", planned_steps=20,
+                                        evals=evals[:1])])  # fmt: skip
+    rows = report.training_curves(read_jsonl(tmp_path / "mqar.jsonl"), read_jsonl(tmp_path / "progress.jsonl"),
+                                  "mqar", [], [], [])  # fmt: skip
+    assert list(report.run_colours(rows).values()) == ["C0", "C1"] and rows[0]["ended"] == "paused"
+    drawn = {}
+    monkeypatch.setattr(report, "plot_positions", lambda rows, path, colours=None: drawn.update(colours=colours))
+    main(["positions", "--family", "mqar", "--results", str(tmp_path), "--plot", str(tmp_path / "p.png")])
+    assert drawn["colours"][rows[1]["unit"], 0] == "C1"
+    monkeypatch.undo()
+    main(["positions", "--family", "mqar", "--results", str(tmp_path), "--plot", str(tmp_path / "p.png")])
+    assert (tmp_path / "p.png").stat().st_size > 1000
+
+
 def test_every_documented_command_parses_and_its_plan_loads():
     calls = _documented_commands()
     verbs = {"run", "plan", "report", "merge", "pack", "progress", "evaluate", "positions", "curves"}

@@ -346,8 +346,27 @@ def finished_positions(rows: list[Row], archs: list[str], lengths: list[int], de
     kept = [r for r in rows if r.get("position_acc") and (not archs or r["arch"] in archs)
             and (not lengths or r["task"]["length"] in lengths)
             and (not depths or r["n_layers"] in depths)]  # fmt: skip
-    kept.sort(key=lambda r: (r["arch"], r["n_layers"], r["task"]["length"], r["d_model"], r["train"]["lr"], r["seed"]))
+    kept.sort(key=_run_order)
     return [{**r, "unit": _position_unit(r)} for r in kept]
+
+
+def _run_order(row: Row) -> tuple:
+    """How tables and plots order runs: arch, depth, length, width, key width (MQAR), learning rate, seed."""
+    d_state = kla_d_state(row["model_overrides"]) or 0
+    return row["arch"], row["n_layers"], row["task"]["length"], row["d_model"], d_state, row["train"]["lr"], row["seed"]
+
+
+def run_colours(rows: list[Row]) -> dict[tuple[str, int], str]:
+    """(unit label, seed) -> a matplotlib colour, numbered per task cell in the order of `rows`: give the plots of
+    one family the rows of `training_curves` (finished and paused runs) so that a run has one colour in all of them,
+    whichever runs a plot leaves out."""
+    colours: dict[tuple[str, int], str] = {}
+    lines: dict[tuple, int] = {}  # lines coloured so far in each cell
+    for r in rows:
+        cell = tuple(sorted(r["task"].items()))
+        colours[r["unit"], r["seed"]] = f"C{lines.get(cell, 0) % 10}"
+        lines[cell] = lines.get(cell, 0) + 1
+    return colours
 
 
 def _position_unit(row: Row) -> str:
@@ -409,17 +428,18 @@ def _mqar_positions_markdown(rows: list[Row]) -> str:
     return "\n\n".join(tables)
 
 
-def plot_positions(rows: list[Row], path: Path) -> None:
+def plot_positions(rows: list[Row], path: Path, colours: dict[tuple[str, int], str] | None = None) -> None:
     """Held-out accuracy by position: one panel per A5 length, one colour per arch and one line style per depth;
     each line is a (arch, length, depth) unit's best seed (highest token accuracy, the seed that decides whether the
-    cell is solved), the range over its seeds shaded. MQAR rows: `plot_mqar_positions`."""
+    cell is solved), the range over its seeds shaded. MQAR rows: `plot_mqar_positions`, one colour per run from
+    `colours` (`run_colours`; default: of `rows`)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     if rows[0]["task"]["name"] == "mqar":
-        return plot_mqar_positions(rows, path, plt)
+        return plot_mqar_positions(rows, path, plt, colours or run_colours(rows))
 
     lengths = sorted({r["task"]["length"] for r in rows})
     colours = {arch: f"C{i}" for i, arch in enumerate(dict.fromkeys(r["arch"] for r in rows))}
@@ -444,20 +464,21 @@ def plot_positions(rows: list[Row], path: Path) -> None:
     _save(fig, path)
 
 
-def plot_mqar_positions(rows: list[Row], path: Path, plt: Any) -> None:
+def plot_mqar_positions(rows: list[Row], path: Path, plt: Any, colours: dict[tuple[str, int], str]) -> None:
     """MQAR held-out accuracy by query position: one panel per (length, pairs) cell, each run's scored positions as
-    faint points and the means of its spans (`position_bins`, 4× finer than the table's) as a line."""
+    faint points and the means of its spans (`position_bins`, 4× finer than the table's) as a line, in its colour."""
     cells = list(dict.fromkeys((r["task"]["length"], r["task"]["num_pairs"]) for r in rows))
     lines = max(sum((r["task"]["length"], r["task"]["num_pairs"]) == cell for r in rows) for cell in cells)
     width, height = max(7.0, 4.6 * len(cells) + 1.0), 3.8 + 0.16 * lines  # room for the legend below the axes
     fig, axes = plt.subplots(1, len(cells), figsize=(width, height), sharey=True, squeeze=False)
     for ax, cell in zip(axes[0], cells, strict=True):
-        for i, r in enumerate(r for r in rows if (r["task"]["length"], r["task"]["num_pairs"]) == cell):
+        for r in (r for r in rows if (r["task"]["length"], r["task"]["num_pairs"]) == cell):
+            colour = colours[r["unit"], r["seed"]]
             scored = [(t, 100 * a) for t, a in enumerate(r["position_acc"]) if a is not None]
-            ax.plot(*zip(*scored, strict=True), ".", ms=2, color=f"C{i}", alpha=0.25)
+            ax.plot(*zip(*scored, strict=True), ".", ms=2, color=colour, alpha=0.25)
             spans = position_bins(r, 4 * POSITION_BINS)
             ax.plot([(first + last) / 2 for first, last, _ in spans], [100 * mean for _, _, mean in spans],
-                    "-", color=f"C{i}", label=f"{r['unit']} seed {r['seed']} ({_pct(r['token_acc'])} %)")  # fmt: skip
+                    "-", color=colour, label=f"{r['unit']} seed {r['seed']} ({_pct(r['token_acc'])} %)")  # fmt: skip
         ax.set(title=f"L = {cell[0]}, K = {cell[1]}", xlabel="query position", ylim=(0, 101))
         ax.legend(fontsize=6.5, loc="upper center", bbox_to_anchor=(0.5, -0.18), frameon=False)  # below the axes
     axes[0][0].set_ylabel("held-out accuracy (%)")
@@ -477,8 +498,7 @@ def training_curves(rows: list[Row], progress: list[Row], family: str, archs: li
     kept = [r for r in [*rows, *paused] if r.get("evals") and (not archs or r["arch"] in archs)
             and (not lengths or r["task"]["length"] in lengths)
             and (not depths or r["n_layers"] in depths)]  # fmt: skip
-    kept.sort(key=lambda r: (r["arch"], r["n_layers"], r["task"]["length"], r["d_model"],
-                             kla_d_state(r["model_overrides"]) or 0, r["train"]["lr"], r["seed"]))  # fmt: skip
+    kept.sort(key=_run_order)
     return [{**r, "unit": _position_unit(r)} for r in kept]
 
 
@@ -512,7 +532,8 @@ def curves_markdown(rows: list[Row], steps: list[int]) -> str:
 
 
 def plot_curves(rows: list[Row], path: Path) -> None:
-    """Held-out token accuracy against step, one line per run (dashed: paused), one panel per task cell."""
+    """Held-out token accuracy against step, one line per run (dashed: paused) in its `run_colours` colour, one panel
+    per task cell."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -523,12 +544,12 @@ def plot_curves(rows: list[Row], path: Path) -> None:
         by_cell.setdefault(tuple(sorted(r["task"].items())), []).append(r)
     width, height = max(7.0, 4.6 * len(by_cell) + 1.0), 3.8 + 0.16 * max(map(len, by_cell.values()))  # legend lines
     fig, axes = plt.subplots(1, len(by_cell), figsize=(width, height), sharey=True, squeeze=False)
-    column = EVAL_COLUMNS["token_acc"]
+    column, colours = EVAL_COLUMNS["token_acc"], run_colours(rows)
     for ax, (cell, at_cell) in zip(axes[0], by_cell.items(), strict=True):
-        for i, r in enumerate(at_cell):
+        for r in at_cell:
             is_paused = r["ended"] == "paused"
-            ax.plot([e[0] for e in r["evals"]], [100 * e[column] for e in r["evals"]], color=f"C{i % 10}",
-                    ls="--" if is_paused else "-",
+            steps, accs = [e[0] for e in r["evals"]], [100 * e[column] for e in r["evals"]]
+            ax.plot(steps, accs, color=colours[r["unit"], r["seed"]], ls="--" if is_paused else "-",
                     label=f"{r['unit']} seed {r['seed']}" + (" (paused)" if is_paused else ""))  # fmt: skip
         task = dict(cell)
         title = ", ".join(f"{k} {v}" for k, v in task.items() if k not in ("name", "vocab"))

@@ -538,8 +538,15 @@ def main(argv: list[str] | None = None) -> None:
         print(json.dumps({"parts": [p.name for p in parts], "units": len(saved_states(args.state))}))
         return
     if args.verb in ("evaluate", "positions"):
-        from klalm.tasks.report import finished_positions, plot_positions, positions_markdown
+        from klalm.tasks.report import (
+            finished_positions,
+            plot_positions,
+            positions_markdown,
+            run_colours,
+            training_curves,
+        )
 
+        colours = None  # a paused unit's rows: numbered in their own order
         if args.verb == "evaluate":
             rows = evaluate_saved(args.state, torch.device(args.device)) if args.state.is_dir() else []
             if not rows:
@@ -547,16 +554,18 @@ def main(argv: list[str] | None = None) -> None:
         else:
             if not args.results.is_dir():
                 sys.exit(f"klalm-synthetic: results folder {args.results} does not exist")
-            family = args.family
-            rows = finished_positions(Results(args.results, [family]).rows[family], args.archs, args.lengths,
-                                      args.depths)  # fmt: skip
+            family, results = args.family, Results(args.results, [args.family])
+            rows = finished_positions(results.rows[family], args.archs, args.lengths, args.depths)
             if not rows:
                 sys.exit(
                     f"klalm-synthetic: no {family.upper()} row with accuracy by position in {args.results} matches"
                 )
+            # each run in the colour `curves` gives it, paused runs counted
+            colours = run_colours(training_curves(results.rows[family], results.progress, family, args.archs,
+                                                  args.lengths, args.depths))  # fmt: skip
         print(positions_markdown(rows))
         if args.plot is not None:
-            plot_positions(rows, args.plot)
+            plot_positions(rows, args.plot, colours)
         return
     if args.verb == "curves":
         from klalm.tasks.report import curve_steps, curves_markdown, plot_curves, training_curves
