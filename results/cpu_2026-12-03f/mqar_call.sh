@@ -1,0 +1,28 @@
+# Written in the twenty-second session (2026-12-03). One device call of MQAR units (carry `.whl` and
+# `.carry/synthetic_state`), within LIMIT (600 s) less MARGIN (45 s): the ready or paused units of ARCHS at CELLS,
+# DEPTHS, DMODELS, DSTATES (KLA's key width) and LRS (empty: the plan's four rates), resumed from
+# .carry/synthetic_state and paused at the budget's end. The defaults are the capacity stage's last unit: the long
+# cell (2048, 256), one plain KLA block, d_model 128, d_state 128, lr 2.2e-3. Others:
+#   Zoology's grid:              ARCHS=kla,gpt CELLS=64x4 DEPTHS=2 DMODELS=256 DSTATES=16 LRS= bash ...
+#   two blocks at the long cell: DEPTHS=2 DSTATES=16 bash ...
+# Unlike the earlier scripts (results/cpu_2026-12-03e/dstate128_call.sh, grid_call.sh), a running unit saves a
+# checkpoint every CHECKPOINT_S (120 s) and `pack --every-s 20` ships each one into $OUT, so a call the device stops
+# early (it gives less than timeout_s when less device time is left, and a cold start takes one to four minutes of
+# it) brings back the last checkpoint instead of nothing. Afterwards, here: `merge --from <files_at>/synthetic
+# --results results/synthetic --state .carry/synthetic_state`; if the call was stopped (rc 124), also `progress
+# --state .carry/synthetic_state --results results/synthetic`.
+start=$(date +%s)
+left() { echo $(( ${LIMIT:-600} - ($(date +%s) - start) - ${MARGIN:-45} )); }
+source scripts/device_setup.sh || exit 1
+mkdir -p $OUT/synthetic .carry/synthetic_state && cp results/synthetic/{mqar,progress,rates}.jsonl $OUT/synthetic/
+nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader
+python3 scripts/run_synthetic.py pack --state .carry/synthetic_state --out $OUT --every-s 20 & watcher=$!
+LRS=${LRS-2.2e-3}
+echo "== MQAR ${ARCHS:=kla} at ${CELLS:=2048x256}, depth ${DEPTHS:=1}, d_model ${DMODELS:=128}, d_state" \
+  "${DSTATES:=128}, lr ${LRS:-all four}; budget $(left)s" | tee $OUT/block.log
+python3 scripts/run_synthetic.py run --plan full --families mqar --archs $ARCHS --mqar-cells $CELLS \
+  --mqar-depths $DEPTHS --mqar-d-models $DMODELS --mqar-d-states $DSTATES ${LRS:+--lrs $LRS} \
+  --results $OUT/synthetic --state .carry/synthetic_state --time-budget-s $(left) \
+  --checkpoint-every-s ${CHECKPOINT_S:-120} 2>&1 | tee -a $OUT/block.log | tail -25
+kill $watcher; python3 scripts/run_synthetic.py pack --state .carry/synthetic_state --out $OUT
+ls -la .carry/synthetic_state $OUT; echo "== end $(( $(date +%s) - start ))s"
