@@ -649,6 +649,19 @@ def test_pack_writes_the_pieces_merge_restores_and_drops_stale_ones(tmp_path, ca
         main(["pack", "--state", str(tmp_path / "nowhere"), "--out", str(out)])
 
 
+def test_state_folders_work_where_there_is_no_flock(tmp_path, monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "fcntl", None)  # `import fcntl` fails, as on Windows
+    state, out = tmp_path / "state", tmp_path / "out"
+    state.mkdir()
+    (state / "abc.json").write_text('{"step": 1}')
+    (state / "abc.pt").write_bytes(b"x")
+    assert [p.name for p in units.pack_states(state, out)] == ["state.tar.00"]
+    units.remove_state(state, "abc")
+    assert list(state.iterdir()) == []  # no lock file either
+
+
 def test_pack_every_s_sends_each_new_checkpoint_until_killed(tmp_path):
     import subprocess
     import sys
