@@ -85,6 +85,30 @@ def test_evaluate_token_and_sequence_accuracy():
         evaluate(_Fixed(predictions), inputs[2:], labels[2:], batch_size=2, device=CPU)
 
 
+@pytest.mark.parametrize("arch", ["gpt", "kla"])
+def test_evaluate_at_the_scored_positions_only_gives_the_full_readouts_metrics(arch):
+    """MQAR scores K of L positions per row: with scored_per_row the readout computes those positions' logits only
+    (as training does), and every metric, accuracy by position included, is that of the full readout."""
+    task = make_task("mqar", length=16, num_pairs=2, vocab=64)
+    torch.manual_seed(0)
+    model = build_model(arch, d_model=16, n_layers=1, vocab_size=64, **({"n_heads": 2} if arch == "gpt" else {}))
+    readout = wrap_readout(model, task, 16)
+    train_inputs, train_labels = materialize(task, 1024, 0, "train")
+    optimizer = torch.optim.Adam(readout.parameters(), lr=1e-2)
+    for lo in range(0, 1024, 16):  # a little training, so that some predictions are right
+        loss = readout_loss(readout, train_inputs[lo : lo + 16], train_labels[lo : lo + 16], task.scored_per_row)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    inputs, labels = materialize(task, 48, 0, "test")
+    full = evaluate(readout, inputs, labels, batch_size=10, device=CPU)
+    assert 0 < full["token_acc"] < 1
+    assert evaluate(readout, inputs, labels, batch_size=10, device=CPU, scored_per_row=task.scored_per_row) == full
+    labels[3, labels[3].ne(IGNORE_INDEX).nonzero()[0]] = IGNORE_INDEX  # row 3 now scores K - 1 positions
+    with pytest.raises(ValueError, match=r"scored_per_row=2, but the test split's rows score \[1, 2\] positions"):
+        evaluate(readout, inputs, labels, batch_size=10, device=CPU, scored_per_row=2)
+
+
 def _unit(arch="gpt", seeds=(0,), steps=30, **train) -> Unit:
     settings = TrainSettings(steps=steps, batch_size=8, aux_batch_size=4, lr=3e-3, warmup=0.2, eval_batch_size=64,
                              **train)  # fmt: skip
@@ -223,6 +247,7 @@ def test_train_group_evaluates_on_schedule_and_stops_at_the_threshold():
     assert result.ended == "steps" and result.steps == 30
     assert [e["step"] for e in result.evals[0]] == [10, 20, 30]
     assert result.step_s > 0 and len(result.final_loss) == 2
+    assert 0 < result.eval_s < result.train_s  # the three evaluations' seconds, part of the training time
     trainer = GroupTrainer([build_member(unit, s, CPU, None) for s in unit.seeds], CPU)
     stopped = train_group(trainer, _test_split(unit), eval_every=10, stop=StopRule("token_acc", 0.0))
     assert stopped.ended == "threshold" and stopped.steps == 10
@@ -281,6 +306,7 @@ def test_run_unit_rows_and_rate():
     assert row["run"]["compile_backend"] is None and outcome.rate["compile_backend"] is None  # the CPU runs eager
     assert row["run"]["backends"] == {"gated_delta_rule cpu float32": "torch"}  # which path ran
     assert outcome.rate["tokens_per_step"] == 8 * 4 + 4 * 2 and outcome.rate["step_s"] > 0
+    assert 0 < outcome.rate["eval_s"] <= outcome.rate["train_s"]
     phases = outcome.rate["phases_s"]
     assert list(phases) == ["build", "load", "setup", "finish"] and all(t >= 0 for t in phases.values())
     before_training = phases["build"] + phases["load"] + phases["setup"]  # (rounded to 0.01 s each)

@@ -282,28 +282,45 @@ class GroupTrainer:
 
 
 @torch.no_grad()
-def evaluate(module: nn.Module, inputs: Tensor, labels: Tensor, batch_size: int, device: torch.device) -> dict:
+def evaluate(module: nn.Module, inputs: Tensor, labels: Tensor, batch_size: int, device: torch.device,
+             scored_per_row: int | None = None) -> dict:  # fmt: skip
     """Held-out accuracy on the scored positions.
 
     Args:
-        module: maps input_ids [B, L] to logits [B, L, V].
+        module: maps input_ids [B, L] to logits [B, L, V] (and, with `scored_per_row`, input_ids and positions
+            [B, K] to the logits there, [B, K, V]: `TokenReadout`).
         inputs, labels: the test split, [N, L] each (any device).
         batch_size: sequences per forward.
         device: where the module lives.
+        scored_per_row: K when every row scores exactly K positions (the task's, as in training's `readout_loss`):
+            the logits of those positions only are computed. Same predictions; at MQAR's long cell 1/8 of the
+            head's work and memory.
 
     Returns:
         {"token_acc": correct scored tokens / scored tokens, "seq_acc": sequences with every scored token correct
         / sequences with at least one scored token, "scored_tokens": count, "position_acc": the token accuracy at
         each position 0..L-1, None where no label is scored}.
+
+    Raises:
+        ValueError: a row does not score exactly `scored_per_row` positions, or no position is scored.
     """
+    if scored_per_row is not None:
+        counts = labels.ne(IGNORE_INDEX).sum(1)
+        if not bool(counts.eq(scored_per_row).all()):
+            raise ValueError(f"scored_per_row={scored_per_row}, but the test split's rows score "
+                             f"{sorted(set(counts.tolist()))} positions")  # fmt: skip
     module.eval()
     correct = total = seq_correct = seq_total = 0
     position_hits = position_scored = torch.zeros(labels.shape[1], dtype=torch.long)
     for lo in range(0, inputs.shape[0], batch_size):
         x, y = inputs[lo : lo + batch_size].to(device), labels[lo : lo + batch_size].to(device)
-        with autocast(device):
-            predictions = module(x).argmax(-1)  # [B, L]
         scored = y != IGNORE_INDEX
+        with autocast(device):
+            if scored_per_row is None:
+                predictions = module(x).argmax(-1)  # [B, L]
+            else:  # the scored positions' logits only; the others' predictions stay -1, never a label
+                positions = scored.to(torch.float32).topk(scored_per_row, dim=1, sorted=False).indices  # [B, K]
+                predictions = torch.full_like(y, -1).scatter_(1, positions, module(x, positions).argmax(-1))
         hits = (predictions == y) & scored
         correct += int(hits.sum())
         total += int(scored.sum())
@@ -347,6 +364,7 @@ class GroupResult:
     train_s: float
     step_s: float  # seconds per step with every member training (evaluations included): before the first solve
     solved: dict[int, int] = dataclasses.field(default_factory=dict)
+    eval_s: float = 0.0  # seconds of train_s spent in held-out evaluations
 
 
 def train_group(
@@ -388,7 +406,7 @@ def train_group(
     evals = [list(log) for log in evals] if evals is not None else [[] for _ in members]
     final_loss: list[float] = [float("nan")] * len(members)
     active, solved, before_solve = list(range(len(members))), {}, None
-    ended, eval_s = "steps", 0.0
+    ended, eval_s, evals_s = "steps", 0.0, 0.0
     last_eval = evals[0][-1]["step"] if evals[0] else 0
     while True:
         due = _next_evaluation(trainer.steps_done, total, eval_every)
@@ -401,6 +419,7 @@ def train_group(
                 loss = float(members[i].losses[last_eval:step].mean())
                 evals[i].append({"step": step, "loss": loss, **_evaluate_member(members[i], tests[cells[i]])})
             eval_s, last_eval = time.perf_counter() - eval_start, step
+            evals_s += eval_s
             if progress is not None and step > loop_first:
                 best: dict[int, float] = {}
                 for i in active:
@@ -435,7 +454,7 @@ def train_group(
     for i in active:
         final_loss[i] = _final_loss(members[i], step)
     full_s, full_steps = before_solve or (train_s, step - loop_first)
-    return GroupResult(ended, step, evals, final_loss, setup_s, train_s, full_s / max(full_steps, 1), solved)
+    return GroupResult(ended, step, evals, final_loss, setup_s, train_s, full_s / max(full_steps, 1), solved, evals_s)
 
 
 def _final_loss(member: Member, step: int) -> float:
@@ -449,4 +468,5 @@ def _next_evaluation(step: int, total: int, eval_every: int | None) -> int:
 
 
 def _evaluate_member(member: Member, test: tuple[Tensor, Tensor]) -> dict:
-    return evaluate(member.module, *test, member.settings.eval_batch_size, member.device)
+    scored_per_row = member.streams[0].scored_per_row  # the task's, which its test split shares
+    return evaluate(member.module, *test, member.settings.eval_batch_size, member.device, scored_per_row)

@@ -369,14 +369,16 @@ def evaluate_saved(folder: Path, device: torch.device) -> list[dict[str, Any]]:
     for saved in saved_states(folder).values():
         unit = Unit.from_dict(saved["unit"])
         state = _load_state(folder, unit, torch.device("cpu"))
-        test = materialize(make_task(**unit.task), unit.num_test, DATA_SEED, "test")
+        task = make_task(**unit.task)
+        test = materialize(task, unit.num_test, DATA_SEED, "test")
         for seed, member_state, evals in zip(unit.seeds, state["members"], state["evals"], strict=True):
             member = build_member(unit, seed, device, None)
             member.module.load_state_dict(member_state["module"])
             rows.append({"unit": unit.label(), "arch": unit.arch, "task": unit.task, "n_layers": unit.n_layers,
                          "seed": seed, "steps": saved["step"],
                          "recorded_token_acc": evals[-1]["token_acc"] if evals else None,
-                         **evaluate(member.module, *test, unit.train.eval_batch_size, device)})  # fmt: skip
+                         **evaluate(member.module, *test, unit.train.eval_batch_size, device,
+                                    task.scored_per_row)})  # fmt: skip
     return rows
 
 
@@ -472,6 +474,7 @@ def run_units(units: list[Unit], device: torch.device, execution: Execution, dea
     common = run_record(device, trainer.graph is not None, len(members), execution, dict(sorted(used.items())))
     rate = rate_record(units[0], common, result.step_s, result.train_s, wall_s - result.train_s, result.ended)
     rate["steps"] = result.steps  # the step count of the units that trained longest in this run
+    rate["eval_s"] = round(result.eval_s, 2)  # of train_s: the held-out evaluations
     rate["units"] = len(units)
     rate["tokens_per_step"] = pack_tokens(units)
     rows, first = [], 0
