@@ -10,12 +10,16 @@
 # early (it gives less than timeout_s when less device time is left, and a cold start takes one to four minutes of
 # it) brings back the last checkpoint instead of nothing. Afterwards, here: `merge --from <files_at>/synthetic
 # --results results/synthetic --state .carry/synthetic_state`; if the call was stopped (rc 124), also `progress
-# --state .carry/synthetic_state --results results/synthetic`.
+# --state .carry/synthetic_state --results results/synthetic`. With TEST=1 (once, on the session's first call), first
+# the GPU tests of MQAR's step and evaluation (`pytest -m gpu tests/tasks/test_graph.py -k mqar`, into test.log).
 start=$(date +%s)
 left() { echo $(( ${LIMIT:-600} - ($(date +%s) - start) - ${MARGIN:-45} )); }
 source scripts/device_setup.sh || exit 1
 mkdir -p $OUT/synthetic .carry/synthetic_state && cp results/synthetic/{mqar,progress,rates}.jsonl $OUT/synthetic/
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader
+if [ "${TEST:-0}" = 1 ]; then  # the GPU tests of MQAR's captured step and of its evaluation at the query positions
+  timeout 150 python3 -m pytest -q -m gpu tests/tasks/test_graph.py -k mqar 2>&1 | tail -4 | tee $OUT/test.log
+fi
 python3 scripts/run_synthetic.py pack --state .carry/synthetic_state --out $OUT --every-s 20 & watcher=$!
 LRS=${LRS-2.2e-3}
 echo "== MQAR ${ARCHS:=kla} at ${CELLS:=2048x256}, depth ${DEPTHS:=1}, d_model ${DMODELS:=128}, d_state" \
