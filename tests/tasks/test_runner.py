@@ -319,7 +319,22 @@ def test_estimates_without_rows_of_the_family_read_the_other_families_of_the_sam
     own = _rate(family="mad", step_s=0.03)
     seconds, source = estimate_s(mad, [*rates, own], "H", 1, prior)  # a row of its own family wins
     assert seconds == pytest.approx(10 + 1000 * 0.03) and "from rates.jsonl lines 3;" in source
-    assert estimate_s(dataclasses.replace(mad, d_model=64), rates, "H", 1, prior)[1] == "prior"  # no row of its width
+
+
+def test_estimates_of_an_unmeasured_width_scale_the_nearest_narrower_one_else_take_a_wider_ones():
+    prior = Estimate(tokens_per_s={"kla": 4000.0, "gpt": 4000.0}, overhead_s=5.0, safety=1.0)
+    rates = [_rate(step_s=0.02), _rate(d_model=32, step_s=0.5)]  # A5 rows of kla at d_model 16 and 32
+    wide = dataclasses.replace(_a5_unit(), d_model=64)
+    seconds, source = estimate_s(wide, rates, "H", 1, prior)
+    assert seconds == pytest.approx(10 + 1000 * 0.5 * 4)  # d_model 32's step × (64 / 32)²
+    assert source.startswith("2000.00 ms/step: d_model 32's 500.00 ms/step from rates.jsonl lines 2 × 4;")
+    between = estimate_s(dataclasses.replace(wide, d_model=24), rates, "H", 1, prior)[0]
+    assert between == pytest.approx(10 + 1000 * 0.02 * (24 / 16) ** 2)  # the nearest narrower, not the wider 32
+    narrow = estimate_s(dataclasses.replace(wide, d_model=8), rates, "H", 1, prior)[0]
+    assert narrow == pytest.approx(10 + 1000 * 0.02)  # only wider ones: the nearest's time
+    mqar = dataclasses.replace(wide, family="mqar")  # another family's rows of other widths serve as well
+    assert estimate_s(mqar, rates, "H", 1, prior)[0] == pytest.approx(10 + 1000 * 0.5 * 4)
+    assert estimate_s(dataclasses.replace(wide, arch="gpt"), rates, "H", 1, prior)[1] == "prior"  # no row of gpt
 
 
 def _row(unit: Unit, seed: int, acc: float, **more) -> dict:

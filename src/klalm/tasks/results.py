@@ -36,8 +36,13 @@ the rows:
   downwards), the smallest's time below it; with one d_state measured and the unit's above it, that time scaled
   in proportion to d_state (an upper bound, since the rest of the step does not grow).
 
-With no row of the arch and width on this device, the plan's prior (tokens per second of one block and one seed) is
-used.
+- a width never measured (no row of the arch and d_model on this device, in any family) takes the step time of the
+  nearest narrower measured width of the arch, each as above, times (d_model / that width)²: the matmuls' work, an
+  upper bound where the step is launch-bound; with only wider widths measured, the nearest wider one's time (a
+  narrower model is not slower). Before this rule MQAR's attention units at d_model 256 read the plan's prior, 470
+  to 3,279 s a unit from the (64, 4) to the (512, 64) cell, though d_model 128 had measured 2.6 ms a step.
+
+With no row of the arch on this device, the plan's prior (tokens per second of one block and one seed) is used.
 """
 
 from __future__ import annotations
@@ -155,9 +160,10 @@ def estimate_s(unit: Unit, rates: list[dict[str, Any]], device: str, procs_per_g
     steps = unit.train.steps if steps is None else steps
     tokens, shape = tokens_per_step or unit.tokens_per_step(), (unit.n_layers, len(unit.seeds), procs_per_gpu)
     backends = [compile_backend] if compile_backend is None else [compile_backend, None]
-    by_d_state, source = {}, ""
-    for family, backend in ((f, b) for f in (unit.family, None) for b in backends):
-        by_d_state = _rate_shapes(rates, (device, family, unit.arch, unit.d_model), backend)
+    widths = [unit.d_model, *_other_widths(rates, device, unit.arch, unit.d_model)]
+    by_d_state, source, width = {}, "", unit.d_model
+    for width, family, backend in ((w, f, b) for w in widths for f in (unit.family, None) for b in backends):
+        by_d_state = _rate_shapes(rates, (device, family, unit.arch, width), backend)
         if by_d_state:
             eager = "eager " if backend != compile_backend else ""
             source = f"{eager}rates.jsonl" + ("" if family else f" (no {unit.family} rows: other families')")
@@ -172,6 +178,9 @@ def estimate_s(unit: Unit, rates: list[dict[str, Any]], device: str, procs_per_g
         step_s, how = _step_time(by_d_state[d_state], shape, tokens, source)
     else:
         step_s, how = _d_state_time(by_d_state, d_state, shape, tokens, source)
+    if width != unit.d_model:  # no row of the unit's width: another width's, scaled (module doc)
+        factor = max(1.0, (unit.d_model / width) ** 2)
+        step_s, how = step_s * factor, f"{step_s * factor * 1e3:.2f} ms/step: d_model {width}'s {how} × {factor:g}"
     runs = [r for r in rates if r["device"] == device and r["ended"] != "bench"
             and r.get("compile_backend") == compile_backend]  # fmt: skip
     same_arch = [r["overhead_s"] for r in runs if r["arch"] == unit.arch]
@@ -182,6 +191,13 @@ def estimate_s(unit: Unit, rates: list[dict[str, Any]], device: str, procs_per_g
 
 
 Shapes = dict[tuple[int, int, int], list[tuple[int, dict]]]  # (depth, members, procs per GPU) -> (line, rate)s
+
+
+def _other_widths(rates: list[dict[str, Any]], device: str, arch: str, d_model: int) -> list[int]:
+    """The measured widths of `arch` on `device` other than `d_model`, in the order they stand in for it: the
+    narrower ones from the nearest down, then the wider ones from the nearest up (module doc)."""
+    widths = {r["d_model"] for r in rates if (r["device"], r["arch"]) == (device, arch)} - {d_model}
+    return sorted((w for w in widths if w < d_model), reverse=True) + sorted(w for w in widths if w > d_model)
 
 
 def _rate_shapes(rates: list[dict[str, Any]], kind: tuple, compile_backend: str | None) -> dict[int, Shapes]:
