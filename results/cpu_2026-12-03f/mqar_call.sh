@@ -9,8 +9,8 @@
 # checkpoint every CHECKPOINT_S (120 s) and `pack --every-s 20` ships each one into $OUT, so a call the device stops
 # early (it gives less than timeout_s when less device time is left, and a cold start takes one to four minutes of
 # it) brings back the last checkpoint instead of nothing. Afterwards, here: `merge --from <files_at>/synthetic
-# --results results/synthetic --state .carry/synthetic_state`; if the call was stopped (rc 124), also `progress
-# --state .carry/synthetic_state --results results/synthetic`. With TEST=1 (once, on the session's first call), first
+# --results results/synthetic --state .carry/synthetic_state` (which also records the progress of a stopped call's
+# checkpoint). With TEST=1 (once, on the session's first call), first
 # the GPU tests of MQAR's step and evaluation (`pytest -m gpu tests/tasks/test_graph.py -k mqar`, into test.log).
 start=$(date +%s)
 left() { echo $(( ${LIMIT:-600} - ($(date +%s) - start) - ${MARGIN:-45} )); }

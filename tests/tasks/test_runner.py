@@ -618,26 +618,36 @@ def _state_parts(folder: Path, files: dict[str, bytes], part_bytes: int = 700) -
 
 
 def test_merge_restores_the_state_that_came_back_and_keeps_the_old_one_otherwise(tmp_path, capsys):
-    back, mine, state = tmp_path / "back", tmp_path / "mine", tmp_path / "state"
+    back, mine, state, paused = tmp_path / "back", tmp_path / "mine", tmp_path / "state", tmp_path / "paused"
     (back / "synthetic").mkdir(parents=True), mine.mkdir(), state.mkdir()
     (back / "synthetic" / "a5.jsonl").write_text(json.dumps(_row(_a5_unit(), 0, 0.5, run={"commit": "x"})) + "\n")
     (state / "old.json").write_text("{}")
-    _state_parts(back, {"./abc.json": b'{"step": 3}', "./abc.pt": bytes(1000)})
+    unit = plan_units(_tiny_plan(families=["a5"], archs=["kla"]))[0]  # two seeds, paused at step 10
+    run_unit(unit, torch.device("cpu"), Execution(), deadline=time.time(), state=paused)
+    files = {f"./{p.name}": p.read_bytes() for p in sorted(paused.iterdir()) if p.suffix in (".json", ".pt")}
+    _state_parts(back, files, part_bytes=40_000)
     assert len(list(back.glob("state.tar.*"))) > 1
     args = ["merge", "--from", str(back / "synthetic"), "--results", str(mine), "--state", str(state)]
     main(args)
-    assert json.loads(capsys.readouterr().out) == {"a5.jsonl": 1, "state": {"units": 1, "mib": 0.0}}
-    assert sorted(p.name for p in state.iterdir()) == ["abc.json", "abc.pt"]  # replaced, not added to
+    added = json.loads(capsys.readouterr().out)
+    assert added["a5.jsonl"] == 1 and added["state"]["units"] == 1
+    assert sorted(p.name for p in state.iterdir()) == sorted(name[2:] for name in files)  # replaced, not added to
+    # a call killed before its block's end brought back a checkpoint and no progress rows: merge records them
+    assert added["progress.jsonl from the state"] == 2
+    assert [(r["seed"], r["steps"], r["ended"]) for r in read_jsonl(mine / "progress.jsonl")] == [
+        (0, 10, "paused"), (1, 10, "paused")]  # fmt: skip
+    main(args)
+    assert json.loads(capsys.readouterr().out)["progress.jsonl from the state"] == 0  # the same pause, not twice
     for part in back.glob("state.tar.*"):
         part.unlink()
     main(args)
     assert json.loads(capsys.readouterr().out) == {"a5.jsonl": 0, "state": f"none came back: kept {state}"}
-    assert sorted(p.name for p in state.iterdir()) == ["abc.json", "abc.pt"]
+    assert sorted(p.name for p in state.iterdir()) == sorted(name[2:] for name in files)
     _state_parts(back, {"../outside.json": b"{}"})  # a member outside the folder: refused, the state kept
     with pytest.raises(SystemExit, match="cannot be unpacked"):
         main(args)
     assert not (tmp_path / "outside.json").exists()
-    assert sorted(p.name for p in state.iterdir()) == ["abc.json", "abc.pt"]
+    assert sorted(p.name for p in state.iterdir()) == sorted(name[2:] for name in files)
     with pytest.raises(SystemExit, match="does not exist"):
         main(["merge", "--from", str(tmp_path / "nowhere"), "--results", str(mine)])
 

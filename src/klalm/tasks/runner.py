@@ -468,7 +468,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     merged.add_argument("--results", type=Path, required=True, help="the committed results folder")
     merged.add_argument("--commit", default=None, help="commit recorded where rows say 'unknown' (default: HEAD)")
     merged.add_argument("--state", type=Path, default=None, help="state folder to replace by the state.tar.* parts "
-                        "beside --from (kept as it is when none came back)")  # fmt: skip
+                        "beside --from (kept as it is when none came back); the progress of the units paused in "
+                        "them is recorded too")  # fmt: skip
     packed = verbs.add_parser("pack", help="pack a state folder into the state.tar.* pieces `merge --state` reads")
     packed.add_argument("--state", type=Path, required=True, help="the state folder")
     packed.add_argument("--out", type=Path, required=True, help="the folder the pieces are written to")
@@ -520,13 +521,17 @@ def main(argv: list[str] | None = None) -> None:
     if args.verb == "merge":
         if not args.source.is_dir():
             sys.exit(f"klalm-synthetic: --from folder {args.source} does not exist")
-        added: dict[str, Any] = merge(args.source, args.results, args.commit or git_commit())
+        commit = args.commit or git_commit()
+        added: dict[str, Any] = merge(args.source, args.results, commit)
         if args.state is not None:
             parts = state_parts(args.source.resolve().parent)
             try:
                 added["state"] = restore_states(parts, args.state) if parts else f"none came back: kept {args.state}"
             except ValueError as err:
                 sys.exit(f"klalm-synthetic: {err} (kept {args.state})")
+            if parts:  # a call killed before its block's end recorded no progress: its checkpoints' evaluations
+                rows = paused_rows(args.state, commit)
+                added["progress.jsonl from the state"] = Results(args.results, []).record_progress(rows)
         print(json.dumps(added))
         return
     if args.verb == "pack":
