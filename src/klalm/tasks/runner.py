@@ -538,9 +538,10 @@ def main(argv: list[str] | None = None) -> None:
         if not args.state.is_dir():
             sys.exit(f"klalm-synthetic: state folder {args.state} does not exist")
         if args.every_s is not None:
-            watch_states(args.state, args.out, args.every_s)  # until killed
-        parts = pack_states(args.state, args.out)
-        print(json.dumps({"parts": [p.name for p in parts], "units": len(saved_states(args.state))}))
+            watch_states(args.state, args.out, args.every_s)  # returns only when killed
+        else:
+            parts = pack_states(args.state, args.out)
+            print(json.dumps({"parts": [p.name for p in parts], "units": len(saved_states(args.state))}))
         return
     if args.verb in ("evaluate", "positions"):
         from klalm.tasks.report import (

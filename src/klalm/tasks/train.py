@@ -406,7 +406,7 @@ def train_group(
     evals = [list(log) for log in evals] if evals is not None else [[] for _ in members]
     final_loss: list[float] = [float("nan")] * len(members)
     active, solved, before_solve = list(range(len(members))), {}, None
-    ended, eval_s, evals_s = "steps", 0.0, 0.0
+    ended, eval_s, eval_total_s = "steps", 0.0, 0.0
     last_eval = evals[0][-1]["step"] if evals[0] else 0
     while True:
         due = _next_evaluation(trainer.steps_done, total, eval_every)
@@ -419,7 +419,7 @@ def train_group(
                 loss = float(members[i].losses[last_eval:step].mean())
                 evals[i].append({"step": step, "loss": loss, **_evaluate_member(members[i], tests[cells[i]])})
             eval_s, last_eval = time.perf_counter() - eval_start, step
-            evals_s += eval_s
+            eval_total_s += eval_s
             if progress is not None and step > loop_first:
                 best: dict[int, float] = {}
                 for i in active:
@@ -454,7 +454,8 @@ def train_group(
     for i in active:
         final_loss[i] = _final_loss(members[i], step)
     full_s, full_steps = before_solve or (train_s, step - loop_first)
-    return GroupResult(ended, step, evals, final_loss, setup_s, train_s, full_s / max(full_steps, 1), solved, evals_s)
+    step_s = full_s / max(full_steps, 1)
+    return GroupResult(ended, step, evals, final_loss, setup_s, train_s, step_s, solved, eval_total_s)
 
 
 def _final_loss(member: Member, step: int) -> float:

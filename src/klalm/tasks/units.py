@@ -264,12 +264,12 @@ def pack_states(folder: Path, out: Path, part_bytes: int = 15 * 2**20) -> list[P
     with _locked(Path(folder)), tarfile.open(fileobj=buffer, mode="w") as archive:
         for path in sorted(Path(folder).glob("*.json")) + sorted(Path(folder).glob("*.pt")):
             archive.add(path, arcname=path.name)
-    data, size = buffer.getvalue(), part_bytes
+    data = buffer.getvalue()
     out.mkdir(parents=True, exist_ok=True)
     parts = []
-    for index, start in enumerate(range(0, len(data), size)):
+    for index, start in enumerate(range(0, len(data), part_bytes)):
         part = out / f"state.tar.{index:02d}"
-        _write_atomically(part, lambda path, chunk=data[start : start + size]: path.write_bytes(chunk))
+        _write_atomically(part, lambda path, chunk=data[start : start + part_bytes]: path.write_bytes(chunk))
         parts.append(part)
     for stale in state_parts(out)[len(parts) :]:
         stale.unlink()
