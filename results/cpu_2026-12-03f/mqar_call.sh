@@ -21,9 +21,9 @@ if [ "${TEST:-0}" = 1 ]; then  # the GPU tests of MQAR's captured step and of it
   timeout 150 python3 -m pytest -q -m gpu tests/tasks/test_graph.py -k mqar 2>&1 | tail -4 | tee $OUT/test.log
 fi
 python3 scripts/run_synthetic.py pack --state .carry/synthetic_state --out $OUT --every-s 20 & watcher=$!
-LRS=${LRS-2.2e-3}
-echo "== MQAR ${ARCHS:=kla} at ${CELLS:=2048x256}, depth ${DEPTHS:=1}, d_model ${DMODELS:=128}, d_state" \
-  "${DSTATES:=128}, lr ${LRS:-all four}; budget $(left)s" | tee $OUT/block.log
+LRS=${LRS-2.2e-3}; : ${ARCHS:=kla} ${CELLS:=2048x256} ${DEPTHS:=1} ${DMODELS:=128} ${DSTATES:=128}  # not in the pipe's subshell
+echo "== MQAR $ARCHS at $CELLS, depth $DEPTHS, d_model $DMODELS, d_state $DSTATES, lr ${LRS:-all four};" \
+  "budget $(left)s" | tee $OUT/block.log
 python3 scripts/run_synthetic.py run --plan full --families mqar --archs $ARCHS --mqar-cells $CELLS \
   --mqar-depths $DEPTHS --mqar-d-models $DMODELS --mqar-d-states $DSTATES ${LRS:+--lrs $LRS} \
   --results $OUT/synthetic --state .carry/synthetic_state --time-budget-s $(left) \
