@@ -580,7 +580,13 @@ def test_units_run_in_child_processes_side_by_side(tmp_path):
     block.run()
     rows = read_jsonl(tmp_path / "mqar.jsonl")
     assert sorted(r["train"]["lr"] for r in rows) == [1e-3, 3e-3] and not block.failed
-    assert all(r["procs_per_gpu"] == 2 for r in read_jsonl(tmp_path / "rates.jsonl"))
+    rates = read_jsonl(tmp_path / "rates.jsonl")
+    assert all(r["procs_per_gpu"] == 2 for r in rates)
+    for rate in rates:  # the child's start (imports) and exit are timed too, and all of it fits the runner's wall
+        phases = rate["phases_s"]
+        assert list(phases) == ["start", "build", "load", "setup", "finish", "exit"], phases
+        assert phases["start"] > 0 and all(t >= 0 for t in phases.values())
+        assert sum(phases.values()) <= rate["overhead_s"] + 0.1, (phases, rate["overhead_s"])
     with pytest.raises(ValueError, match="one unit at a time"):
         _block(tmp_path, plan, in_process=True)
 

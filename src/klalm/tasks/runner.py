@@ -310,10 +310,13 @@ class GridBlock:
                 command += ["--state", str(self.state)]
             if self.checkpoint_every_s is not None:
                 command += ["--checkpoint-every-s", repr(self.checkpoint_every_s)]
-            code = subprocess.call(command, env=env)
+            code = subprocess.call(command + ["--spawned-at", repr(time.time())], env=env)
             if code != 0:
                 raise RuntimeError(f"the unit's process exited with code {code}")
-            return UnitOutcome(**json.loads(out_file.read_text()))
+            outcome = UnitOutcome(**json.loads(out_file.read_text()))
+            # the child's phases_s start with its process start and imports; add its exit after writing the outcome
+            outcome.rate["phases_s"]["exit"] = round(max(0.0, time.time() - out_file.stat().st_mtime), 2)
+            return outcome
 
     def _slot(self, slot: int) -> None:
         while (pack := self._claim()) is not None:

@@ -600,13 +600,17 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--state", type=Path, help="folder of paused units: resume from it, pause into it")
     p.add_argument("--checkpoint-every-s", type=float, help="also save the state this often while training")
     p.add_argument("--execution", default="{}", help="JSON of Execution's fields")
+    p.add_argument("--spawned-at", type=float, help="time.time() when the runner started this process")
     args = p.parse_args(argv)
+    entered = time.time()
     logging.basicConfig(level=logging.INFO, format="[unit %(asctime)s] %(message)s", datefmt="%H:%M:%S")
     values = json.loads(args.unit.read_text())
     units = [Unit.from_dict(v) for v in (values if isinstance(values, list) else [values])]
     execution = Execution(**json.loads(args.execution))
     outcome = run_units(units, torch.device(args.device), execution, args.deadline, args.state,
                         args.checkpoint_every_s)  # fmt: skip
+    if args.spawned_at is not None:  # the process's start and imports, before run_units' own phases
+        outcome.rate["phases_s"] = {"start": round(max(0.0, entered - args.spawned_at), 2), **outcome.rate["phases_s"]}
     args.out.write_text(json.dumps(dataclasses.asdict(outcome)))
 
 
