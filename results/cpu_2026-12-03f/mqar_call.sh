@@ -5,6 +5,9 @@
 # cell (2048, 256), one plain KLA block, d_model 128, d_state 128, lr 2.2e-3. Others:
 #   Zoology's grid:              ARCHS=kla,gpt CELLS=64x4 DEPTHS=2 DMODELS=256 DSTATES=16 LRS= bash ...
 #   two blocks at the long cell: DEPTHS=2 DSTATES=16 bash ...
+# STAGES (twenty-third session) runs several depth:d_state pairs one after another in the same call, each with the
+# budget the ones before it left (a unit that ends early hands its time on):
+#   finish d_state 128, then two blocks: STAGES="1:128 2:16" bash ...
 # Unlike the earlier scripts (results/cpu_2026-12-03e/dstate128_call.sh, grid_call.sh), a running unit saves a
 # checkpoint every CHECKPOINT_S (120 s) and `pack --every-s 20` ships each one into $OUT, so a call the device stops
 # early (it gives less than timeout_s when less device time is left, and a cold start takes one to four minutes of
@@ -22,11 +25,14 @@ if [ "${TEST:-0}" = 1 ]; then  # the GPU tests of MQAR's captured step and of it
 fi
 python3 scripts/run_synthetic.py pack --state .carry/synthetic_state --out $OUT --every-s 20 & watcher=$!
 LRS=${LRS-2.2e-3}; : ${ARCHS:=kla} ${CELLS:=2048x256} ${DEPTHS:=1} ${DMODELS:=128} ${DSTATES:=128}  # not in the pipe's subshell
-echo "== MQAR $ARCHS at $CELLS, depth $DEPTHS, d_model $DMODELS, d_state $DSTATES, lr ${LRS:-all four};" \
-  "budget $(left)s" | tee $OUT/block.log
-python3 scripts/run_synthetic.py run --plan full --families mqar --archs $ARCHS --mqar-cells $CELLS \
-  --mqar-depths $DEPTHS --mqar-d-models $DMODELS --mqar-d-states $DSTATES ${LRS:+--lrs $LRS} \
-  --results $OUT/synthetic --state .carry/synthetic_state --time-budget-s $(left) \
-  --checkpoint-every-s ${CHECKPOINT_S:-120} 2>&1 | tee -a $OUT/block.log | tail -25
+for stage in ${STAGES:-$DEPTHS:$DSTATES}; do
+  [ "$(left)" -ge 150 ] || { echo "== stage $stage skipped: $(left)s left (under 150)" | tee -a $OUT/block.log; continue; }
+  echo "== MQAR $ARCHS at $CELLS, depth ${stage%%:*}, d_model $DMODELS, d_state ${stage#*:}, lr ${LRS:-all four};" \
+    "budget $(left)s" | tee -a $OUT/block.log
+  python3 scripts/run_synthetic.py run --plan full --families mqar --archs $ARCHS --mqar-cells $CELLS \
+    --mqar-depths ${stage%%:*} --mqar-d-models $DMODELS --mqar-d-states ${stage#*:} ${LRS:+--lrs $LRS} \
+    --results $OUT/synthetic --state .carry/synthetic_state --time-budget-s $(left) \
+    --checkpoint-every-s ${CHECKPOINT_S:-120} 2>&1 | tee -a $OUT/block.log | tail -25
+done
 kill $watcher; python3 scripts/run_synthetic.py pack --state .carry/synthetic_state --out $OUT
 ls -la .carry/synthetic_state $OUT; echo "== end $(( $(date +%s) - start ))s"
