@@ -838,6 +838,30 @@ def test_mqar_positions_by_span_table_and_plot(tmp_path, capsys):
         main(["positions", "--family", "mqar", "--results", str(tmp_path), "--lengths", "64"])
 
 
+def test_positions_show_a_paused_run_at_its_last_evaluation(tmp_path, capsys):
+    """A paused unit's latest progress row (not an earlier one) joins the finished rows, its step marked paused; a
+    progress row of a run that has since finished is not shown twice."""
+    plan = _tiny_plan(families=["mqar"])
+    block = _block(tmp_path, plan)
+    done, paused = block.units  # gpt, L 16, K 2, lr 1e-3 and 3e-3
+
+    def pause(unit, steps, level):  # a progress row whose every query is right with probability `level`
+        evals, acc = [[steps, 1.0, level, 0.0]], [None] * 4 + [level] * 12
+        return _row(unit, 0, level, steps=steps, ended="paused", planned_steps=20, evals=evals, position_acc=acc)
+
+    block.results.record_progress([pause(done, 10, 0.25)])  # then it finished:
+    evals, acc = [[10, 2.0, 0.25, 0.0], [20, 0.1, 1.0, 1.0]], [None] * 4 + [1.0] * 12
+    block.results.record(_outcome([_row(done, 0, 1.0, steps=20, planned_steps=20, position_acc=acc, evals=evals)]))
+    block.results.record_progress([pause(paused, 10, 0.25)])
+    block.results.record_progress([pause(paused, 12, 0.5)])
+    main(["positions", "--family", "mqar", "--results", str(tmp_path), "--plot", str(tmp_path / "p.png")])
+    lines = capsys.readouterr().out.splitlines()
+    cells = [line.split(" | ")[1:4] for line in lines[4:]]
+    assert cells == [["0", "20", "100.0"], ["0", "12 (paused)", "50.0"]], lines  # finished, then the latest pause
+    assert lines[5].startswith("| gpt L=16 K=2 depth=1 d=16 lr=0.003 |") and lines[5].endswith("| 50.0 |")
+    assert (tmp_path / "p.png").stat().st_size > 1000
+
+
 def test_curves_show_finished_and_paused_runs_by_step(tmp_path, capsys):
     """`curves`: a finished run's accuracy at each step (its last evaluation at or before it), a paused run's from
     its latest progress row, blank past its last evaluation; the plot; and a filter that matches nothing."""

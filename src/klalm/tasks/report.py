@@ -339,15 +339,13 @@ def sections(plan: RunPlan, folder: Path, image_dir: Path, link_prefix: str) -> 
 # ---------------------------------------------------------------------------------------- saved units, by position
 
 
-def finished_positions(rows: list[Row], archs: list[str], lengths: list[int], depths: list[int]) -> list[Row]:
-    """The A5 or MQAR result rows that carry accuracy by position, of the given archs, lengths and depths (empty:
-    all), in the form `units.evaluate_saved` gives paused units (a `unit` label per (arch, length, depth), and for
-    MQAR its pairs, width and learning rate), sorted by arch, depth, length (width, lr) and seed."""
-    kept = [r for r in rows if r.get("position_acc") and (not archs or r["arch"] in archs)
-            and (not lengths or r["task"]["length"] in lengths)
-            and (not depths or r["n_layers"] in depths)]  # fmt: skip
-    kept.sort(key=_run_order)
-    return [{**r, "unit": _position_unit(r)} for r in kept]
+def run_positions(rows: list[Row], progress: list[Row], family: str, archs: list[str], lengths: list[int],
+                  depths: list[int]) -> list[Row]:  # fmt: skip
+    """The runs of `training_curves` (finished rows, and paused runs' latest progress rows, `ended` "paused") that
+    carry accuracy by position, in the form `units.evaluate_saved` gives paused units (a `unit` label per (arch,
+    length, depth), and for MQAR its pairs, width and learning rate), sorted by arch, depth, length (width, lr) and
+    seed. A paused run's accuracies are those of its last evaluation."""
+    return [r for r in _recorded_runs(rows, progress, family, archs, lengths, depths) if r.get("position_acc")]
 
 
 def _run_order(row: Row) -> tuple:
@@ -396,7 +394,7 @@ def position_bins(row: Row, bins: int = POSITION_BINS) -> list[tuple[int, int, f
 
 
 def positions_markdown(rows: list[Row]) -> str:
-    """Rows of `units.evaluate_saved` or `finished_positions` as a table: accuracies (%) overall and at every
+    """Rows of `units.evaluate_saved` or `run_positions` as a table: accuracies (%) overall and at every
     position, one line per seed (with the accuracy training last recorded, where the rows were re-evaluated); MQAR
     rows as one table per (length, pairs) cell, by spans of positions (`position_bins`)."""
     if rows[0]["task"]["name"] == "mqar":
@@ -409,10 +407,15 @@ def positions_markdown(rows: list[Row]) -> str:
         accs += [_pct(r["token_acc"]), _pct(r["seq_acc"])]
         by_position = ["" if a is None else f"{100 * a:.0f}" for a in r["position_acc"]]
         padding = [""] * (width - len(by_position))
-        lines.append([r["unit"], str(r["seed"]), str(r["steps"]), *accs, *by_position, *padding])
+        lines.append([r["unit"], str(r["seed"]), _step_text(r), *accs, *by_position, *padding])
     header = ["unit", "seed", "step", *(["token acc (recorded)"] if recorded else []), "token acc", "seq acc",
               *map(str, range(width))]  # fmt: skip
     return _table(header, lines)
+
+
+def _step_text(row: Row) -> str:
+    """The step a row's accuracies were measured at, marked where the run was paused there."""
+    return f"{row['steps']} (paused)" if row.get("ended") == "paused" else str(row["steps"])
 
 
 def _mqar_positions_markdown(rows: list[Row]) -> str:
@@ -420,7 +423,7 @@ def _mqar_positions_markdown(rows: list[Row]) -> str:
     for cell in dict.fromkeys((r["task"]["length"], r["task"]["num_pairs"]) for r in rows):
         at_cell = [r for r in rows if (r["task"]["length"], r["task"]["num_pairs"]) == cell]
         binned = [position_bins(r) for r in at_cell]
-        lines = [[r["unit"], str(r["seed"]), str(r["steps"]), _pct(r["token_acc"]), *(_pct(mean) for *_, mean in bins)]
+        lines = [[r["unit"], str(r["seed"]), _step_text(r), _pct(r["token_acc"]), *(_pct(mean) for *_, mean in bins)]
                  for r, bins in zip(at_cell, binned, strict=True)]  # fmt: skip
         header = ["unit", "seed", "step", "token acc", *(f"{first}–{last}" for first, last, _ in binned[0])]
         tables.append(f"MQAR L={cell[0]} K={cell[1]}, held-out accuracy (%) by query position: the mean over each "
@@ -477,8 +480,10 @@ def plot_mqar_positions(rows: list[Row], path: Path, plt: Any, colours: dict[tup
             scored = [(t, 100 * a) for t, a in enumerate(r["position_acc"]) if a is not None]
             ax.plot(*zip(*scored, strict=True), ".", ms=2, color=colour, alpha=0.25)
             spans = position_bins(r, 4 * POSITION_BINS)
+            paused = r.get("ended") == "paused"  # dashed, as in the curves plot
             ax.plot([(first + last) / 2 for first, last, _ in spans], [100 * mean for _, _, mean in spans],
-                    "-", color=colour, label=f"{r['unit']} seed {r['seed']} ({_pct(r['token_acc'])} %)")  # fmt: skip
+                    "--" if paused else "-", color=colour,
+                    label=f"{r['unit']} seed {r['seed']} ({_pct(r['token_acc'])} %{', paused' * paused})")  # fmt: skip
         ax.set(title=f"L = {cell[0]}, K = {cell[1]}", xlabel="query position", ylim=(0, 101))
         ax.legend(fontsize=6.5, loc="upper center", bbox_to_anchor=(0.5, -0.18), frameon=False)  # below the axes
     axes[0][0].set_ylabel("held-out accuracy (%)")
@@ -493,9 +498,16 @@ def training_curves(rows: list[Row], progress: list[Row], family: str, archs: li
                     depths: list[int]) -> list[Row]:  # fmt: skip
     """Every run of `family` with its evaluations, of the given archs, lengths and depths (empty: all): its finished
     rows, and for each (cell, seed) without one its latest progress row (`ended` "paused"), with a `unit` label and
-    in the order of `finished_positions`."""
+    sorted by `_run_order`."""
+    return [r for r in _recorded_runs(rows, progress, family, archs, lengths, depths) if r.get("evals")]
+
+
+def _recorded_runs(rows: list[Row], progress: list[Row], family: str, archs: list[str], lengths: list[int],
+                   depths: list[int]) -> list[Row]:  # fmt: skip
+    """The finished rows of `family` and the latest progress rows of its runs that have none, filtered, labelled
+    and sorted for `training_curves` and `run_positions`."""
     paused = [r for r in latest_progress(rows, progress).values() if r["family"] == family]
-    kept = [r for r in [*rows, *paused] if r.get("evals") and (not archs or r["arch"] in archs)
+    kept = [r for r in [*rows, *paused] if (not archs or r["arch"] in archs)
             and (not lengths or r["task"]["length"] in lengths)
             and (not depths or r["n_layers"] in depths)]  # fmt: skip
     kept.sort(key=_run_order)

@@ -8,7 +8,7 @@
     klalm-synthetic progress --state .carry/synthetic_state --results results/synthetic   # paused units' evaluations
     klalm-synthetic pack --state .carry/synthetic_state --out $OUT --every-s 20 &   # ship checkpoints as they come
     klalm-synthetic evaluate --state .carry/synthetic_state --plot positions.png        # their accuracy by position
-    klalm-synthetic positions --results results/synthetic --archs kla --plot positions.png  # finished runs' too
+    klalm-synthetic positions --results results/synthetic --archs kla --plot positions.png  # recorded runs' too
     klalm-synthetic positions --family mqar --results results/synthetic --lengths 2048     # MQAR's, by spans
     klalm-synthetic curves --family mqar --results results/synthetic --lengths 2048 --plot curves.png  # by step
 
@@ -486,7 +486,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     assess.add_argument("--state", type=Path, required=True, help="the state folder")
     assess.add_argument("--device", default="cpu", help="torch device to evaluate on (default: cpu)")
     assess.add_argument("--plot", type=Path, default=None, help="also plot accuracy by position to this PNG")
-    shown = verbs.add_parser("positions", help="finished A5 or MQAR runs' held-out accuracy by position")
+    shown = verbs.add_parser("positions", help="A5 or MQAR runs' held-out accuracy by position (paused runs: at "
+                             "their last evaluation)")  # fmt: skip
     shown.add_argument("--results", type=Path, required=True, help="the results folder (a5.jsonl, mqar.jsonl)")
     _add_run_filters(shown, "by position")
     curves = verbs.add_parser("curves", help="held-out accuracy by step of finished and paused runs")
@@ -548,10 +549,10 @@ def main(argv: list[str] | None = None) -> None:
         return
     if args.verb in ("evaluate", "positions"):
         from klalm.tasks.report import (
-            finished_positions,
             plot_positions,
             positions_markdown,
             run_colours,
+            run_positions,
             training_curves,
         )
 
@@ -564,7 +565,8 @@ def main(argv: list[str] | None = None) -> None:
             if not args.results.is_dir():
                 sys.exit(f"klalm-synthetic: results folder {args.results} does not exist")
             family, results = args.family, Results(args.results, [args.family])
-            rows = finished_positions(results.rows[family], args.archs, args.lengths, args.depths)
+            rows = run_positions(results.rows[family], results.progress, family, args.archs, args.lengths,
+                                 args.depths)  # fmt: skip
             if not rows:
                 sys.exit(
                     f"klalm-synthetic: no {family.upper()} row with accuracy by position in {args.results} matches"
