@@ -8,6 +8,9 @@
 # STAGES (twenty-third session) runs several depth:d_state pairs one after another in the same call, each with the
 # budget the ones before it left (a unit that ends early hands its time on):
 #   finish d_state 128, then two blocks: STAGES="1:128 2:16" bash ...
+# IN_PROCESS=1 (twenty-third session, not yet run on a GPU) passes --in-process: the unit trains in the runner's
+# process, on its main thread, skipping the child process's start, imports and exit (22–25 s of each call's overhead
+# in results/gpu_2026-12-03g, not yet split).
 # Unlike the earlier scripts (results/cpu_2026-12-03e/dstate128_call.sh, grid_call.sh), a running unit saves a
 # checkpoint every CHECKPOINT_S (120 s) and `pack --every-s 20` ships each one into $OUT, so a call the device stops
 # early (it gives less than timeout_s when less device time is left, and a cold start takes one to four minutes of
@@ -32,7 +35,7 @@ for stage in ${STAGES:-$DEPTHS:$DSTATES}; do
   python3 scripts/run_synthetic.py run --plan full --families mqar --archs $ARCHS --mqar-cells $CELLS \
     --mqar-depths ${stage%%:*} --mqar-d-models $DMODELS --mqar-d-states ${stage#*:} ${LRS:+--lrs $LRS} \
     --results $OUT/synthetic --state .carry/synthetic_state --time-budget-s $(left) \
-    --checkpoint-every-s ${CHECKPOINT_S:-120} 2>&1 | tee -a $OUT/block.log | tail -25
+    --checkpoint-every-s ${CHECKPOINT_S:-120} ${IN_PROCESS:+--in-process} 2>&1 | tee -a $OUT/block.log | tail -25
 done
 kill $watcher; python3 scripts/run_synthetic.py pack --state .carry/synthetic_state --out $OUT
 ls -la .carry/synthetic_state $OUT; echo "== end $(( $(date +%s) - start ))s"

@@ -573,6 +573,25 @@ def test_failed_units_are_reported_not_fatal(tmp_path, capsys):
     assert not (tmp_path / "r" / "mqar.jsonl").exists()
 
 
+def test_one_slot_runs_its_units_on_the_main_thread(tmp_path, monkeypatch):
+    """With one slot (always so in-process) the runner starts no thread: CUDA graphs are captured and torch.compile
+    runs on the main thread, as in a script; more slots each get a thread."""
+    import threading
+
+    threads, run_units = [], runner.run_units
+
+    def watched_run_units(*args):
+        threads.append(threading.current_thread() is threading.main_thread())
+        return run_units(*args)
+
+    monkeypatch.setattr(runner, "run_units", watched_run_units)
+    plan = _tiny_plan(families=["mqar"], members=1)
+    block = _block(tmp_path, plan)
+    assert block.slots == 1
+    block.run()
+    assert threads == [True, True] and not block.failed  # both units, in this thread
+
+
 def test_units_run_in_child_processes_side_by_side(tmp_path):
     plan = _tiny_plan(families=["mqar"], members=1, procs_per_gpu=2)
     block = _block(tmp_path, plan, in_process=False)

@@ -361,11 +361,14 @@ class GridBlock:
         for unit, step in self.lost_pauses():
             log.warning("%s: progress.jsonl records it paused at step %d, but %s holds no state for it: it starts "
                         "again from step 0", unit.label(), step, self.state)  # fmt: skip
-        threads = [threading.Thread(target=self._slot, args=(i,)) for i in range(self.slots)]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
+        if self.slots == 1:  # on the main thread: in-process units capture CUDA graphs and compile where scripts do
+            self._slot(0)
+        else:
+            threads = [threading.Thread(target=self._slot, args=(i,)) for i in range(self.slots)]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
         counts: dict[str, int] = {}
         for _, state in self.states():
             counts[state] = counts.get(state, 0) + 1
