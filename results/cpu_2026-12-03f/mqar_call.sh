@@ -10,7 +10,7 @@
 #   finish d_state 128, then two blocks: STAGES="1:128 2:16" bash ...
 # IN_PROCESS=1 (twenty-third session, not yet run on a GPU) passes --in-process: the unit trains in the runner's
 # process, on its main thread, skipping the child process's start, imports and exit (22–25 s of each call's overhead
-# in results/gpu_2026-12-03g, not yet split).
+# in results/gpu_2026-12-03g, not yet split); if that run exits non-zero, the stage runs again in a child process.
 # Unlike the earlier scripts (results/cpu_2026-12-03e/dstate128_call.sh, grid_call.sh), a running unit saves a
 # checkpoint every CHECKPOINT_S (120 s) and `pack --every-s 20` ships each one into $OUT, so a call the device stops
 # early (it gives less than timeout_s when less device time is left, and a cold start takes one to four minutes of
@@ -32,10 +32,16 @@ for stage in ${STAGES:-$DEPTHS:$DSTATES}; do
   [ "$(left)" -ge 150 ] || { echo "== stage $stage skipped: $(left)s left (under 150)" | tee -a $OUT/block.log; continue; }
   echo "== MQAR $ARCHS at $CELLS, depth ${stage%%:*}, d_model $DMODELS, d_state ${stage#*:}, lr ${LRS:-all four};" \
     "budget $(left)s" | tee -a $OUT/block.log
-  python3 scripts/run_synthetic.py run --plan full --families mqar --archs $ARCHS --mqar-cells $CELLS \
-    --mqar-depths ${stage%%:*} --mqar-d-models $DMODELS --mqar-d-states ${stage#*:} ${LRS:+--lrs $LRS} \
-    --results $OUT/synthetic --state .carry/synthetic_state --time-budget-s $(left) \
-    --checkpoint-every-s ${CHECKPOINT_S:-120} ${IN_PROCESS:+--in-process} 2>&1 | tee -a $OUT/block.log | tail -25
+  for attempt in 1 2; do  # an in-process run that fails is tried again once in a child process
+    python3 scripts/run_synthetic.py run --plan full --families mqar --archs $ARCHS --mqar-cells $CELLS \
+      --mqar-depths ${stage%%:*} --mqar-d-models $DMODELS --mqar-d-states ${stage#*:} ${LRS:+--lrs $LRS} \
+      --results $OUT/synthetic --state .carry/synthetic_state --time-budget-s $(left) \
+      --checkpoint-every-s ${CHECKPOINT_S:-120} ${IN_PROCESS:+--in-process} 2>&1 | tee -a $OUT/block.log | tail -25
+    code=${PIPESTATUS[0]}
+    [ "$code" != 0 ] && [ -n "${IN_PROCESS:-}" ] && [ "$(left)" -ge 150 ] || break
+    echo "== the in-process run exited with $code: the stage again in a child process" | tee -a $OUT/block.log
+    IN_PROCESS=
+  done
 done
 kill $watcher; python3 scripts/run_synthetic.py pack --state .carry/synthetic_state --out $OUT
 ls -la .carry/synthetic_state $OUT; echo "== end $(( $(date +%s) - start ))s"
