@@ -575,7 +575,7 @@ def test_failed_units_are_reported_not_fatal(tmp_path, capsys):
 
 def test_one_slot_runs_its_units_on_the_main_thread(tmp_path, monkeypatch):
     """With one slot (always so in-process) the runner starts no thread: CUDA graphs are captured and torch.compile
-    runs on the main thread, as in a script; more slots each get a thread."""
+    runs on the main thread, as in a script."""
     import threading
 
     threads, run_units = [], runner.run_units
