@@ -11,6 +11,8 @@
 # IN_PROCESS=1 (twenty-third session, not yet run on a GPU) passes --in-process: the unit trains in the runner's
 # process, on its main thread, skipping the child process's start, imports and exit (22–25 s of each call's overhead
 # in results/gpu_2026-12-03g, not yet split); if that run exits non-zero, the stage runs again in a child process.
+# Since the twenty-third session's calls this script only builds the stages' options: scripts/device_synthetic.sh
+# (RUNS) runs them, with the budget, checkpoints, watcher and final pack this script had.
 # Unlike the earlier scripts (results/cpu_2026-12-03e/dstate128_call.sh, grid_call.sh), a running unit saves a
 # checkpoint every CHECKPOINT_S (120 s) and `pack --every-s 20` ships each one into $OUT, so a call the device stops
 # early (it gives less than timeout_s when less device time is left, and a cold start takes one to four minutes of
@@ -18,30 +20,10 @@
 # --results results/synthetic --state .carry/synthetic_state` (which also records the progress of a stopped call's
 # checkpoint). With TEST=1 (once, on the session's first call), first
 # the GPU tests of MQAR's step and evaluation (`pytest -m gpu tests/tasks/test_graph.py -k mqar`, into test.log).
-start=$(date +%s)
-left() { echo $(( ${LIMIT:-600} - ($(date +%s) - start) - ${MARGIN:-45} )); }
-source scripts/device_setup.sh || exit 1
-mkdir -p $OUT/synthetic .carry/synthetic_state && cp results/synthetic/{mqar,progress,rates}.jsonl $OUT/synthetic/
-nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader
-if [ "${TEST:-0}" = 1 ]; then  # the GPU tests of MQAR's captured step and of its evaluation at the query positions
-  timeout 150 python3 -m pytest -q -m gpu tests/tasks/test_graph.py -k mqar 2>&1 | tail -4 | tee $OUT/test.log
-fi
-python3 scripts/run_synthetic.py pack --state .carry/synthetic_state --out $OUT --every-s 20 & watcher=$!
-LRS=${LRS-2.2e-3}; : ${ARCHS:=kla} ${CELLS:=2048x256} ${DEPTHS:=1} ${DMODELS:=128} ${DSTATES:=128}  # not in the pipe's subshell
-for stage in ${STAGES:-$DEPTHS:$DSTATES}; do
-  [ "$(left)" -ge 150 ] || { echo "== stage $stage skipped: $(left)s left (under 150)" | tee -a $OUT/block.log; continue; }
-  echo "== MQAR $ARCHS at $CELLS, depth ${stage%%:*}, d_model $DMODELS, d_state ${stage#*:}, lr ${LRS:-all four};" \
-    "budget $(left)s" | tee -a $OUT/block.log
-  for attempt in 1 2; do  # an in-process run that fails is tried again once in a child process
-    python3 scripts/run_synthetic.py run --plan full --families mqar --archs $ARCHS --mqar-cells $CELLS \
-      --mqar-depths ${stage%%:*} --mqar-d-models $DMODELS --mqar-d-states ${stage#*:} ${LRS:+--lrs $LRS} \
-      --results $OUT/synthetic --state .carry/synthetic_state --time-budget-s $(left) \
-      --checkpoint-every-s ${CHECKPOINT_S:-120} ${IN_PROCESS:+--in-process} 2>&1 | tee -a $OUT/block.log | tail -25
-    code=${PIPESTATUS[0]}
-    [ "$code" != 0 ] && [ -n "${IN_PROCESS:-}" ] && [ "$(left)" -ge 150 ] || break
-    echo "== the in-process run exited with $code: the stage again in a child process" | tee -a $OUT/block.log
-    IN_PROCESS=
-  done
-done
-kill $watcher; python3 scripts/run_synthetic.py pack --state .carry/synthetic_state --out $OUT
-ls -la .carry/synthetic_state $OUT; echo "== end $(( $(date +%s) - start ))s"
+LRS=${LRS-2.2e-3}; : ${ARCHS:=kla} ${CELLS:=2048x256} ${DEPTHS:=1} ${DMODELS:=128} ${DSTATES:=128}
+RUNS=$(for stage in ${STAGES:-$DEPTHS:$DSTATES}; do
+  echo "--families mqar --archs $ARCHS --mqar-cells $CELLS --mqar-depths ${stage%%:*} --mqar-d-models $DMODELS" \
+    "--mqar-d-states ${stage#*:}${LRS:+ --lrs $LRS}"
+done)
+[ "${TEST:-0}" = 1 ] && TESTS="tests/tasks/test_graph.py -k mqar"
+RUNS=$RUNS TESTS=${TESTS:-} exec bash scripts/device_synthetic.sh

@@ -798,7 +798,8 @@ def test_plan_verb_estimates_for_a_named_gpu_and_bad_input_is_one_line(tmp_path,
 
 
 def _documented_commands() -> list[list[str]]:
-    """Arguments of every `run_synthetic.py` / `klalm-synthetic` call in docs/synthetic.md and README.md."""
+    """Arguments of every `run_synthetic.py` / `klalm-synthetic` call in docs/synthetic.md and README.md, and a `run`
+    call for every stage of a documented `RUNS=...` (scripts/device_synthetic.sh, whose examples count too)."""
     import re
     import shlex
 
@@ -813,7 +814,17 @@ def _documented_commands() -> list[list[str]]:
                         end = next((j for j in range(i + 1, len(tokens)) if tokens[j] in ("&&", "&", "|", "2>&1", ";")),
                                    len(tokens))  # fmt: skip
                         calls.append(tokens[i + 1 : end])
+    texts = [(root / name).read_text() for name in ("docs/synthetic.md", "README.md", "scripts/device_synthetic.sh")]
+    for quoted, stages in re.findall(r"RUNS=(\$?)'([^']*)'", "\n".join(texts)):
+        for stage in (stages.replace("\\n", "\n") if quoted else stages).splitlines():
+            calls.append(["run", "--plan", "full", *shlex.split(stage), "--results", "/tmp/out/synthetic"])
     return calls
+
+
+def test_documented_device_stages_are_found():
+    """`RUNS` stages are checked by the test below: docs/synthetic.md's (A5, MQAR, MAD) and the script's examples."""
+    stages = [c for c in _documented_commands() if c[-2:] == ["--results", "/tmp/out/synthetic"]]
+    assert len(stages) >= 6 and {c[4] for c in stages} == {"a5", "mqar", "mad"}, stages
 
 
 def test_positions_of_finished_runs_filter_table_and_plot(tmp_path, capsys):

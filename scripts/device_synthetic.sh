@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# One call of the device tool that runs synthetic units (carry `.whl` and `.carry/synthetic_state`; docs/synthetic.md,
+# "For the GPU session"). RUNS holds one stage per line: the options of `run_synthetic.py run` that pick its units
+# (`--families`, `--archs`, `--a5-lengths`, `--mqar-cells`, `--seeds`, `--lrs`, ...). The stages run in order, each
+# with the seconds the ones before it left of LIMIT (600) less MARGIN (45), so a stage that ends early hands its
+# time on; one with under 150 s left is skipped. Every stage resumes its paused units from .carry/synthetic_state,
+# pauses at the budget's end, and saves a checkpoint every CHECKPOINT_S (120) s, which `pack --every-s 20` ships
+# into $OUT as it comes: a call the device stops early (it gives less than timeout_s when less device time is left,
+# and a cold start comes out of it) still brings back the last checkpoint. Results go to $OUT/synthetic (a copy of
+# results/synthetic's .jsonl files).
+#   RUNS='--families a5 --archs kla --a5-lengths 12 --a5-depths 1 --seeds 3,4' bash scripts/device_synthetic.sh
+#   RUNS=$'--families mqar --archs kla --mqar-cells 2048x256 --mqar-depths 2 --mqar-d-states 16 --lrs 2.2e-3\n--families a5 --archs gpt --a5-lengths 16,20 --a5-depths 3 --seeds 3,4' bash ...
+# Other knobs: TESTS (pytest arguments: GPU tests run first, into test.log, for at most 150 s), IN_PROCESS=1
+# (`--in-process`: units train in the runner's process, skipping a child process's start and exit; a stage that then
+# exits non-zero runs again in a child process), FINISH_ONLY=1 (`--finish-only`, for a session's last call).
+# Afterwards, here: `run_synthetic.py merge --from <files_at>/synthetic --results results/synthetic --state
+# .carry/synthetic_state`.
+start=$(date +%s)
+left() { echo $(( ${LIMIT:-600} - ($(date +%s) - start) - ${MARGIN:-45} )); }
+if [ -z "${RUNS:-}" ]; then echo "device_synthetic.sh: set RUNS (one line of run options per stage)" >&2; exit 2; fi
+source scripts/device_setup.sh || exit 1
+# the results files of the families the stages name (all, where a stage names none), with progress and rates: at
+# most 8 files come back from a call, so a5.jsonl stays home when only MQAR runs
+families=$(grep -o -- '--families [a-z0-9_,]*' <<< "$RUNS" | cut -d' ' -f2 | tr ',' ' ')
+grep -qv -- '--families' <<< "$(grep -v '^$' <<< "$RUNS")" && families="a5 mqar mad"
+mkdir -p "$OUT/synthetic" .carry/synthetic_state
+for name in progress rates $families; do
+  [ ! -f "results/synthetic/$name.jsonl" ] || cp "results/synthetic/$name.jsonl" "$OUT/synthetic/"
+done
+nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader
+if [ -n "${TESTS:-}" ]; then
+  timeout 150 python3 -m pytest -q -m gpu $TESTS 2>&1 | tail -4 | tee "$OUT/test.log"
+fi
+python3 scripts/run_synthetic.py pack --state .carry/synthetic_state --out "$OUT" --every-s 20 & watcher=$!
+while IFS= read -r stage <&3; do
+  [ -n "$stage" ] || continue
+  if [ "$(left)" -lt 150 ]; then echo "== skipped, $(left) s left: $stage" | tee -a "$OUT/block.log"; continue; fi
+  for attempt in 1 2; do  # an in-process stage that fails runs again once in a child process
+    echo "== $stage; budget $(left) s${IN_PROCESS:+, in-process}" | tee -a "$OUT/block.log"
+    # shellcheck disable=SC2086  # a stage is a list of options
+    python3 scripts/run_synthetic.py run --plan full $stage --results "$OUT/synthetic" --state .carry/synthetic_state \
+      --time-budget-s "$(left)" --checkpoint-every-s "${CHECKPOINT_S:-120}" ${IN_PROCESS:+--in-process} \
+      ${FINISH_ONLY:+--finish-only} 2>&1 | tee -a "$OUT/block.log" | tail -25
+    code=${PIPESTATUS[0]}
+    [ "$code" != 0 ] && [ -n "${IN_PROCESS:-}" ] && [ "$(left)" -ge 150 ] || break
+    echo "== the in-process run exited with $code: the stage again in a child process" | tee -a "$OUT/block.log"
+    IN_PROCESS=
+  done
+done 3<<< "$RUNS"
+kill $watcher; python3 scripts/run_synthetic.py pack --state .carry/synthetic_state --out "$OUT"
+ls -la .carry/synthetic_state "$OUT"; echo "== end $(( $(date +%s) - start )) s"
