@@ -977,3 +977,38 @@ def test_a_running_unit_logs_its_progress_at_most_once_a_period(tmp_path, caplog
     with caplog.at_level(logging.INFO, logger="klalm.tasks.units"):
         run_unit(unit, torch.device("cpu"), Execution())
     assert len([r for r in caplog.records if r.name == "klalm.tasks.units"]) == 1  # the first evaluation's only
+
+
+def test_the_device_script_runs_its_stages_in_order_on_the_budget(tmp_path):
+    """scripts/device_synthetic.sh on the CPU (its setup skipped, no nvidia-smi): two A5 stages of 20 steps run one
+    after the other (in-process) into $OUT/synthetic, which gets the results files of the named family (and progress
+    and rates) only, and the state folder is packed at the end; without RUNS it refuses."""
+    import os
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[2]
+    repo, out = tmp_path / "repo", tmp_path / "out"
+    (repo / "scripts").mkdir(parents=True)
+    (repo / "results" / "synthetic").mkdir(parents=True)
+    out.mkdir()
+    for name in ("device_synthetic.sh", "device_setup.sh", "run_synthetic.py"):
+        shutil.copy(root / "scripts" / name, repo / "scripts" / name)
+    (repo / "results" / "synthetic" / "mqar.jsonl").write_text("")  # not named by a stage: stays home
+    (repo / "results" / "synthetic" / "rates.jsonl").write_text("")
+    lines = [f"--families a5 --archs gpt --a5-lengths {n} --a5-depths 1 --seeds 0 --steps 20" for n in (3, 4)]
+    stages = "\n".join(lines)
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}", "KLALM_DEVICE_SETUP": str(repo),
+           "OUT": str(out), "RUNS": stages, "LIMIT": "600", "IN_PROCESS": "1", "OMP_NUM_THREADS": "1"}  # fmt: skip
+    done = subprocess.run(["bash", "scripts/device_synthetic.sh"], cwd=repo, env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    rows = read_jsonl(out / "synthetic" / "a5.jsonl")
+    assert [(r["task"]["length"], r["steps"]) for r in rows] == [(3, 20), (4, 20)]
+    assert sorted(p.name for p in (out / "synthetic").iterdir()) == ["a5.jsonl", "rates.jsonl"]
+    log = (out / "block.log").read_text()
+    assert [line.split(";")[0] for line in log.splitlines() if line.startswith("== ")] == [f"== {x}" for x in lines]
+    assert log.count(", in-process") == 2 and "again in a child" not in log
+    assert (out / "state.tar.00").exists()
+    env.pop("RUNS")
+    refused = subprocess.run(["bash", "scripts/device_synthetic.sh"], cwd=repo, env=env, capture_output=True, text=True)
+    assert refused.returncode == 2 and "set RUNS" in refused.stderr
