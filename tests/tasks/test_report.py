@@ -150,3 +150,21 @@ def test_mqar_position_tables_name_a_kla_d_state():
     assert report._position_unit(row) == "kla L=32 K=8 depth=1 d=64 S=4 lr=0.003"
     default = {**row, "model_overrides": {"mixer_options": {"kla": {"block": "plain"}}}}
     assert report._position_unit(default) == "kla L=32 K=8 depth=1 d=64 lr=0.003"
+
+
+def test_a5_positions_plot_counts_a_units_paused_seeds_in_its_legend(tmp_path, monkeypatch):
+    """A unit's line is its best seed with the range of all its seeds; paused ones (at their last evaluation) are
+    counted apart in the legend."""
+    legends = []
+
+    def capture(fig, path):  # instead of writing the figure: its legends
+        legends.append([t.get_text() for ax in fig.axes for t in ax.get_legend().get_texts()])
+
+    def row(seed, ended):
+        return {"task": {"name": "a5", "length": 3}, "arch": "kla", "n_layers": 1, "seed": seed, "ended": ended,
+                "token_acc": 0.5, "position_acc": [1.0, 0.5, 0.0]}  # fmt: skip
+
+    monkeypatch.setattr(report, "_save", capture)
+    report.plot_positions([row(0, "steps"), row(1, "paused"), row(2, "paused")], tmp_path / "p.png")
+    report.plot_positions([row(0, "steps")], tmp_path / "p.png")
+    assert legends == [["kla, 1 block (3 seeds, 2 paused)"], ["kla, 1 block (1 seeds)"]]

@@ -455,8 +455,10 @@ def plot_positions(rows: list[Row], path: Path, colours: dict[tuple[str, int], s
             accs = [[100 * (a or 0.0) for a in r["position_acc"]] for r in seeds]
             best = accs[max(range(len(seeds)), key=lambda j: seeds[j]["token_acc"])]
             x = range(len(best))
+            paused = sum(r.get("ended") == "paused" for r in seeds)
             ax.plot(x, best, marker="o", ms=2.5, color=colours[arch], ls=styles[(depth - 1) % len(styles)],
-                    label=f"{arch}, {depth} block{'s' * (depth > 1)} ({len(seeds)} seeds)")  # fmt: skip
+                    label=f"{arch}, {depth} block{'s' * (depth > 1)} ({len(seeds)} seeds"
+                          f"{f', {paused} paused' if paused else ''})")  # fmt: skip
             ax.fill_between(x, [min(c) for c in zip(*accs, strict=True)], [max(c) for c in zip(*accs, strict=True)],
                             color=colours[arch], alpha=0.12)  # fmt: skip
         ax.xaxis.get_major_locator().set_params(integer=True)
