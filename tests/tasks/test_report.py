@@ -158,7 +158,10 @@ def test_a5_positions_plot_counts_a_units_paused_seeds_in_its_legend(tmp_path, m
     legends = []
 
     def capture(fig, path):  # instead of writing the figure: its legends
+        import matplotlib.pyplot as plt
+
         legends.append([t.get_text() for ax in fig.axes for t in ax.get_legend().get_texts()])
+        plt.close(fig)
 
     def row(seed, ended):
         return {"task": {"name": "a5", "length": 3}, "arch": "kla", "n_layers": 1, "seed": seed, "ended": ended,
