@@ -575,21 +575,23 @@ def test_failed_units_are_reported_not_fatal(tmp_path, capsys):
 
 def test_one_slot_runs_its_units_on_the_main_thread(tmp_path, monkeypatch):
     """With one slot (always so in-process) the runner starts no thread: CUDA graphs are captured and torch.compile
-    runs on the main thread, as in a script."""
+    runs on the main thread, as in a script; in-process, each pack starts with torch.compile's caches cleared."""
     import threading
 
-    threads, run_units = [], runner.run_units
+    threads, resets, run_units = [], [], runner.run_units
 
     def watched_run_units(*args):
         threads.append(threading.current_thread() is threading.main_thread())
         return run_units(*args)
 
     monkeypatch.setattr(runner, "run_units", watched_run_units)
+    monkeypatch.setattr(torch._dynamo, "reset", lambda: resets.append(len(threads)))
     plan = _tiny_plan(families=["mqar"], members=1)
     block = _block(tmp_path, plan)
     assert block.slots == 1
     block.run()
     assert threads == [True, True] and not block.failed  # both units, in this thread
+    assert resets == [0, 1]  # torch.compile's caches cleared before each, as a fresh process would have them
 
 
 def test_units_run_in_child_processes_side_by_side(tmp_path):

@@ -290,6 +290,9 @@ class GridBlock:
     def _execute(self, pack: list[Unit], slot: int) -> UnitOutcome:
         deadline = None if self.deadline is None else self.deadline - MARGIN_S
         if self.in_process:
+            # each pack compiles afresh, as in its own process: torch.compile's caches would otherwise collect every
+            # pack's recompilations of the same step function, and past its recompile limit it runs eager
+            torch._dynamo.reset()
             return run_units(pack, torch.device(self.device), self.execution, deadline, self.state,
                              self.checkpoint_every_s)  # fmt: skip
         env = dict(os.environ)
