@@ -6,13 +6,14 @@
 # time on; one with under 150 s left is skipped. Every stage resumes its paused units from .carry/synthetic_state,
 # pauses at the budget's end, and saves a checkpoint every CHECKPOINT_S (120) s, which `pack --every-s 20` ships
 # into $OUT as it comes: a call the device stops early (it gives less than timeout_s when less device time is left,
-# and a cold start comes out of it) still brings back the last checkpoint. Results go to $OUT/synthetic (a copy of
-# results/synthetic's .jsonl files).
+# and a cold start comes out of it) still brings back the last checkpoint. Results go to $OUT/synthetic (copies of
+# results/synthetic's files of the families the stages name, with progress.jsonl and rates.jsonl).
 #   RUNS='--families a5 --archs kla --a5-lengths 12 --a5-depths 1 --seeds 3,4' bash scripts/device_synthetic.sh
 #   RUNS=$'--families mqar --archs kla --mqar-cells 2048x256 --mqar-depths 2 --mqar-d-states 16 --lrs 2.2e-3\n--families a5 --archs gpt --a5-lengths 16,20 --a5-depths 3 --seeds 3,4' bash ...
-# Other knobs: TESTS (pytest arguments: GPU tests run first, into test.log, for at most 150 s), IN_PROCESS=1
-# (`--in-process`: units train in the runner's process, skipping a child process's start and exit; a stage that then
-# exits non-zero runs again in a child process), FINISH_ONLY=1 (`--finish-only`, for a session's last call).
+# Other knobs: TESTS (pytest arguments, split at spaces: GPU tests run first, into test.log, at most 150 s),
+# IN_PROCESS=1 (`--in-process`: units train in the runner's process, skipping a child process's start and exit; a
+# stage that then exits non-zero runs again in a child process), FINISH_ONLY=1 (`--finish-only`, a session's last
+# call).
 # Afterwards, here: `run_synthetic.py merge --from <files_at>/synthetic --results results/synthetic --state
 # .carry/synthetic_state`.
 start=$(date +%s)
