@@ -13,7 +13,7 @@
 # Other knobs: TESTS (pytest arguments, split at spaces: GPU tests run first, into test.log, at most 150 s),
 # IN_PROCESS=1 (`--in-process`: units train in the runner's process, skipping a child process's start and exit; a
 # stage that then exits non-zero runs again in a child process), FINISH_ONLY=1 (`--finish-only`, a session's last
-# call).
+# call). It exits 1 if a stage failed (its error is in block.log), after running the others.
 # Afterwards, here: `run_synthetic.py merge --from <files_at>/synthetic --results results/synthetic --state
 # .carry/synthetic_state`.
 start=$(date +%s)
@@ -33,6 +33,7 @@ if [ -n "${TESTS:-}" ]; then
   timeout 150 python3 -m pytest -q -m gpu $TESTS 2>&1 | tail -4 | tee "$OUT/test.log"
 fi
 python3 scripts/run_synthetic.py pack --state .carry/synthetic_state --out "$OUT" --every-s 20 & watcher=$!
+status=0  # 1 once a stage has failed (a bad option, a unit that failed): the later stages still run
 while IFS= read -r stage <&3; do
   [ -n "$stage" ] || continue
   if [ "$(left)" -lt 150 ]; then echo "== skipped, $(left) s left: $stage" | tee -a "$OUT/block.log"; continue; fi
@@ -47,6 +48,8 @@ while IFS= read -r stage <&3; do
     echo "== the in-process run exited with $code: the stage again in a child process" | tee -a "$OUT/block.log"
     IN_PROCESS=
   done
+  [ "$code" = 0 ] || status=1
 done 3<<< "$RUNS"
 kill $watcher; python3 scripts/run_synthetic.py pack --state .carry/synthetic_state --out "$OUT"
 ls -la .carry/synthetic_state "$OUT"; echo "== end $(( $(date +%s) - start )) s"
+exit $status

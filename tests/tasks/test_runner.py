@@ -984,7 +984,8 @@ def test_a_running_unit_logs_its_progress_at_most_once_a_period(tmp_path, caplog
 def test_the_device_script_runs_its_stages_in_order_on_the_budget(tmp_path):
     """scripts/device_synthetic.sh on the CPU (its setup skipped, no nvidia-smi): two A5 stages of 20 steps run one
     after the other (in-process) into $OUT/synthetic, which gets the results files of the named family (and progress
-    and rates) only, and the state folder is packed at the end; without RUNS it refuses."""
+    and rates) only, and the state folder is packed at the end; without RUNS it refuses, and a failing stage makes it
+    exit 1."""
     import os
     import subprocess
     import sys
@@ -1014,3 +1015,6 @@ def test_the_device_script_runs_its_stages_in_order_on_the_budget(tmp_path):
     env.pop("RUNS")
     refused = subprocess.run(["bash", "scripts/device_synthetic.sh"], cwd=repo, env=env, capture_output=True, text=True)
     assert refused.returncode == 2 and "set RUNS" in refused.stderr
+    env.update(RUNS="--families a5 --a5-lenghts 3", IN_PROCESS="")  # a misspelt option: the stage fails, named
+    failed = subprocess.run(["bash", "scripts/device_synthetic.sh"], cwd=repo, env=env, capture_output=True, text=True)
+    assert failed.returncode == 1 and "unrecognized arguments: --a5-lenghts" in (out / "block.log").read_text()
