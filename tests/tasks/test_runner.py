@@ -121,6 +121,8 @@ def test_bad_plans_fail_clearly(tmp_path):
         apply_args(load_plan("quick"), parse_args(["run", "--results", "x", "--archs", "gpt,transformer"]))
     with pytest.raises(KeyError, match="compile_backend: unknown \\['inductr'\\]"):
         apply_args(load_plan("quick"), parse_args(["run", "--results", "x", "--compile", "inductr"]))
+    with pytest.raises(SystemExit):  # a prefix of an option is a typo, not that option (argparse's default)
+        parse_args(["run", "--results", "x", "--mad-weight-decay", "0"])
     bad.write_text("mqar:\n  stop_at: 0.99\n")
     with pytest.raises(ValueError, match="mqar.stop_at=0.99 needs mqar.eval_every"):
         apply_args(load_plan(str(bad)), parse_args(["run", "--results", "x"]))

@@ -446,7 +446,7 @@ def _resolve_device(plan: RunPlan) -> str:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="klalm-synthetic", description=__doc__.split("\n\n")[0],
+    p = argparse.ArgumentParser(prog="klalm-synthetic", description=__doc__.split("\n\n")[0], allow_abbrev=False,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     verbs = p.add_subparsers(dest="verb", required=True)
     for verb, text in (("run", "run one block of the plan"), ("plan", "list the plan's units: state, estimate")):
@@ -500,6 +500,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     curves.add_argument("--results", type=Path, required=True, help="the results folder (and its progress.jsonl)")
     _add_run_filters(curves, "against step")
     curves.add_argument("--steps", type=int_list, default=[], help="the table's steps (default: 5 evenly spaced)")
+    for verb in verbs.choices.values():  # a misspelt option fails, not taken as the option it begins
+        verb.allow_abbrev = False
     return p.parse_args(argv)
 
 
