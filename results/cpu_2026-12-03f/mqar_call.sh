@@ -8,9 +8,11 @@
 # STAGES (twenty-third session) runs several depth:d_state pairs one after another in the same call, each with the
 # budget the ones before it left (a unit that ends early hands its time on):
 #   finish d_state 128, then two blocks: STAGES="1:128 2:16" bash ...
-# IN_PROCESS=1 (twenty-third session, not yet run on a GPU) passes --in-process: the unit trains in the runner's
-# process, on its main thread, skipping the child process's start, imports and exit (22–25 s of each call's overhead
-# in results/gpu_2026-12-03g, not yet split); if that run exits non-zero, the stage runs again in a child process.
+# IN_PROCESS=1 (twenty-third session; the default since the twenty-fourth, `IN_PROCESS=` turns it off) passes
+# --in-process: the unit trains in the runner's process, on its main thread, skipping the child process's start,
+# imports and exit (22–25 s of each call's overhead in results/gpu_2026-12-03g; 1.7–2.4 s in-process in
+# results/gpu_2026-12-03h, its first GPU run); if that run exits non-zero, the stage runs again in a child process.
+# (The full plan runs one unit at a time on each GPU, so on one GPU in-process loses no parallel slot.)
 # Since the twenty-third session's calls this script only builds the stages' options: scripts/device_synthetic.sh
 # (RUNS) runs them, with the budget, checkpoints, watcher and final pack this script had.
 # Unlike the earlier scripts (results/cpu_2026-12-03e/dstate128_call.sh, grid_call.sh), a running unit saves a
@@ -26,4 +28,4 @@ RUNS=$(for stage in ${STAGES:-$DEPTHS:$DSTATES}; do
     "--mqar-d-states ${stage#*:}${LRS:+ --lrs $LRS}"
 done)
 [ "${TEST:-0}" = 1 ] && TESTS="tests/tasks/test_graph.py -k mqar"
-RUNS=$RUNS TESTS=${TESTS:-} exec bash scripts/device_synthetic.sh
+RUNS=$RUNS TESTS=${TESTS:-} IN_PROCESS=${IN_PROCESS-1} exec bash scripts/device_synthetic.sh
