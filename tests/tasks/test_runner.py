@@ -986,7 +986,8 @@ def test_a_running_unit_logs_its_progress_at_most_once_a_period(tmp_path, caplog
 def test_the_device_script_runs_its_stages_in_order_on_the_budget(tmp_path):
     """scripts/device_synthetic.sh on the CPU (its setup skipped, no nvidia-smi): two A5 stages of 20 steps run one
     after the other (in-process) into $OUT/synthetic, which gets the results files of the named family (and progress
-    and rates) only, and the state folder is packed at the end; without RUNS it refuses, and a failing stage makes it
+    and rates) only, and the state folder is packed at the end; a CONTINUE=1 call after it starts from the results it
+    left on the machine, and refuses on a machine without them; without RUNS it refuses, and a failing stage makes it
     exit 1."""
     import os
     import subprocess
@@ -1014,6 +1015,18 @@ def test_the_device_script_runs_its_stages_in_order_on_the_budget(tmp_path):
     assert [line.split(";")[0] for line in log.splitlines() if line.startswith("== ")] == [f"== {x}" for x in lines]
     assert log.count(", in-process") == 2 and "again in a child" not in log
     assert (out / "state.tar.00").exists()
+    # CONTINUE=1, the next call on the same machine before this one was merged at home: it starts from the rows the
+    # last call left in .carry/synthetic_last, so the finished unit is not trained again
+    assert read_jsonl(repo / ".carry" / "synthetic_last" / "a5.jsonl") == rows
+    out2 = tmp_path / "out2"
+    out2.mkdir()
+    again = {**env, "OUT": str(out2), "RUNS": lines[0], "CONTINUE": "1"}
+    kept = subprocess.run(["bash", "scripts/device_synthetic.sh"], cwd=repo, env=again, capture_output=True, text=True)
+    assert kept.returncode == 0, kept.stdout[-2000:] + kept.stderr[-2000:]
+    assert read_jsonl(out2 / "synthetic" / "a5.jsonl") == rows
+    shutil.rmtree(repo / ".carry" / "synthetic_last")  # a fresh machine: nothing to continue from
+    fresh = subprocess.run(["bash", "scripts/device_synthetic.sh"], cwd=repo, env=again, capture_output=True, text=True)
+    assert fresh.returncode == 3 and "no .carry/synthetic_last" in fresh.stderr
     env.pop("RUNS")
     refused = subprocess.run(["bash", "scripts/device_synthetic.sh"], cwd=repo, env=env, capture_output=True, text=True)
     assert refused.returncode == 2 and "set RUNS" in refused.stderr
