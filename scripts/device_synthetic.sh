@@ -19,14 +19,14 @@
 # CONTINUE=1 (twenty-fourth session): a call sent at once after the last one, to the same still-warm machine (it goes
 # back about 30 s after a call returns), carrying nothing: that machine kept .whl, .carry/synthetic_state and, in
 # .carry/synthetic_last, the results the last call wrote, which the runner starts from on top of results/synthetic,
-# so the last call's merge here can wait. On a fresh machine (no .carry/synthetic_last) it stops at once with exit 3
-# instead of starting the paused units again from step 0.
+# so the last call's merge here can wait. On a fresh machine, or after a call that was killed before its end (no
+# .carry/synthetic_last), it stops at once with exit 3 instead of starting from results that lack that call's rows.
 start=$(date +%s)
 left() { echo $(( ${LIMIT:-600} - ($(date +%s) - start) - ${MARGIN:-45} )); }
 if [ -z "${RUNS:-}" ]; then echo "device_synthetic.sh: set RUNS (one line of run options per stage)" >&2; exit 2; fi
 if [ -n "${CONTINUE:-}" ] && [ ! -d .carry/synthetic_last ]; then
-  echo "device_synthetic.sh: CONTINUE=1 but no earlier call ran on this machine (no .carry/synthetic_last): send it" \
-    "again carrying .whl and .carry/synthetic_state" >&2
+  echo "device_synthetic.sh: CONTINUE=1 but no earlier call ran to its end on this machine (no" \
+    ".carry/synthetic_last): send it again carrying .whl and .carry/synthetic_state" >&2
   exit 3
 fi
 source scripts/device_setup.sh || exit 1
@@ -40,6 +40,7 @@ for name in progress rates $families; do
 done
 [ -z "${CONTINUE:-}" ] || python3 scripts/run_synthetic.py merge --from .carry/synthetic_last --results "$OUT/synthetic" \
   || exit 1
+rm -rf .carry/synthetic_last  # written again only by a call that runs to its end: a killed one leaves none to continue
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader
 if [ -n "${TESTS:-}" ]; then
   timeout 150 python3 -m pytest -q -m gpu $TESTS 2>&1 | tail -4 | tee "$OUT/test.log"

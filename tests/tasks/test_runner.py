@@ -987,11 +987,13 @@ def test_the_device_script_runs_its_stages_in_order_on_the_budget(tmp_path):
     """scripts/device_synthetic.sh on the CPU (its setup skipped, no nvidia-smi): two A5 stages of 20 steps run one
     after the other (in-process) into $OUT/synthetic, which gets the results files of the named family (and progress
     and rates) only, and the state folder is packed at the end; a CONTINUE=1 call after it starts from the results it
-    left on the machine, and refuses on a machine without them; without RUNS it refuses, and a failing stage makes it
-    exit 1."""
+    left on the machine, and refuses on a machine without them (a fresh one, or after a killed call); without RUNS
+    it refuses, and a failing stage makes it exit 1."""
     import os
+    import signal
     import subprocess
     import sys
+    import time
 
     root = Path(__file__).resolve().parents[2]
     repo, out = tmp_path / "repo", tmp_path / "out"
@@ -1024,9 +1026,18 @@ def test_the_device_script_runs_its_stages_in_order_on_the_budget(tmp_path):
     kept = subprocess.run(["bash", "scripts/device_synthetic.sh"], cwd=repo, env=again, capture_output=True, text=True)
     assert kept.returncode == 0, kept.stdout[-2000:] + kept.stderr[-2000:]
     assert read_jsonl(out2 / "synthetic" / "a5.jsonl") == rows
-    shutil.rmtree(repo / ".carry" / "synthetic_last")  # a fresh machine: nothing to continue from
+    # a call killed once its stage has begun leaves nothing to continue from (the results it began from lack its rows)
+    out3 = tmp_path / "out3"
+    out3.mkdir()
+    killed = subprocess.Popen(["bash", "scripts/device_synthetic.sh"], cwd=repo, env={**env, "OUT": str(out3)},
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
+    while not (out3 / "block.log").exists() and killed.poll() is None:
+        time.sleep(0.1)
+    os.killpg(killed.pid, signal.SIGKILL)
+    killed.wait()
+    assert not (repo / ".carry" / "synthetic_last").exists()
     fresh = subprocess.run(["bash", "scripts/device_synthetic.sh"], cwd=repo, env=again, capture_output=True, text=True)
-    assert fresh.returncode == 3 and "no .carry/synthetic_last" in fresh.stderr
+    assert fresh.returncode == 3 and "no .carry/synthetic_last" in " ".join(fresh.stderr.split())
     env.pop("RUNS")
     refused = subprocess.run(["bash", "scripts/device_synthetic.sh"], cwd=repo, env=env, capture_output=True, text=True)
     assert refused.returncode == 2 and "set RUNS" in refused.stderr
