@@ -16,17 +16,22 @@
 # call). It exits 1 if a stage failed (its error is in block.log), after running the others.
 # Afterwards, here: `run_synthetic.py merge --from <files_at>/synthetic --results results/synthetic --state
 # .carry/synthetic_state`.
-# CONTINUE=1 (twenty-fourth session): a call sent at once after the last one, to the same still-warm machine (it goes
-# back about 30 s after a call returns), carrying nothing: that machine kept .whl, .carry/synthetic_state and, in
-# .carry/synthetic_last, the results the last call wrote, which the runner starts from on top of results/synthetic,
-# so the last call's merge here can wait. On a fresh machine, or after a call that was killed before its end (no
-# .carry/synthetic_last), it stops at once with exit 3 instead of starting from results that lack that call's rows.
+# FROM=DIR (twenty-fifth session): start from what the last call returned, carried with this one (carry `.whl` and
+# DIR): DIR holds that call's files as they came back (`synthetic/`, `state.tar.*`), copied here into an ignored
+# folder. The call merges DIR's rows into $OUT/synthetic and replaces .carry/synthetic_state by DIR's state parts
+# (`merge --state`), so it can be sent the moment the last call returns, on a warm machine or a fresh one, and the
+# last call's merge here can wait until this one runs. A DIR without state parts (a call stopped before it packed)
+# stops it at once with exit 3: merge that call here and send this one carrying .carry/synthetic_state instead.
 start=$(date +%s)
 left() { echo $(( ${LIMIT:-600} - ($(date +%s) - start) - ${MARGIN:-45} )); }
 if [ -z "${RUNS:-}" ]; then echo "device_synthetic.sh: set RUNS (one line of run options per stage)" >&2; exit 2; fi
-if [ -n "${CONTINUE:-}" ] && [ ! -d .carry/synthetic_last ]; then
-  echo "device_synthetic.sh: CONTINUE=1 but no earlier call ran to its end on this machine (no" \
-    ".carry/synthetic_last): send it again carrying .whl and .carry/synthetic_state" >&2
+if [ -n "${FROM:-}" ] && [ ! -d "$FROM/synthetic" ]; then
+  echo "device_synthetic.sh: FROM=$FROM has no synthetic/ folder (carry the folder a call's files came back in)" >&2
+  exit 2
+fi
+if [ -n "${FROM:-}" ] && ! compgen -G "$FROM/state.tar.*" > /dev/null; then
+  echo "device_synthetic.sh: FROM=$FROM has no state.tar.* parts (that call stopped before it packed its states):" \
+    "merge it at home and send this call carrying .carry/synthetic_state" >&2
   exit 3
 fi
 source scripts/device_setup.sh || exit 1
@@ -38,9 +43,8 @@ mkdir -p "$OUT/synthetic" .carry/synthetic_state
 for name in progress rates $families; do
   [ ! -f "results/synthetic/$name.jsonl" ] || cp "results/synthetic/$name.jsonl" "$OUT/synthetic/"
 done
-[ -z "${CONTINUE:-}" ] || python3 scripts/run_synthetic.py merge --from .carry/synthetic_last --results "$OUT/synthetic" \
-  || exit 1
-rm -rf .carry/synthetic_last  # written again only by a call that runs to its end: a killed one leaves none to continue
+[ -z "${FROM:-}" ] || python3 scripts/run_synthetic.py merge --from "$FROM/synthetic" --results "$OUT/synthetic" \
+  --state .carry/synthetic_state || exit 1
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader
 if [ -n "${TESTS:-}" ]; then
   timeout 150 python3 -m pytest -q -m gpu $TESTS 2>&1 | tail -4 | tee "$OUT/test.log"
@@ -64,6 +68,5 @@ while IFS= read -r stage <&3; do
   [ "$code" = 0 ] || status=1
 done 3<<< "$RUNS"
 kill $watcher; python3 scripts/run_synthetic.py pack --state .carry/synthetic_state --out "$OUT"
-rm -rf .carry/synthetic_last && cp -r "$OUT/synthetic" .carry/synthetic_last  # for a CONTINUE=1 call
 ls -la .carry/synthetic_state "$OUT"; echo "== end $(( $(date +%s) - start )) s"
 exit $status

@@ -13,7 +13,8 @@
 # imports and exit (22–25 s of each call's overhead in results/gpu_2026-12-03g; 1.7–2.4 s in-process in
 # results/gpu_2026-12-03h, its first GPU run); if that run exits non-zero, the stage runs again in a child process.
 # (The full plan runs one unit at a time on each GPU, so on one GPU in-process loses no parallel slot.)
-# CONTINUE=1 (twenty-fourth session; scripts/device_synthetic.sh): the next call right after one, carrying nothing.
+# FROM=DIR (twenty-fifth session; scripts/device_synthetic.sh, which replaced the twenty-fourth session's CONTINUE=1):
+# the next call right after one, carrying `.whl` and DIR, a copy of what the last call returned.
 # Since the twenty-third session's calls this script only builds the stages' options: scripts/device_synthetic.sh
 # (RUNS) runs them, with the budget, checkpoints, watcher and final pack this script had.
 # Unlike the earlier scripts (results/cpu_2026-12-03e/dstate128_call.sh, grid_call.sh), a running unit saves a

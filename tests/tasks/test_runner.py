@@ -986,24 +986,26 @@ def test_a_running_unit_logs_its_progress_at_most_once_a_period(tmp_path, caplog
 def test_the_device_script_runs_its_stages_in_order_on_the_budget(tmp_path):
     """scripts/device_synthetic.sh on the CPU (its setup skipped, no nvidia-smi): two A5 stages of 20 steps run one
     after the other (in-process) into $OUT/synthetic, which gets the results files of the named family (and progress
-    and rates) only, and the state folder is packed at the end; a CONTINUE=1 call after it starts from the results it
-    left on the machine, and refuses on a machine without them (a fresh one, or after a killed call); without RUNS
-    it refuses, and a failing stage makes it exit 1."""
+    and rates) only, and the state folder is packed at the end; a FROM call after it, on a fresh machine, starts from
+    what that call returned (its rows and its state parts) and refuses what came back without state parts; without
+    RUNS it refuses, and a failing stage makes it exit 1."""
     import os
-    import signal
     import subprocess
     import sys
-    import time
 
     root = Path(__file__).resolve().parents[2]
-    repo, out = tmp_path / "repo", tmp_path / "out"
-    (repo / "scripts").mkdir(parents=True)
-    (repo / "results" / "synthetic").mkdir(parents=True)
+
+    def machine(repo: Path) -> Path:  # a fresh copy of the scripts and an empty results folder, as a new GPU machine
+        (repo / "scripts").mkdir(parents=True)
+        (repo / "results" / "synthetic").mkdir(parents=True)
+        for name in ("device_synthetic.sh", "device_setup.sh", "run_synthetic.py"):
+            shutil.copy(root / "scripts" / name, repo / "scripts" / name)
+        (repo / "results" / "synthetic" / "mqar.jsonl").write_text("")  # not named by a stage: stays home
+        (repo / "results" / "synthetic" / "rates.jsonl").write_text("")
+        return repo
+
+    repo, out = machine(tmp_path / "repo"), tmp_path / "out"
     out.mkdir()
-    for name in ("device_synthetic.sh", "device_setup.sh", "run_synthetic.py"):
-        shutil.copy(root / "scripts" / name, repo / "scripts" / name)
-    (repo / "results" / "synthetic" / "mqar.jsonl").write_text("")  # not named by a stage: stays home
-    (repo / "results" / "synthetic" / "rates.jsonl").write_text("")
     lines = [f"--families a5 --archs gpt --a5-lengths {n} --a5-depths 1 --seeds 0 --steps 20" for n in (3, 4)]
     stages = "\n".join(lines)
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}", "KLALM_DEVICE_SETUP": str(repo),
@@ -1017,27 +1019,32 @@ def test_the_device_script_runs_its_stages_in_order_on_the_budget(tmp_path):
     assert [line.split(";")[0] for line in log.splitlines() if line.startswith("== ")] == [f"== {x}" for x in lines]
     assert log.count(", in-process") == 2 and "again in a child" not in log
     assert (out / "state.tar.00").exists()
-    # CONTINUE=1, the next call on the same machine before this one was merged at home: it starts from the rows the
-    # last call left in .carry/synthetic_last, so the finished unit is not trained again
-    assert read_jsonl(repo / ".carry" / "synthetic_last" / "a5.jsonl") == rows
-    out2 = tmp_path / "out2"
+    # FROM: the next call, sent before this one was merged at home, carries what it returned; on a fresh machine
+    # (results without its rows, a stale state folder) it starts from those rows and parts: the finished unit is not
+    # trained again, and the state folder becomes the one that came back (empty)
+    fresh, out2 = machine(tmp_path / "fresh"), tmp_path / "out2"
     out2.mkdir()
-    again = {**env, "OUT": str(out2), "RUNS": lines[0], "CONTINUE": "1"}
-    kept = subprocess.run(["bash", "scripts/device_synthetic.sh"], cwd=repo, env=again, capture_output=True, text=True)
+    shutil.copytree(out, fresh / ".carry" / "last_call")
+    (fresh / ".carry" / "synthetic_state").mkdir()
+    (fresh / ".carry" / "synthetic_state" / "stale.json").write_text("{}")
+    again = {**env, "KLALM_DEVICE_SETUP": str(fresh), "OUT": str(out2), "RUNS": lines[0], "FROM": ".carry/last_call"}
+    kept = subprocess.run(["bash", "scripts/device_synthetic.sh"], cwd=fresh, env=again, capture_output=True, text=True)
     assert kept.returncode == 0, kept.stdout[-2000:] + kept.stderr[-2000:]
     assert read_jsonl(out2 / "synthetic" / "a5.jsonl") == rows
-    # a call killed once its stage has begun leaves nothing to continue from (the results it began from lack its rows)
+    assert "0 rows written" in (out2 / "block.log").read_text()
+    assert not (fresh / ".carry" / "synthetic_state" / "stale.json").exists()
+    # what came back from a call stopped before it packed its states: refused at once, nothing trained
+    for part in (fresh / ".carry" / "last_call").glob("state.tar.*"):
+        part.unlink()
     out3 = tmp_path / "out3"
     out3.mkdir()
-    killed = subprocess.Popen(["bash", "scripts/device_synthetic.sh"], cwd=repo, env={**env, "OUT": str(out3)},
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
-    while not (out3 / "block.log").exists() and killed.poll() is None:
-        time.sleep(0.1)
-    os.killpg(killed.pid, signal.SIGKILL)
-    killed.wait()
-    assert not (repo / ".carry" / "synthetic_last").exists()
-    fresh = subprocess.run(["bash", "scripts/device_synthetic.sh"], cwd=repo, env=again, capture_output=True, text=True)
-    assert fresh.returncode == 3 and "no .carry/synthetic_last" in " ".join(fresh.stderr.split())
+    stopped = subprocess.run(["bash", "scripts/device_synthetic.sh"], cwd=fresh, env={**again, "OUT": str(out3)},
+                             capture_output=True, text=True)  # fmt: skip
+    assert stopped.returncode == 3 and "no state.tar.* parts" in stopped.stderr
+    assert not (out3 / "block.log").exists()
+    missing = subprocess.run(["bash", "scripts/device_synthetic.sh"], cwd=fresh, env={**again, "FROM": "nowhere"},
+                             capture_output=True, text=True)  # fmt: skip
+    assert missing.returncode == 2 and "FROM=nowhere has no synthetic/" in missing.stderr
     env.pop("RUNS")
     refused = subprocess.run(["bash", "scripts/device_synthetic.sh"], cwd=repo, env=env, capture_output=True, text=True)
     assert refused.returncode == 2 and "set RUNS" in refused.stderr
