@@ -43,8 +43,11 @@ mkdir -p "$OUT/synthetic" .carry/synthetic_state
 for name in progress rates $families; do
   [ ! -f "results/synthetic/$name.jsonl" ] || cp "results/synthetic/$name.jsonl" "$OUT/synthetic/"
 done
-[ -z "${FROM:-}" ] || python3 scripts/run_synthetic.py merge --from "$FROM/synthetic" --results "$OUT/synthetic" \
-  --state .carry/synthetic_state || exit 1
+if [ -n "${FROM:-}" ]; then  # the last call's rows and states: what this call starts from, recorded in block.log
+  merged=$(python3 scripts/run_synthetic.py merge --from "$FROM/synthetic" --results "$OUT/synthetic" \
+    --state .carry/synthetic_state) || exit 1
+  echo "== from $FROM: $merged" | tee -a "$OUT/block.log"
+fi
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader
 if [ -n "${TESTS:-}" ]; then
   timeout 150 python3 -m pytest -q -m gpu $TESTS 2>&1 | tail -4 | tee "$OUT/test.log"

@@ -1031,7 +1031,8 @@ def test_the_device_script_runs_its_stages_in_order_on_the_budget(tmp_path):
     kept = subprocess.run(["bash", "scripts/device_synthetic.sh"], cwd=fresh, env=again, capture_output=True, text=True)
     assert kept.returncode == 0, kept.stdout[-2000:] + kept.stderr[-2000:]
     assert read_jsonl(out2 / "synthetic" / "a5.jsonl") == rows
-    assert "0 rows written" in (out2 / "block.log").read_text()
+    log2 = (out2 / "block.log").read_text()
+    assert log2.startswith('== from .carry/last_call: {"a5.jsonl": 2') and "0 rows written" in log2
     assert not (fresh / ".carry" / "synthetic_state" / "stale.json").exists()
     # what came back from a call stopped before it packed its states: refused at once, nothing trained
     for part in (fresh / ".carry" / "last_call").glob("state.tar.*"):
