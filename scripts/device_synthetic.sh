@@ -25,14 +25,16 @@
 start=$(date +%s)
 left() { echo $(( ${LIMIT:-600} - ($(date +%s) - start) - ${MARGIN:-45} )); }
 if [ -z "${RUNS:-}" ]; then echo "device_synthetic.sh: set RUNS (one line of run options per stage)" >&2; exit 2; fi
-if [ -n "${FROM:-}" ] && [ ! -d "$FROM/synthetic" ]; then
-  echo "device_synthetic.sh: FROM=$FROM has no synthetic/ folder (carry the folder a call's files came back in)" >&2
-  exit 2
-fi
-if [ -n "${FROM:-}" ] && ! compgen -G "$FROM/state.tar.*" > /dev/null; then
-  echo "device_synthetic.sh: FROM=$FROM has no state.tar.* parts (that call stopped before it packed its states):" \
-    "merge it at home and send this call carrying .carry/synthetic_state" >&2
-  exit 3
+if [ -n "${FROM:-}" ]; then
+  if [ ! -d "$FROM/synthetic" ]; then
+    echo "device_synthetic.sh: FROM=$FROM has no synthetic/ folder (carry the folder a call's files came back in)" >&2
+    exit 2
+  fi
+  if ! compgen -G "$FROM/state.tar.*" > /dev/null; then
+    echo "device_synthetic.sh: FROM=$FROM has no state.tar.* parts (that call stopped before it packed its" \
+      "states): merge it at home and send this call carrying .carry/synthetic_state" >&2
+    exit 3
+  fi
 fi
 source scripts/device_setup.sh || exit 1
 # the results files of the families the stages name (all, where a stage names none), with progress and rates: at
