@@ -802,14 +802,15 @@ def test_plan_verb_estimates_for_a_named_gpu_and_bad_input_is_one_line(tmp_path,
 
 
 def _documented_commands() -> list[list[str]]:
-    """Arguments of every `run_synthetic.py` / `klalm-synthetic` call in docs/synthetic.md and README.md, and a `run`
-    call for every stage of a documented `RUNS=...` (scripts/device_synthetic.sh, whose examples count too)."""
+    """Arguments of every `run_synthetic.py` / `klalm-synthetic` call in docs/synthetic.md, its run log and README.md,
+    and a `run` call for every stage of a documented `RUNS=...` (scripts/device_synthetic.sh's examples count too)."""
     import re
     import shlex
 
     root = Path(__file__).resolve().parents[2]
     calls = []
-    for doc in (root / "docs" / "synthetic.md", root / "README.md"):
+    docs = ("docs/synthetic.md", "docs/synthetic_log.md", "README.md")
+    for doc in (root / name for name in docs):
         for block in re.findall(r"^```bash\n(.*?)^```", doc.read_text(), re.M | re.S):
             for line in block.replace("\\\n", " ").splitlines():
                 tokens = shlex.split(line.replace("$OUT", "/tmp/out").replace("<files_at>", "/tmp/back"), comments=True)
@@ -818,7 +819,7 @@ def _documented_commands() -> list[list[str]]:
                         end = next((j for j in range(i + 1, len(tokens)) if tokens[j] in ("&&", "&", "|", "2>&1", ";")),
                                    len(tokens))  # fmt: skip
                         calls.append(tokens[i + 1 : end])
-    texts = [(root / name).read_text() for name in ("docs/synthetic.md", "README.md", "scripts/device_synthetic.sh")]
+    texts = [(root / name).read_text() for name in (*docs, "scripts/device_synthetic.sh")]
     for quoted, stages in re.findall(r"RUNS=(\$?)'([^']*)'", "\n".join(texts)):
         for stage in (stages.replace("\\n", "\n") if quoted else stages).splitlines():
             calls.append(["run", "--plan", "full", *shlex.split(stage), "--results", "/tmp/out/synthetic"])
