@@ -92,6 +92,10 @@ def test_paused_units_show_their_progress_as_unfinished(tmp_path):
     assert "| kla | 8 | 1 | 1/3, 1 paused | none yet | 50.0 | 10.0 | — | paused at 700 of 100000 |" in sections(
         plan, tmp_path, tmp_path, "")["a5"]  # fmt: skip
     assert "| kla | 8 | 1 | 1/3 | none | 65.0 | 32.5 | 4 | 500 |" in sections(plan, tmp_path, tmp_path, "")["a5"]
+    restarted = {**paused[1], "steps": 200, "evals": [[200, 1.5, 0.3, 0.0]]}  # seed 1's state was lost: from step 0
+    _write(tmp_path, "progress", [restarted])  # appended after the rows above
+    assert "| kla | 8 | 1 | 1/3, 1 paused | none yet | 30.0 | 0.0 | — | paused at 200 of 100000 |" in sections(
+        plan, tmp_path, tmp_path, "")["a5"]  # the row recorded last, not the one of most steps  # fmt: skip
 
 
 def test_write_doc_fills_only_the_marked_sections(tmp_path):

@@ -444,6 +444,9 @@ def test_a_paused_unit_whose_state_is_lost_is_named_before_it_restarts(tmp_path,
     assert [(u.label(), step) for u, step in lost.lost_pauses()] == [(kla1.label(), 10)]
     assert lost.steps_left(kla1) == 20 and lost.states()[0][1] == "ready"  # from step 0
     assert f"{kla1.label()}: paused at step 10 by progress.jsonl, but its state is not in" in plan_table(lost)
+    again = [{**row, "steps": 4} for row in lost.results.progress]  # restarted, paused at 4, and lost again
+    lost.results.record_progress(again)
+    assert [step for _, step in _block(tmp_path, plan).lost_pauses()] == [4]  # the step recorded last
     with caplog.at_level(logging.WARNING):
         lost.run()
     assert "holds no state for it: it starts again from step 0" in caplog.text

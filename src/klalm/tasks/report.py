@@ -127,14 +127,10 @@ def a5_section(plan: RunPlan, rows: list[Row], figure: Figure | None, progress: 
 
 
 def latest_progress(rows: list[Row], progress: list[Row]) -> dict[str, Row]:
-    """row_key -> the latest progress row of each (cell, seed) that has no finished row."""
+    """row_key -> the progress row recorded last (progress.jsonl is appended in time order) of each (cell, seed) that
+    has no finished row: not the one of most steps, since a run whose state was lost starts again from step 0."""
     finished = {row_key(r) for r in rows}
-    latest: dict[str, Row] = {}
-    for row in progress:
-        key = row_key(row)
-        if key not in finished and (key not in latest or row["steps"] > latest[key]["steps"]):
-            latest[key] = row
-    return latest
+    return {row_key(row): row for row in progress if row_key(row) not in finished}
 
 
 def paused_runs(plan: RunPlan, rows: list[Row], progress: list[Row], family: str) -> list[tuple[Unit, list[Row]]]:

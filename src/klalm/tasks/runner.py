@@ -170,10 +170,7 @@ class GridBlock:
         for saved in self.saved().values():
             unit = Unit.from_dict(saved["unit"])
             held.update(unit.key(seed) for seed in unit.seeds)
-        paused: dict[str, int] = {}
-        for row in self.results.progress:
-            key = row_key(row)
-            paused[key] = max(paused.get(key, 0), row["steps"])
+        paused = {row_key(row): row["steps"] for row in self.results.progress}  # the step recorded last
         lost = []
         for unit in self.units:
             keys = [unit.key(s) for s in unit.seeds if not self.results.finished(unit, s)]
