@@ -15,8 +15,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from klalm.loss import IGNORE_INDEX, token_cross_entropy
 from klalm.models import build_model
-from klalm.models.loss import IGNORE_INDEX, token_cross_entropy
 from klalm.tasks import make_task, materialize
 from klalm.tasks.readouts import TokenReadout, wrap_readout
 from klalm.tasks.streams import FreshStream, SplitStream

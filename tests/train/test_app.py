@@ -168,8 +168,8 @@ def test_activation_checkpointing_wraps_every_block():
 @pytest.mark.skipif(shutil.which(os.environ.get("CXX", "g++")) is None, reason="inductor on CPU needs a C++ compiler")
 def test_compile_also_compiles_the_loss_to_the_same_values():
     """train.compile runs the loss through torch.compile (inductor): the same loss, count and logit gradient."""
+    from klalm.loss import IGNORE_INDEX
     from klalm.models import build_model
-    from klalm.models.loss import IGNORE_INDEX
     from klalm.train.budget import derive_budget
     from klalm.train.module import LMModule, lm_loss
 

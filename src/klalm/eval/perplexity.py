@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-from klalm.models.loss import scored_tokens, token_cross_entropy
+from klalm.loss import scored_tokens, token_cross_entropy
 
 
 def _batch_nll(model: torch.nn.Module, batch: dict[str, torch.Tensor], device: torch.device) -> tuple[float, int]:

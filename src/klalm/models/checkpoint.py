@@ -32,19 +32,9 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from klalm.models import build_model
 from klalm.models.export import verify_export
+from klalm.param_names import clean_name
 
 log = logging.getLogger(__name__)
-
-# Prefixes inserted by wrappers (torch.compile, activation checkpointing, FSDP) that are not part of a parameter's name.
-_WRAPPER_PREFIXES = ("_orig_mod.", "_checkpoint_wrapped_module.", "_fsdp_wrapped_module.")
-
-
-def clean_name(name: str) -> str:
-    """A parameter name with wrapper prefixes removed (stable across compile/checkpointing/FSDP)."""
-    for prefix in _WRAPPER_PREFIXES:
-        name = name.replace(prefix, "")
-    return name
-
 
 CKPT_DIR = "checkpoints"
 TOKENIZER_DIR = "tokenizer"

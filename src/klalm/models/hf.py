@@ -20,9 +20,9 @@ from torch import Tensor
 from transformers import GenerationMixin, PreTrainedModel
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
+from klalm.loss import token_cross_entropy
 from klalm.models.backbone import KLALM
 from klalm.models.config import KLALMConfig
-from klalm.models.loss import token_cross_entropy
 
 # The output field that carries the cache in the installed transformers ("cache" from 5.2x, before that
 # "past_key_values"); generate() reads the next step's cache from it.

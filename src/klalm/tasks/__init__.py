@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from klalm.models.loss import IGNORE_INDEX
+from klalm.loss import IGNORE_INDEX
 from klalm.tasks.a5 import A5Task
 from klalm.tasks.base import SyntheticTask, TaskDataset, TaskStream, materialize
 from klalm.tasks.mad import (

@@ -3,7 +3,7 @@
 A task is a small frozen dataclass (its fields are the task's settings) with one method,
 `sample(num_examples, generator, split)`, that returns a batch of whole examples as two LongTensors
 `input_ids` [N, L] and `labels` [N, L]. Labels are aligned with the inputs, not shifted: the model's output
-at position t is scored against `labels[:, t]`, and `klalm.models.loss.IGNORE_INDEX` (-100) marks positions that
+at position t is scored against `labels[:, t]`, and `klalm.loss.IGNORE_INDEX` (-100) marks positions that
 are not scored.
 
 Determinism: examples are produced in chunks of `CHUNK_SIZE`; chunk c of split s under seed x is generated

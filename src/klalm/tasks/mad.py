@@ -37,7 +37,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from klalm.models.loss import IGNORE_INDEX
+from klalm.loss import IGNORE_INDEX
 from klalm.tasks.base import Split, SyntheticTask
 
 MAD_NUM_TRAIN = 12_800

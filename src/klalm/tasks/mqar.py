@@ -19,7 +19,7 @@ import dataclasses
 import torch
 from torch import Tensor
 
-from klalm.models.loss import IGNORE_INDEX
+from klalm.loss import IGNORE_INDEX
 from klalm.tasks.base import Split, SyntheticTask
 
 

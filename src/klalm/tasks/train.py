@@ -32,7 +32,7 @@ from typing import Any, Protocol
 import torch
 from torch import Tensor, nn
 
-from klalm.models.loss import IGNORE_INDEX, token_cross_entropy
+from klalm.loss import IGNORE_INDEX, token_cross_entropy
 from klalm.train.optim import (
     check_schedule,
     classify_parameters,

@@ -41,7 +41,7 @@ import torch
 from torch import Tensor, nn
 from torch.distributed.tensor import DTensor
 
-from klalm.models.loss import scored_tokens, token_cross_entropy
+from klalm.loss import scored_tokens, token_cross_entropy
 from klalm.ops.checks import value_checks_suspended
 from klalm.train.budget import TokenBudget
 from klalm.train.distributed import FSDPStrategy, HostFlag, block_classes, shard_model
@@ -65,7 +65,7 @@ def lm_loss(logits: Tensor, labels: Tensor) -> tuple[Tensor, Tensor]:
 
     Args:
         logits: [B, T, V], any float dtype.
-        labels: [B, T] next-token ids (already shifted); IGNORE_INDEX (`klalm.models.loss`) positions are not scored.
+        labels: [B, T] next-token ids (already shifted); IGNORE_INDEX (`klalm.loss`) positions are not scored.
 
     Returns:
         (loss, count): scalar mean loss in nats/token and the scalar number of scored tokens.

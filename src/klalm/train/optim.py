@@ -24,7 +24,7 @@ import torch
 from torch import Tensor, nn
 from torch.optim.lr_scheduler import LambdaLR
 
-from klalm.models.checkpoint import clean_name
+from klalm.param_names import clean_name
 
 
 def classify_parameters(model: nn.Module) -> dict[str, str]:

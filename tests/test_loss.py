@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from klalm.models.loss import IGNORE_INDEX, scored_tokens, token_cross_entropy
+from klalm.loss import IGNORE_INDEX, scored_tokens, token_cross_entropy
 
 
 def test_ignored_labels_are_not_scored():
