@@ -16,6 +16,53 @@ import torch
 if not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"
 
+
+def _patch_language_once_per_launch() -> None:
+    """Under TRITON_INTERPRET=1, patch triton.language once per kernel launch, not again at every call of a nested
+    `@triton.jit` helper (the interpreted kernel tests spend most of their time on that re-patching).
+
+    Written for Triton 3.9.0's triton/runtime/interpreter.py: a launch (GridExecutor.__call__) patches the language
+    modules that the kernel's module sees (tl and/or tl.core) with `_patch_lang(kernel)` and restores them when it
+    ends; every helper call (InterpretedFunction.__call__) runs `_patch_lang(helper)` again, an inspect.getmembers walk
+    of triton.language, its tensor class and math module that re-sets the patch already in place (and drops the
+    returned scope, restoring nothing). Here a helper call still patches when it sees a language module the running
+    launch has not patched (as before), else it reuses the launch's patch. Other Triton internals: nothing changes.
+    """
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        return
+    try:
+        import triton.language as tl
+        from triton.runtime import interpreter
+
+        launch, patch_lang, empty_scope = interpreter.GridExecutor, interpreter._patch_lang, interpreter._LangPatchScope
+        calls = (launch.__call__, interpreter.InterpretedFunction.__call__)
+        if not all("_patch_lang" in call.__code__.co_names for call in calls):
+            return  # a Triton whose launch or helper call does not go through _patch_lang: nothing to do
+    except (ImportError, AttributeError):
+        return  # a Triton without these internals
+    launch_call = launch.__call__
+    patched = set()  # the language modules patched by the running launch; empty between launches
+
+    def patch_lang_once(fn):
+        langs = {value for value in fn.__globals__.values() if value is tl or value is tl.core}
+        if langs and langs <= patched:
+            return empty_scope()  # already patched by this launch: an empty scope, nothing to restore
+        patched.update(langs)
+        return patch_lang(fn)
+
+    def launch_once(self, *args, **kwargs):
+        patched.clear()
+        try:
+            return launch_call(self, *args, **kwargs)  # its `_patch_lang(kernel)` is patch_lang_once's first call
+        finally:
+            patched.clear()  # the launch has restored the language
+
+    interpreter._patch_lang = patch_lang_once
+    launch.__call__ = launch_once
+
+
+_patch_language_once_per_launch()
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SHARED_DATA = Path(os.environ.get("KLALM_SHARED_DATA", REPO_ROOT.parent / "shared" / "data"))
 
