@@ -28,6 +28,19 @@ SLICES = SEGMENTS._replace(state_slice=3)  # the state as scans over slices of 3
 WITH_SLICES = [*CONFIGS, pytest.param(SLICES, id="slices")]
 
 
+def crossed_with_configs(cases: list) -> list:
+    """(config, *case) params: every case under the sequential and the segments config, and under the slices config
+    the first case in `make test` and the others `slow` (`make test-full`): a slices run launches the kernels once per
+    slice, and what the first case checks of the slices path the others repeat under another dtype or option."""
+    params = []
+    for index, case in enumerate(cases):
+        for config in WITH_SLICES:
+            slow = config.id == "slices" and index > 0
+            params.append(pytest.param(config.values[0], *case.values, id=f"{case.id}-{config.id}",
+                                       marks=pytest.mark.slow if slow else ()))  # fmt: skip
+    return params
+
+
 def rel_err(x: torch.Tensor, ref: torch.Tensor) -> float:
     """‖x − ref‖ / ‖ref‖ in float64."""
     x, ref = x.detach().double(), ref.detach().double()
@@ -122,8 +135,10 @@ def test_long_sequence_time_parallel(device, length):
     assert_matches(*ours, *ref)
 
 
-@pytest.mark.parametrize("config", WITH_SLICES)
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize(
+    "config,dtype",
+    crossed_with_configs([pytest.param(torch.float32, id="fp32"), pytest.param(torch.bfloat16, id="bf16")]),
+)
 def test_precision_from_logvar(device, config, dtype):
     """precision_floor: the kernels form Λ = 1/(softplus(log σ²) + floor) as they load log σ² (from −40, where
     softplus underflows towards e^x, to 40, where it is x) and return d/d log σ²; against the float64 reference
@@ -233,9 +248,16 @@ def test_unused_outputs(device, used, prior, config, monkeypatch):
             assert rel_err(grads[name], ref) <= 1e-4, f"d{name}: rel err {rel_err(grads[name], ref):.2e}"
 
 
-@pytest.mark.parametrize("config", WITH_SLICES)
-@pytest.mark.parametrize("prior", [False, True], ids=["posterior", "prior"])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize(
+    "config,dtype,prior",
+    crossed_with_configs(
+        [
+            pytest.param(dtype, prior, id=f"{dtype_id}-{prior_id}")
+            for dtype, dtype_id in ((torch.float32, "fp32"), (torch.bfloat16, "bf16"))
+            for prior, prior_id in ((False, "posterior"), (True, "prior"))
+        ]
+    ),
+)
 def test_without_variance(device, config, prior, dtype):
     """variance=False (a KLA layer in training): y_var is None, y, the final state and every gradient are bitwise
     those of the full scan, whose y_var the loss does not use."""
@@ -286,7 +308,7 @@ def test_default_config_by_state_size():
     assert pick(17) == pick(32) == pick(33) == pick(64) == pick(256) == ScanConfig(state_slice=16)
 
 
-@pytest.mark.parametrize("state", [20, 64, 80])
+@pytest.mark.parametrize("state", [20, 64, pytest.param(80, marks=pytest.mark.slow)])  # 80: five full slices
 def test_large_state_defaults_match_reference(device, state, monkeypatch):
     """The launch configs `kla_scan_triton` picks for keys wider than 16 (no config given; L 37 is two chunks, M 10
     not a multiple of their channel blocks) against the float64 oracle."""
@@ -322,9 +344,16 @@ def fixed_cotangents(outs: dict, cotangent_dtype: torch.dtype) -> list[torch.Ten
     return [w[n].to(o.dtype) for n, o in outs.items()]
 
 
-@pytest.mark.parametrize("config", WITH_SLICES)
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
-@pytest.mark.parametrize("channels,state", [(6, 4), (5, 3)], ids=["even-widths", "odd-widths"])
+@pytest.mark.parametrize(
+    "config,channels,state,dtype",
+    crossed_with_configs(
+        [
+            pytest.param(*widths, dtype, id=f"{widths_id}-{dtype_id}")
+            for widths, widths_id in (((5, 3), "odd-widths"), ((6, 4), "even-widths"))
+            for dtype, dtype_id in ((torch.bfloat16, "bf16"), (torch.float16, "fp16"))
+        ]
+    ),
+)
 def test_16bit_inputs_give_the_float32_result(device, dtype, channels, state, config):
     """v, k, q in 16 bits (Λ, a, p and the state in float32, as the KLA layer under autocast) give the result of
     the same values in float32: y, y_var, dv, dk, dq come back in the 16-bit dtype within one unit in its last
