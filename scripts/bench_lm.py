@@ -30,6 +30,8 @@ The numbers come from the last logging window (steps after the first window, whi
 tokens/s over wall-clock time including data and optimiser, MFU from klalm.train.flops, and the peak allocated
 CUDA memory in that window. `--profile` profiles the second-to-last step (klalm.train.profiling.ProfileSteps); with
 `--out`, every profiled run's table of all its kernels goes beside it (`<out>_<model>_B.._T.._<compiled>_kernels.md`).
+`--out` is rewritten after every (T, compile) setting, so a command stopped by a time limit keeps the settings it
+finished (on the device, where a call ends at 600 s, also run each slow-compiling model in its own command).
 Every row records how it ran (`ran_with`: the optimiser as configured, the extra overrides and the klalm commit); a
 table ends with a line naming them, or, where its rows differ in them (a merged table), a line for each way.
 """
@@ -340,6 +342,15 @@ def merge(paths: list[Path]) -> str:
     return sweep_table(rows, list(dict.fromkeys(r["model"] for r in rows)))
 
 
+def write_out(out: Path, texts: list[str], rows: list[dict]) -> None:
+    """The tables so far into `out`, their rows beside it as .json (for `--merge`) and any profiled run's kernels."""
+    out.write_text("\n".join(texts))
+    save_rows(rows, out.with_suffix(".json"))
+    for row in rows:  # --profile: every kernel of each profiled run, beside the tables
+        if "kernels" in row:
+            kernels_path(out, row).write_text(row["kernels"])
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.merge:
@@ -367,17 +378,15 @@ def main(argv: list[str] | None = None) -> int:
             print(*new, sep="\n", flush=True)
             texts += new
             rows += setting_rows
+            if args.out is not None:  # after every setting: a command stopped in a later one keeps these
+                write_out(args.out, texts, rows)
     if len(settings(args)) > 1:
         texts.append(sweep_table(rows, models))
         print(texts[-1])
     if args.plot is not None and any(r.get("perf/tokens_per_s") for r in rows):
         print(f"[bench_lm] wrote {plot_sweep(rows, models, args.plot)}")
     if args.out is not None:
-        args.out.write_text("\n".join(texts))
-        save_rows(rows, args.out.with_suffix(".json"))
-        for row in rows:  # --profile: every kernel of each profiled run, beside the tables
-            if "kernels" in row:
-                kernels_path(args.out, row).write_text(row["kernels"])
+        write_out(args.out, texts, rows)
     return 1 if all("error" in row for row in rows) else 0
 
 

@@ -132,3 +132,25 @@ def test_a_cpu_run_records_how_it_ran(tmp_path, monkeypatch):
     (row,) = json.loads(out.with_suffix(".json").read_text())
     assert row["ran_with"] == {"optimizer": "AdamW (foreach)", "overrides": ["optim.fused=false"], "commit": "test123"}
     assert "All rows ran with AdamW (foreach), overrides: optim.fused=false, commit test123." in out.read_text()
+
+
+def test_out_keeps_the_settings_finished_before_a_stop(tmp_path, monkeypatch):
+    """--out is written after every setting: a command stopped (a time limit) in the second keeps the first's rows."""
+    out = tmp_path / "lm.md"
+    calls = []
+
+    def fake_bench_one(model, args, setting, root, repeat=0):
+        if setting.compile:  # the second setting of --compile both: stopped, as `timeout` would
+            raise KeyboardInterrupt
+        calls.append(setting)
+        return {"model": model, "setting": setting, "perf/tokens_per_s": 1234.0, "wall_s": 1.0, "ran_with": None}
+
+    monkeypatch.setattr(bench_lm, "bench_one", fake_bench_one)
+    argv = ["--models", "gpt_tiny", "--trainer", "cpu", "--seq-len", "32", "--batch-size", "2", "--steps", "4",
+            "--log-every", "2", "--compile", "both", "--out", str(out)]  # fmt: skip
+    with pytest.raises(KeyboardInterrupt):
+        bench_lm.main(argv)
+    assert [s.compile for s in calls] == [False]
+    (row,) = json.loads(out.with_suffix(".json").read_text())
+    assert row["model"] == "gpt_tiny" and row["setting"]["compile"] is False
+    assert "1,234" in out.read_text()
