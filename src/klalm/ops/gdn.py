@@ -18,8 +18,9 @@ Backends (`GDN_BACKENDS`):
 
   so U = Ũ − W h_0 with Ũ = (I + A)⁻¹ βV and W = (I + A)⁻¹ (β e^γ K); then
   O = scale · [(Q e^γ) h_0 + ((Q Kᵀ) ⊙ e^{γ_t − γ_i})_{i ≤ t} U] and h_C = e^{γ_C} h_0 + (K e^{γ_C − γ})ᵀ U.
-  All chunks are solved at once; only the [K, V] state is carried by a loop over chunks. Every exponent is
-  a difference γ_t − γ_i with i ≤ t (masked before exp), so nothing overflows; autograd through it is exact.
+  All chunks are solved at once; only the [K, V] state is carried by a loop over chunks (`_pass_state`, run
+  eagerly under torch.compile). Every exponent is a difference γ_t − γ_i with i ≤ t (masked before exp), so
+  nothing overflows; autograd through it is exact.
 - "fla": flash-linear-attention's `chunk_gated_delta_rule` (CUDA only).
 "auto" picks fla for CUDA tensors below float64 when a one-time probe (`fla_usable`, first use per device) shows it
 runs forward and backward and agrees with the torch path, and torch otherwise (the policy of all three ops, in
@@ -130,13 +131,28 @@ def _chunked_gated_delta_rule(
     k_decay = k * (gam[..., -1:] - gam).exp()[..., None]  # [B, H, N, C, K]
     chunk_decay = gam[..., -1].exp()[..., None, None]  # [B, H, N, 1, 1]
     h = q.new_zeros(batch, heads, dk, v.shape[-1]) if initial_state is None else initial_state.to(dt)
+    o, h = _pass_state(h, u_tilde, w, q_decay, attn, k_decay, chunk_decay)  # [B, H, N, C, V], [B, H, K, V]
+    o = o.flatten(2, 3)[:, :, :length]  # [B, H, L, V]
+    return o.movedim(1, 2).to(out_dtype), h
+
+
+@torch.compiler.disable
+def _pass_state(
+    h: Tensor, u_tilde: Tensor, w: Tensor, q_decay: Tensor, attn: Tensor, k_decay: Tensor, chunk_decay: Tensor
+) -> tuple[Tensor, Tensor]:
+    """Carry the [K, V] state h_0 [B, H, K, V] across the N chunks; returns (o [B, H, N, C, V], final state).
+
+    Runs eagerly under torch.compile (a graph break; the chunk-local work before it is still compiled): dynamo
+    unrolls this Python loop, so tracing grows with the chunk count (aot_eager on the CPU, one call forward +
+    backward: 11.6 s at 16 chunks, 22.6 s at 32; results/cpu_2026-12-04), and a 10-layer model at 32 chunks a layer
+    did not finish compiling in 165 s. Plain torch ops: autograd through it is exact.
+    """
     outs = []
-    for c in range(q.shape[2]):
+    for c in range(u_tilde.shape[2]):
         u = u_tilde[:, :, c] - w[:, :, c] @ h  # [B, H, C, V]
         outs.append(q_decay[:, :, c] @ h + attn[:, :, c] @ u)
         h = chunk_decay[:, :, c] * h + k_decay[:, :, c].transpose(-1, -2) @ u
-    o = torch.stack(outs, 2).flatten(2, 3)[:, :, :length]  # [B, H, L, V]
-    return o.movedim(1, 2).to(out_dtype), h
+    return torch.stack(outs, 2), h
 
 
 def gated_delta_rule_fla(
