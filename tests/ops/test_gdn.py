@@ -176,14 +176,16 @@ def _traced_graphs(length, chunk_size=8):
     return graphs
 
 
-def test_compile_does_not_unroll_the_chunk_loop():
-    """The state loop over chunks runs eagerly under torch.compile (`_pass_state`): traced, dynamo unrolls it and
-    the trace grows with the chunk count (22.6 s for one call at 32 chunks, results/cpu_2026-12-04)."""
-    short, long = (_traced_graphs(n * 8) for n in (4, 16))  # 4 and 16 chunks of 8
-    nodes = [[len(gm.graph.nodes) for gm in graphs] for graphs in (short, long)]
-    assert nodes[0] == nodes[1], f"traced FX nodes per graph grow with the chunk count: {nodes[0]} -> {nodes[1]}"
-    targets = {node.target for gm in long for node in gm.graph.nodes}
-    assert torch.linalg.solve_triangular in targets  # the chunk-local WY/UT work is still compiled
+def test_compile_traces_the_state_pass_in_log_depth():
+    """The state passes between chunks by a scan of log2(N) levels (`_pass_state`): a loop over chunks, which
+    dynamo unrolls, made the trace grow with the chunk count (22.6 s for one call at 32 chunks,
+    results/cpu_2026-12-04). One graph; each 4× more chunks adds the same two levels of nodes."""
+    traced = [_traced_graphs(n * 8) for n in (4, 16, 64)]  # 4, 16 and 64 chunks of 8
+    assert [len(graphs) for graphs in traced] == [1, 1, 1], "the torch path should trace as one graph"
+    nodes = [len(graphs[0].graph.nodes) for graphs in traced]
+    assert nodes[2] - nodes[1] == nodes[1] - nodes[0], f"traced FX nodes grow faster than log2(chunks): {nodes}"
+    targets = {node.target for node in traced[2][0].graph.nodes}
+    assert torch.linalg.solve_triangular in targets
 
 
 def test_compiled_torch_path_matches_eager():

@@ -18,8 +18,8 @@ Backends (`GDN_BACKENDS`):
 
   so U = Ũ − W h_0 with Ũ = (I + A)⁻¹ βV and W = (I + A)⁻¹ (β e^γ K); then
   O = scale · [(Q e^γ) h_0 + ((Q Kᵀ) ⊙ e^{γ_t − γ_i})_{i ≤ t} U] and h_C = e^{γ_C} h_0 + (K e^{γ_C − γ})ᵀ U.
-  All chunks are solved at once; only the [K, V] state is carried by a loop over chunks (`_pass_state`, run
-  eagerly under torch.compile). Every exponent is a difference γ_t − γ_i with i ≤ t (masked before exp), so
+  All chunks are solved at once, and the [K, V] state passes between them by a log-depth scan of the chunks'
+  affine maps (`_pass_state`). Every exponent is a difference γ_t − γ_i with i ≤ t (masked before exp), so
   nothing overflows; autograd through it is exact.
 - "fla": flash-linear-attention's `chunk_gated_delta_rule` (CUDA only).
 "auto" picks fla for CUDA tensors below float64 when a one-time probe (`fla_usable`, first use per device) shows it
@@ -136,23 +136,33 @@ def _chunked_gated_delta_rule(
     return o.movedim(1, 2).to(out_dtype), h
 
 
-@torch.compiler.disable
 def _pass_state(
     h: Tensor, u_tilde: Tensor, w: Tensor, q_decay: Tensor, attn: Tensor, k_decay: Tensor, chunk_decay: Tensor
 ) -> tuple[Tensor, Tensor]:
     """Carry the [K, V] state h_0 [B, H, K, V] across the N chunks; returns (o [B, H, N, C, V], final state).
 
-    Runs eagerly under torch.compile (a graph break; the chunk-local work before it is still compiled): dynamo
-    unrolls this Python loop, so tracing grows with the chunk count (aot_eager on the CPU, one call forward +
-    backward: 11.6 s at 16 chunks, 22.6 s at 32; results/cpu_2026-12-04), and a 10-layer model at 32 chunks a layer
-    did not finish compiling in 165 s. Plain torch ops: autograd through it is exact.
+    Chunk c maps its incoming state affinely, h_c = T_c h_{c−1} + b_c with T_c = e^{γ_C} I − (K e^{γ_C − γ})ᵀ W
+    [K, K] and b_c = (K e^{γ_C − γ})ᵀ Ũ [K, V] (substitute U = Ũ − W h_{c−1} into h_C above), and affine maps
+    compose associatively: (T, b) after (T', b') is (T T', T b' + b). So every chunk's incoming state comes from an
+    inclusive scan of log2(N) levels of batched matmuls over all chunks at once (Hillis–Steele), not from a Python
+    loop over chunks, which torch.compile unrolled (its trace grew with the chunk count: 22.6 s for one call at 32
+    chunks, results/cpu_2026-12-04) and whose eager backward wrote a full-size gradient per chunk.
     """
-    outs = []
-    for c in range(u_tilde.shape[2]):
-        u = u_tilde[:, :, c] - w[:, :, c] @ h  # [B, H, C, V]
-        outs.append(q_decay[:, :, c] @ h + attn[:, :, c] @ u)
-        h = chunk_decay[:, :, c] * h + k_decay[:, :, c].transpose(-1, -2) @ u
-    return torch.stack(outs, 2), h
+    n_chunks = u_tilde.shape[2]
+    k_t = k_decay.transpose(-1, -2)  # [B, H, N, K, C]
+    eye = torch.eye(h.shape[-2], dtype=h.dtype, device=h.device)
+    trans = chunk_decay * eye - k_t @ w  # [B, H, N, K, K]
+    shift = k_t @ u_tilde  # [B, H, N, K, V]
+    step = 1
+    while step < n_chunks:  # after the level of `step`, chunk c holds the map from h_{max(c − 2·step, 0)} to h_c
+        head = trans[:, :, step:]
+        shift = torch.cat([shift[:, :, :step], head @ shift[:, :, :-step] + shift[:, :, step:]], 2)
+        trans = torch.cat([trans[:, :, :step], head @ trans[:, :, :-step]], 2)
+        step *= 2
+    states = trans @ h[:, :, None] + shift  # h_1 .. h_N, [B, H, N, K, V]
+    incoming = torch.cat([h[:, :, None], states[:, :, :-1]], 2)  # h_0 .. h_{N−1}
+    u = u_tilde - w @ incoming  # [B, H, N, C, V]
+    return q_decay @ incoming + attn @ u, states[:, :, -1]
 
 
 def gated_delta_rule_fla(
