@@ -34,6 +34,7 @@ from collections.abc import Callable
 
 import torch
 from torch import Tensor
+from torch.utils.checkpoint import checkpoint
 
 from klalm.ops.backends import OpBackends, resolve_backend
 from klalm.ops.common import compute_dtype
@@ -148,21 +149,28 @@ def _pass_state(
     loop over chunks, which torch.compile unrolled (its trace grew with the chunk count: 22.6 s for one call at 32
     chunks, results/cpu_2026-12-04) and whose eager backward wrote a full-size gradient per chunk.
     """
-    n_chunks = u_tilde.shape[2]
     k_t = k_decay.transpose(-1, -2)  # [B, H, N, K, C]
     eye = torch.eye(h.shape[-2], dtype=h.dtype, device=h.device)
     trans = chunk_decay * eye - k_t @ w  # [B, H, N, K, K]
     shift = k_t @ u_tilde  # [B, H, N, K, V]
-    step = 1
+    # the levels are recomputed in the backward, not saved: saving them took 1.8x the loop's activation memory
+    # (results/cpu_2026-12-04c)
+    trans, shift = checkpoint(_compose_prefixes, trans, shift, use_reentrant=False)
+    states = trans @ h[:, :, None] + shift  # h_1 .. h_N, [B, H, N, K, V]
+    incoming = torch.cat([h[:, :, None], states[:, :, :-1]], 2)  # h_0 .. h_{N−1}
+    u = u_tilde - w @ incoming  # [B, H, N, C, V]
+    return q_decay @ incoming + attn @ u, states[:, :, -1]
+
+
+def _compose_prefixes(trans: Tensor, shift: Tensor) -> tuple[Tensor, Tensor]:
+    """Inclusive scan of the chunks' affine maps (T_c, b_c) along dim 2: chunk c ends with the map from h_0 to h_c."""
+    n_chunks, step = trans.shape[2], 1
     while step < n_chunks:  # after the level of `step`, chunk c holds the map from h_{max(c − 2·step, 0)} to h_c
         head = trans[:, :, step:]
         shift = torch.cat([shift[:, :, :step], head @ shift[:, :, :-step] + shift[:, :, step:]], 2)
         trans = torch.cat([trans[:, :, :step], head @ trans[:, :, :-step]], 2)
         step *= 2
-    states = trans @ h[:, :, None] + shift  # h_1 .. h_N, [B, H, N, K, V]
-    incoming = torch.cat([h[:, :, None], states[:, :, :-1]], 2)  # h_0 .. h_{N−1}
-    u = u_tilde - w @ incoming  # [B, H, N, C, V]
-    return q_decay @ incoming + attn @ u, states[:, :, -1]
+    return trans, shift
 
 
 def gated_delta_rule_fla(
