@@ -163,9 +163,10 @@ def _pass_state(
 
 
 def _compose_prefixes(trans: Tensor, shift: Tensor) -> tuple[Tensor, Tensor]:
-    """Inclusive scan of the chunks' affine maps (T_c, b_c) along dim 2: chunk c ends with the map from h_0 to h_c."""
+    """Inclusive scan of the chunks' affine maps (T, b) along dim 2: entry j ends as the map from h_0 to the state
+    after chunk j (j counted from 0)."""
     n_chunks, step = trans.shape[2], 1
-    while step < n_chunks:  # after the level of `step`, chunk c holds the map from h_{max(c − 2·step, 0)} to h_c
+    while step < n_chunks:  # after this level, entry j maps the state before chunk max(j + 1 − 2·step, 0) to after j
         head = trans[:, :, step:]
         shift = torch.cat([shift[:, :, :step], head @ shift[:, :, :-step] + shift[:, :, step:]], 2)
         trans = torch.cat([trans[:, :, :step], head @ trans[:, :, :-step]], 2)
