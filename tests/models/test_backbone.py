@@ -7,8 +7,9 @@ import math
 import pytest
 import torch
 
-from klalm.models import ARCH_LAYOUTS, build_model
+from klalm.models import ARCH_LAYOUTS, build_model, prepare_backends
 from klalm.models.backbone import INIT_RULES, KLALM, RMSNorm
+from klalm.ops import backends
 
 ARCHS = sorted(ARCH_LAYOUTS)
 V = 64
@@ -180,4 +181,22 @@ def test_lm_with_the_triton_scan_traces_as_one_graph(arch):
     model = build_model(arch, preset="tiny", vocab_size=256, mixer_options={"kla": {"backend": "triton"}})
     ids = torch.randint(0, 256, (2, 12), generator=torch.Generator().manual_seed(0))
     explanation = torch._dynamo.explain(model)(ids, labels=ids)
+    assert (explanation.graph_count, explanation.graph_break_count) == (1, 0), explanation.break_reasons
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_every_lm_with_its_default_backends_compiles_as_one_graph(arch, monkeypatch):
+    """A model with its default ("auto") backends, compiled before any op has made its choice, as `LMModule` and the
+    synthetic trainer compile it (`prepare_backends` first): one graph a forward, loss included. A backend choice
+    logged inside the trace, or the RoPE table built in a `torch.compiler.disable`d function, had split a compiled
+    45M model into 38-44 graphs a forward."""
+    import torch._dynamo
+
+    monkeypatch.setattr(backends, "_AUTO", {})  # no choice made yet, as in a fresh process
+    torch._dynamo.reset()
+    model = _tiny(arch).train()
+    prepare_backends(model, "cpu")
+    ids = _ids(length=140)  # more than one chunk of every chunked path
+    explanation = torch._dynamo.explain(model)(ids, labels=ids)
+    torch._dynamo.reset()
     assert (explanation.graph_count, explanation.graph_break_count) == (1, 0), explanation.break_reasons

@@ -62,9 +62,10 @@ def test_generate_on_gpu(arch):
     assert (logits.max(-1).values - chosen).max() < 1e-3
 
 
-@pytest.mark.parametrize("arch", ["kla", "gpt_kla"])
+@pytest.mark.parametrize("arch", ARCHS)
 def test_compiled_model_matches_eager(arch):
-    """torch.compile (inductor) of a KLA LM, the scan a custom op: loss and gradients as eager under bf16 autocast."""
+    """torch.compile (inductor, one graph: fullgraph) of each LM with its default backends, chosen by the eager run
+    first (the scans and the RoPE table custom ops): loss and gradients as eager under bf16 autocast."""
     ids = _ids()
     runs = []
     for compiled in (False, True):

@@ -1,10 +1,11 @@
-"""klalm.ops.backends: `recording` says which backend each op call ran, for the results that record it."""
+"""klalm.ops.backends: `recording` says which backend each op call ran, for the results that record it; `prepare`
+and the choices made inside a torch.compile trace."""
 
 from __future__ import annotations
 
 import torch
 
-from klalm.ops import kla_scan
+from klalm.ops import backends, kla_scan
 from klalm.ops.backends import recording
 from klalm.ops.common import fresh_state
 
@@ -26,3 +27,33 @@ def test_recording_collects_the_backend_of_each_call_inside_it_only():
     _scan("reference")
     assert outer == {"kla_scan cpu float32": "torch", "kla_scan cpu float64": "reference"}
     assert inner == {"kla_scan cpu float64": "reference"}
+
+
+def test_prepare_decides_every_narrow_dtype_at_once_logs_once_and_records_nothing(monkeypatch, caplog):
+    monkeypatch.setattr(backends, "_AUTO", {})
+    probes = []
+    op = backends.OpBackends("toy", {"reference": None, "torch": None, "fast": None}, "fast",
+                             usable=lambda device: (probes.append(device) or True, "toy probe"))  # fmt: skip
+    with recording() as used, caplog.at_level("INFO", logger="klalm.ops.backends"):
+        backends.prepare(op, torch.device("cpu"))
+    assert used == {} and len(caplog.records) == 1 and probes == []  # CPU: "torch" without a probe
+    assert {dtype: backends._AUTO[("toy", "cpu", dtype)] for dtype in backends.NARROW_DTYPES} == dict.fromkeys(
+        backends.NARROW_DTYPES, "torch"
+    )
+
+
+def test_a_choice_made_inside_a_compile_trace_is_logged_at_the_next_eager_call(monkeypatch, caplog):
+    """Logging inside torch.compile's trace would split the graph: the line waits for the next call outside one."""
+    monkeypatch.setattr(backends, "_AUTO", {})
+    monkeypatch.setattr(backends, "_UNLOGGED", [])
+    torch._dynamo.reset()
+    with caplog.at_level("INFO", logger="klalm.ops.backends"):
+        explanation = torch._dynamo.explain(_scan)("auto")
+        assert (explanation.graph_count, explanation.graph_break_count) == (1, 0), explanation.break_reasons
+        assert caplog.records == [] and len(backends._UNLOGGED) == 1
+        _scan("reference")
+    torch._dynamo.reset()
+    assert [r.getMessage() for r in caplog.records] == [
+        "kla_scan backend 'auto' on cpu torch.float32: 'torch' (cpu tensors)"
+    ]
+    assert backends._UNLOGGED == []

@@ -9,12 +9,16 @@ from __future__ import annotations
 import inspect
 from typing import Any
 
+import torch
+from torch import nn
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from klalm.models.config import ARCH_LAYOUTS, KLALMConfig
 from klalm.models.hf import KLALMCache, KLALMForCausalLM, KLALMOutput
 from klalm.models.mixers import MIXERS
+from klalm.models.mixers.base import Mixer
 from klalm.models.presets import PRESETS, preset_fields
+from klalm.ops.backends import prepare
 
 _CONFIG_KEYS = tuple(
     name
@@ -52,6 +56,17 @@ def build_model(arch: str, preset: str | None = None, **overrides: Any) -> KLALM
     return KLALMForCausalLM(KLALMConfig(arch=arch, **fields))
 
 
+def prepare_backends(model: nn.Module, device: torch.device | str) -> None:
+    """Make the "auto" backend choice of every mixer op in `model` for `device` now (`klalm.ops.backends.prepare`).
+
+    Call it before torch.compile traces the model: made inside the trace, the choice's log line (and on a GPU its
+    probe) would split the compiled model into several graphs for as long as it runs.
+    """
+    for module in model.modules():
+        if isinstance(module, Mixer) and module.backend_op is not None and module.backend == "auto":
+            prepare(module.backend_op, torch.device(device))
+
+
 # `AutoModelForCausalLM.from_pretrained(dir)` loads klalm exports once this module ran (`import klalm` sees to it).
 AutoConfig.register(KLALMConfig.model_type, KLALMConfig, exist_ok=True)
 AutoModelForCausalLM.register(KLALMConfig, KLALMForCausalLM, exist_ok=True)
@@ -69,4 +84,5 @@ __all__ = [
     "KLALMForCausalLM",
     "KLALMOutput",
     "build_model",
+    "prepare_backends",
 ]

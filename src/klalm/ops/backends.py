@@ -11,6 +11,11 @@ torch path, any device) and one fast GPU path ("triton", or "fla" for the gated 
 
 "auto" decides once per (op, device, dtype) and logs its choice once: INFO, or WARNING with the reason when a CUDA
 device falls back to "torch". `recording()` collects which backend every call inside it ran (results record it).
+
+Deciding logs and may probe the device; inside torch.compile's trace either would split the compiled graph, and
+the split stays for as long as the compiled code runs. So code that compiles a model calls `prepare(op, device)`
+first (`klalm.models.prepare_backends` does it for every mixer of a model): the choice is then made, and a traced call
+only reads it. A choice made inside a trace all the same is logged at the next call outside one.
 """
 
 from __future__ import annotations
@@ -44,6 +49,8 @@ class OpBackends:
 
 _AUTO: dict[tuple[str, str, torch.dtype], str] = {}  # (op, device, dtype) -> choice (a dict: dynamo traces it)
 _RECORDS: list[dict[str, str]] = []  # the open `recording()` blocks, innermost last
+_UNLOGGED: list[tuple[int, tuple]] = []  # (level, log arguments) of choices made inside a torch.compile trace
+NARROW_DTYPES = (torch.float32, torch.bfloat16, torch.float16)  # "auto" decides the same for each of these
 
 
 @contextlib.contextmanager
@@ -63,18 +70,26 @@ def resolve_backend(backends: OpBackends, backend: str, device: torch.device, dt
     Raises:
         ValueError: `backend` is neither "auto" nor in the table; the message lists the valid names.
     """
+    if not torch.compiler.is_compiling() and _UNLOGGED:  # in this order: a trace never reads the list
+        for level, args in _UNLOGGED:
+            log.log(level, *args)
+        _UNLOGGED.clear()
     if backend != "auto":
         if backend not in backends.table:
             raise ValueError(f"unknown {backends.op} backend {backend!r}; valid: {sorted(backends.table) + ['auto']}")
         name = backend
     else:
-        key = (backends.op, str(device), dtype)
-        if key not in _AUTO:
-            _AUTO[key] = _decide(backends, device, dtype)
-        name = _AUTO[key]
+        name = _auto_choice(backends, device, dtype)
     for used in _RECORDS:
         used[f"{backends.op} {device} {str(dtype).removeprefix('torch.')}"] = name
     return name
+
+
+def _auto_choice(backends: OpBackends, device: torch.device, dtype: torch.dtype) -> str:
+    key = (backends.op, str(device), dtype)
+    if key not in _AUTO:
+        _AUTO[key] = _decide(backends, device, dtype)
+    return _AUTO[key]
 
 
 def _decide(backends: OpBackends, device: torch.device, dtype: torch.dtype) -> str:
@@ -86,5 +101,18 @@ def _decide(backends: OpBackends, device: torch.device, dtype: torch.dtype) -> s
         usable, reason = backends.usable(device)
     name = backends.fast if usable else "torch"
     level = logging.WARNING if device.type == "cuda" and dtype != torch.float64 and not usable else logging.INFO
-    log.log(level, "%s backend 'auto' on %s %s: %r (%s)", backends.op, device, dtype, name, reason)
+    args = ("%s backend 'auto' on %s %s: %r (%s)", backends.op, device, dtype, name, reason)
+    if torch.compiler.is_compiling():  # a log call would split the graph being traced
+        _UNLOGGED.append((level, args))
+    else:
+        log.log(level, *args)
     return name
+
+
+def prepare(backends: OpBackends, device: torch.device) -> None:
+    """Make the "auto" choice of `backends` on `device` now for each of `NARROW_DTYPES` (one decision, one log line,
+    one probe: the choice does not depend on which), so that calls traced later by torch.compile only read it (the
+    module docstring says why). float64 is left to its first call."""
+    narrow = _auto_choice(backends, device, torch.float32)
+    for dtype in NARROW_DTYPES:
+        _AUTO.setdefault((backends.op, str(device), dtype), narrow)

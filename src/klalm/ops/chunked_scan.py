@@ -91,7 +91,7 @@ _CHUNK_RULE_LOGGED: set[str] = set()
 def default_chunk_size(length: int, step_elements: int, device: torch.device) -> int:
     """Steps per chunk C: L on CPU when B·M·S ≥ CPU_SEQUENTIAL_MIN_ELEMENTS, else ceil(√L) (rule logged once)."""
     on_cpu = device.type == "cpu"
-    if device.type not in _CHUNK_RULE_LOGGED:
+    if device.type not in _CHUNK_RULE_LOGGED and not torch.compiler.is_compiling():  # a log call would split a graph
         _CHUNK_RULE_LOGGED.add(device.type)
         rule = f"one chunk when B*M*S >= {CPU_SEQUENTIAL_MIN_ELEMENTS}, else " if on_cpu else ""
         log.info("kla_scan torch backend on %s: %sceil(sqrt(L)) steps per chunk", device.type, rule)

@@ -33,6 +33,7 @@ import torch
 from torch import Tensor, nn
 
 from klalm.loss import IGNORE_INDEX, token_cross_entropy
+from klalm.models import prepare_backends
 from klalm.train.optim import (
     check_schedule,
     classify_parameters,
@@ -134,6 +135,8 @@ class Member:
                  seed: int, compile_backend: str | None = None) -> None:  # fmt: skip
         self.module, self.streams, self.settings = module.to(device), streams, settings
         self.device, self.seed = device, seed
+        if compile_backend is not None:
+            prepare_backends(self.module, device)  # decided inside the trace, a choice would split the graph
         self.loss = self._loss if compile_backend is None else torch.compile(self._loss, backend=compile_backend)
         self.module.train()
         self.params = [p for p in self.module.parameters() if p.requires_grad]

@@ -42,6 +42,7 @@ from torch import Tensor, nn
 from torch.distributed.tensor import DTensor
 
 from klalm.loss import scored_tokens, token_cross_entropy
+from klalm.models import prepare_backends
 from klalm.ops.checks import value_checks_suspended
 from klalm.train.budget import TokenBudget
 from klalm.train.distributed import FSDPStrategy, HostFlag, block_classes, shard_model
@@ -209,6 +210,9 @@ class LMModule(pl.LightningModule):
         if isinstance(strategy, FSDPStrategy):
             shard_model(self.model, self.device_mesh["data_parallel"], strategy.reshard_after_forward)
         if self.compile_model:
+            # made inside the trace, a backend choice would split the compiled graph; the model may not be on its
+            # device yet (Lightning moves it after this hook), so the strategy names the device
+            prepare_backends(self.model, strategy.root_device if strategy is not None else self.device)
             self.model.compile()
 
     def forward(self, input_ids: Tensor) -> Tensor:

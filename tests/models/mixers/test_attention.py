@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from klalm.models.mixers.attention import ATTENTION_BACKENDS, Attention, attend_math, attend_sdpa, rotary
+from klalm.models.mixers.attention import ATTENTION_BACKENDS, Attention, attend_math, attend_sdpa, rope_table, rotary
 
 
 def _pair(d_model: int = 32, n_heads: int = 4) -> tuple[Attention, Attention]:
@@ -92,3 +92,12 @@ def test_bad_options(kwargs, match):
 
 def test_backend_table():
     assert set(ATTENTION_BACKENDS) == {"sdpa", "math"}
+
+
+def test_rope_table_op_passes_opcheck():
+    """The table is a torch custom op (one opaque call in a compiled graph): its fake shape and registration."""
+    torch.library.opcheck(rope_table, (10_000.0, 4, 8, torch.device("cpu")))
+    table = rope_table(10_000.0, 4, 8, torch.device("cpu"))
+    assert table.shape == (2, 8, 4) and table.dtype == torch.float32
+    table.zero_()  # a caller's copy: the cached table is unchanged
+    assert rope_table(10_000.0, 4, 8, torch.device("cpu"))[0, 0].eq(1).all()

@@ -28,12 +28,18 @@ import torch
 from torch import Tensor, nn
 
 from klalm.config_checks import RENAMED_MIXER_OPTIONS
+from klalm.ops.backends import OpBackends
 
 
 class Mixer(nn.Module):
-    """Base class of sequence mixers: [B, L, D] -> [B, L, D] with a carried state."""
+    """Base class of sequence mixers: [B, L, D] -> [B, L, D] with a carried state.
+
+    A mixer whose `backend` option picks among an op's backends names that op in `backend_op`, so that
+    `klalm.models.prepare_backends` can make the op's "auto" choice before torch.compile traces the mixer.
+    """
 
     d_model: int
+    backend_op: OpBackends | None = None
 
     def forward(self, x: Tensor, state: Any | None = None) -> tuple[Tensor, Any]:
         raise NotImplementedError

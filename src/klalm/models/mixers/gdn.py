@@ -30,7 +30,7 @@ from torch import Tensor, nn
 from klalm.models.mixers.base import Mixer, inverse_softplus_dt, no_weight_decay, reject_unknown_options
 from klalm.models.mixers.conv import CausalConv1d
 from klalm.ops.common import compute_dtype
-from klalm.ops.gdn import GDN_BACKENDS, gated_delta_rule
+from klalm.ops.gdn import GDN_BACKENDS, GDN_OP, gated_delta_rule
 
 QK_NORM_EPS = 1e-6  # floor on ‖q‖, ‖k‖ in the L2 normalisation
 
@@ -62,6 +62,8 @@ class GatedDeltaNetMixer(Mixer):
         backend: gated-delta-rule backend ("auto", "torch", "fla", "reference").
         chunk_size: chunk length of the chunked backends.
     """
+
+    backend_op = GDN_OP
 
     def __init__(
         self,

@@ -26,6 +26,7 @@ from klalm.models.mixers.base import Mixer, no_weight_decay
 from klalm.models.mixers.conv import CausalConv1d
 from klalm.ops import KLAState, kla_scan, kla_step
 from klalm.ops.common import compute_dtype, fresh_state, precision_from_logvar
+from klalm.ops.scan import KLA_SCAN_OP
 
 SensorBlock = Literal["plain", "mamba"]
 Discretization = Literal["ou", "zoh"]
@@ -108,6 +109,8 @@ class KLAMixer(Mixer):
 
     Shapes: forward maps x [B, L, D] to y [B, L, D]; the state is a `KLAMixerState`.
     """
+
+    backend_op = KLA_SCAN_OP
 
     def __init__(
         self,

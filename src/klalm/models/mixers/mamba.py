@@ -29,7 +29,7 @@ from torch import Tensor, nn
 from klalm.models.mixers.base import Mixer, inverse_softplus_dt, no_weight_decay, reject_unknown_options
 from klalm.models.mixers.conv import CausalConv1d
 from klalm.ops.common import compute_dtype
-from klalm.ops.selective_scan import SELECTIVE_SCAN_BACKENDS, selective_scan
+from klalm.ops.selective_scan import SELECTIVE_SCAN_BACKENDS, SELECTIVE_SCAN_OP, selective_scan
 
 
 class MambaState(NamedTuple):
@@ -56,6 +56,8 @@ class MambaMixer(Mixer):
         dt_min, dt_max, dt_init_floor: range of the initial step Δ (log-uniform) and its floor.
         backend: selective-scan backend ("auto", "torch", "triton", "reference").
     """
+
+    backend_op = SELECTIVE_SCAN_OP
 
     def __init__(
         self,
