@@ -179,6 +179,30 @@ def test_the_scored_positions_readout_gives_the_full_readouts_loss_and_gradients
         torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-14)
 
 
+@pytest.mark.parametrize("arch", ["gpt", "kla", "mamba", "gdn"])
+def test_a_compiled_member_runs_one_graph_per_stream_and_stops_compiling(arch):
+    """Each stream's loss (the main batch and the length-2 batch differ in shape) runs as one compiled graph, and
+    the third step compiles nothing new. The selective scan's torch path once called math.isqrt on a size, which
+    dynamo cannot trace symbolically: it broke the graph and recompiled at every step."""
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    member = build_member(_unit(arch, steps=3), 0, CPU, None)
+    compiled, ran = [], []
+
+    def counting(gm: torch.fx.GraphModule, example_inputs: list) -> object:
+        compiled.append(gm)
+        return lambda *args: (ran.append(gm), gm.forward(*args))[1]
+
+    member.loss = torch.compile(member._loss, backend=counting)
+    for _ in range(3):
+        ran.clear()
+        before = len(compiled)
+        train_step(member)
+    torch._dynamo.reset()
+    assert len(ran) == len(member.streams) and len(compiled) == before
+
+
 def test_compiled_training_equals_eager():
     """A member that trains through torch.compile (aot_eager: the traced forward and backward, no C++ compiler)
     takes the same steps as an eager one; evaluation and the state stay on the plain module. (The KLA layer under

@@ -73,7 +73,9 @@ class _Blocks(NamedTuple):
     @classmethod
     def plan(cls, length: int, chunk_size: int) -> _Blocks:
         span = min(chunk_size, length)
-        c = math.isqrt(span - 1) + 1  # c ≈ sqrt(span): c steps within a block, n blocks, both ~sqrt(span)
+        # c = ⌈√span⌉ steps within a block, n blocks, both ~√span (math.sqrt, not math.isqrt: dynamo traces it with
+        # symbolic sizes, where isqrt broke the compiled graph)
+        c = math.ceil(math.sqrt(span))
         n = -(-span // c)
         return cls(-(-length // (n * c)), n, c)
 
