@@ -3,6 +3,7 @@ and the choices made inside a torch.compile trace."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from klalm.ops import backends, kla_scan
@@ -57,3 +58,12 @@ def test_a_choice_made_inside_a_compile_trace_is_logged_at_the_next_eager_call(m
         "kla_scan backend 'auto' on cpu torch.float32: 'torch' (cpu tensors)"
     ]
     assert backends._UNLOGGED == []
+
+
+@pytest.mark.gpu
+def test_prepare_names_a_cuda_device_by_its_index(monkeypatch):
+    """The synthetic runner passes torch.device("cuda"); the ops see tensors on "cuda:0"."""
+    monkeypatch.setattr(backends, "_AUTO", {})
+    op = backends.OpBackends("toy", {"reference": None, "torch": None, "fast": None}, "fast", lambda d: (True, "ok"))
+    backends.prepare(op, torch.device("cuda"))
+    assert backends._AUTO[("toy", f"cuda:{torch.cuda.current_device()}", torch.bfloat16)] == "fast"

@@ -113,6 +113,8 @@ def prepare(backends: OpBackends, device: torch.device) -> None:
     """Make the "auto" choice of `backends` on `device` now for each of `NARROW_DTYPES` (one decision, one log line,
     one probe: the choice does not depend on which), so that calls traced later by torch.compile only read it (the
     module docstring says why). float64 is left to its first call."""
+    if device.type == "cuda" and device.index is None:  # tensors name their device with its index ("cuda:0")
+        device = torch.device("cuda", torch.cuda.current_device())
     narrow = _auto_choice(backends, device, torch.float32)
     for dtype in NARROW_DTYPES:
         _AUTO.setdefault((backends.op, str(device), dtype), narrow)
