@@ -62,9 +62,9 @@ def prepare_backends(model: nn.Module, device: torch.device | str) -> None:
     Call it before torch.compile traces the model: made inside the trace, the choice's log line (and on a GPU its
     probe) would split the compiled model into several graphs for as long as it runs.
     """
-    for module in model.modules():
-        if isinstance(module, Mixer) and module.backend_op is not None and module.backend == "auto":
-            prepare(module.backend_op, torch.device(device))
+    mixers = [m for m in model.modules() if isinstance(m, Mixer) and m.backend_op and m.backend == "auto"]
+    for op in dict.fromkeys(m.backend_op for m in mixers):  # each op once, in the model's order
+        prepare(op, torch.device(device))
 
 
 # `AutoModelForCausalLM.from_pretrained(dir)` loads klalm exports once this module ran (`import klalm` sees to it).

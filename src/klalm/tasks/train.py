@@ -135,9 +135,10 @@ class Member:
                  seed: int, compile_backend: str | None = None) -> None:  # fmt: skip
         self.module, self.streams, self.settings = module.to(device), streams, settings
         self.device, self.seed = device, seed
+        self.loss = self._loss
         if compile_backend is not None:
             prepare_backends(self.module, device)  # decided inside the trace, a choice would split the graph
-        self.loss = self._loss if compile_backend is None else torch.compile(self._loss, backend=compile_backend)
+            self.loss = torch.compile(self._loss, backend=compile_backend)
         self.module.train()
         self.params = [p for p in self.module.parameters() if p.requires_grad]
         self.optimizer = make_optimizer(self.module, settings, device)
