@@ -217,7 +217,8 @@ def table(rows: list[dict], args: argparse.Namespace, setting: Setting) -> str:
     )
     ran = ran_with_note(rows)
     runs = ["tokens/s of each run", "spread"] if args.repeats > 1 else []
-    header = ["model", "params", "tokens/s", *runs, "MFU", "step ms", "step ms median / max", "peak mem GB", "loss",
+    header = ["model", "params", "tokens/s", *runs, "MFU", "step ms", "step ms median / max", "peak mem GB",
+              "reserved GB / alloc retries", "loss",
               "wall s", "status"]  # fmt: skip
     lines = ["| " + " | ".join(header) + " |", "| --- |" + " ---: |" * (len(header) - 2) + " --- |"]
     for row in rows:
@@ -226,7 +227,9 @@ def table(rows: list[dict], args: argparse.Namespace, setting: Setting) -> str:
         cells = [row["model"], _fmt(row.get("params"), ","), _fmt(row.get("perf/tokens_per_s"), ",.0f"), *spread,
                  _fmt(row.get("perf/mfu"), ".1%"), _fmt(row.get("perf/step_time_ms"), ".1f"),
                  " / ".join(_fmt(row.get(f"perf/step_time_ms_{k}"), ".1f") for k in ("median", "max")),
-                 _fmt(row.get("perf/peak_mem_gb"), ".2f"), _fmt(row.get("train/loss"), ".3f"), f"{row['wall_s']:.0f}",
+                 _fmt(row.get("perf/peak_mem_gb"), ".2f"),
+                 f"{_fmt(row.get('perf/peak_reserved_gb'), '.2f')} / {_fmt(row.get('perf/alloc_retries'), '.0f')}",
+                 _fmt(row.get("train/loss"), ".3f"), f"{row['wall_s']:.0f}",
                  row.get("error", "ok")]  # fmt: skip
         lines.append("| " + " | ".join(cells) + " |")
     return head + "\n".join(lines) + "\n\n" + ran

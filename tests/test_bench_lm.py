@@ -97,6 +97,16 @@ def test_table_shows_the_median_and_slowest_step():
     assert "| 20.0 | — / — |" in bench_lm.table([old], bench_lm.parse_args([]), setting)
 
 
+def test_table_shows_reserved_memory_and_allocator_retries():
+    setting = Setting(16, 2048, True)
+    row = {"setting": setting, "model": "gdn_180m", "perf/tokens_per_s": 100.0, "perf/peak_mem_gb": 79.2,
+           "perf/peak_reserved_gb": 131.5, "perf/alloc_retries": 42, "wall_s": 1.0}  # fmt: skip
+    text = bench_lm.table([row], bench_lm.parse_args([]), setting)
+    assert "| peak mem GB | reserved GB / alloc retries |" in text and "| 79.20 | 131.50 / 42 |" in text
+    old = {k: v for k, v in row.items() if k not in ("perf/peak_reserved_gb", "perf/alloc_retries")}
+    assert "| 79.20 | — / — |" in bench_lm.table([old], bench_lm.parse_args([]), setting)
+
+
 def test_optimizer_names_say_fused_or_foreach():
     def name(**optim):
         return bench_lm.optimizer_name(OmegaConf.create(optim))

@@ -124,6 +124,10 @@ def test_non_finite_steps_are_skipped_and_counted_on_the_host_and_on_the_device(
         losses[fused] = [float(r["train/loss"]) for r in _rows(run_dir) if r["train/loss"]]
         state = torch.load(find_latest([run_dir]), weights_only=True)["optimizer_states"][0]["state"]
         adam_steps[fused] = {float(s["step"]) for s in state.values()}
+        if trainer == "gpu":  # the allocator's memory metrics (CUDA only)
+            row = [r for r in _rows(run_dir) if r.get("perf/peak_mem_gb")][-1]
+            assert float(row["perf/peak_reserved_gb"]) >= float(row["perf/peak_mem_gb"]) > 0
+            assert float(row["perf/alloc_retries"]) >= 0
     for summary in summaries.values():
         assert summary["skipped_steps"] == 2
         assert summary["steps"] == 4  # a skipped step is a step (its tokens, its learning rate) without an update

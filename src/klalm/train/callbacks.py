@@ -10,6 +10,10 @@ wandb), straight through `logger.log_metrics`, so large counters such as tokens 
                                    events at each step's end; the host's clock on CPUs): a few slow steps, or all?
     perf/mfu                       only on GPUs whose peak rate is known (flops.PEAK_BF16_FLOPS) or is configured
     perf/peak_mem_gb               CUDA only: peak allocated memory since the previous row, GiB
+    perf/peak_reserved_gb          CUDA only: peak memory the caching allocator held since the previous row, GiB
+    perf/alloc_retries             CUDA only: times since the run began that the allocator found no free block,
+                                   released its cache and asked the driver again (slow, synchronising; a step that
+                                   nearly fills the GPU shows it here before it runs out of memory)
 
 `StopAfterSteps` ends training after a given optimiser step while the lr schedule keeps the full run's length, so a
 short window of a long recipe can be compared across launch modes:
@@ -115,6 +119,8 @@ class StepMetrics(Callback):
             row["perf/mfu"] = self.flops_per_token * tokens_per_s / (self.peak_flops_per_device * trainer.world_size)
         if pl_module.device.type == "cuda":
             row["perf/peak_mem_gb"] = torch.cuda.max_memory_allocated(pl_module.device) / 2**30
+            row["perf/peak_reserved_gb"] = torch.cuda.max_memory_reserved(pl_module.device) / 2**30
+            row["perf/alloc_retries"] = torch.cuda.memory_stats(pl_module.device).get("num_alloc_retries", 0)
         self.last_row = row
         for logger in trainer.loggers:
             logger.log_metrics(row, step=step)
