@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -96,8 +98,19 @@ def test_backend_table():
 
 def test_rope_table_op_passes_opcheck():
     """The table is a torch custom op (one opaque call in a compiled graph): its fake shape and registration."""
-    torch.library.opcheck(rope_table, (10_000.0, 4, 8, torch.device("cpu")))
-    table = rope_table(10_000.0, 4, 8, torch.device("cpu"))
+    for start, end in ((0, 8), (5, 6), (3, 11)):
+        torch.library.opcheck(rope_table, (10_000.0, 4, start, end, torch.device("cpu")))
+    table = rope_table(10_000.0, 4, 0, 8, torch.device("cpu"))
     assert table.shape == (2, 8, 4) and table.dtype == torch.float32
     table.zero_()  # a caller's copy: the cached table is unchanged
-    assert rope_table(10_000.0, 4, 8, torch.device("cpu"))[0, 0].eq(1).all()
+    assert rope_table(10_000.0, 4, 0, 8, torch.device("cpu"))[0, 0].eq(1).all()
+
+
+def test_rope_table_rows_are_the_rows_of_the_whole_table():
+    """Rows start..end (one row when decoding a token) are those rows of the table from position 0, across the
+    power-of-two sizes the cache keeps (end 6 in the table of 8, end 11 in that of 16)."""
+    whole = rope_table(10_000.0, 4, 0, 16, torch.device("cpu"))
+    for start, end in ((5, 6), (3, 11), (0, 3)):
+        torch.testing.assert_close(rope_table(10_000.0, 4, start, end, torch.device("cpu")), whole[:, start:end])
+    angle = 7 * 10_000.0 ** (-1 / 4)  # position 7, frequency index 1 of 4
+    torch.testing.assert_close(whole[:, 7, 1], torch.tensor([math.cos(angle), math.sin(angle)]))

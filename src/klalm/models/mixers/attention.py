@@ -33,37 +33,38 @@ class KVCache(NamedTuple):
     v: Tensor
 
 
-# (theta, E/2, P, device) -> [2, P, E/2] float32: cos and sin of the RoPE angles of positions 0 .. P-1
+# (theta, E/2, P, device) -> [2, P, E/2] float32: cos and sin of the RoPE angles of positions 0 .. P-1 (P a power of 2)
 _ROPE_TABLES: dict[tuple[float, int, int, str], Tensor] = {}
 
 
 @torch.library.custom_op("klalm::rope_table", mutates_args=())
-def rope_table(theta: float, half: int, positions: int, device: torch.device) -> Tensor:
-    """cos and sin of pos·θ_i for pos < positions, i < half: [2, positions, half] float32 (a fresh copy of a table
-    built once per (θ, half, positions, device)).
+def rope_table(theta: float, half: int, start: int, end: int, device: torch.device) -> Tensor:
+    """cos and sin of pos·θ_i for start ≤ pos < end, i < half: [2, end − start, half] float32 (a fresh copy of those
+    rows of a table built once per (θ, half, device) and power of two ≥ end, so that one table serves many lengths).
 
     A custom op, so torch.compile keeps it one opaque call inside the model's graph. Traced as plain ops, the
     table's cos and sin were fused into the kernels that read them and computed again for every element of q and
     k (inductor's choice; 7 ms of a compiled gpt_45m step on an H200); built in a `torch.compiler.disable`d
-    function, as before 2026-12-04, it broke the compiled model into dozens of graphs a forward."""
+    function, as before 2026-12-04, it broke the compiled model into dozens of graphs a forward. Only the rows
+    asked for are copied: decoding one token copies one row."""
+    positions = 1 << max(end - 1, 1).bit_length()
     key = (theta, half, positions, str(device))
     if key not in _ROPE_TABLES:
         inv_freq = theta ** (-torch.arange(half, device=device, dtype=torch.float32) / half)  # [E/2]
         angles = torch.arange(positions, device=device, dtype=torch.float32)[:, None] * inv_freq[None, :]  # [P, E/2]
         _ROPE_TABLES[key] = torch.stack((angles.cos(), angles.sin()))
-    return _ROPE_TABLES[key].clone()  # a custom op's output is its own: compiled code may reuse its memory
+    return _ROPE_TABLES[key][:, start:end].clone()  # a custom op's output is its own: compiled code may reuse it
 
 
 @rope_table.register_fake
-def _(theta: float, half: int, positions: int, device: torch.device) -> Tensor:
-    return torch.empty(2, positions, half, device=device, dtype=torch.float32)
+def _(theta: float, half: int, start: int, end: int, device: torch.device) -> Tensor:
+    return torch.empty(2, end - start, half, device=device, dtype=torch.float32)
 
 
 def rotary(x: Tensor, offset: int, theta: float) -> Tensor:
     """Rotate x [B, H, L, E] by the RoPE angles of positions offset .. offset+L-1 (rotate-half layout)."""
     half, end = x.shape[-1] // 2, offset + x.shape[-2]
-    positions = 1 << max(end - 1, 1).bit_length()  # a power of two ≥ end, so that one table serves many lengths
-    cos, sin = rope_table(theta, half, positions, x.device)[:, offset:end].to(x.dtype).unbind(0)  # each [L, E/2]
+    cos, sin = rope_table(theta, half, offset, end, x.device).to(x.dtype).unbind(0)  # each [L, E/2]
     x1, x2 = x[..., :half], x[..., half:]
     return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
 
