@@ -18,9 +18,9 @@ Backends (`GDN_BACKENDS`):
 
   so U = Ũ − W h_0 with Ũ = (I + A)⁻¹ βV and W = (I + A)⁻¹ (β e^γ K); then
   O = scale · [(Q e^γ) h_0 + ((Q Kᵀ) ⊙ e^{γ_t − γ_i})_{i ≤ t} U] and h_C = e^{γ_C} h_0 + (K e^{γ_C − γ})ᵀ U.
-  All chunks are solved at once, and the [K, V] state passes between them by a log-depth scan of the chunks'
-  affine maps (`_pass_state`). Every exponent is a difference γ_t − γ_i with i ≤ t (masked before exp), so
-  nothing overflows; autograd through it is exact.
+  All chunks are solved at once, and the [K, V] state passes between them by composing the chunks' affine maps
+  in groups of about √N chunks (`_chunk_states`). Every exponent is a difference γ_t − γ_i with i ≤ t (masked
+  before exp), so nothing overflows; autograd through it is exact.
 - "fla": flash-linear-attention's `chunk_gated_delta_rule` (CUDA only).
 "auto" picks fla for CUDA tensors below float64 when a one-time probe (`fla_usable`, first use per device) shows it
 runs forward and backward and agrees with the torch path, and torch otherwise (the policy of all three ops, in
@@ -143,35 +143,51 @@ def _pass_state(
     """Carry the [K, V] state h_0 [B, H, K, V] across the N chunks; returns (o [B, H, N, C, V], final state).
 
     Chunk c maps its incoming state affinely, h_c = T_c h_{c−1} + b_c with T_c = e^{γ_C} I − (K e^{γ_C − γ})ᵀ W
-    [K, K] and b_c = (K e^{γ_C − γ})ᵀ Ũ [K, V] (substitute U = Ũ − W h_{c−1} into h_C above), and affine maps
-    compose associatively: (T, b) after (T', b') is (T T', T b' + b). So every chunk's incoming state comes from an
-    inclusive scan of log2(N) levels of batched matmuls over all chunks at once (Hillis–Steele), not from a Python
-    loop over chunks, which torch.compile unrolled (its trace grew with the chunk count: 22.6 s for one call at 32
-    chunks, results/cpu_2026-12-04) and whose eager backward wrote a full-size gradient per chunk.
+    [K, K] and b_c = (K e^{γ_C − γ})ᵀ Ũ [K, V] (substitute U = Ũ − W h_{c−1} into h_C above). Every chunk's
+    incoming state comes from `_chunk_states`, then every chunk's outputs at once.
     """
     k_t = k_decay.transpose(-1, -2)  # [B, H, N, K, C]
     eye = torch.eye(h.shape[-2], dtype=h.dtype, device=h.device)
     trans = chunk_decay * eye - k_t @ w  # [B, H, N, K, K]
     shift = k_t @ u_tilde  # [B, H, N, K, V]
-    # the levels are recomputed in the backward, not saved: saving them took 1.8x the loop's activation memory
-    # (results/cpu_2026-12-04c)
-    trans, shift = checkpoint(_compose_prefixes, trans, shift, use_reentrant=False)
-    states = trans @ h[:, :, None] + shift  # h_1 .. h_N, [B, H, N, K, V]
+    # h_1 .. h_N [B, H, N, K, V]; the groups' maps are recomputed in the backward, not saved (saved bytes 16.6
+    # state-sized tensors against 19.8, the loop's 14.3: results/cpu_2026-12-04e)
+    states = checkpoint(_chunk_states, h, trans, shift, use_reentrant=False)
     incoming = torch.cat([h[:, :, None], states[:, :, :-1]], 2)  # h_0 .. h_{N−1}
     u = u_tilde - w @ incoming  # [B, H, N, C, V]
     return q_decay @ incoming + attn @ u, states[:, :, -1]
 
 
-def _compose_prefixes(trans: Tensor, shift: Tensor) -> tuple[Tensor, Tensor]:
-    """Inclusive scan of the chunks' affine maps (T, b) along dim 2: entry j ends as the map from h_0 to the state
-    after chunk j (j counted from 0)."""
-    n_chunks, step = trans.shape[2], 1
-    while step < n_chunks:  # after this level, entry j maps the state before chunk max(j + 1 − 2·step, 0) to after j
-        head = trans[:, :, step:]
-        shift = torch.cat([shift[:, :, :step], head @ shift[:, :, :-step] + shift[:, :, step:]], 2)
-        trans = torch.cat([trans[:, :, :step], head @ trans[:, :, :-step]], 2)
-        step *= 2
-    return trans, shift
+def _chunk_states(h: Tensor, trans: Tensor, shift: Tensor) -> Tensor:
+    """The states h_1 .. h_N [B, H, N, K, V] after the chunks' affine maps (T_c, b_c) [B, H, N, K, K | V] from h_0.
+
+    Affine maps compose associatively, (T, b) after (T', b') = (T T', T b' + b), so the N chunks are taken in G
+    groups of S ≈ √N: (1) within every group at once, S − 1 sequential steps compose each chunk's map from the
+    group's start; (2) G − 1 sequential steps carry the state across the groups by their whole maps; (3) every
+    chunk's state is its map from its group's start applied to the group's incoming state, all at once. About
+    N·(K³ + 2K²V) multiply-adds in about 2√N sequential steps, where a loop over chunks takes N steps (dynamo
+    unrolls it, so its compile grew with N: 22.6 s to trace one call at 32 chunks, results/cpu_2026-12-04) and a
+    log-depth (Hillis–Steele) scan does N·log2(N) compositions (on the GPU gdn_180m ran 0.77× the loop's speed
+    with it, results/gpu_2026-12-04f).
+    """
+    n_chunks = trans.shape[2]
+    size = math.ceil(math.sqrt(n_chunks))  # chunks per group (math.isqrt does not trace on symbolic sizes)
+    groups = -(-n_chunks // size)
+    pad = groups * size - n_chunks  # identity maps after the last chunk
+    if pad:
+        eye = torch.eye(trans.shape[-1], dtype=trans.dtype, device=trans.device)
+        trans = torch.cat([trans, eye.expand(*trans.shape[:2], pad, *eye.shape)], 2)
+        shift = torch.cat([shift, shift.new_zeros(*shift.shape[:2], pad, *shift.shape[3:])], 2)
+    trans, shift = trans.unflatten(2, (groups, size)), shift.unflatten(2, (groups, size))  # [B, H, G, S, K, *]
+    maps_t, maps_b = [trans[:, :, :, 0]], [shift[:, :, :, 0]]  # map from the group's start to after chunk j
+    for j in range(1, size):
+        maps_b.append(trans[:, :, :, j] @ maps_b[-1] + shift[:, :, :, j])
+        maps_t.append(trans[:, :, :, j] @ maps_t[-1])
+    starts = [h]  # the state entering each group
+    for g in range(groups - 1):
+        starts.append(maps_t[-1][:, :, g] @ starts[-1] + maps_b[-1][:, :, g])
+    states = torch.stack(maps_t, 3) @ torch.stack(starts, 2)[:, :, :, None] + torch.stack(maps_b, 3)
+    return states.flatten(2, 3)[:, :, :n_chunks]
 
 
 def gated_delta_rule_fla(
