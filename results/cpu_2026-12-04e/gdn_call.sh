@@ -1,15 +1,15 @@
 # For the next GPU session (written 2026-12-04, thirty-first session), one device call (carry `.whl`; about 9
-# minutes): why GDN's log-depth state scan made gdn_180m 0.77x the loop's speed eager while gdn_45m gained 1.66x
-# (results/gpu_2026-12-04f/gdn), and how fast the scan runs compiled.
-# 1. gdn_180m eager, scan (HEAD) then loop (397be0f's src/klalm/ops/gdn.py), each with --profile (every kernel of one
-#    step beside the table) and the allocator's reserved memory and retries (perf/peak_reserved_gb,
-#    perf/alloc_retries, since the thirty-first session).
-# 2. gdn_45m compiled with the scan, with room to compile (about 100 s on 2 CPU cores through inductor:
-#    results/cpu_2026-12-04e/gdn_compile_time.md; the 120 s limit of results/gpu_2026-12-04f stopped it after one step).
-# 3. gdn_180m compiled with the scan, with the time left.
+# minutes). GDN's torch path passes the state between chunks in groups of about √N chunks since the thirty-first
+# session (src/klalm/ops/gdn.py `_chunk_states`); before, a log-depth scan (94ea0e4: gdn_45m 1.66× the loop's speed
+# eager on one H200, gdn_180m 0.77×, results/gpu_2026-12-04f/gdn), and before that a loop over chunks (397be0f).
+# 1. gdn_180m and gdn_45m eager with each of the three (`variants/` holds the two older gdn.py files), gdn_180m
+#    profiled (every kernel of one step beside its table), every row with the allocator's reserved memory and
+#    retries (perf/peak_reserved_gb, perf/alloc_retries).
+# 2. gdn_45m compiled with the groups, with room to compile (about 2 minutes cold through inductor on 2 CPU cores:
+#    gdn_compile_time.md), then gdn_180m compiled with the time left.
 # Every bench runs under `timeout -k`: the bench ignores the first SIGTERM while it compiles (Lightning's handler
-# waits for the step), which cost results/gpu_2026-12-04f a whole call.
-#   bash results/cpu_2026-12-04e/gdn_call.sh        # then copy $OUT's files into a results/gpu_<date> folder
+# waits for the step to end), which cost results/gpu_2026-12-04f a whole call.
+#   bash results/cpu_2026-12-04e/gdn_call.sh        # then unpack $OUT/gdn.tgz into a results/gpu_<date> folder
 source scripts/device_setup.sh || exit 1
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader
 echo "setup done at ${SECONDS} s"
@@ -21,11 +21,18 @@ bench() {  # model, compile, timeout, tag, extra options; everything lands in /t
   echo "$4 $1 compile $2: rc $? at ${SECONDS} s"
   tar -czf $OUT/gdn.tgz -C /tmp gdn
 }
-bench gdn_180m off 75 scan --profile
-cp src/klalm/ops/gdn.py /tmp/gdn_scan.py && git show 397be0f:src/klalm/ops/gdn.py > src/klalm/ops/gdn.py
-bench gdn_180m off 75 loop --profile
-cp /tmp/gdn_scan.py src/klalm/ops/gdn.py && git diff --quiet src/klalm/ops/gdn.py || exit 1
-bench gdn_45m on 240 compiled
+variants=results/cpu_2026-12-04e/variants
+cp src/klalm/ops/gdn.py /tmp/gdn_groups.py
+for pass in groups loop scan; do
+  case $pass in
+    loop) cp $variants/gdn_loop_397be0f.py src/klalm/ops/gdn.py ;;
+    scan) cp $variants/gdn_scan_94ea0e4.py src/klalm/ops/gdn.py ;;
+  esac
+  bench gdn_180m off 60 eager_$pass --profile
+  bench gdn_45m off 45 eager_$pass
+done
+cp /tmp/gdn_groups.py src/klalm/ops/gdn.py && git diff --quiet src/klalm/ops/gdn.py || exit 1
+bench gdn_45m on 200 compiled
 left=$((${LIMIT:-570} - SECONDS - 15))
 [ $left -gt 90 ] && bench gdn_180m on $left compiled
 grep -h "^| gdn" /tmp/gdn/*.md

@@ -1,27 +1,32 @@
-"""Compile time of one gdn_45m training step (forward + backward, T 2048, batch 1) on the CPU, by torch.compile
-backend, with the GDN torch path's state scan as in the tree, or with its levels not checkpointed ("plain":
-`klalm.ops.gdn.checkpoint` replaced by a plain call). Each setting in a fresh process with an empty inductor cache
-(TORCHINDUCTOR_CACHE_DIR), so every row compiles cold:
+"""Compile time of one gdn_45m training step (forward + backward, T 2048, batch 1) on the CPU through torch.compile,
+and the compiled step's time, for three ways of passing the GDN state between chunks (the variants of
+`gdn_state_pass_time.py`: loop, scan, groups), gpt_45m for scale. Each row in a fresh process on a copy of src/ with
+that variant's gdn.py, with an empty inductor cache (TORCHINDUCTOR_CACHE_DIR), so every row compiles cold, and
+denormals flushed (see gdn_state_pass_time.py):
 
-    .venv/bin/python results/cpu_2026-12-04e/gdn_compile_time.py            # the table
-    .venv/bin/python results/cpu_2026-12-04e/gdn_compile_time.py aot_eager ckpt   # one row
+    .venv/bin/python results/cpu_2026-12-04e/gdn_compile_time.py                  # the table
+    .venv/bin/python results/cpu_2026-12-04e/gdn_compile_time.py inductor gdn     # one row, on whatever src/ imports
 """
 
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
 
 import torch
 
-import klalm.ops.gdn as gdn_ops
-from klalm.models import build_model, prepare_backends
+HERE = Path(__file__).parent
+SRC = HERE.parents[1] / "src"
+VARIANTS = {"loop": "gdn_loop_397be0f.py", "scan": "gdn_scan_94ea0e4.py", "groups": None}  # None: the tree's own
 
 
-def compile_seconds(backend: str, variant: str, arch: str = "gdn") -> tuple[float, float]:
-    if variant == "plain":
-        gdn_ops.checkpoint = lambda fn, *args, **_: fn(*args)
+def compile_seconds(backend: str, arch: str) -> tuple[float, float]:
+    from klalm.models import build_model, prepare_backends
+
+    torch.set_flush_denormal(True)
     torch.manual_seed(0)
     model = build_model(arch, preset="45m", vocab_size=256).train()
     prepare_backends(model, "cpu")
@@ -35,19 +40,24 @@ def compile_seconds(backend: str, variant: str, arch: str = "gdn") -> tuple[floa
     return times[0], times[1]
 
 
+def run_row(backend: str, arch: str, variant: str | None) -> str:
+    with tempfile.TemporaryDirectory() as tmp:
+        src = Path(tmp) / "src"
+        shutil.copytree(SRC, src, ignore=shutil.ignore_patterns("__pycache__"))
+        if variant is not None:
+            shutil.copy(HERE / "variants" / variant, src / "klalm" / "ops" / "gdn.py")
+        env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(Path(tmp) / "cache"), "PYTHONPATH": str(src)}
+        out = subprocess.run([sys.executable, __file__, backend, arch], capture_output=True, text=True, env=env)
+    return out.stdout.strip() if out.returncode == 0 else f"failed: {out.stderr.strip().splitlines()[-1]}"
+
+
 def main() -> None:
-    print("| arch | backend | state scan levels | first step s (compile + run) | second step s |")
+    print("| arch | state pass | backend | first step s (compile + run) | second step s |")
     print("| --- | --- | --- | ---: | ---: |")
-    for arch, backend, variant in [("gdn", "aot_eager", "ckpt"), ("gdn", "aot_eager", "plain"),
-                                   ("gdn", "inductor", "ckpt"), ("gdn", "inductor", "plain"),
-                                   ("gpt", "inductor", "ckpt")]:  # fmt: skip
-        with tempfile.TemporaryDirectory() as cache:
-            env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": cache}
-            out = subprocess.run([sys.executable, __file__, backend, variant, arch], capture_output=True, text=True,
-                                 env=env)  # fmt: skip
-        row = out.stdout.strip() if out.returncode == 0 else f"failed: {out.stderr.strip().splitlines()[-1]}"
-        levels = "—" if arch != "gdn" else ("checkpointed" if variant == "ckpt" else "saved")
-        print(f"| {arch}_45m | {backend} | {levels} | {row} |", flush=True)
+    rows = [("gdn", name, backend) for name in VARIANTS for backend in ("aot_eager", "inductor")]
+    for arch, name, backend in [*rows, ("gpt", "—", "inductor")]:
+        row = run_row(backend, arch, VARIANTS.get(name))
+        print(f"| {arch}_45m | {name} | {backend} | {row} |", flush=True)
     threads, version = torch.get_num_threads(), torch.__version__
     print(f"\nCold inductor cache each row. CPU, {threads} threads, torch {version}, T 2048, batch 1, vocab 256")
 

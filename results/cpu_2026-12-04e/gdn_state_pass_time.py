@@ -1,0 +1,85 @@
+"""Eager time of klalm's torch GDN path on the CPU with denormals flushed, by chunk count (B 2, H 8, K 48, V 96,
+float32, chunks of 64; median of 5 calls after one warm-up), for three ways of passing the state between chunks,
+each in its own process, in two alternating rounds:
+
+- loop: a Python loop over the chunks (397be0f), `variants/gdn_loop_397be0f.py`
+- scan: a log-depth (Hillis–Steele) scan, levels checkpointed (94ea0e4), `variants/gdn_scan_94ea0e4.py`
+- groups: about √N groups of about √N chunks (this tree's src/klalm/ops/gdn.py)
+
+Why flushed: the gates decay the maps' products below float32's normal range (e^{γ_C} over a 64-token chunk is
+about e^{-32} with these inputs), and a CPU computes with denormal numbers many times slower than with normal ones
+(a GPU does not), which made the unflushed timings of results/cpu_2026-12-04c depend on how many products each
+variant forms in the denormal band rather than on its work.
+
+    .venv/bin/python results/cpu_2026-12-04e/gdn_state_pass_time.py
+"""
+
+import importlib.util
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+HERE = Path(__file__).parent
+VARIANTS = {
+    "loop": HERE / "variants" / "gdn_loop_397be0f.py",
+    "scan": HERE / "variants" / "gdn_scan_94ea0e4.py",
+    "groups": HERE.parents[1] / "src" / "klalm" / "ops" / "gdn.py",
+}
+
+
+def inputs(length: int, batch: int = 2, heads: int = 8, dk: int = 48, dv: int = 96) -> list[torch.Tensor]:
+    gen = torch.Generator().manual_seed(0)
+    unit = lambda: torch.nn.functional.normalize(torch.randn(batch, length, heads, dk, generator=gen), dim=-1)  # noqa: E731
+    gates = [-torch.rand(batch, length, heads, generator=gen), torch.rand(batch, length, heads, generator=gen)]
+    raw = [unit(), unit(), torch.randn(batch, length, heads, dv, generator=gen), *gates]
+    return [t.requires_grad_() for t in raw]
+
+
+def time_variant(name: str) -> list[tuple[int, float, float]]:
+    spec = importlib.util.spec_from_file_location(f"gdn_{name}", VARIANTS[name])
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    torch.set_flush_denormal(True)
+    rows = []
+    for length in (512, 1024, 2048, 4096):
+        x = inputs(length)
+        fwd, both = [], []
+        for _ in range(6):
+            start = time.perf_counter()
+            out = module.gated_delta_rule_torch(*x, None, 0.25)[0]
+            mid = time.perf_counter()
+            out.sum().backward()
+            fwd.append(mid - start)
+            both.append(time.perf_counter() - start)
+        rows.append((length, 1e3 * sorted(fwd[1:])[2], 1e3 * sorted(both[1:])[2]))
+    return rows
+
+
+def main() -> None:
+    results: dict[str, list[list[tuple[int, float, float]]]] = {name: [] for name in VARIANTS}
+    for _ in range(2):
+        for name in VARIANTS:
+            out = subprocess.run([sys.executable, __file__, name], capture_output=True, text=True, check=True).stdout
+            results[name].append(eval(out))  # the child's repr of its rows
+    print("| T | chunks of 64 | " + " | ".join(f"{n} fwd ms | {n} f+b ms" for n in VARIANTS) + " |")
+    print("| ---: | ---: |" + " ---: | ---: |" * len(VARIANTS))
+    for i, length in enumerate((512, 1024, 2048, 4096)):
+        cells = []
+        for name in VARIANTS:
+            fwd = " / ".join(f"{r[i][1]:.1f}" for r in results[name])
+            both = " / ".join(f"{r[i][2]:.1f}" for r in results[name])
+            cells += [fwd, both]
+        print(f"| {length} | {length // 64} | " + " | ".join(cells) + " |")
+    threads = torch.get_num_threads()
+    print("\nTwo rounds each (round 1 / round 2). B 2, H 8, K 48, V 96, float32, denormals flushed,")
+    print(f"{threads} threads, torch {torch.__version__}.")
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 1:
+        print(repr(time_variant(sys.argv[1])))
+    else:
+        main()
