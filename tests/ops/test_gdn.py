@@ -33,7 +33,8 @@ def make_inputs(length, batch=2, heads=2, dk=4, dv=6, dtype=torch.float64, seed=
 def outputs_and_grads(fn, inputs, seed=1):
     o, h = fn(*inputs.values())
     gen = torch.Generator().manual_seed(seed)
-    wo, wh = (torch.randn(x.shape, generator=gen, dtype=x.dtype) for x in (o, h))
+    # drawn in float64 on the CPU, then cast and moved: the same cotangents for every dtype and device
+    wo, wh = (torch.randn(x.shape, generator=gen, dtype=torch.float64).to(x) for x in (o, h))
     leaves = {k: v for k, v in inputs.items() if v is not None}
     grads = torch.autograd.grad((o * wo).sum() + (h * wh).sum(), list(leaves.values()))
     return o, h, dict(zip(leaves, grads))
