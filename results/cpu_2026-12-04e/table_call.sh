@@ -3,7 +3,9 @@
 # kla / gpt unchanged at 0.61). Compile on, 32,768 tokens a step (B·T fixed), T 2048, 8192, 16384 and 32768, the
 # mean of the last 10 of 40 steps, one process per model under `timeout -k` (a compile that hangs loses one model,
 # not the call). Three calls (carry `.whl`), about 7–9 minutes each:
-#   PART=45m bash results/cpu_2026-12-04e/table_call.sh            # gpt, kla, mamba, gpt_kla at 45M
+#   PART=45m bash results/cpu_2026-12-04e/table_call.sh            # gpt, kla, mamba, gpt_kla at 45M; then, with the
+#                                                                  # time left, one compiled step of kla_45m and
+#                                                                  # gpt_45m profiled (--profile)
 #   PART=180m_a bash results/cpu_2026-12-04e/table_call.sh         # gpt_180m, kla_180m
 #   PART=180m_b bash results/cpu_2026-12-04e/table_call.sh         # mamba_180m, gpt_kla_180m
 # Everything lands in /tmp/lm, packed into $OUT/lm_table_$PART.tgz after each model (a call returns at most 8
@@ -23,4 +25,11 @@ for model in $models; do
   echo "$model: rc $? at ${SECONDS} s"
   tar -czf $OUT/lm_table_$PART.tgz -C /tmp lm
 done
+if [ "$PART" = 45m ]; then  # issue 17's "after" profile of one compiled step, with the time left
+  left=$((${LIMIT:-570} - SECONDS - 15))
+  [ $left -gt 60 ] && timeout -k 10 $left python3 scripts/bench_lm.py --models kla_45m,gpt_45m --seq-len 2048 \
+    --tokens-per-step 32768 --compile on --profile --out /tmp/lm/profile_45m.md > /tmp/lm/profile_45m.log 2>&1
+  echo "profile: rc $? at ${SECONDS} s"
+  tar -czf $OUT/lm_table_$PART.tgz -C /tmp lm
+fi
 grep -h "^| [a-z_]*_[0-9]*m " /tmp/lm/*.md
