@@ -2,7 +2,7 @@
 # minutes). GDN's torch path passes the state between chunks in groups of about √N chunks since the thirty-first
 # session (src/klalm/ops/gdn.py `_chunk_states`); before, a log-depth scan (94ea0e4: gdn_45m 1.66× the loop's speed
 # eager on one H200, gdn_180m 0.77×, results/gpu_2026-12-04f/gdn), and before that a loop over chunks (397be0f).
-# 1. gdn_180m and gdn_45m eager with each of the three (`variants/` holds the two older gdn.py files), gdn_180m
+# 1. gdn_180m and gdn_45m eager with each of the three (the older two from git: 397be0f, 94ea0e4), gdn_180m
 #    profiled (every kernel of one step beside its table), every row with the allocator's reserved memory and
 #    retries (perf/peak_reserved_gb, perf/alloc_retries).
 # 2. gdn_45m compiled with the groups, with room to compile (about 2 minutes cold through inductor on 2 CPU cores:
@@ -21,12 +21,11 @@ bench() {  # model, compile, timeout, tag, extra options; everything lands in /t
   echo "$4 $1 compile $2: rc $? at ${SECONDS} s"
   tar -czf $OUT/gdn.tgz -C /tmp gdn
 }
-variants=results/cpu_2026-12-04e/variants
 cp src/klalm/ops/gdn.py /tmp/gdn_groups.py
 for pass in groups loop scan; do
   case $pass in
-    loop) cp $variants/gdn_loop_397be0f.py src/klalm/ops/gdn.py ;;
-    scan) cp $variants/gdn_scan_94ea0e4.py src/klalm/ops/gdn.py ;;
+    loop) git show 397be0f:src/klalm/ops/gdn.py > src/klalm/ops/gdn.py || exit 1 ;;
+    scan) git show 94ea0e4:src/klalm/ops/gdn.py > src/klalm/ops/gdn.py || exit 1 ;;
   esac
   bench gdn_180m off 60 eager_$pass --profile
   bench gdn_45m off 45 eager_$pass

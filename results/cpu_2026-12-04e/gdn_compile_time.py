@@ -18,9 +18,10 @@ from pathlib import Path
 
 import torch
 
-HERE = Path(__file__).parent
-SRC = HERE.parents[1] / "src"
-VARIANTS = {"loop": "gdn_loop_397be0f.py", "scan": "gdn_scan_94ea0e4.py", "groups": None}  # None: the tree's own
+sys.path.insert(0, str(Path(__file__).parent))
+from gdn_state_pass_time import VARIANTS, variant_source  # noqa: E402
+
+SRC = Path(__file__).parents[2] / "src"
 
 
 def compile_seconds(backend: str, arch: str) -> tuple[float, float]:
@@ -40,12 +41,11 @@ def compile_seconds(backend: str, arch: str) -> tuple[float, float]:
     return times[0], times[1]
 
 
-def run_row(backend: str, arch: str, variant: str | None) -> str:
+def run_row(backend: str, arch: str, variant: str) -> str:
     with tempfile.TemporaryDirectory() as tmp:
         src = Path(tmp) / "src"
         shutil.copytree(SRC, src, ignore=shutil.ignore_patterns("__pycache__"))
-        if variant is not None:
-            shutil.copy(HERE / "variants" / variant, src / "klalm" / "ops" / "gdn.py")
+        (src / "klalm" / "ops" / "gdn.py").write_text(variant_source(variant))
         env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(Path(tmp) / "cache"), "PYTHONPATH": str(src)}
         out = subprocess.run([sys.executable, __file__, backend, arch], capture_output=True, text=True, env=env)
     return out.stdout.strip() if out.returncode == 0 else f"failed: {out.stderr.strip().splitlines()[-1]}"
@@ -56,7 +56,7 @@ def main() -> None:
     print("| --- | --- | --- | ---: | ---: |")
     rows = [("gdn", name, backend) for name in VARIANTS for backend in ("aot_eager", "inductor")]
     for arch, name, backend in [*rows, ("gpt", "—", "inductor")]:
-        row = run_row(backend, arch, VARIANTS.get(name))
+        row = run_row(backend, arch, name if arch == "gdn" else "groups")
         print(f"| {arch}_45m | {name} | {backend} | {row} |", flush=True)
     threads, version = torch.get_num_threads(), torch.__version__
     print(f"\nCold inductor cache each row. CPU, {threads} threads, torch {version}, T 2048, batch 1, vocab 256")

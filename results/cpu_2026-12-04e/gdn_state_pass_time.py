@@ -2,8 +2,8 @@
 float32, chunks of 64; median of 5 calls after one warm-up), for three ways of passing the state between chunks,
 each in its own process, in two alternating rounds:
 
-- loop: a Python loop over the chunks (397be0f), `variants/gdn_loop_397be0f.py`
-- scan: a log-depth (Hillis–Steele) scan, levels checkpointed (94ea0e4), `variants/gdn_scan_94ea0e4.py`
+- loop: a Python loop over the chunks, `git show 397be0f:src/klalm/ops/gdn.py`
+- scan: a log-depth (Hillis–Steele) scan, levels checkpointed, `git show 94ea0e4:src/klalm/ops/gdn.py`
 - groups: about √N groups of about √N chunks (this tree's src/klalm/ops/gdn.py)
 
 Why flushed: the gates decay the maps' products below float32's normal range (e^{γ_C} over a 64-token chunk is
@@ -14,20 +14,24 @@ variant forms in the denormal band rather than on its work.
     .venv/bin/python results/cpu_2026-12-04e/gdn_state_pass_time.py
 """
 
-import importlib.util
 import subprocess
 import sys
 import time
+import types
 from pathlib import Path
 
 import torch
 
-HERE = Path(__file__).parent
-VARIANTS = {
-    "loop": HERE / "variants" / "gdn_loop_397be0f.py",
-    "scan": HERE / "variants" / "gdn_scan_94ea0e4.py",
-    "groups": HERE.parents[1] / "src" / "klalm" / "ops" / "gdn.py",
-}
+ROOT = Path(__file__).parents[2]
+VARIANTS = {"loop": "397be0f", "scan": "94ea0e4", "groups": None}  # the commit of each gdn.py; None: this tree's
+
+
+def variant_source(name: str) -> str:
+    commit = VARIANTS[name]
+    if commit is None:
+        return (ROOT / "src" / "klalm" / "ops" / "gdn.py").read_text()
+    show = ["git", "-C", str(ROOT), "show", f"{commit}:src/klalm/ops/gdn.py"]
+    return subprocess.run(show, capture_output=True, text=True, check=True).stdout
 
 
 def inputs(length: int, batch: int = 2, heads: int = 8, dk: int = 48, dv: int = 96) -> list[torch.Tensor]:
@@ -39,9 +43,8 @@ def inputs(length: int, batch: int = 2, heads: int = 8, dk: int = 48, dv: int = 
 
 
 def time_variant(name: str) -> list[tuple[int, float, float]]:
-    spec = importlib.util.spec_from_file_location(f"gdn_{name}", VARIANTS[name])
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = sys.modules[f"gdn_{name}"] = types.ModuleType(f"gdn_{name}")
+    exec(compile(variant_source(name), f"gdn_{name}.py", "exec"), module.__dict__)
     torch.set_flush_denormal(True)
     rows = []
     for length in (512, 1024, 2048, 4096):
