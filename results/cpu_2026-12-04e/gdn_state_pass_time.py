@@ -23,6 +23,9 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).parents[2]
+sys.path.insert(0, str(ROOT / "results" / "cpu_2026-12-04c"))
+from gdn_loop_time import inputs  # noqa: E402  (the same inputs as that folder's timings)
+
 VARIANTS = {"loop": "397be0f", "scan": "94ea0e4", "groups": None}  # the commit of each gdn.py; None: this tree's
 
 
@@ -32,14 +35,6 @@ def variant_source(name: str) -> str:
         return (ROOT / "src" / "klalm" / "ops" / "gdn.py").read_text()
     show = ["git", "-C", str(ROOT), "show", f"{commit}:src/klalm/ops/gdn.py"]
     return subprocess.run(show, capture_output=True, text=True, check=True).stdout
-
-
-def inputs(length: int, batch: int = 2, heads: int = 8, dk: int = 48, dv: int = 96) -> list[torch.Tensor]:
-    gen = torch.Generator().manual_seed(0)
-    unit = lambda: torch.nn.functional.normalize(torch.randn(batch, length, heads, dk, generator=gen), dim=-1)  # noqa: E731
-    gates = [-torch.rand(batch, length, heads, generator=gen), torch.rand(batch, length, heads, generator=gen)]
-    raw = [unit(), unit(), torch.randn(batch, length, heads, dv, generator=gen), *gates]
-    return [t.requires_grad_() for t in raw]
 
 
 def time_variant(name: str) -> list[tuple[int, float, float]]:
