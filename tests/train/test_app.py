@@ -127,7 +127,7 @@ def test_non_finite_steps_are_skipped_and_counted_on_the_host_and_on_the_device(
         if trainer == "gpu":  # the allocator's memory metrics (CUDA only)
             row = [r for r in _rows(run_dir) if r.get("perf/peak_mem_gb")][-1]
             assert float(row["perf/peak_reserved_gb"]) >= float(row["perf/peak_mem_gb"]) > 0
-            assert float(row["perf/alloc_retries"]) >= 0
+            assert float(row["perf/alloc_retries"]) == 0  # a tiny model: the allocator never ran out of blocks
     for summary in summaries.values():
         assert summary["skipped_steps"] == 2
         assert summary["steps"] == 4  # a skipped step is a step (its tokens, its learning rate) without an update

@@ -11,7 +11,7 @@ wandb), straight through `logger.log_metrics`, so large counters such as tokens 
     perf/mfu                       only on GPUs whose peak rate is known (flops.PEAK_BF16_FLOPS) or is configured
     perf/peak_mem_gb               CUDA only: peak allocated memory since the previous row, GiB
     perf/peak_reserved_gb          CUDA only: peak memory the caching allocator held since the previous row, GiB
-    perf/alloc_retries             CUDA only: times since the run began that the allocator found no free block,
+    perf/alloc_retries             CUDA only: times since the previous row that the allocator found no free block,
                                    released its cache and asked the driver again (slow, synchronising; a step that
                                    nearly fills the GPU shows it here before it runs out of memory)
 
@@ -67,6 +67,7 @@ class StepMetrics(Callback):
         self._window_tokens = 0
         self._window_steps = 0
         self._marks: list[Any] = []  # the window's start and each step's end: CUDA events, or perf_counter() on CPUs
+        self._alloc_retries = 0  # the process's allocator retries at the window's start (CUDA; counted per process)
         self.last_row: dict[str, float] = {}
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -89,6 +90,7 @@ class StepMetrics(Callback):
         self._marks = [_time_mark(pl_module.device)]
         if pl_module.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(pl_module.device)
+            self._alloc_retries = _alloc_retries(pl_module.device)
 
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, *_: Any) -> None:
         self._window_tokens += pl_module.budget.tokens_per_step
@@ -120,11 +122,16 @@ class StepMetrics(Callback):
         if pl_module.device.type == "cuda":
             row["perf/peak_mem_gb"] = torch.cuda.max_memory_allocated(pl_module.device) / 2**30
             row["perf/peak_reserved_gb"] = torch.cuda.max_memory_reserved(pl_module.device) / 2**30
-            row["perf/alloc_retries"] = torch.cuda.memory_stats(pl_module.device).get("num_alloc_retries", 0)
+            row["perf/alloc_retries"] = _alloc_retries(pl_module.device) - self._alloc_retries
         self.last_row = row
         for logger in trainer.loggers:
             logger.log_metrics(row, step=step)
         self._reset_window(pl_module)
+
+
+def _alloc_retries(device: torch.device) -> int:
+    """The CUDA caching allocator's retries so far in this process (cudaMalloc failed, cache freed, tried again)."""
+    return torch.cuda.memory_stats(device).get("num_alloc_retries", 0)
 
 
 def _time_mark(device: torch.device) -> Any:

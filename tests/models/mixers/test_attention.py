@@ -108,9 +108,10 @@ def test_rope_table_op_passes_opcheck():
 
 def test_rope_table_rows_are_the_rows_of_the_whole_table():
     """Rows start..end (one row when decoding a token) are those rows of the table from position 0, across the
-    power-of-two sizes the cache keeps (end 6 in the table of 8, end 11 in that of 16)."""
-    whole = rope_table(10_000.0, 4, 0, 16, torch.device("cpu"))
-    for start, end in ((5, 6), (3, 11), (0, 3)):
+    power-of-two sizes the cache keeps (end 3 in the table of 4, 6 in that of 8, 11 in that of 16, 17 in that of
+    32)."""
+    whole = rope_table(10_000.0, 4, 0, 32, torch.device("cpu"))
+    for start, end in ((5, 6), (3, 11), (0, 3), (9, 17)):
         torch.testing.assert_close(rope_table(10_000.0, 4, start, end, torch.device("cpu")), whole[:, start:end])
     angle = 7 * 10_000.0 ** (-1 / 4)  # position 7, frequency index 1 of 4
     torch.testing.assert_close(whole[:, 7, 1], torch.tensor([math.cos(angle), math.sin(angle)]))
