@@ -58,15 +58,21 @@ from klalm.provenance import git_commit
 from klalm.train.app import run
 
 ALL_MODELS = [f"{a}_{s}" for s in ("45m", "180m") for a in ("gpt", "kla", "mamba", "gdn", "gpt_kla")]
-COMPILE_MODES = {"off": (False,), "on": (True,), "both": (False, True)}
+COMPILE_MODES = {"off": (False,), "on": (True,), "blocks": ("blocks",), "both": (False, True)}  # -> train.compile
+COMPILE_NAMES = {False: "off", True: "on", "blocks": "blocks"}  # a setting's compile in the sweep table
 
 
 class Setting(NamedTuple):
-    """One benchmarked shape: sequences per step, tokens per sequence, and whether the model is compiled."""
+    """One benchmarked shape: sequences per step, tokens per sequence, and train.compile (false, true or "blocks")."""
 
     batch_size: int
     seq_len: int
-    compile: bool
+    compile: bool | str
+
+
+def run_label(setting: Setting) -> str:
+    """How a setting's compile reads in run folders and file names."""
+    return {False: "eager", True: "compiled", "blocks": "compiled-blocks"}[setting.compile]
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -78,7 +84,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--seq-len", type=int, default=2048, help="tokens per sequence (T)")
     parser.add_argument("--seq-lens", default=None, help="comma-separated T values to sweep (overrides --seq-len)")
     parser.add_argument("--tokens-per-step", type=int, default=None, help="fix B·T: B = this // T (overrides B)")
-    parser.add_argument("--compile", choices=sorted(COMPILE_MODES), default="off", help="train.compile off/on/both")
+    parser.add_argument("--compile", choices=sorted(COMPILE_MODES), default="off",
+                        help="train.compile false (off), true (on), blocks, or off then on (both)")  # fmt: skip
     parser.add_argument("--profile", action="store_true", help="profile one step per run (torch.profiler)")
     parser.add_argument("--repeats", type=int, default=1, help="runs of each model, taken in turn; a row is the "
                         "median run and gives the spread of tokens/s over the runs")  # fmt: skip
@@ -146,7 +153,7 @@ def bench_one(model: str, args: argparse.Namespace, setting: Setting, root: Path
     """Runs one model (its `repeat`-th run of this setting); returns its row (with "error" set when it failed,
     "profile" with --profile, and "ran_with" always)."""
     started = time.time()
-    compiled = "compiled" if setting.compile else "eager"
+    compiled = run_label(setting)
     run_dir = root / f"{model}-B{setting.batch_size}-T{setting.seq_len}-{compiled}-run{repeat}"
     ran_with = {"optimizer": None, "overrides": list(args.override), "commit": git_commit()}
     try:
@@ -249,7 +256,7 @@ def sweep_table(rows: list[dict], models: list[str]) -> str:
     header = ["T", "B", "compile"] + [c for m in models for c in ([m, f"{m} / {gpt_of(m)}"] if m in ratios else [m])]
     lines = ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
     for setting in dict.fromkeys(r["setting"] for r in rows):  # in run order
-        cells = [str(setting.seq_len), str(setting.batch_size), "on" if setting.compile else "off"]
+        cells = [str(setting.seq_len), str(setting.batch_size), COMPILE_NAMES[setting.compile]]
         for m in models:
             cells.append(_fmt(speed.get((setting, m)), ",.0f"))
             if m in ratios:
@@ -330,7 +337,7 @@ def save_rows(rows: list[dict], path: Path) -> None:
 def kernels_path(out: Path, row: dict) -> Path:
     """Where `--out` puts a profiled run's table of every kernel: beside it, named by model and setting."""
     setting = row["setting"]
-    compiled = "compiled" if setting.compile else "eager"
+    compiled = run_label(setting)
     return out.with_name(f"{out.stem}_{row['model']}_B{setting.batch_size}_T{setting.seq_len}_{compiled}_kernels.md")
 
 

@@ -35,6 +35,16 @@ def test_overrides_set_shape_compile_and_profiler(tmp_path):
     assert "+callbacks.profile.start_step=10" in overrides and f"+callbacks.profile.out_dir={tmp_path}" in overrides
 
 
+def test_compile_blocks_runs_each_block_compiled(tmp_path):
+    """--compile blocks passes train.compile=blocks, names its runs apart and reads "blocks" in the sweep table."""
+    args = bench_lm.parse_args(["--compile", "blocks"])
+    (setting,) = bench_lm.settings(args)
+    assert setting == Setting(16, 2048, "blocks") and bench_lm.run_label(setting) == "compiled-blocks"
+    assert "train.compile=blocks" in bench_lm.overrides_for("gdn_45m", args, setting, tmp_path)
+    rows = [{"setting": setting, "model": "gdn_45m", "perf/tokens_per_s": 100.0}]
+    assert "| 2048 | 16 | blocks | 100 |" in bench_lm.sweep_table(rows, ["gdn_45m"])
+
+
 def test_sweep_table_ratios_and_crossover():
     short, long = Setting(16, 2048, False), Setting(1, 32768, False)
     speeds = {(short, "gpt_45m"): 400.0, (short, "kla_45m"): 300.0, (long, "gpt_45m"): 100.0, (long, "kla_45m"): 150.0}

@@ -78,7 +78,7 @@ def compose_config():
         ("optim.lr=abc", "optim.lr='abc' is invalid: must be a number"),
         ("optim.lr=0", "optim.lr=0 is invalid: must be > 0"),
         ("train.max_tokens=1e6", "train.max_tokens=1000000.0 is invalid: must be an integer"),
-        ("train.compile=yes", "train.compile='yes' is invalid: must be true or false"),
+        ("train.compile=yes", "train.compile='yes' is invalid: must be true, false or blocks"),
         ("seed=x", "seed='x' is invalid: must be an integer"),
         ("data.seq_len=-4", "data.seq_len=-4 is invalid: must be > 0"),
         ("model.d_model=wide", "model.d_model='wide' is invalid: must be an integer"),

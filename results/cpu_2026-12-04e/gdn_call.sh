@@ -6,7 +6,8 @@
 #    the allocator's reserved memory and retries (perf/peak_reserved_gb, perf/alloc_retries); gdn_180m with the
 #    groups and with the scan profiled in runs of their own (every kernel of one step beside the table).
 # 2. gdn_45m compiled with the groups, with room to compile (about 2 minutes cold through inductor on 2 CPU cores:
-#    gdn_compile_time.md), then gdn_180m compiled with the time left.
+#    gdn_compile_time.md), then gdn_180m with the time left, compiled by blocks (train.compile=blocks, since the
+#    thirty-first session: its ten identical blocks compile once; results/cpu_2026-12-04f).
 # Every bench runs under `timeout -k`: the bench ignores the first SIGTERM while it compiles (Lightning's handler
 # waits for the step to end), which cost results/gpu_2026-12-04f a whole call.
 #   bash results/cpu_2026-12-04e/gdn_call.sh        # then unpack $OUT/gdn.tgz into a results/gpu_<date> folder
@@ -36,5 +37,5 @@ done
 cp /tmp/gdn_groups.py src/klalm/ops/gdn.py && git diff --quiet src/klalm/ops/gdn.py || exit 1
 bench gdn_45m on 200 compiled
 left=$((${LIMIT:-570} - SECONDS - 15))
-[ $left -gt 90 ] && bench gdn_180m on $left compiled
+[ $left -gt 90 ] && bench gdn_180m blocks $left compiled_blocks  # each block compiled alone: one compile, not ten
 grep -h "^| gdn" /tmp/gdn/*.md

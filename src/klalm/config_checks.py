@@ -43,6 +43,7 @@ def _is_str_list(v: Any) -> bool:
 INT = (_is_int, "an integer")
 NUMBER = (_is_number, "a number")
 BOOL = (lambda v: isinstance(v, bool), "true or false")
+COMPILE = (lambda v: isinstance(v, bool) or v == "blocks", "true, false or blocks")  # train.compile
 STR = (lambda v: isinstance(v, str), "a string")
 STR_OR_LIST = (lambda v: isinstance(v, str) or _is_str_list(v), "a path or a list of paths")
 
@@ -79,7 +80,7 @@ TRAIN_RULES: tuple[Rule, ...] = (
     Rule("train.grad_clip", NUMBER, check=non_negative, demand="≥ 0 (0 disables clipping)"),
     Rule("train.max_bad_steps", INT, check=lambda v: v >= 1, demand="≥ 1"),
     Rule("train.dynamics_lr_scale", NUMBER, check=positive, demand="> 0"),
-    Rule("train.compile", BOOL),
+    Rule("train.compile", COMPILE),
     Rule("train.activation_checkpointing", BOOL),
     Rule("train.val_every_n_steps", INT, check=lambda v: v >= 1, demand="≥ 1"),
     Rule("train.final_eval", BOOL),

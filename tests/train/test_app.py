@@ -190,6 +190,54 @@ def test_compile_also_compiles_the_loss_to_the_same_values():
     torch.testing.assert_close(grad, want_grad, rtol=1e-2, atol=1e-5)  # bf16 gradients: within one rounding
 
 
+@pytest.mark.parametrize("arch", ["gdn", "gpt_kla"])
+def test_compile_blocks_compiles_each_block_once_for_all(arch, monkeypatch):
+    """train.compile=blocks compiles every backbone block on its own and leaves the embedding and head eager;
+    identical blocks share one compiled graph (gpt_kla's two kinds of block: two), and the loss and gradients are
+    eager's. A counting backend stands in for inductor."""
+    from klalm.models import build_model
+    from klalm.train.budget import derive_budget
+    from klalm.train.distributed import block_classes
+    from klalm.train.module import LMModule
+
+    graphs = []
+
+    def counting(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    plain_compile = torch.nn.Module.compile
+    monkeypatch.setattr(torch.nn.Module, "compile", lambda self, **kw: plain_compile(self, backend=counting))
+    torch._dynamo.reset()
+    budget = derive_budget(max_tokens=64, global_batch_tokens=32, micro_batch_size=2, seq_len=16, world_size=1)
+    model = build_model(arch, preset="tiny", vocab_size=64)
+    eager = build_model(arch, preset="tiny", vocab_size=64)
+    eager.load_state_dict(model.state_dict())
+    module = LMModule(model, None, None, budget, compile="blocks")
+    module.configure_model()
+    blocks = [m for m in model.modules() if isinstance(m, block_classes())]
+    assert len(blocks) == 2 and all(b._compiled_call_impl is not None for b in blocks)
+    assert model._compiled_call_impl is None
+    ids = torch.randint(0, 64, (2, 16), generator=torch.Generator().manual_seed(0))
+    loss, want = model(ids, labels=ids).loss, eager(ids, labels=ids).loss
+    torch.testing.assert_close(loss, want, rtol=1e-6, atol=1e-6)
+    grads = torch.autograd.grad(loss, list(model.parameters()))
+    want_grads = torch.autograd.grad(want, list(eager.parameters()))
+    torch.testing.assert_close(grads, want_grads, rtol=1e-5, atol=1e-6)
+    assert len(graphs) == len({type(b.mixer) for b in blocks})
+    torch._dynamo.reset()
+
+
+def test_compile_must_be_true_false_or_blocks():
+    from klalm.models import build_model
+    from klalm.train.budget import derive_budget
+    from klalm.train.module import LMModule
+
+    budget = derive_budget(max_tokens=64, global_batch_tokens=32, micro_batch_size=2, seq_len=16, world_size=1)
+    with pytest.raises(ValueError, match="train.compile='layers' is invalid: must be true, false or blocks"):
+        LMModule(build_model("gpt", preset="tiny", vocab_size=64), None, None, budget, compile="layers")
+
+
 # The offline corpus through klalm.data.TextDataModule: smoke settings shrunk to 4 steps of 2 × 32-token micro-batches.
 DOCS = [
     "experiment=smoke",

@@ -153,8 +153,11 @@ class LMModule(pl.LightningModule):
         grad_clip: max global L2 norm of the gradient; 0 disables clipping (the norm is still logged).
         max_bad_steps: consecutive non-finite steps tolerated before stopping with `NonFiniteLossError`.
         dynamics_lr_scale: lr multiplier of parameters marked `_no_weight_decay` (the KLA/SSM dynamics).
-        compile: compile the model in place with `torch.compile` (parameter names unchanged), and the loss
-            (`lm_loss`), so that its float32 cast, log-softmax and NLL fuse, forward and backward.
+        compile: False; True to compile the model in place with `torch.compile` as one graph (parameter names
+            unchanged); or "blocks" to compile each backbone block on its own (the embedding, final norm and head
+            stay eager), so that identical blocks share one compiled graph and the compile time does not grow with
+            the depth (torchtitan's way). Either also compiles the loss (`lm_loss`), so that its float32 cast,
+            log-softmax and NLL fuse, forward and backward.
         activation_checkpointing: recompute each backbone block in the backward pass instead of storing its
             activations (non-reentrant `torch.utils.checkpoint`); saves memory, costs about one extra forward.
         meta: stored in every checkpoint under "klalm" (model config, vocab size) so `load_model` can rebuild it.
@@ -170,13 +173,15 @@ class LMModule(pl.LightningModule):
         grad_clip: float = 1.0,
         max_bad_steps: int = 10,
         dynamics_lr_scale: float = 1.0,
-        compile: bool = False,
+        compile: bool | str = False,
         activation_checkpointing: bool = False,
         meta: dict[str, Any] | None = None,
     ) -> None:
         super().__init__()
         if max_bad_steps < 1:
             raise ValueError(f"train.max_bad_steps={max_bad_steps} must be ≥ 1")
+        if not (isinstance(compile, bool) or compile == "blocks"):
+            raise ValueError(f"train.compile={compile!r} is invalid: must be true, false or blocks")
         self.automatic_optimization = False
         self.model = model
         self.optimizer_factory, self.scheduler_factory = optimizer, scheduler
@@ -213,7 +218,12 @@ class LMModule(pl.LightningModule):
             # made inside the trace, a backend choice would split the compiled graph; the model may not be on its
             # device yet (Lightning moves it after this hook), so the strategy names the device
             prepare_backends(self.model, strategy.root_device if strategy is not None else self.device)
-            self.model.compile()
+            if self.compile_model == "blocks":
+                for module in self.model.modules():
+                    if isinstance(module, block_classes()):
+                        module.compile()
+            else:
+                self.model.compile()
 
     def forward(self, input_ids: Tensor) -> Tensor:
         """Logits [B, T, V] for input_ids [B, T]; non-finite values flow through to the loss (module docstring)."""
