@@ -41,6 +41,7 @@ import torch
 from torch import Tensor, nn
 from torch.distributed.tensor import DTensor
 
+from klalm.config_checks import COMPILE
 from klalm.loss import scored_tokens, token_cross_entropy
 from klalm.models import prepare_backends
 from klalm.ops.checks import value_checks_suspended
@@ -180,8 +181,9 @@ class LMModule(pl.LightningModule):
         super().__init__()
         if max_bad_steps < 1:
             raise ValueError(f"train.max_bad_steps={max_bad_steps} must be ≥ 1")
-        if not (isinstance(compile, bool) or compile == "blocks"):
-            raise ValueError(f"train.compile={compile!r} is invalid: must be true, false or blocks")
+        valid, choices = COMPILE
+        if not valid(compile):
+            raise ValueError(f"train.compile={compile!r} is invalid: must be {choices}")
         self.automatic_optimization = False
         self.model = model
         self.optimizer_factory, self.scheduler_factory = optimizer, scheduler
@@ -219,8 +221,9 @@ class LMModule(pl.LightningModule):
             # device yet (Lightning moves it after this hook), so the strategy names the device
             prepare_backends(self.model, strategy.root_device if strategy is not None else self.device)
             if self.compile_model == "blocks":
+                blocks = block_classes()
                 for module in self.model.modules():
-                    if isinstance(module, block_classes()):
+                    if isinstance(module, blocks):
                         module.compile()
             else:
                 self.model.compile()
