@@ -118,6 +118,22 @@ def test_bad_backend_and_shapes_raise():
         gated_delta_rule(*bad)
 
 
+def test_fla_probe_draws_its_inputs_on_the_cpu_under_another_default_device():
+    # Lightning calls configure_model, where a compiled model's backend choice is made, under
+    # `torch.device(root_device)`; the probe's CPU generator failed there before it reached a call
+    with torch.device("meta"):
+        ok, reason = gdn_ops.fla_usable(torch.device("cpu"))
+    assert not ok and "'fla' needs CUDA" in reason
+
+
+@pytest.mark.gpu
+def test_fla_probe_under_lightnings_default_device():
+    cuda = torch.device("cuda", 0)
+    with torch.device(cuda):
+        ok, reason = gdn_ops.fla_usable(cuda)
+    assert ok or "generator" not in reason, reason
+
+
 @pytest.mark.gpu
 def test_fla_matches_torch_on_cuda():
     ok, reason = gdn_ops.fla_usable(torch.device("cuda", 0))

@@ -231,12 +231,14 @@ def fla_usable(device: torch.device) -> tuple[bool, str]:
     #640), and other Triton/GPU pairs may fail to compile; one tiny call, made once per device by "auto" at first
     use, finds out without a sync in the hot path. Returns (usable, reason).
     """
-    gen = torch.Generator(device="cpu").manual_seed(0)
+    # drawn on the CPU whatever the default device: Lightning calls configure_model (where a compiled model's choice
+    # is made) under `torch.device(root_device)`, where a CPU generator alone fails (results/gpu_2026-12-04g)
+    gen, cpu = torch.Generator(device="cpu").manual_seed(0), torch.device("cpu")
     shapes = {"q": (1, 80, 2, 16), "k": (1, 80, 2, 16), "v": (1, 80, 2, 32)}
-    q, k, v = (torch.randn(*s, generator=gen) for s in shapes.values())
+    q, k, v = (torch.randn(*s, generator=gen, device=cpu) for s in shapes.values())
     k = torch.nn.functional.normalize(k, dim=-1)
-    g = -torch.rand(1, 80, 2, generator=gen)
-    beta = torch.rand(1, 80, 2, generator=gen)
+    g = -torch.rand(1, 80, 2, generator=gen, device=cpu)
+    beta = torch.rand(1, 80, 2, generator=gen, device=cpu)
     # the first call may come from inside no_grad / inference_mode / autocast (e.g. generation): undo them here
     with torch.inference_mode(False), torch.enable_grad(), torch.autocast(device.type, enabled=False):
         inputs = [x.to(device).requires_grad_() for x in (q, k, v, g, beta)]
