@@ -73,9 +73,12 @@ def gated_delta_rule_reference(
     return o.to(out_dtype), h
 
 
-def _to_chunks(x: Tensor, chunk_size: int) -> Tensor:
-    """[B, L, H, *F] -> [B, H, N, C, *F], zero-padding L up to N·C (a zero step changes nothing)."""
-    x = x.movedim(1, 2)  # [B, H, L, *F]
+def _to_chunks(x: Tensor, chunk_size: int, dtype: torch.dtype) -> Tensor:
+    """[B, L, H, *F] -> contiguous [B, H, N, C, *F] in `dtype`, zero-padding L up to N·C (a zero step changes nothing).
+
+    One copy does the cast and the layout: a [B, H, ...] view of the [B, L, H, ...] input could not be batched by
+    matmul without a copy at every product that takes it (forward and backward)."""
+    x = x.movedim(1, 2).to(dtype=dtype, memory_format=torch.contiguous_format)  # [B, H, L, *F]
     pad = -x.shape[2] % chunk_size
     if pad:
         x = torch.cat([x, x.new_zeros(*x.shape[:2], pad, *x.shape[3:])], 2)
@@ -113,21 +116,22 @@ def _chunked_gated_delta_rule(
     out_dtype, dt = v.dtype, compute_dtype(v.dtype)
     batch, length, heads, dk = k.shape
     chunk_size = max(1, min(chunk_size, length))  # a short call (one-token decode) needs no padding to a full chunk
-    q, k, v = (_to_chunks(x.to(dt), chunk_size) for x in (q, k, v))  # [B, H, N, C, K|V]
-    g, beta = (_to_chunks(x.to(dt), chunk_size) for x in (g, beta))  # [B, H, N, C]
+    q, k, v = (_to_chunks(x, chunk_size, dt) for x in (q, k, v))  # [B, H, N, C, K|V]
+    g, beta = (_to_chunks(x, chunk_size, dt) for x in (g, beta))  # [B, H, N, C]
     gam = g.cumsum(-1)  # [B, H, N, C]
     diff = gam[..., :, None] - gam[..., None, :]  # [B, H, N, C, C]: γ_t − γ_i
-    ones = torch.ones(chunk_size, chunk_size, dtype=torch.bool, device=q.device)
-    strict, incl = ones.tril(-1), ones.tril(0)
+    above = torch.ones(chunk_size, chunk_size, dtype=torch.bool, device=q.device).triu(1)
+    decay = diff.masked_fill(above, -math.inf).exp()  # e^{γ_t − γ_i} for i ≤ t, 0 above the diagonal
     k_beta = k * beta[..., None]
-    a_mat = (k_beta @ k.transpose(-1, -2)) * diff.masked_fill(~strict, -math.inf).exp()
-    eye = torch.eye(chunk_size, dtype=dt, device=q.device)
+    # A's diagonal and upper triangle are never read: the unit lower-triangular solve takes 1 for the diagonal and
+    # gives A's gradient below it only, so A needs no strict mask and no added identity
+    a_mat = (k_beta @ k.transpose(-1, -2)) * decay
     rhs = torch.cat([k_beta * gam.exp()[..., None], v * beta[..., None]], -1)  # [B, H, N, C, K + V]
-    w, u_tilde = torch.linalg.solve_triangular(a_mat + eye, rhs, upper=False, unitriangular=True).split(
+    w, u_tilde = torch.linalg.solve_triangular(a_mat, rhs, upper=False, unitriangular=True).split(
         [dk, v.shape[-1]], -1
     )
     q = q * scale
-    attn = (q @ k.transpose(-1, -2)) * diff.masked_fill(~incl, -math.inf).exp()  # [B, H, N, C, C]
+    attn = (q @ k.transpose(-1, -2)) * decay  # [B, H, N, C, C]
     q_decay = q * gam.exp()[..., None]  # [B, H, N, C, K]
     k_decay = k * (gam[..., -1:] - gam).exp()[..., None]  # [B, H, N, C, K]
     chunk_decay = gam[..., -1].exp()[..., None, None]  # [B, H, N, 1, 1]
@@ -178,15 +182,21 @@ def _chunk_states(h: Tensor, trans: Tensor, shift: Tensor) -> Tensor:
         eye = torch.eye(trans.shape[-1], dtype=trans.dtype, device=trans.device)
         trans = torch.cat([trans, eye.expand(*trans.shape[:2], pad, *eye.shape)], 2)
         shift = torch.cat([shift, shift.new_zeros(*shift.shape[:2], pad, *shift.shape[3:])], 2)
-    trans, shift = trans.unflatten(2, (groups, size)), shift.unflatten(2, (groups, size))  # [B, H, G, S, K, *]
-    maps_t, maps_b = [trans[:, :, :, 0]], [shift[:, :, :, 0]]  # map from the group's start to after chunk j
+    # unbind, not an index per step: each indexed view's backward would write a zero tensor of the whole input
+    trans = trans.unflatten(2, (groups, size)).unbind(3)  # S tensors [B, H, G, K, K]
+    shift = shift.unflatten(2, (groups, size)).unbind(3)  # S tensors [B, H, G, K, V]
+    maps_t, maps_b = [trans[0]], [shift[0]]  # map from the group's start to after chunk j
     for j in range(1, size):
-        maps_b.append(trans[:, :, :, j] @ maps_b[-1] + shift[:, :, :, j])
-        maps_t.append(trans[:, :, :, j] @ maps_t[-1])
+        maps_b.append(trans[j] @ maps_b[-1] + shift[j])
+        maps_t.append(trans[j] @ maps_t[-1])
+    whole_t, whole_b = maps_t[-1].unbind(2), maps_b[-1].unbind(2)  # each group's whole map, G × [B, H, K, *]
     starts = [h]  # the state entering each group
     for g in range(groups - 1):
-        starts.append(maps_t[-1][:, :, g] @ starts[-1] + maps_b[-1][:, :, g])
-    states = torch.stack(maps_t, 3) @ torch.stack(starts, 2)[:, :, :, None] + torch.stack(maps_b, 3)
+        starts.append(whole_t[g] @ starts[-1] + whole_b[g])
+    # the S maps of a group stacked as rows ([S·K, K]) take the group's incoming state in one product, with no
+    # broadcast of the state over S (which matmul would copy out)
+    maps = torch.stack(maps_t, 3).flatten(3, 4)  # [B, H, G, S·K, K]
+    states = (maps @ torch.stack(starts, 2)).unflatten(3, (size, -1)) + torch.stack(maps_b, 3)  # [B, H, G, S, K, V]
     return states.flatten(2, 3)[:, :, :n_chunks]
 
 
