@@ -34,10 +34,38 @@ def variant_source(name: str) -> str:
     return subprocess.run(show, capture_output=True, text=True, check=True).stdout
 
 
-VIEWS = {"as_strided", "select", "slice", "view", "reshape", "expand", "unsqueeze", "squeeze", "transpose", "t",
-         "permute", "unflatten", "split", "split_with_sizes", "unbind", "alias", "detach", "resolve_conj", "empty",
-         "empty_like", "empty_strided", "movedim", "narrow", "_unsafe_view", "diagonal", "lift_fresh", "_reshape_alias",
-         "new_empty", "resize_", "to"}  # "to" without a copy inside returns its input
+VIEWS = {
+    "as_strided",
+    "select",
+    "slice",
+    "view",
+    "reshape",
+    "expand",
+    "unsqueeze",
+    "squeeze",
+    "transpose",
+    "t",
+    "permute",
+    "unflatten",
+    "split",
+    "split_with_sizes",
+    "unbind",
+    "alias",
+    "detach",
+    "resolve_conj",
+    "empty",
+    "empty_like",
+    "empty_strided",
+    "movedim",
+    "narrow",
+    "_unsafe_view",
+    "diagonal",
+    "lift_fresh",
+    "_reshape_alias",
+    "new_empty",
+    "resize_",
+    "to",
+}  # "to" without a copy inside returns its input
 
 
 # one library call each on a GPU (cuBLAS); on the CPU they may loop over the batch with per-matrix copies inside
@@ -75,7 +103,7 @@ def measure(name: str) -> list[tuple[int, float, int, float]]:
     for length in LENGTHS:
         x = inputs(length)
 
-        def step() -> None:
+        def step(x: list[torch.Tensor] = x) -> None:
             o, h = module.gated_delta_rule_torch(*x, None, 0.25)
             (o.sum() + h.sum()).backward()
 
@@ -87,8 +115,13 @@ def measure(name: str) -> list[tuple[int, float, int, float]]:
         with profile() as prof:
             step()
         kernels = sum(map(is_kernel, prof.events()))
-        saved = []
-        with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t.untyped_storage()) or t, lambda t: t):
+        saved: list = []
+
+        def pack(t: torch.Tensor, saved: list = saved) -> torch.Tensor:
+            saved.append(t.untyped_storage())
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
             module.gated_delta_rule_torch(*x, None, 0.25)
         unique = {s.data_ptr(): s.nbytes() for s in saved}
         rows.append((length, 1e3 * sorted(times[1:])[2], kernels, sum(unique.values()) / 2**20))
@@ -109,8 +142,9 @@ def main() -> None:
         cells.append(f"{before[0][2]} / {after[0][2]}")
         cells.append(f"{before[0][3]:.0f} / {after[0][3]:.0f}")
         print(f"| {length} | " + " | ".join(cells) + " |")
-    print(f"\nThree rounds each (round 1 / 2 / 3). before = {BASE}'s gdn.py, after = this tree's. B 2, H 8, K 48, V 96,")
-    print(f"float32, denormals flushed, {torch.get_num_threads()} threads, torch {torch.__version__}.")
+    print(f"\nThree rounds each (round 1 / 2 / 3). before = {BASE}'s gdn.py, after = this tree's.")
+    threads = torch.get_num_threads()
+    print(f"B 2, H 8, K 48, V 96, float32, denormals flushed, {threads} threads, torch {torch.__version__}.")
 
 
 if __name__ == "__main__":
