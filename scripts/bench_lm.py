@@ -31,7 +31,10 @@ tokens/s over wall-clock time including data and optimiser, MFU from klalm.train
 CUDA memory in that window. `--profile` profiles the second-to-last step (klalm.train.profiling.ProfileSteps); with
 `--out`, every profiled run's table of all its kernels goes beside it (`<out>_<model>_B.._T.._<compiled>_kernels.md`).
 `--out` is rewritten after every (T, compile) setting, so a command stopped by a time limit keeps the settings it
-finished (on the device, where a call ends at 600 s, also run each slow-compiling model in its own command).
+finished (on the device, where a call ends at 600 s, also run each slow-compiling model in its own command). SIGTERM
+(`timeout`, a scheduler) stops the command at once, even inside a compile that takes minutes (Lightning alone would
+wait for the step to end): the setting in progress keeps the rows of the models that ran, the stopped model's row
+says so, and the exit code is 143.
 Every row records how it ran (`ran_with`: the optimiser as configured, the extra overrides and the klalm commit); a
 table ends with a line naming them, or, where its rows differ in them (a merged table), a line for each way.
 """
@@ -43,6 +46,7 @@ import gc
 import json
 import logging
 import math
+import signal
 import sys
 import tempfile
 import time
@@ -60,6 +64,16 @@ from klalm.train.app import run
 ALL_MODELS = [f"{a}_{s}" for s in ("45m", "180m") for a in ("gpt", "kla", "mamba", "gdn", "gpt_kla")]
 COMPILE_MODES = {"off": (False,), "on": (True,), "blocks": ("blocks",), "both": (False, True)}  # -> train.compile
 COMPILE_NAMES = {False: "off", True: "on", "blocks": "blocks"}  # a setting's compile in the sweep table
+STOPPED_EXIT_CODE = 143  # 128 + SIGTERM
+
+
+class Stopped(Exception):
+    """SIGTERM arrived: raised wherever the main thread is, so a model stops inside its compile too."""
+
+
+def _raise_stopped(signum: int, frame: object) -> None:
+    # Lightning's own handler, installed for each fit, calls this one after its own (it keeps the handler it finds)
+    raise Stopped(f"stopped by {signal.Signals(signum).name}")
 
 
 class Setting(NamedTuple):
@@ -174,6 +188,21 @@ def bench_one(model: str, args: argparse.Namespace, setting: Setting, root: Path
         gc.collect()
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
+
+
+def bench_setting(models: list[str], args: argparse.Namespace, setting: Setting, root: Path) -> tuple[list[dict], str]:
+    """Each model's row for one setting (the median of its --repeats runs, the models in turn so that drift over time
+    hits each alike), and "" or, when SIGTERM stopped a run, its message (then the rows of the models that ran)."""
+    runs: dict[str, list[dict]] = {model: [] for model in models}
+    for repeat in range(args.repeats):
+        for model in models:
+            row = bench_one(model, args, setting, root, repeat)
+            runs[model].append(row)
+            status = row.get("error", "ok")
+            print(f"[bench_lm] {model} {setting} run {repeat + 1}: {status}", file=sys.stderr, flush=True)
+            if status.startswith(f"{Stopped.__name__}: "):
+                return [median_row(r) for r in runs.values() if r], row["error"]
+    return [median_row(runs[model]) for model in models], ""
 
 
 def median_row(runs: list[dict]) -> dict:
@@ -372,24 +401,28 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     models = [m.strip() for m in args.models.split(",") if m.strip()]
     rows, texts = [], []
-    with (
-        tempfile.TemporaryDirectory(prefix="klalm-bench-") as tmp,
-        initialize_config_module("klalm.configs", version_base="1.3"),
-    ):
-        for setting in settings(args):
-            runs: dict[str, list[dict]] = {model: [] for model in models}
-            for repeat in range(args.repeats):  # the models in turn, so that drift over time hits each alike
-                for model in models:
-                    runs[model].append(bench_one(model, args, setting, Path(tmp), repeat))
-                    status = runs[model][-1].get("error", "ok")
-                    print(f"[bench_lm] {model} {setting} run {repeat + 1}: {status}", file=sys.stderr, flush=True)
-            setting_rows = [median_row(runs[model]) for model in models]
-            new = setting_texts(setting_rows, args, setting)
-            print(*new, sep="\n", flush=True)
-            texts += new
-            rows += setting_rows
-            if args.out is not None:  # after every setting: a command stopped in a later one keeps these
-                write_out(args.out, texts, rows)
+    previous = signal.signal(signal.SIGTERM, _raise_stopped)
+    try:
+        with (
+            tempfile.TemporaryDirectory(prefix="klalm-bench-") as tmp,
+            initialize_config_module("klalm.configs", version_base="1.3"),
+        ):
+            for setting in settings(args):
+                setting_rows, stopped = bench_setting(models, args, setting, Path(tmp))
+                new = setting_texts(setting_rows, args, setting)
+                print(*new, sep="\n", flush=True)
+                texts += new
+                rows += setting_rows
+                if args.out is not None:  # after every setting: a command stopped in a later one keeps these
+                    write_out(args.out, texts, rows)
+                if stopped:
+                    print(f"[bench_lm] {stopped}: the rows above are all this command measured", file=sys.stderr)
+                    return STOPPED_EXIT_CODE
+    except Stopped as err:  # between two models' runs
+        print(f"[bench_lm] {err}: the rows written so far are all this command measured", file=sys.stderr)
+        return STOPPED_EXIT_CODE
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     if len(settings(args)) > 1:
         texts.append(sweep_table(rows, models))
         print(texts[-1])

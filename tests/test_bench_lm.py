@@ -174,3 +174,35 @@ def test_out_keeps_the_settings_finished_before_a_stop(tmp_path, monkeypatch):
     (row,) = json.loads(out.with_suffix(".json").read_text())
     assert row["model"] == "gpt_tiny" and row["setting"]["compile"] is False
     assert "1,234" in out.read_text()
+
+
+def test_sigterm_stops_a_model_inside_its_step(tmp_path, monkeypatch):
+    """SIGTERM during a long step (a compile of minutes on the GPU; here a sleep in the first training step) stops
+    the command at once: without bench_lm's handler Lightning only notes the signal and ends the run after the step,
+    and the bench went on to the next model. The finished model keeps its row, the stopped one says so."""
+    import os
+    import signal
+    import time
+
+    from klalm.train.module import LMModule
+
+    step = LMModule.training_step
+
+    def slow_first_step(self, dataloader_iter):  # the parameter's name tells Lightning to pass the iterator
+        if self.model.config.arch == "kla":  # the second model: the first (gpt) finishes normally
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(20)  # interrupted by the handler's exception, or not at all
+        return step(self, dataloader_iter)
+
+    monkeypatch.setattr(LMModule, "training_step", slow_first_step)
+    out = tmp_path / "lm.md"
+    argv = ["--models", "gpt_tiny,kla_tiny,mamba_tiny", "--trainer", "cpu", "--seq-len", "32", "--batch-size", "2",
+            "--steps", "4", "--log-every", "2", "--out", str(out)]  # fmt: skip
+    handler = signal.getsignal(signal.SIGTERM)
+    started = time.monotonic()
+    assert bench_lm.main(argv) == bench_lm.STOPPED_EXIT_CODE
+    assert time.monotonic() - started < 20  # not after the sleep: a hang guard, not a speed test
+    assert signal.getsignal(signal.SIGTERM) is handler  # restored
+    gpt, kla = json.loads(out.with_suffix(".json").read_text())  # mamba never started
+    assert gpt["model"] == "gpt_tiny" and "error" not in gpt
+    assert kla["model"] == "kla_tiny" and kla["error"] == "Stopped: stopped by SIGTERM"

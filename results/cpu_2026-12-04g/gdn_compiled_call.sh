@@ -2,7 +2,8 @@
 # minutes): the GDN models compiled, which results/gpu_2026-12-04g could not time because the fla probe failed under
 # Lightning's `torch.device(root)` (fixed since). First the GPU test of that probe, then gdn_45m and gdn_180m with
 # train.compile=true (one graph) and =blocks (each block alone), B16 × T2048, 32,768 tokens a step, each under
-# `timeout -k` (the bench ignores the first SIGTERM while it compiles), after both eager (compile off): the torch path
+# `timeout -k` (the bench stops at SIGTERM since the thirty-second session, even while compiling; -k stays as a
+# backstop), after both eager (compile off): the torch path
 # has run about a fifth fewer kernels since results/cpu_2026-12-04g/gdn_path_ab.md, whose eager rows before that
 # are gdn/ of results/gpu_2026-12-04g (179,590 and 52,749 tokens/s). A cold inductor compile of gdn_45m's step took 98 s on 2
 # CPU cores (results/cpu_2026-12-04e/gdn_compile_time.md), 36.8 s by blocks (results/cpu_2026-12-04f).
