@@ -11,6 +11,7 @@ import torch.nn.functional as F
 
 from klalm.ops import backends
 from klalm.ops.backends import resolve_backend
+from klalm.ops.common import compute_dtype
 from klalm.ops.gdn import gated_delta_rule, gated_delta_rule_reference
 
 gdn_ops = importlib.import_module("klalm.ops.gdn")
@@ -118,9 +119,20 @@ def test_bad_backend_and_shapes_raise():
         gated_delta_rule(*bad)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+@pytest.mark.parametrize("length", [128, 100])  # whole chunks, and padded
+def test_chunks_are_contiguous_copies_in_the_compute_dtype(dtype, length):
+    # a permuted view would be copied again by every matmul that takes it, forward and backward
+    x = torch.randn(2, length, 3, 8, dtype=dtype)
+    chunks = gdn_ops._to_chunks(x, 64, compute_dtype(dtype))
+    assert chunks.shape == (2, 3, 2, 64, 8) and chunks.dtype == compute_dtype(dtype) and chunks.is_contiguous()
+    torch.testing.assert_close(chunks.flatten(2, 3)[:, :, :length], x.movedim(1, 2).to(chunks.dtype))
+
+
 def test_fla_probe_draws_its_inputs_on_the_cpu_under_another_default_device():
     # Lightning calls configure_model, where a compiled model's backend choice is made, under
-    # `torch.device(root_device)`; the probe's CPU generator failed there before it reached a call
+    # `torch.device(root_device)`, where the probe's CPU generator failed (on a GPU: "Expected a 'cuda' device type
+    # for generator"); under "meta" the old draws landed on meta and failed to move to the CPU
     with torch.device("meta"):
         ok, reason = gdn_ops.fla_usable(torch.device("cpu"))
     assert not ok and "'fla' needs CUDA" in reason

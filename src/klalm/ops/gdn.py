@@ -77,8 +77,9 @@ def _to_chunks(x: Tensor, chunk_size: int, dtype: torch.dtype) -> Tensor:
     """[B, L, H, *F] -> contiguous [B, H, N, C, *F] in `dtype`, zero-padding L up to N·C (a zero step changes nothing).
 
     One copy does the cast and the layout: a [B, H, ...] view of the [B, L, H, ...] input could not be batched by
-    matmul without a copy at every product that takes it (forward and backward)."""
-    x = x.movedim(1, 2).to(dtype=dtype, memory_format=torch.contiguous_format)  # [B, H, L, *F]
+    matmul without a copy at every product that takes it (forward and backward). (`.to` alone returns the permuted
+    view itself when the dtype is already right, hence the `.contiguous()`, a no-op after a cast.)"""
+    x = x.movedim(1, 2).to(dtype=dtype, memory_format=torch.contiguous_format).contiguous()  # [B, H, L, *F]
     pad = -x.shape[2] % chunk_size
     if pad:
         x = torch.cat([x, x.new_zeros(*x.shape[:2], pad, *x.shape[3:])], 2)
