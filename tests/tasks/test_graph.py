@@ -190,3 +190,18 @@ def test_a_pack_on_cuda_gives_each_units_rows(tmp_path):
         assert got["steps"] == want["steps"] == 30
         torch.testing.assert_close(got["final_loss"], want["final_loss"], rtol=2e-3, atol=2e-3)
         assert abs(got["token_acc"] - want["token_acc"]) <= 0.02
+
+
+@pytest.mark.parametrize("arch", ["kla", "gpt"])
+def test_a_deterministic_mqar_unit_repeats_bit_for_bit(arch):
+    """`Execution(deterministic=True)` (run_synthetic.py run --deterministic): the same MQAR unit, captured through
+    inductor as the grid trains it, run twice in one process gives the same evaluations and final loss exactly (the
+    grid's captured runs without it part within the first evaluations: results/gpu_2026-12-04g, MQAR block 19).
+    A kernel with no deterministic form fails here with torch's error, naming it."""
+    train = TrainSettings(steps=60, batch_size=64, lr=1e-3, warmup=0.1, eval_batch_size=256)
+    task = {"name": "mqar", "length": 64, "num_pairs": 4, "vocab": 8192}
+    unit = Unit("mqar", task, arch, 2, 64, PLAIN if arch == "kla" else {}, train, [0], 256, 2048, None, 20, None)
+    execution = Execution(compile_backend="inductor", deterministic=True)
+    first, second = (run_unit(unit, CUDA, execution).rows[0] for _ in range(2))
+    assert first["run"]["deterministic"] and first["run"]["captured"]
+    assert first["evals"] == second["evals"] and first["final_loss"] == second["final_loss"]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import os
 import re
 import shutil
 import time
@@ -1056,3 +1057,29 @@ def test_the_device_script_runs_its_stages_in_order_on_the_budget(tmp_path):
     env.update(RUNS="--families a5 --a5-lenghts 3", IN_PROCESS="")  # a misspelt option: the stage fails, named
     failed = subprocess.run(["bash", "scripts/device_synthetic.sh"], cwd=repo, env=env, capture_output=True, text=True)
     assert failed.returncode == 1 and "unrecognized arguments: --a5-lenghts" in (out / "block.log").read_text()
+
+
+def test_deterministic_runs_train_with_deterministic_kernels_and_say_so(tmp_path, monkeypatch):
+    """--deterministic: every unit trains under torch.use_deterministic_algorithms (with cuBLAS's fixed workspace)
+    and its rows and rate record it; the setting before comes back after. (Whether a GPU run then repeats bit for
+    bit is tests/tasks/test_graph.py's GPU test.)"""
+    monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", "")  # so that monkeypatch restores it (unset or not) afterwards
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG")
+    seen, train_group = [], units.train_group
+
+    def watched_train_group(*args, **kwargs):
+        seen.append(torch.are_deterministic_algorithms_enabled())
+        return train_group(*args, **kwargs)
+
+    monkeypatch.setattr(units, "train_group", watched_train_group)
+    args = parse_args(["run", "--results", "x", "--deterministic"])
+    plan = apply_args(_tiny_plan(families=["mqar"], members=1), args)
+    assert plan.deterministic and not apply_args(_tiny_plan(), parse_args(["run", "--results", "x"])).deterministic
+    block = _block(tmp_path, plan)
+    block.run()
+    assert seen == [True, True] and not block.failed
+    assert not torch.are_deterministic_algorithms_enabled()  # restored
+    assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"
+    rows = read_jsonl(tmp_path / "mqar.jsonl")
+    assert len(rows) == 2 and all(row["run"]["deterministic"] for row in rows)
+    assert all(rate["deterministic"] for rate in read_jsonl(tmp_path / "rates.jsonl"))

@@ -125,6 +125,7 @@ class RunPlan:
     units_per_process: int = 1  # units of one pack_key (an lr sweep) trained side by side in one process
     max_state_mib: float | None = None  # a pack's paused states stay under this (they travel between GPU blocks)
     compile_backend: str | None = None  # torch.compile backend of the captured step on CUDA (None: eager)
+    deterministic: bool = False  # torch.use_deterministic_algorithms in every unit (bit-reproducible on a GPU, slower)
     model_overrides: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)  # arch -> build_model kwargs
     estimate: Estimate = dataclasses.field(default_factory=Estimate)
     a5: A5Plan = dataclasses.field(default_factory=A5Plan)
@@ -303,6 +304,13 @@ def add_plan_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-state-mib", type=float, help="a pack's paused states stay under this many MiB")
     p.add_argument("--compile", dest="compile_backend", help="torch.compile backend of the training step on CUDA, "
                    "e.g. inductor; none: eager")  # fmt: skip
+    p.add_argument(
+        "--deterministic",
+        action="store_true",
+        default=None,
+        help="deterministic kernels only "
+        "(torch.use_deterministic_algorithms): a unit run twice gives the same rows bit for bit, slower",
+    )
     p.add_argument("--a5-lengths", type=int_list, help="A5 sequence lengths, e.g. 4,8,16")
     p.add_argument("--a5-depths", type=int_list, help="A5 depths, e.g. 1,2")
     p.add_argument("--a5-criterion", choices=sorted(CRITERIA), help="A5 'solved' metric")
@@ -316,7 +324,7 @@ def add_plan_args(p: argparse.ArgumentParser) -> None:
 
 def apply_args(plan: RunPlan, args: argparse.Namespace) -> RunPlan:
     """Command-line knobs on top of a plan; then `validate`."""
-    for name in ("device", "members", "procs_per_gpu", "units_per_process", "max_state_mib"):
+    for name in ("device", "members", "procs_per_gpu", "units_per_process", "max_state_mib", "deterministic"):
         if getattr(args, name) is not None:
             setattr(plan, name, getattr(args, name))
     if args.compile_backend is not None:

@@ -140,7 +140,8 @@ class GridBlock:
         self.finish_only = finish_only
         on_gpu = device == "cuda" or gpu_name is not None  # `plan --gpu-name`: estimate as that GPU would run
         self.execution = Execution(procs_per_gpu=plan.procs_per_gpu, commit=commit,
-                                   compile_backend=plan.compile_backend if on_gpu else None)  # fmt: skip
+                                   compile_backend=plan.compile_backend if on_gpu else None,
+                                   deterministic=plan.deterministic)  # fmt: skip
         self.units = plan_units(plan)
         self.running: list[Unit] = []
         self.failed: list[tuple[Unit, str]] = []

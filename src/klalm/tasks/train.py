@@ -24,9 +24,11 @@ a global random generator. `train_group` pauses where its next stretch of steps 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
 import torch
@@ -93,6 +95,27 @@ class Stream(Protocol):
     scored_per_row: int | None  # K when every row scores exactly K positions
 
     def fill(self, step: Tensor) -> tuple[Tensor, Tensor]: ...
+
+
+CUBLAS_DETERMINISTIC = ":4096:8"  # the CUBLAS_WORKSPACE_CONFIG that makes cuBLAS deterministic (CUDA >= 10.2)
+
+
+@contextlib.contextmanager
+def deterministic_algorithms(enabled: bool) -> Iterator[None]:
+    """With `enabled`, only deterministic kernels inside (`torch.use_deterministic_algorithms`; an op without one
+    raises, naming itself), and cuBLAS's fixed workspace unless CUBLAS_WORKSPACE_CONFIG is set already (torch sizes
+    the workspace at a process's first CUDA matmul: `klalm.tasks.units.run_units` enters this before it builds
+    anything); the previous setting comes back after. Off: nothing changes."""
+    if not enabled:
+        yield
+        return
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", CUBLAS_DETERMINISTIC)
+    before = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(before[0], warn_only=before[1])
 
 
 def autocast(device: torch.device) -> torch.autocast:

@@ -40,7 +40,16 @@ from klalm.tasks import make_task, materialize
 from klalm.tasks.base import SyntheticTask
 from klalm.tasks.readouts import wrap_readout
 from klalm.tasks.streams import FreshStream, SplitStream
-from klalm.tasks.train import GroupResult, GroupTrainer, Member, StopRule, TrainSettings, evaluate, train_group
+from klalm.tasks.train import (
+    GroupResult,
+    GroupTrainer,
+    Member,
+    StopRule,
+    TrainSettings,
+    deterministic_algorithms,
+    evaluate,
+    train_group,
+)
 
 log = logging.getLogger(__name__)
 PROGRESS_EVERY_S = 60.0  # a running unit logs its progress at most this often (ProgressLog)
@@ -133,6 +142,7 @@ class Execution:
     procs_per_gpu: int = 1  # units running at once on each GPU (one process each)
     commit: str = "unknown"
     compile_backend: str | None = None  # torch.compile backend of the training step on CUDA (None: eager)
+    deterministic: bool = False  # deterministic kernels only (`klalm.tasks.train.deterministic_algorithms`)
 
 
 def build_member(unit: Unit, seed: int, device: torch.device, split: tuple | None,
@@ -440,6 +450,13 @@ def run_units(units: list[Unit], device: torch.device, execution: Execution, dea
         raise ValueError("a unit with checkpoints needs a state folder to save them into")
     if len({pack_key(u) for u in units}) != 1:
         raise ValueError(f"these units cannot share a process: {[u.label() for u in units]}")
+    with deterministic_algorithms(execution.deterministic):
+        return _train_pack(units, device, execution, deadline, state, checkpoint_every_s)
+
+
+def _train_pack(units: list[Unit], device: torch.device, execution: Execution, deadline: float | None,
+                state: Path | None, checkpoint_every_s: float | None) -> UnitOutcome:  # fmt: skip
+    """`run_units`' work, its arguments checked."""
     started = time.perf_counter()
     if device.type != "cuda":  # compiling pays for the launch-bound captured step only (docs/synthetic.md)
         execution = dataclasses.replace(execution, compile_backend=None)
