@@ -142,7 +142,7 @@ class Execution:
     procs_per_gpu: int = 1  # units running at once on each GPU (one process each)
     commit: str = "unknown"
     compile_backend: str | None = None  # torch.compile backend of the training step on CUDA (None: eager)
-    deterministic: bool = False  # deterministic kernels only (`klalm.tasks.train.deterministic_algorithms`)
+    deterministic: bool = False  # deterministic kernels only (`train.deterministic_algorithms`; estimates ignore it)
 
 
 def build_member(unit: Unit, seed: int, device: torch.device, split: tuple | None,
