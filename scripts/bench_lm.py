@@ -182,8 +182,11 @@ def bench_one(model: str, args: argparse.Namespace, setting: Setting, root: Path
     except Exception as err:  # one failing model must not stop the table: report it in its row
         logging.getLogger("bench_lm").error("%s failed:\n%s", model, traceback.format_exc())
         message = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"[:160]
-        return {"model": model, "setting": setting, "error": message.replace("|", "/"), "wall_s": time.time() - started,
-                "ran_with": ran_with}  # fmt: skip
+        row = {"model": model, "setting": setting, "error": message.replace("|", "/"), "wall_s": time.time() - started,
+               "ran_with": ran_with}  # fmt: skip
+        if isinstance(err, Stopped):
+            row["stopped"] = True  # SIGTERM: bench_setting ends the command after this row
+        return row
     finally:
         gc.collect()
         if torch.cuda.is_available():
@@ -200,7 +203,7 @@ def bench_setting(models: list[str], args: argparse.Namespace, setting: Setting,
             runs[model].append(row)
             status = row.get("error", "ok")
             print(f"[bench_lm] {model} {setting} run {repeat + 1}: {status}", file=sys.stderr, flush=True)
-            if status.startswith(f"{Stopped.__name__}: "):
+            if row.get("stopped"):
                 return [median_row(r) for r in runs.values() if r], row["error"]
     return [median_row(runs[model]) for model in models], ""
 

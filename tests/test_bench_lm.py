@@ -97,24 +97,23 @@ def test_repeated_runs_give_the_median_run_and_their_spread():
         bench_lm.parse_args(["--repeats", "0"])
 
 
-def test_table_shows_the_median_and_slowest_step():
+@pytest.mark.parametrize(
+    "known, pair, header, cells, old_cells",
+    [
+        ({"perf/step_time_ms": 20.0}, {"perf/step_time_ms_median": 12.5, "perf/step_time_ms_max": 40.0},
+         "| step ms | step ms median / max |", "| 20.0 | 12.5 / 40.0 |", "| 20.0 | — / — |"),
+        ({"perf/peak_mem_gb": 79.2}, {"perf/peak_reserved_gb": 131.5, "perf/alloc_retries": 42},
+         "| peak mem GB | reserved GB / alloc retries |", "| 79.20 | 131.50 / 42 |", "| 79.20 | — / — |"),
+    ],
+    ids=["median and slowest step", "reserved memory and allocator retries"],
+)  # fmt: skip
+def test_table_shows_a_column_pair_and_dashes_for_rows_without_it(known, pair, header, cells, old_cells):
     setting = Setting(16, 2048, True)
-    row = {"setting": setting, "model": "kla_45m", "perf/tokens_per_s": 100.0, "perf/step_time_ms": 20.0,
-           "perf/step_time_ms_median": 12.5, "perf/step_time_ms_max": 40.0, "wall_s": 1.0}  # fmt: skip
+    row = {"setting": setting, "model": "kla_45m", "perf/tokens_per_s": 100.0, **known, **pair, "wall_s": 1.0}
     text = bench_lm.table([row], bench_lm.parse_args([]), setting)
-    assert "| step ms | step ms median / max |" in text and "| 20.0 | 12.5 / 40.0 |" in text
-    old = {k: v for k, v in row.items() if k not in ("perf/step_time_ms_median", "perf/step_time_ms_max")}
-    assert "| 20.0 | — / — |" in bench_lm.table([old], bench_lm.parse_args([]), setting)
-
-
-def test_table_shows_reserved_memory_and_allocator_retries():
-    setting = Setting(16, 2048, True)
-    row = {"setting": setting, "model": "gdn_180m", "perf/tokens_per_s": 100.0, "perf/peak_mem_gb": 79.2,
-           "perf/peak_reserved_gb": 131.5, "perf/alloc_retries": 42, "wall_s": 1.0}  # fmt: skip
-    text = bench_lm.table([row], bench_lm.parse_args([]), setting)
-    assert "| peak mem GB | reserved GB / alloc retries |" in text and "| 79.20 | 131.50 / 42 |" in text
-    old = {k: v for k, v in row.items() if k not in ("perf/peak_reserved_gb", "perf/alloc_retries")}
-    assert "| 79.20 | — / — |" in bench_lm.table([old], bench_lm.parse_args([]), setting)
+    assert header in text and cells in text
+    old = {k: v for k, v in row.items() if k not in pair}  # a row from before the pair was recorded
+    assert old_cells in bench_lm.table([old], bench_lm.parse_args([]), setting)
 
 
 def test_optimizer_names_say_fused_or_foreach():

@@ -127,11 +127,12 @@ def _chunked_gated_delta_rule(
     # A's diagonal and upper triangle are never read: the unit lower-triangular solve takes 1 for the diagonal and
     # gives A's gradient below it only, so A needs no strict mask and no added identity
     a_mat = (k_beta @ k.transpose(-1, -2)) * decay
-    rhs = torch.cat([k_beta * gam.exp()[..., None], v * beta[..., None]], -1)  # [B, H, N, C, K + V]
+    gam_exp = gam.exp()[..., None]  # [B, H, N, C, 1]
+    rhs = torch.cat([k_beta * gam_exp, v * beta[..., None]], -1)  # [B, H, N, C, K + V]
     w, u_tilde = torch.linalg.solve_triangular(a_mat, rhs, upper=False, unitriangular=True).split([dk, v.shape[-1]], -1)
     q = q * scale
     attn = (q @ k.transpose(-1, -2)) * decay  # [B, H, N, C, C]
-    q_decay = q * gam.exp()[..., None]  # [B, H, N, C, K]
+    q_decay = q * gam_exp  # [B, H, N, C, K]
     k_decay = k * (gam[..., -1:] - gam).exp()[..., None]  # [B, H, N, C, K]
     chunk_decay = gam[..., -1].exp()[..., None, None]  # [B, H, N, 1, 1]
     h = q.new_zeros(batch, heads, dk, v.shape[-1]) if initial_state is None else initial_state.to(dt)

@@ -304,13 +304,8 @@ def add_plan_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-state-mib", type=float, help="a pack's paused states stay under this many MiB")
     p.add_argument("--compile", dest="compile_backend", help="torch.compile backend of the training step on CUDA, "
                    "e.g. inductor; none: eager")  # fmt: skip
-    p.add_argument(
-        "--deterministic",
-        action="store_true",
-        default=None,
-        help="deterministic kernels only "
-        "(torch.use_deterministic_algorithms): a unit run twice gives the same rows bit for bit, slower",
-    )
+    p.add_argument("--deterministic", action="store_true", default=None, help="deterministic kernels only "
+                   "(torch.use_deterministic_algorithms): a unit run twice gives the same rows, slower")  # fmt: skip
     p.add_argument("--a5-lengths", type=int_list, help="A5 sequence lengths, e.g. 4,8,16")
     p.add_argument("--a5-depths", type=int_list, help="A5 depths, e.g. 1,2")
     p.add_argument("--a5-criterion", choices=sorted(CRITERIA), help="A5 'solved' metric")
