@@ -9,7 +9,8 @@ GPU gets (the code it emits is C++ instead of Triton), and counts in the generat
 (`klalm.tasks.train.deterministic_algorithms`). For each atomic add it prints the buffer it writes to, found in the
 code around it.
 
-    OMP_NUM_THREADS=2 .venv/bin/python results/cpu_2026-12-04h/inductor_atomics.py > results/cpu_2026-12-04h/inductor_atomics.md
+    OMP_NUM_THREADS=2 .venv/bin/python results/cpu_2026-12-04h/inductor_atomics.py \
+      > results/cpu_2026-12-04h/inductor_atomics.md
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ from klalm.tasks import make_task, materialize
 from klalm.tasks.train import TrainSettings, deterministic_algorithms, train_step
 from klalm.tasks.units import Unit, build_member
 
-TASK = {"name": "mqar", "length": 64, "num_pairs": 4, "vocab": 512}  # a small (64, 4) cell; the step's ops are the grid's
+# a small (64, 4) cell: the step's ops are the grid's
+TASK = {"name": "mqar", "length": 64, "num_pairs": 4, "vocab": 512}
 PLAIN = {"mixer_options": {"kla": {"block": "plain"}}}
 
 
@@ -49,7 +51,8 @@ def count(arch: str, deterministic: bool) -> dict:
 
 def main() -> None:
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-    print(f"# Atomic adds in the compiled synthetic training step (torch {torch.__version__}, CPU inductor, {commit})\n")
+    title = "Atomic adds in the compiled synthetic training step"
+    print(f"# {title} (torch {torch.__version__}, CPU inductor, {commit})\n")
     print(f"MQAR cell {TASK}, 2 blocks, d_model 64; one `train_step` compiled with inductor.\n")
     print("| arch | mode | atomic adds in generated code | kernels that hold them | aten.index_put calls |")
     print("| --- | --- | ---: | --- | ---: |")
