@@ -13,6 +13,10 @@ checks finiteness and runs fused AdamW (45 optimiser kernels, a few dozen more f
     git worktree add /tmp/klalm_b40c857 b40c857
     for tree in /tmp/klalm_b40c857 .; do for ac in 0 1; do OMP_NUM_THREADS=2 PYTHONPATH=$tree/src \
       .venv/bin/python results/cpu_2026-12-04h/gdn_step_kernels.py $ac; done; done
+    # the profiled tree's kernels by aten op (bf16), and the GPU profile's kernels by kind of name
+    OMP_NUM_THREADS=2 PYTHONPATH=/tmp/klalm_b40c857/src \
+      .venv/bin/python results/cpu_2026-12-04h/gdn_step_kernels.py 1 ops
+    .venv/bin/python results/cpu_2026-12-04h/gdn_step_kernels.py gpu
 """
 
 from __future__ import annotations
@@ -31,8 +35,34 @@ from gdn_path_ab import LIBRARY, is_kernel  # noqa: E402  (the counter of the GD
 import klalm  # noqa: E402
 from klalm.models import build_model  # noqa: E402
 
+GPU_KERNELS = "results/gpu_2026-12-04g/gdn/profile_groups_gdn_180m_gdn_180m_B16_T2048_eager_kernels.md"
+GPU_KINDS = {  # kind -> words of a kernel's (truncated) name, tried in this order
+    "copy": ("copy",),
+    "possibly copy (name cut at `at::native::direct...`)": ("nocast<at::native::direct...",),
+    "fill": ("Fill",),
+    "reduction": ("reduce_kernel",),
+    "matmul": ("gemm", "nvjet", "trsm", "xmma"),
+    "optimiser": ("adam", "multi_tensor"),
+}
+
+
+def gpu_kinds() -> None:
+    """The GPU profile's kernels a step by kind of name (its list of every kernel, with calls a step)."""
+    kinds: Counter = Counter()
+    for line in (Path(__file__).parents[2] / GPU_KERNELS).read_text().splitlines():
+        if line.startswith("| `"):
+            cells = [c.strip() for c in line.strip("|").split("|")]
+            kind = next((k for k, words in GPU_KINDS.items() if any(w in cells[0] for w in words)), "other")
+            kinds[kind] += int(cells[-1].replace(",", ""))
+    print("| GPU kernels by name | calls a step |\n| --- | ---: |")
+    for kind, calls in kinds.most_common():
+        print(f"| {kind} | {calls:,} |")
+
 
 def main() -> None:
+    if sys.argv[1] == "gpu":
+        gpu_kinds()
+        return
     use_autocast = sys.argv[1] == "1"
     torch.set_flush_denormal(True)
     torch.manual_seed(0)
@@ -48,6 +78,11 @@ def main() -> None:
     model.zero_grad(set_to_none=True)
     with profile() as prof:
         step()
+    if sys.argv[2:] == ["ops"]:
+        print("| aten op (CPU) | kernels a step |\n| --- | ---: |")
+        for name, calls in Counter(e.name for e in prof.events() if is_kernel(e)).most_common(12):
+            print(f"| `{name}` | {calls:,} |")
+        return
     kernels = Counter("matmul" if e.name.removeprefix("aten::") in LIBRARY else "other"
                       for e in prof.events() if is_kernel(e))  # fmt: skip
     commit = subprocess.run(["git", "-C", str(Path(klalm.__file__).parents[2]), "rev-parse", "--short", "HEAD"],
