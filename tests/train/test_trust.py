@@ -87,3 +87,25 @@ def test_written_checkpoints_load_safely(tmp_path):
     checkpoint = torch.load(find_latest([run_dir]), map_location="cpu", weights_only=True)
     assert {"state_dict", "optimizer_states", "klalm"} <= checkpoint.keys()
     assert load_checkpoint_file(find_latest([run_dir]))["global_step"] == 4
+
+
+@pytest.mark.parametrize("content", [b"garbage\n", b"PK\x03\x04 a zip cut short"], ids=["text", "truncated-zip"])
+@pytest.mark.parametrize("mmap", [False, True])
+def test_a_file_that_is_no_checkpoint_is_called_unreadable_not_untrusted(tmp_path, content, mmap):
+    """Garbage (or a zip cut short) fails the safe unpickler too, but it names no code to refuse: the message says
+    the file cannot be read, not that it came from elsewhere (`klalm-eval` loads without mmap, a resume with it)."""
+    path = tmp_path / "garbage.ckpt"
+    path.write_bytes(content)
+    with pytest.raises(CheckpointError, match="cannot be read as a checkpoint") as info:
+        load_checkpoint_file(path, mmap=mmap)
+    assert NOT_TRUSTED not in str(info.value)
+
+
+def test_an_old_style_pickle_with_code_in_it_is_still_untrusted(tmp_path):
+    """A bare (pre-zip) pickle that calls a function: its names cannot be listed safely, but it is refused as
+    untrusted, not as unreadable."""
+    marker, path = tmp_path / "payload-ran", tmp_path / "old.ckpt"
+    torch.save({"state_dict": {}, "klalm": {"rng": _Payload(marker)}}, path, _use_new_zipfile_serialization=False)
+    with pytest.raises(CheckpointError, match=NOT_TRUSTED):
+        load_checkpoint_file(path)
+    assert not marker.exists()

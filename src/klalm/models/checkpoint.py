@@ -64,8 +64,13 @@ def load_checkpoint_file(path: str | os.PathLike, *, mmap: bool = False) -> dict
     try:
         checkpoint = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
     except pickle.UnpicklingError:
+        unsafe = _unsafe_globals(path)
+        if unsafe is None:  # the pickle failed for another reason than a refused callable: not a checkpoint at all
+            raise CheckpointError(
+                f"{path} cannot be read as a checkpoint (truncated or corrupted?): not a torch checkpoint file"
+            ) from None
         raise CheckpointError(
-            f"{path} is not a trusted klalm checkpoint: it refers to {_unsafe_globals(path)}, which the safe loader "
+            f"{path} is not a trusted klalm checkpoint: it refers to {unsafe}, which the safe loader "
             "(torch.load with weights_only=True) refuses to call; klalm-train writes only tensors and plain data, so "
             "this file came from elsewhere: do not load it with weights_only=False"
         ) from None
@@ -105,13 +110,16 @@ def file_sha256(path: Path) -> str:
         return hashlib.file_digest(handle, "sha256").hexdigest()
 
 
-def _unsafe_globals(path: str | os.PathLike) -> str:
-    """The Python callables a checkpoint's pickle names beyond the safe set, read without unpickling anything."""
+def _unsafe_globals(path: str | os.PathLike) -> str | None:
+    """The Python callables a checkpoint's pickle names beyond the safe set, read without unpickling anything:
+    their names for a zip checkpoint, "Python objects" for an old-style (bare pickle) one, whose names cannot be
+    listed safely, and None when the file is neither a readable zip nor a pickle (not a checkpoint at all)."""
     try:
         names = torch.serialization.get_unsafe_globals_in_checkpoint(path)
-    except (RuntimeError, ValueError, OSError):  # not a zip checkpoint: the names cannot be listed safely
-        return "Python objects"
-    return ", ".join(names) if names else "Python objects"
+    except (RuntimeError, ValueError, OSError):  # not a readable zip checkpoint
+        with open(path, "rb") as handle:
+            return "Python objects" if handle.read(1) == pickle.PROTO else None
+    return ", ".join(names) if names else None
 
 
 def checkpoint_step(path: Path) -> int:
