@@ -2,6 +2,7 @@
 
 import hashlib
 import os
+import signal
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -84,7 +85,7 @@ def test_periodic_and_sigterm_triggers(tmp_path, world_size):
         callback.on_train_batch_end(FakeTrainer(step, world_size=world_size))
     assert [checkpoint_step(p) for p in list_checkpoints(tmp_path)] == [4, 8]
     trainer = FakeTrainer(9, world_size=world_size)
-    callback.sigterm_received = True  # what the SIGTERM handler does
+    callback.stop_signal = signal.SIGTERM  # what the SIGTERM handler does
     callback.on_train_batch_end(trainer)
     if world_size > 1:
         assert checkpoint_step(find_latest([tmp_path])) == 8

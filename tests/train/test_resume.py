@@ -1,7 +1,8 @@
-"""A run killed mid-way (SIGTERM or SIGKILL) and resumed with resume=auto reproduces the uninterrupted run exactly:
-the same loss at every step and bit-identical final weights (deterministic mode, CPU)."""
+"""A run killed mid-way (SIGTERM, Ctrl-C or SIGKILL) and resumed with resume=auto reproduces the uninterrupted run
+exactly: the same loss at every step and bit-identical final weights (deterministic mode, CPU)."""
 
 import csv
+import os
 import signal
 import subprocess
 import time
@@ -42,10 +43,10 @@ def uninterrupted(tmp_path_factory):
     return run_dir
 
 
-def _interrupt(log_dir, sig: signal.Signals, after_step: int):
+def _interrupt(log_dir, sig: signal.Signals, after_step: int, extra: tuple[str, ...] = ()):
     """Starts a run and sends `sig` once its checkpoint of `after_step` exists; returns (run dir, exit code)."""
     run_dir = log_dir / "k" / "a"
-    cmd = train_cmd([*OVERRIDES, "run_name=k", f"paths.log_dir={log_dir}"], run_dir)
+    cmd = train_cmd([*OVERRIDES, *extra, "run_name=k", f"paths.log_dir={log_dir}"], run_dir)
     proc = subprocess.Popen(cmd, env=RUN_ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     target = run_dir / "checkpoints" / f"step-{after_step:08d}.ckpt"
     deadline = time.time() + 240
@@ -61,14 +62,17 @@ def _interrupt(log_dir, sig: signal.Signals, after_step: int):
     return run_dir, proc.returncode, stderr
 
 
+STOPPED = {signal.SIGTERM: (143, "stopped by SIGTERM"), signal.SIGINT: (130, "stopped by Ctrl-C")}
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["sigterm", "sigkill"])
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGKILL], ids=["sigterm", "ctrl-c", "sigkill"])
 def test_killed_and_resumed_run_matches_uninterrupted(tmp_path, uninterrupted, sig):
     killed_dir, code, stderr = _interrupt(tmp_path, sig, after_step=8)
     stopped_at = checkpoint_step(find_latest([killed_dir]))
-    if sig == signal.SIGTERM:
-        assert code == 143, stderr[-3000:]
-        assert "stopped by SIGTERM" in (killed_dir / "train.log").read_text()
+    if sig in STOPPED:
+        assert code == STOPPED[sig][0], stderr[-3000:]
+        assert STOPPED[sig][1] in (killed_dir / "train.log").read_text()
         assert stopped_at >= 8  # the handler wrote a checkpoint at the step where it stopped
     else:
         assert code == -signal.SIGKILL
@@ -90,3 +94,24 @@ def test_killed_and_resumed_run_matches_uninterrupted(tmp_path, uninterrupted, s
     assert final.keys() == ref_final.keys()
     for name in final:
         torch.testing.assert_close(final[name], ref_final[name], rtol=0, atol=0, msg=name)
+
+
+@pytest.mark.slow
+def test_ctrl_c_with_loader_workers_saves_and_stops(tmp_path):
+    """A terminal's Ctrl-C reaches the loader's worker processes too: they ignore it
+    (`klalm.data.datamodule.ignore_ctrl_c`), so the training process can finish its step, save and stop instead of
+    dying on a dead worker. (The signal goes to the whole process group here, as a terminal sends it.)"""
+    run_dir = tmp_path / "run"
+    overrides = ["experiment=smoke", "data.num_workers=2", "train.max_tokens=1024000", "callbacks.sampler=null",
+                 "callbacks.checkpoint.every_n_steps=4", "train.export_hf=false", "train.plot=false"]  # fmt: skip
+    proc = subprocess.Popen(train_cmd(overrides, run_dir), env=RUN_ENV, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)  # fmt: skip
+    target, deadline = run_dir / "checkpoints" / "step-00000008.ckpt", time.time() + 240
+    while not target.exists() and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.02)
+    assert target.exists(), "the run never reached its step-8 checkpoint"
+    os.killpg(proc.pid, signal.SIGINT)
+    stderr = proc.communicate(timeout=120)[1]
+    assert proc.returncode == 130, stderr[-3000:]
+    assert "stopped by Ctrl-C" in (run_dir / "train.log").read_text()
+    assert 8 <= checkpoint_step(find_latest([run_dir])) < 2000  # saved where it stopped, long before its end

@@ -11,6 +11,7 @@ every time (wrapping around if the source is shorter), so every rank runs the sa
 from __future__ import annotations
 
 import logging
+import signal
 from pathlib import Path
 from typing import Any, Literal
 
@@ -34,6 +35,13 @@ def _plain(value: Any) -> Any:
     if isinstance(value, (DictConfig, ListConfig)):
         return OmegaConf.to_container(value, resolve=True)
     return value
+
+
+def ignore_ctrl_c(worker_id: int) -> None:
+    """A loader worker's start: ignore SIGINT, which a terminal's Ctrl-C sends to every process of the job, so that
+    the workers live on while the training process saves its checkpoint and stops (klalm.train.checkpoint); they
+    end with the loader, as always."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def resolve_rank(rank: int | None, world_size: int | None) -> tuple[int, int]:
@@ -166,6 +174,7 @@ class TextDataModule(L.LightningDataModule):
             batch_size=None,
             num_workers=self.num_workers,
             pin_memory=self.pin_memory,
+            worker_init_fn=ignore_ctrl_c,
         )
         if self._pending_state is not None:
             loader.load_state_dict(self._pending_state)
@@ -183,6 +192,7 @@ class TextDataModule(L.LightningDataModule):
             num_workers=self.num_workers,
             pin_memory=self.pin_memory,
             persistent_workers=self.num_workers > 0,
+            worker_init_fn=ignore_ctrl_c,
         )
 
     def skipped_records(self) -> dict[str, int]:

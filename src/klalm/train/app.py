@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import logging
+import signal
 import sys
 import time
 from pathlib import Path
@@ -29,7 +30,7 @@ from klalm.config_checks import check_train_config
 from klalm.models.checkpoint import HF_DIR, TOKENIZER_DIR
 from klalm.train.budget import derive_budget
 from klalm.train.callbacks import StepMetrics, skipped_records
-from klalm.train.checkpoint import RollingCheckpoint, export_hf, remove_stale_temporaries
+from klalm.train.checkpoint import STOP_SIGNALS, RollingCheckpoint, export_hf, remove_stale_temporaries
 from klalm.train.module import LMModule
 from klalm.train.plots import plot_losses
 from klalm.train.resume import check_settings, resolve_resume, resume_settings
@@ -54,7 +55,7 @@ def _quiet_lightning() -> None:
 
 _quiet_lightning()
 
-SIGTERM_EXIT_CODE = 143  # 128 + SIGTERM: what schedulers expect from a preempted job
+STOP_EXIT_CODES = {signal.SIGTERM: 143, signal.SIGINT: 130}  # 128 + the signal: what schedulers and shells expect
 
 
 def _instantiate_dict(group: DictConfig | None) -> list[Any]:
@@ -142,9 +143,11 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
         tokenizer.save_pretrained(run_dir / TOKENIZER_DIR)
     try:
         trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path, weights_only=True)
-    except SIGTERMException:
-        log.warning("stopped by SIGTERM after step %d; resume with resume=auto", trainer.global_step)
-        sys.exit(SIGTERM_EXIT_CODE)
+    except SIGTERMException:  # a stop signal on some rank (RollingCheckpoint saved at the step it stopped after)
+        stop = next((c.stop_signal for c in trainer.callbacks if isinstance(c, RollingCheckpoint)), None)
+        stop = stop or signal.SIGTERM  # another rank's signal, or Lightning's own handler (no checkpoint callback)
+        log.warning("stopped by %s after step %d; resume with resume=auto", STOP_SIGNALS[stop], trainer.global_step)
+        sys.exit(STOP_EXIT_CODES[stop])
     return finish(cfg, trainer, module, datamodule, started)
 
 

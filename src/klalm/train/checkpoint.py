@@ -73,12 +73,19 @@ def remove_stale_temporaries(run_dir: Path) -> None:
         _remove(stale)
 
 
+STOP_SIGNALS = {signal.SIGTERM: "SIGTERM", signal.SIGINT: "Ctrl-C"}  # what saves and stops a run, and its name
+
+
 class RollingCheckpoint(Callback):
-    """Saves every `every_n_steps` optimiser steps, at the end of training and on SIGTERM; keeps the last k.
+    """Saves every `every_n_steps` optimiser steps, at the end of training and on a stop signal; keeps the last k.
+
+    A stop signal is SIGTERM (a scheduler's preemption) or the first Ctrl-C (SIGINT): the run saves a checkpoint at
+    the end of the step it is in and stops (`stop_signal` says which; the app exits 143 or 130). A second Ctrl-C
+    stops at once, without saving, as Ctrl-C does elsewhere.
 
     Args:
         dirpath: folder of the checkpoint files (`<run_dir>/checkpoints`).
-        every_n_steps: save period in optimiser steps; 0 saves only at the end and on SIGTERM.
+        every_n_steps: save period in optimiser steps; 0 saves only at the end and on a stop signal.
         keep_last: number of checkpoints kept (older ones are deleted after a successful save); ≥ 1.
     """
 
@@ -91,48 +98,60 @@ class RollingCheckpoint(Callback):
         self.every_n_steps = every_n_steps
         self.keep_last = keep_last
         self.last_saved_step = -1
-        self.sigterm_received = False  # this rank got SIGTERM (set by the handler `on_train_start` installs)
-        self._sigterm_sum: HostFlag | None = None  # the ranks' SIGTERM flags summed, started a step ago
+        self.stop_signal: int | None = None  # the stop signal this rank got (set by the handler `on_train_start` sets)
+        self._stop_sum: HostFlag | None = None  # the ranks' stop flags summed, started a step ago
+        self._previous_sigint: Any = None  # SIGINT's handler before training, put back at teardown
         self.last_path: Path | None = None
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        """Replaces Lightning's SIGTERM handler by one that only records the signal.
+        """Replaces Lightning's SIGTERM handler, and Python's SIGINT one, by one that only records the signal.
 
         Lightning 2.6's handler runs a `dist.broadcast` inside the signal handler, which interleaves with whatever
         collective the ranks are in (measured: 2-rank CPU DDP runs hung or died without a checkpoint). Here the ranks
-        agree at a step boundary instead (`on_train_batch_end`); Lightning restores its handlers at teardown. The
-        signal is kept in `sigterm_received`, not in Lightning's `received_sigterm`, which would end the loop at this
-        step's end, before the ranks have agreed to save.
+        agree at a step boundary instead (`on_train_batch_end`); Lightning restores its handlers at teardown, and
+        `teardown` restores SIGINT's. The signal is kept in `stop_signal`, not in Lightning's `received_sigterm`,
+        which would end the loop at this step's end, before the ranks have agreed to save.
         """
 
-        def record_sigterm(signum: int, frame: Any) -> None:
-            if not self.sigterm_received and trainer.strategy.launcher is not None:
+        def record_stop(signum: int, frame: Any) -> None:
+            if signum == signal.SIGINT and self.stop_signal is not None:
+                raise KeyboardInterrupt  # a second Ctrl-C: stop at once, unsaved
+            if self.stop_signal is None and trainer.strategy.launcher is not None:
                 trainer.strategy.launcher.kill(signum)  # forward to the processes Lightning started, as it does
-            self.sigterm_received = True
+            if signum == signal.SIGINT:
+                log.warning("Ctrl-C: saving a checkpoint after this step, then stopping (Ctrl-C again: now, unsaved)")
+            self.stop_signal = self.stop_signal or signum
 
         if threading.current_thread() is threading.main_thread():
-            signal.signal(signal.SIGTERM, record_sigterm)
+            signal.signal(signal.SIGTERM, record_stop)
+            self._previous_sigint = signal.signal(signal.SIGINT, record_stop)
+
+    def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        if self._previous_sigint is not None and threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGINT, self._previous_sigint)  # Ctrl-C interrupts evaluation and export again
+            self._previous_sigint = None
 
     def on_train_batch_end(self, trainer: pl.Trainer, *_: Any) -> None:
         step = trainer.global_step
         periodic = self.every_n_steps > 0 and step % self.every_n_steps == 0
-        sigterm = self._any_rank_got_sigterm(trainer)
-        if sigterm:
+        stop = self._any_rank_got_stop_signal(trainer)
+        if stop:
             trainer._signal_connector.received_sigterm = True  # so that every rank leaves the loop after this step
-        if (periodic or sigterm) and step != self.last_saved_step:
+        if (periodic or stop) and step != self.last_saved_step:
             path = self.save(trainer)
-            if sigterm:
-                log.warning("SIGTERM received: wrote %s; stopping (resume with resume=auto)", path)
+            if stop:
+                name = STOP_SIGNALS.get(self.stop_signal, "a stop signal on another rank")
+                log.warning("%s received: wrote %s; stopping (resume with resume=auto)", name, path)
 
-    def _any_rank_got_sigterm(self, trainer: pl.Trainer) -> bool:
+    def _any_rank_got_stop_signal(self, trainer: pl.Trainer) -> bool:
         """Whether to stop, the same answer on every rank (a save is collective). One process: its own flag. Several:
         each step starts a sum of the ranks' flags and reads the one started a step before (`HostFlag`), so the
         step never waits for the GPU (Lightning's `reduce_boolean_decision` reads its sum at once, which waits for
         all the work queued on the GPU); the ranks stop one step after the signal."""
         if trainer.world_size == 1:
-            return self.sigterm_received
-        flag = torch.full((), float(self.sigterm_received), device=trainer.strategy.root_device)
-        started, self._sigterm_sum = self._sigterm_sum, HostFlag(trainer.strategy.reduce(flag, reduce_op="sum"))
+            return self.stop_signal is not None
+        flag = torch.full((), float(self.stop_signal is not None), device=trainer.strategy.root_device)
+        started, self._stop_sum = self._stop_sum, HostFlag(trainer.strategy.reduce(flag, reduce_op="sum"))
         return started is not None and started.value()
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
