@@ -18,10 +18,14 @@ import argparse
 import json
 import logging
 import os
+import sys
 from dataclasses import replace
 from pathlib import Path
+from typing import NoReturn
 
-from klalm.study.spec import DEFAULT_SPEC, load_spec
+from klalm.study.results import RUN_FILE
+from klalm.study.spec import DEFAULT_SPEC, Spec, load_spec
+from klalm.study.staging import INDEX_FILE, SPLITS, TOKENIZER_DIR, pack, stage
 
 DEFAULT_SHARDS = "data/shards/enwiki_full"
 
@@ -61,37 +65,100 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _refuse(message: str) -> NoReturn:
+    """One line on stderr and exit status 1, before anything is written."""
+    print(f"klalm-study: {message}", file=sys.stderr)
+    raise SystemExit(1)
+
+
+def _check_pack(shards: Path) -> None:
+    for needed in (shards / TOKENIZER_DIR, *(shards / split / INDEX_FILE for split in SPLITS)):
+        if not needed.exists():
+            _refuse(f"--shards {shards}: {needed} does not exist (klalm-prepare-data makes the shard folder)")
+
+
+def _check_block(args: argparse.Namespace, spec: Spec) -> None:
+    """plan, sweep and train: positive GPUs and minutes, staged shards, and (train) evaluation data and models."""
+    if args.gpus < 1:
+        _refuse(f"--gpus must be at least 1, got {args.gpus}")
+    if args.command != "plan" and not args.minutes > 0:  # also NaN
+        _refuse(f"--minutes must be a positive number, got {args.minutes}")
+    index = args.shards / "train" / INDEX_FILE
+    if not index.is_file():
+        _refuse(f"--shards: {index} does not exist: stage the shards first (klalm-study stage --from <pieces> "
+                f"--shards {args.shards}; klalm-prepare-data then klalm-study pack make the pieces)")  # fmt: skip
+    if args.command != "train":
+        return
+    if not args.eval_data.is_dir():
+        tasks = ", ".join(spec.eval["tasks"])
+        _refuse(f"--eval-data folder {args.eval_data} does not exist (the data of the zero-shot tasks {tasks})")
+    unknown = [m for m in args.models or [] if m not in spec.models]
+    if unknown:
+        _refuse(f"--models: {', '.join(unknown)} not in study {spec.name} (its models: {', '.join(spec.models)})")
+
+
+def _check_report(spec: Spec, doc: Path) -> None:
+    """The document with its markers, a results folder with finished cells and the cost section's bench rows."""
+    from klalm.markdown import fill_sections
+    from klalm.study.report import SECTIONS
+    from klalm.study.results import finished
+
+    if not doc.is_file():
+        _refuse(f"--doc {doc} does not exist")
+    try:
+        fill_sections(doc.read_text(encoding="utf-8"), dict.fromkeys(SECTIONS, ""), "study")
+    except ValueError as err:  # a marker is missing
+        _refuse(f"--doc {doc}: {err}")
+    if not spec.results.is_dir():
+        _refuse(f"results folder {spec.results} does not exist")
+    if not finished(spec, sweep=False) and not finished(spec, sweep=True):
+        _refuse(f"results folder {spec.results} holds no finished cell (no runs/*/{RUN_FILE} or sweep/*/{RUN_FILE})")
+    for path in map(Path, spec.cost["bench_rows"]):
+        if not path.is_file():
+            _refuse(f"study cost.bench_rows: {path} does not exist (run from the repository root)")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="[%(asctime)s %(name)s] %(message)s", datefmt="%H:%M:%S")
     if args.command == "pack":
-        from klalm.study.staging import pack
-
+        _check_pack(args.shards)
         manifest = pack(args.shards, args.out)
         sizes = {t: f"{p['xz_bytes'] / 2**20:.1f} MiB" for t, p in manifest["pieces"].items()}
         print(json.dumps(sizes, indent=1))
         return 0
     if args.command == "stage":
-        from klalm.study.staging import stage
-
-        print(json.dumps(stage(args.sources, args.shards), indent=1))
+        try:
+            staged = stage(args.sources, args.shards)
+        except (FileNotFoundError, ValueError) as err:  # no manifest, a split or tokenizer missing, a bad checksum
+            _refuse(f"stage: {err}")
+        print(json.dumps(staged, indent=1))
         return 0
-    spec = load_spec(args.spec)
+    try:
+        spec = load_spec(args.spec)
+    except (FileNotFoundError, ValueError) as err:  # no such spec, or one that fails its checks
+        _refuse(f"--spec: {err}")
     if args.results is not None:
         spec = replace(spec, results=args.results)
     if args.command == "report":
         from klalm.study.report import write_report
 
+        _check_report(spec, args.doc)
         print(write_report(spec, args.doc))
         return 0
     if args.command == "collect":
         from klalm.study.results import collect_all
 
+        if not args.work.is_dir():
+            _refuse(f"--work folder {args.work} does not exist")
+        if not (args.work / "sweep").is_dir() and not (args.work / "runs").is_dir():
+            _refuse(f"--work folder {args.work} holds neither sweep/ nor runs/ (the runner's run folders)")
         for record in collect_all(spec, args.work):
             print(f"{record['cell']}: val loss {record['val']['loss']:.4f}")
         return 0
     from klalm.study.runner import StudyRunner, plan, read_recipe
 
+    _check_block(args, spec)
     if args.command == "plan":
         print(plan(spec, read_recipe(spec, args.shards), args.gpus))
         return 0

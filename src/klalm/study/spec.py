@@ -77,6 +77,12 @@ def _check(spec: Spec) -> None:
         raise ValueError(f"study sweep.fraction={spec.sweep['fraction']} must be in (0, 1]")
 
 
+def available_specs() -> list[str]:
+    """Names of the specs shipped in configs/study/."""
+    folder = files("klalm.configs").joinpath("study")
+    return sorted(p.name.removesuffix(".yaml") for p in folder.iterdir() if p.name.endswith(".yaml"))
+
+
 def load_spec(name_or_path: str = DEFAULT_SPEC) -> Spec:
     """A spec by name (configs/study/<name>.yaml in the installed package) or by path to a YAML file."""
     path = Path(name_or_path)
@@ -87,7 +93,8 @@ def load_spec(name_or_path: str = DEFAULT_SPEC) -> Spec:
     else:
         resource = files("klalm.configs").joinpath("study", f"{name_or_path}.yaml")
         if not resource.is_file():
-            raise FileNotFoundError(f"no study spec {name_or_path!r} (configs/study/{name_or_path}.yaml)")
+            raise FileNotFoundError(f"no study spec {name_or_path!r} (configs/study/{name_or_path}.yaml); available: "
+                                    f"{', '.join(available_specs())}, or a path to a .yaml file")  # fmt: skip
         text = resource.read_text(encoding="utf-8")
     raw = yaml.safe_load(text)
     keys = {"experiment", "results", "models", "seeds", "extra_seeds", "sweep", "eval", "estimate", "overrides", "cost"}

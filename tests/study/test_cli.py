@@ -1,0 +1,109 @@
+"""klalm-study refuses bad input with one line on stderr, a non-zero exit, and nothing written."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from klalm.study.cli import main
+from tests.study.conftest import spec_file
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def refused(capsys, argv: list[str]) -> str:
+    """The one stderr line of a refused command (exit status 1, nothing on stdout)."""
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
+    out, err = capsys.readouterr()
+    assert exit_.value.code == 1 and out == ""
+    assert len(err.strip().splitlines()) == 1, err
+    return err
+
+
+@pytest.fixture
+def doc(tmp_path: Path) -> Path:
+    copy = tmp_path / "RESULTS.md"
+    shutil.copy(REPO / "docs/RESULTS.md", copy)
+    return copy
+
+
+def test_report_refuses_a_missing_results_folder_and_keeps_the_doc(capsys, tmp_path, doc):
+    before = doc.read_bytes()
+    err = refused(capsys, ["report", "--results", str(tmp_path / "nope"), "--doc", str(doc)])
+    assert f"results folder {tmp_path / 'nope'} does not exist" in err
+    assert doc.read_bytes() == before and not (tmp_path / "img").exists()
+
+
+def test_report_refuses_a_results_folder_without_finished_cells(capsys, tmp_path, doc):
+    before = doc.read_bytes()
+    (tmp_path / "empty" / "runs").mkdir(parents=True)
+    err = refused(capsys, ["report", "--results", str(tmp_path / "empty"), "--doc", str(doc)])
+    assert "holds no finished cell" in err and doc.read_bytes() == before
+
+
+def test_report_refuses_a_missing_doc_or_one_without_markers(capsys, tmp_path):
+    results = str(REPO / "results/study_45m")
+    assert "--doc" in refused(capsys, ["report", "--results", results, "--doc", str(tmp_path / "nope.md")])
+    plain = tmp_path / "plain.md"
+    plain.write_text("no markers\n")
+    assert "<!-- study:setup -->" in refused(capsys, ["report", "--results", results, "--doc", str(plain)])
+    assert plain.read_text() == "no markers\n"
+
+
+def test_report_refuses_bench_rows_it_cannot_find(capsys, tmp_path, doc, monkeypatch):
+    before = doc.read_bytes()
+    monkeypatch.chdir(tmp_path)  # cost.bench_rows are relative to the repository root
+    err = refused(capsys, ["report", "--results", str(REPO / "results/study_45m"), "--doc", str(doc)])
+    assert "cost.bench_rows: results/gpu_2026-12-01b/lm_45m.json does not exist" in err
+    assert doc.read_bytes() == before
+
+
+def test_collect_refuses_a_missing_or_wrong_work_folder(capsys, tmp_path):
+    spec = str(spec_file(tmp_path))
+    assert f"--work folder {tmp_path / 'nope'} does not exist" in refused(
+        capsys, ["collect", "--spec", spec, "--work", str(tmp_path / "nope")]
+    )
+    assert "neither sweep/ nor runs/" in refused(capsys, ["collect", "--spec", spec, "--work", str(tmp_path)])
+    assert not (tmp_path / "results").exists()
+
+
+def test_plan_names_the_missing_shard_index_and_the_command_that_stages_it(capsys, tmp_path):
+    err = refused(capsys, ["plan", "--gpus", "4", "--shards", str(tmp_path / "shards")])
+    assert f"{tmp_path / 'shards/train/index.json'} does not exist" in err and "klalm-study stage" in err
+
+
+def test_an_unknown_spec_lists_the_available_ones(capsys, tmp_path):
+    assert "no study spec 'nope'" in (err := refused(capsys, ["plan", "--spec", "nope"])) and "enwiki_45m" in err
+    assert "nope.yaml does not exist" in refused(capsys, ["plan", "--spec", str(tmp_path / "nope.yaml")])
+    bad = spec_file(tmp_path, typo=1)
+    assert "keys must be" in refused(capsys, ["plan", "--spec", str(bad)])
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["plan", "--gpus", "0"], "--gpus must be at least 1, got 0"),
+        (["sweep", "--gpus", "-1", "--minutes", "5"], "--gpus must be at least 1, got -1"),
+        (["sweep", "--minutes", "0"], "--minutes must be a positive number, got 0.0"),
+        (["train", "--minutes", "nan"], "--minutes must be a positive number, got nan"),
+        (["train", "--minutes", "5", "--eval-data", "NOPE"], "--eval-data folder"),
+        (["train", "--minutes", "5", "--eval-data", ".", "--models", "gpt_45m", "foo_45m"], "--models: foo_45m"),
+    ],
+)
+def test_blocks_refuse_bad_flags_before_anything_runs(capsys, tmp_path, shard_folder, argv, message):
+    argv = [arg.replace("NOPE", str(tmp_path / "nope")) for arg in argv]
+    common = ["--spec", str(spec_file(tmp_path)), "--shards", str(shard_folder)]
+    if argv[0] != "plan":
+        common += ["--work", str(tmp_path / "work")]
+    assert message in refused(capsys, [*argv, *common])
+    assert not (tmp_path / "work").exists() and not (tmp_path / "results").exists()
+
+
+def test_pack_and_stage_refuse_missing_folders(capsys, tmp_path):
+    err = refused(capsys, ["pack", "--shards", str(tmp_path / "nope"), "--out", str(tmp_path / "out")])
+    assert f"{tmp_path / 'nope/tokenizer'} does not exist" in err and not (tmp_path / "out").exists()
+    err = refused(capsys, ["stage", "--from", str(tmp_path / "nope"), "--shards", str(tmp_path / "staged")])
+    assert "no manifest.json" in err and not (tmp_path / "staged").exists()
