@@ -16,14 +16,17 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from importlib.resources import files
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, NoReturn
 
 import numpy as np
 from hydra import compose, initialize_config_dir
-from omegaconf import DictConfig
+from hydra.errors import ConfigCompositionException, InstantiationException, OverrideParseException
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import MissingMandatoryValue
 from tqdm import tqdm
 
 from klalm.data.records import BadRecordPolicy
@@ -46,6 +49,8 @@ class ShardWriter:
     def __init__(self, out_dir: Path, dtype: str, eos_id: int, shard_tokens: int):
         if dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
+        if shard_tokens < 1:  # checked before the folder is made: 0 would open empty shard files forever
+            raise ValueError(f"shard_tokens must be > 0, got {shard_tokens}")
         self.out_dir, self.dtype, self.eos_id, self.shard_tokens = out_dir, DTYPES[dtype], eos_id, shard_tokens
         self.shards: list[dict[str, Any]] = []
         self.documents = 0
@@ -118,9 +123,27 @@ def prepare_shards(
     Returns:
         the index dict, plus "seconds" and "tokens_per_s".
     """
-    tok = load_tokenizer(tokenizer)
-    dtype = choose_dtype(len(tok)) if dtype == "auto" else dtype
     src, policy = build_source(source), BadRecordPolicy(on_bad_record)
+    return _write_shards(
+        source, src, policy, load_tokenizer(tokenizer), out_dir, shard_tokens, dtype, block_docs, progress
+    )
+
+
+def _write_shards(
+    source: dict[str, Any],
+    src: Any,
+    policy: BadRecordPolicy,
+    tok: Any,
+    out_dir: str | Path,
+    shard_tokens: int,
+    dtype: str,
+    block_docs: int,
+    progress: bool,
+) -> dict[str, Any]:
+    """`prepare_shards` from a built source (``src``, from the config ``source``), policy and tokenizer."""
+    if block_docs < 1:
+        raise ValueError(f"block_docs must be > 0, got {block_docs}")
+    dtype = choose_dtype(len(tok)) if dtype == "auto" else dtype
     writer = ShardWriter(Path(out_dir), dtype, tok.eos_token_id, shard_tokens)
     start = time.perf_counter()
     bar = tqdm(unit="tok", unit_scale=True, disable=not progress, desc=f"tokenising -> {out_dir}")
@@ -142,6 +165,36 @@ def prepare_shards(
 
 
 SPLIT_KEYS = {"train": "source", "val": "val_source"}  # split name -> key of the data config holding its source
+
+
+def plan_dataset(
+    data_config: dict[str, Any],
+    splits: tuple[str, ...] = ("train", "val"),
+    max_documents: int | None = None,
+) -> dict[str, tuple[dict[str, Any], Any]]:
+    """Checks what `prepare_dataset` would read, before anything is written: split -> (source config, source).
+
+    Raises:
+        KeyError: an unknown split, a split whose source the data config lacks, or an unknown source kind.
+        ValueError: ``max_documents`` < 1 or an unknown ``on_bad_record``.
+        FileNotFoundError: a source path that matches no file.
+    """
+    if max_documents is not None and max_documents < 1:
+        raise ValueError(f"max_documents must be > 0 (None: every record), got {max_documents}")
+    BadRecordPolicy(data_config.get("on_bad_record", "raise"))
+    plan = {}
+    for split in splits:
+        if split not in SPLIT_KEYS:
+            raise KeyError(f"unknown split {split!r}; valid: {sorted(SPLIT_KEYS)}")
+        source = data_config.get(SPLIT_KEYS[split])
+        if source is None:
+            others = [s for s in splits if s != split]
+            hint = f" (or prepare only --splits {' '.join(others)})" if others else ""
+            raise KeyError(f"data config has no {SPLIT_KEYS[split]!r} for split {split!r}: give it a source{hint}")
+        if max_documents is not None:
+            source = {**source, "max_documents": max_documents}
+        plan[split] = (source, build_source(source))
+    return plan
 
 
 def prepare_dataset(
@@ -166,26 +219,30 @@ def prepare_dataset(
 
     Returns:
         split -> index (with seconds and tokens_per_s).
+
+    Raises:
+        what `plan_dataset` raises, and ValueError for ``shard_tokens`` < 1, before anything is written.
     """
+    if shard_tokens < 1:
+        raise ValueError(f"shard_tokens must be > 0, got {shard_tokens}")
+    return write_dataset(plan_dataset(data_config, splits, max_documents), data_config, out_dir, shard_tokens, progress)
+
+
+def write_dataset(
+    plan: dict[str, tuple[dict[str, Any], Any]],
+    data_config: dict[str, Any],
+    out_dir: str | Path,
+    shard_tokens: int,
+    progress: bool,
+) -> dict[str, dict[str, Any]]:
+    """Writes the splits of a `plan_dataset` plan and the tokenizer (see `prepare_dataset`)."""
     out_dir = Path(out_dir)
+    tok = load_tokenizer(data_config["tokenizer"])
     results = {}
-    for split in splits:
-        if split not in SPLIT_KEYS:
-            raise KeyError(f"unknown split {split!r}; valid: {sorted(SPLIT_KEYS)}")
-        source = data_config.get(SPLIT_KEYS[split])
-        if source is None:
-            raise KeyError(f"data config has no {SPLIT_KEYS[split]!r} for split {split!r}")
-        if max_documents is not None:
-            source = {**source, "max_documents": max_documents}
-        results[split] = prepare_shards(
-            source,
-            data_config["tokenizer"],
-            out_dir / split,
-            shard_tokens=shard_tokens,
-            on_bad_record=data_config.get("on_bad_record", "raise"),
-            progress=progress,
-        )
-    load_tokenizer(data_config["tokenizer"]).save_pretrained(str(out_dir / "tokenizer"))
+    for split, (source, src) in plan.items():
+        policy = BadRecordPolicy(data_config.get("on_bad_record", "raise"))
+        results[split] = _write_shards(source, src, policy, tok, out_dir / split, shard_tokens, "auto", 256, progress)
+    tok.save_pretrained(str(out_dir / "tokenizer"))
     return results
 
 
@@ -222,23 +279,75 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--max-documents", type=int, default=None, help="records per split (quick runs)")
     parser.add_argument("--override", nargs="*", default=[], help="Hydra overrides of the data config's keys")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if args.shard_tokens < 1:
+        parser.error(f"--shard-tokens must be > 0, got {args.shard_tokens}")
+    if args.max_documents is not None and args.max_documents < 1:
+        parser.error(f"--max-documents must be > 0 (leave it out for every record), got {args.max_documents}")
+    if args.out.exists() and not args.out.is_dir():
+        parser.error(f"--out {args.out} is a file, not a folder")
+    return args
+
+
+def _fail(message: str) -> NoReturn:
+    """Ends the command with ``klalm-prepare-data: <message>`` on one line of stderr (exit code 1)."""
+    sys.exit("klalm-prepare-data: " + " ".join(line.strip() for line in message.splitlines() if line.strip()))
+
+
+def _unknown_key(name: str, overrides: list[str]) -> str | None:
+    """Which override sets a key the data config does not have (None if none does), with the keys it has."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    config = OmegaConf.to_container(load_data_config(name, []), resolve=False)
+    for override in OverridesParser.create().parse_overrides(overrides):
+        if override.is_add() or override.is_force_add():
+            continue
+        node, path = config, []
+        for part in override.key_or_group.split("."):
+            if not isinstance(node, dict) or part not in node:
+                keys = sorted(k for k in node if k != "_target_") if isinstance(node, dict) else []
+                where = f"{'.'.join(path)!r} of data config {name!r}" if path else f"data config {name!r}"
+                return f"--override {override.input_line}: {where} has no key {part!r}; its keys: {keys}"
+            node, path = node[part], [*path, part]
+    return None
+
+
+def _message(err: BaseException) -> str:
+    return err.args[0] if isinstance(err, KeyError) and err.args else str(err)
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    """Entry point of `klalm-prepare-data`; returns split -> shard index (with seconds and tokens/s)."""
+    """Entry point of `klalm-prepare-data`; returns split -> shard index (with seconds and tokens/s).
+
+    Bad input (flags, data config, overrides, missing files or folders) ends it with one line on stderr before
+    anything is written to ``--out``.
+    """
     import hydra
 
     args = parse_args(argv)
-    datamodule = hydra.utils.instantiate(load_data_config(args.data, args.override))
-    results = prepare_dataset(
-        datamodule.sources(),
-        args.out,
-        splits=tuple(args.splits),
-        shard_tokens=args.shard_tokens,
-        max_documents=args.max_documents,
-        progress=not args.no_progress,
-    )
+    try:
+        config = load_data_config(args.data, args.override)
+    except FileNotFoundError as err:  # no such data config (the message lists them)
+        _fail(str(err))
+    except OverrideParseException as err:
+        _fail(f"--override: {err}")
+    except ConfigCompositionException as err:
+        _fail(_unknown_key(args.data, args.override) or f"--override: {err}")
+    try:
+        datamodule = hydra.utils.instantiate(config)
+    except MissingMandatoryValue as err:
+        _fail(f"--data {args.data}: {err.full_key} has no value; set it with --override {err.full_key}=...")
+    except InstantiationException as err:
+        # the data module's own checks: a missing data folder, data file or tokenizer, a bad value
+        if not isinstance(err.__cause__, (OSError, KeyError, ValueError)):
+            raise
+        _fail(f"--data {args.data}: {_message(err.__cause__)}")
+    data_config = datamodule.sources()
+    try:
+        plan = plan_dataset(data_config, tuple(args.splits), args.max_documents)
+    except (KeyError, ValueError, FileNotFoundError) as err:
+        _fail(f"--data {args.data}: {_message(err)}")
+    results = write_dataset(plan, data_config, args.out, args.shard_tokens, not args.no_progress)
     print("| split | documents | tokens | shards | dtype | skipped | seconds | tokens/s |")
     print("| --- | ---: | ---: | ---: | --- | --- | ---: | ---: |")
     for split, r in results.items():

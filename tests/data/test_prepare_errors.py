@@ -1,0 +1,123 @@
+"""`klalm-prepare-data` refuses bad input with one line naming the flag, key or file, and writes nothing."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from klalm.data.prepare import ShardWriter, parse_args, prepare_dataset
+from klalm.data.prepare import main as prepare_main
+
+REQUIRED = ["--data", "enwiki_local", "--out"]
+
+
+EVERY_RECORD = "(leave it out for every record)"
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--shard-tokens", "0"], "--shard-tokens must be > 0, got 0"),  # used to write empty shard files forever
+        (["--shard-tokens", "-5"], "--shard-tokens must be > 0, got -5"),
+        (["--max-documents", "-1"], f"--max-documents must be > 0 {EVERY_RECORD}, got -1"),  # wrote empty shards
+        (["--max-documents", "0"], f"--max-documents must be > 0 {EVERY_RECORD}, got 0"),
+    ],
+)
+def test_bad_flag_values_are_refused_by_the_parser(flags, message, tmp_path, capsys):
+    with pytest.raises(SystemExit) as err:
+        parse_args([*REQUIRED, str(tmp_path / "out"), *flags])
+    assert err.value.code == 2
+    assert capsys.readouterr().err.splitlines()[-1] == f"klalm-prepare-data: error: {message}"
+
+
+def test_out_that_is_a_file_is_refused(tmp_path, capsys):
+    (tmp_path / "out").write_text("")
+    with pytest.raises(SystemExit):
+        parse_args([*REQUIRED, str(tmp_path / "out")])
+    assert capsys.readouterr().err.splitlines()[-1].endswith("is a file, not a folder")
+
+
+def test_library_refuses_sizes_that_cannot_work_before_writing(tmp_path):
+    with pytest.raises(ValueError, match="shard_tokens must be > 0, got 0"):
+        ShardWriter(tmp_path / "w", "uint16", eos_id=0, shard_tokens=0)
+    config = {"source": {"kind": "files", "paths": str(tmp_path)}, "tokenizer": {}}
+    with pytest.raises(ValueError, match="max_documents must be > 0"):
+        prepare_dataset(config, tmp_path / "d", splits=("train",), max_documents=0)
+    with pytest.raises(ValueError, match="shard_tokens must be > 0"):
+        prepare_dataset(config, tmp_path / "d", splits=("train",), shard_tokens=0)
+    assert not (tmp_path / "w").exists() and not (tmp_path / "d").exists()
+
+
+@pytest.fixture
+def files_args(tmp_path, shared_data) -> list[str]:
+    """`--data files` over one tiny jsonl file with the local GPT-2 tokenizer (no network); add val=... to it."""
+    (tmp_path / "ok.jsonl").write_text(json.dumps({"text": "hello world"}) + "\n")
+    return [
+        "--data",
+        "files",
+        "--override",
+        f"train={tmp_path / 'ok.jsonl'}",
+        f"tokenizer={shared_data / 'gpt2_tokenizer'}",
+    ]
+
+
+def _refused(argv: list[str], out: Path) -> str:
+    """Runs the command, expecting one line of error and no --out folder; returns the line."""
+    with pytest.raises(SystemExit) as err:
+        prepare_main([*argv, "--out", str(out), "--no-progress"])
+    message = err.value.code
+    assert isinstance(message, str) and message.startswith("klalm-prepare-data: ") and "\n" not in message
+    assert not out.exists()
+    return message
+
+
+def test_unknown_data_config_lists_the_available_ones(tmp_path):
+    message = _refused(["--data", "enwiki_locl"], tmp_path / "out")
+    assert "'enwiki_locl'" in message and "'enwiki_local', 'files'" in message
+
+
+def test_unknown_override_key_is_named(tmp_path):
+    message = _refused(["--data", "enwiki_local", "--override", "seq_lenn=5"], tmp_path / "out")
+    assert "--override seq_lenn=5: data config 'enwiki_local' has no key 'seq_lenn'; its keys: [" in message
+    message = _refused(["--data", "enwiki_local", "--override", "source.kindd=x"], tmp_path / "out")
+    assert "'source' of data config 'enwiki_local' has no key 'kindd'" in message
+
+
+def test_override_that_does_not_parse_is_named(tmp_path):
+    assert "Error parsing override 'seq_len'" in _refused(["--data", "files", "--override", "seq_len"], tmp_path / "o")
+
+
+def test_missing_shared_data_folder_names_it_and_the_variable(tmp_path, monkeypatch):
+    monkeypatch.delenv("KLALM_SHARED_DATA", raising=False)
+    monkeypatch.chdir(tmp_path)  # no ../shared/data from here
+    message = _refused(["--data", "enwiki_local"], tmp_path / "out")
+    assert "data_root ../shared/data does not exist" in message and "KLALM_SHARED_DATA" in message
+
+
+def test_missing_data_files_are_named_before_anything_is_written(files_args, tmp_path):
+    message = _refused([*files_args[:3], f"train={tmp_path / 'nope.jsonl'}", *files_args[4:]], tmp_path / "out")
+    assert message.endswith(f"no file matches '{tmp_path / 'nope.jsonl'}'")
+    message = _refused([*files_args, f"val={tmp_path / 'nope2.jsonl'}"], tmp_path / "out")  # train was written first
+    assert message.endswith(f"no file matches '{tmp_path / 'nope2.jsonl'}'")
+
+
+def test_split_without_a_source_is_refused_before_the_others_are_written(files_args, tmp_path):
+    message = _refused(files_args, tmp_path / "out")  # no val=...: train used to be written, then a KeyError
+    assert "no 'val_source' for split 'val': give it a source (or prepare only --splits train)" in message
+
+
+def test_bad_config_values_are_named(files_args, tmp_path):
+    assert _refused(["--data", "files"], tmp_path / "out").endswith(
+        "train has no value; set it with --override train=..."
+    )
+    message = _refused([*files_args, "on_bad_record=foo"], tmp_path / "out")
+    assert message.endswith("on_bad_record must be 'raise' or 'skip', got 'foo'")
+    message = _refused([*files_args[:4], f"tokenizer={tmp_path / 'no_tokenizer'}"], tmp_path / "out")
+    assert message.endswith(f"tokenizer folder {tmp_path / 'no_tokenizer'} does not exist")
+
+
+def test_good_input_still_writes_shards(files_args, tmp_path):
+    results = prepare_main([*files_args, "--splits", "train", "--out", str(tmp_path / "out"), "--no-progress"])
+    assert results["train"]["documents"] == 1 and (tmp_path / "out" / "tokenizer").is_dir()
