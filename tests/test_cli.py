@@ -11,6 +11,7 @@ import pytest
 from hydra import compose, initialize_config_module
 from omegaconf import OmegaConf
 
+from klalm.cli import one_line
 from klalm.cli.helptext import key_comments
 from klalm.config_checks import TRAIN_RULES, ConfigError, check_eval_config, check_train_config
 
@@ -86,9 +87,16 @@ def compose_config():
         ("callbacks.checkpoint.keep_last=0", "callbacks.checkpoint.keep_last=0 is invalid: must be > 0"),
         ("trainer.precision=16-mixed", "trainer.precision='16-mixed' is invalid: must be one of"),
         ("resume=/no/such.ckpt", "resume='/no/such.ckpt': no such checkpoint file or run directory"),
+        ("optim.betas=[0.9]", "optim.betas=[0.9] is invalid: must be a list of two numbers in [0, 1)"),
+        ("optim.eps=0", "optim.eps=0 is invalid: must be > 0"),
+        ("data.on_bad_record=ignore", "data.on_bad_record='ignore' is invalid: must be raise or skip"),
+        ("+train.max_tokns=5", "train.max_tokns is not a klalm-train key (did you mean train.max_tokens?)"),
+        ("+sed=3", "sed is not a klalm-train key (did you mean seed?)"),
+        ("model.mixer_options.kla.backend=triton", "model.mixer_options.kla.backend=triton needs a CUDA GPU"),
     ],
 )
-def test_train_checks_name_the_key(compose_config, override, message):
+def test_train_checks_name_the_key(compose_config, override, message, monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)  # (the kernel tests' setting: Triton allowed on the CPU)
     with pytest.raises(ConfigError) as info:
         check_train_config(compose_config("train", ["experiment=smoke", override]))
     assert str(info.value).startswith(message) and "\n" not in str(info.value)
@@ -130,3 +138,54 @@ def test_a_renamed_key_is_refused_naming_the_new_one(tmp_path):
         proc.stderr
     )
     assert proc.stdout.rstrip().endswith("LIGHT")
+
+
+def test_the_triton_backend_on_the_cpu_passes_under_the_interpreter(compose_config, monkeypatch):
+    """The kernel tests run Triton on the CPU through its interpreter: the check lets that through."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    check_train_config(compose_config("train", ["experiment=smoke", "model.mixer_options.kla.backend=triton"]))
+
+
+def test_one_line_takes_a_loader_workers_error_from_the_end_of_its_traceback():
+    """A DataLoader worker's exception comes back as "Caught X in DataLoader worker process N." plus the worker's
+    traceback, whose last line is the error; any other message gives its first line."""
+    wrapped = ValueError(
+        "Caught BadRecordError in DataLoader worker process 0.\nOriginal Traceback (most recent "
+        'call last):\n  File "x.py", line 1\nklalm.data.records.BadRecordError: bad record at a:1'
+    )
+    assert one_line(wrapped) == "klalm.data.records.BadRecordError: bad record at a:1"
+    assert one_line(ValueError("first\nsecond")) == "first" and one_line(KeyError()) == "KeyError"
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["train.global_batch_tokens=100"], "klalm-train: train.global_batch_tokens=100 is not a multiple of"),
+        (["trainer.accelerator=mps"], "klalm-train: trainer: "),
+    ],
+    ids=["budget", "lightning"],
+)
+def test_a_run_refused_at_its_start_says_why_in_one_line_and_leaves_no_folder(tmp_path, overrides, message):
+    """Refusals raised once the run has begun (the token budget, Lightning's trainer) end like the config checks:
+    one line, exit code 1, and the run folder Hydra had begun is gone."""
+    proc = _in_fresh_python("train", ["experiment=smoke", "run_name=r", f"paths.log_dir={tmp_path / 'out'}",
+                                      *overrides], tmp_path)  # fmt: skip
+    assert proc.returncode == 1
+    assert proc.stderr.strip().splitlines()[-1].startswith(message) and "Traceback" not in proc.stderr
+    assert not (tmp_path / "out" / "r").exists()
+
+
+def test_a_resume_of_a_folder_without_checkpoints_writes_nothing_into_it(tmp_path):
+    """resume=<folder> that is no run folder (an export, an empty folder): refused in one line, and the folder
+    keeps exactly what it held (before, the start wrote its config, log and lock into it first)."""
+    folder = tmp_path / "hf"
+    folder.mkdir()
+    (folder / "config.json").write_text("{}")
+    proc = _in_fresh_python("train", ["experiment=smoke", f"resume={folder}", f"paths.log_dir={tmp_path / 'out'}"],
+                            tmp_path)  # fmt: skip
+    assert proc.returncode == 1
+    assert proc.stderr.strip().splitlines()[-1] == (
+        f"klalm-train: resume='{folder}': the folder holds no valid checkpoints/step-*.ckpt"
+    )
+    assert sorted(p.name for p in folder.iterdir()) == ["config.json"]
+    assert not any((tmp_path / "out").rglob("*.log"))

@@ -11,7 +11,10 @@ Importing it costs only omegaconf: the console scripts (`klalm.cli`) run these c
 
 from __future__ import annotations
 
+import difflib
+import os
 from collections.abc import Callable
+from importlib.resources import files
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -46,6 +49,10 @@ BOOL = (lambda v: isinstance(v, bool), "true or false")
 COMPILE = (lambda v: isinstance(v, bool) or v == "blocks", "true, false or blocks")  # train.compile
 STR = (lambda v: isinstance(v, str), "a string")
 STR_OR_LIST = (lambda v: isinstance(v, str) or _is_str_list(v), "a path or a list of paths")
+BETAS = (
+    lambda v: isinstance(v, (list, ListConfig)) and len(v) == 2 and all(_is_number(b) and 0 <= b < 1 for b in v),
+    "a list of two numbers in [0, 1), e.g. [0.9, 0.95]",
+)
 
 
 class Rule(NamedTuple):
@@ -99,6 +106,9 @@ TRAIN_RULES: tuple[Rule, ...] = (
     Rule("data.val_batches", INT, nullable=True, check=positive, demand="> 0"),
     Rule("optim.lr", NUMBER, check=positive, demand="> 0"),
     Rule("optim.weight_decay", NUMBER, check=non_negative, demand="≥ 0"),
+    Rule("optim.betas", BETAS),
+    Rule("optim.eps", NUMBER, check=positive, demand="> 0"),
+    Rule("data.on_bad_record", (lambda v: v in ("raise", "skip"), "raise or skip")),
     Rule("scheduler.warmup", NUMBER, check=non_negative, demand="≥ 0 (< 1: a fraction of the run, else steps)"),
     Rule("scheduler.min_lr_ratio", NUMBER, check=fraction, demand="in [0, 1]"),
     Rule("scheduler.decay_frac", NUMBER, check=fraction, demand="in [0, 1]"),
@@ -172,9 +182,48 @@ def check_overrides(overrides: list[str]) -> None:
             raise ConfigError(message)
 
 
+# Groups whose keys klalm itself reads: a key added with `+` that the base config does not have is a typo (Hydra's
+# struct mode stops `train.max_tokns=5` but suggests `+train.max_tokns=5`, which would then be ignored).
+CLOSED_GROUPS = ("train",)
+
+
+def _base_train_config() -> DictConfig:
+    return OmegaConf.load(files("klalm.configs").joinpath("train.yaml"))
+
+
+def check_known_keys(cfg: DictConfig) -> None:
+    """Refuses a key of a `CLOSED_GROUPS` group, or a top-level key, that the base config (configs/train.yaml) lacks,
+    naming the nearest known key."""
+    base = _base_train_config()
+    groups = {name for entry in base.defaults if isinstance(entry, DictConfig) for name in entry}  # model, data, ...
+    places = [("", (set(base.keys()) - {"defaults"}) | groups, cfg.keys())]
+    places += [(f"{group}.", set(base[group].keys()), (cfg.get(group) or {}).keys()) for group in CLOSED_GROUPS]
+    for prefix, known, keys in places:
+        for key in sorted(set(keys) - known):
+            near = difflib.get_close_matches(key, sorted(known), n=1)
+            hint = f" (did you mean {prefix}{near[0]}?)" if near else ""
+            raise ConfigError(f"{prefix}{key} is not a klalm-train key{hint}: nothing reads it")
+
+
+def _check_kernel_backends(cfg: DictConfig) -> None:
+    """A mixer forced onto the Triton kernels needs a GPU: refused on `trainer.accelerator=cpu` (unless the Triton
+    interpreter is on, as in the kernel tests) before any model is built."""
+    if str(OmegaConf.select(cfg, "trainer.accelerator", default="")) != "cpu" or os.environ.get("TRITON_INTERPRET"):
+        return
+    for mixer, values in (OmegaConf.select(cfg, "model.mixer_options") or {}).items():
+        if (values or {}).get("backend") == "triton":
+            raise ConfigError(
+                f"model.mixer_options.{mixer}.backend=triton needs a CUDA GPU, and trainer.accelerator=cpu here: "
+                "use backend=auto (Triton on a GPU, torch elsewhere) or torch"
+            )
+
+
 def check_train_config(cfg: DictConfig) -> None:
-    """The `klalm-train` checks: TRAIN_RULES, no renamed mixer option, and that an explicit `resume` path exists."""
+    """The `klalm-train` checks: known keys, TRAIN_RULES, no renamed mixer option, Triton only on a GPU, and that an
+    explicit `resume` path exists."""
+    check_known_keys(cfg)
     check(cfg, TRAIN_RULES)
+    _check_kernel_backends(cfg)
     options = OmegaConf.select(cfg, "model.mixer_options")
     for mixer, values in (options or {}).items():
         for option in values or {}:

@@ -7,6 +7,7 @@ import os
 
 import pytest
 
+from klalm.config_checks import ConfigError
 from klalm.models.checkpoint import CheckpointError, list_checkpoints, newest_valid, verify_checkpoint
 from klalm.train.app import run
 
@@ -124,3 +125,13 @@ def test_a_resume_may_switch_between_fused_and_foreach_adamw(finished, tmp_path)
     assert _train_steps(tmp_path / "v" / "b") == [3, 4]
     fused, foreach = (_losses(finished)[2:], _losses(tmp_path / "v" / "b"))
     assert foreach == pytest.approx(fused, rel=1e-5)
+
+
+def test_a_resume_that_builds_another_model_is_refused_naming_the_setting(finished):
+    """A checkpoint's state would not load into another model: refused in one line naming what differs (before, a
+    40-line state_dict error), whatever resume_allow_changes says."""
+    for allow in ("false", "true"):
+        cfg = compose_train([*RUN, "model.d_model=48", f"resume={finished}", f"resume_allow_changes={allow}"],
+                            finished.parent / "b")  # fmt: skip
+        with pytest.raises(ConfigError, match=r"another model than this config builds \(model.d_model 32 -> 48\)"):
+            run(cfg)

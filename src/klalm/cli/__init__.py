@@ -8,8 +8,10 @@ Lightning and lm-eval are imported when the run starts. A bad value ends the com
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Callable
+from typing import NoReturn
 
 import hydra
 from omegaconf import DictConfig
@@ -19,6 +21,13 @@ from klalm.config_checks import ConfigError, check_eval_config, check_overrides,
 
 CONFIG_PATH = "pkg://klalm.configs"
 PRINT_TASKS_PATH = "--print-tasks-path"  # klalm-eval's one flag outside Hydra
+
+
+def one_line(err: BaseException) -> str:
+    """An error's message on one line: its first line, or for an error a DataLoader worker raised (re-raised in the
+    main process as "Caught X in DataLoader worker process N." and the worker's traceback) the traceback's last line."""
+    lines = [line for line in str(err).splitlines() if line.strip()] or [type(err).__name__]
+    return lines[-1].strip() if lines[0].startswith("Caught ") and len(lines) > 1 else lines[0]
 
 
 def _checked(app: str, check: Callable[[DictConfig], None], cfg: DictConfig) -> None:
@@ -31,10 +40,27 @@ def _checked(app: str, check: Callable[[DictConfig], None], cfg: DictConfig) -> 
 
 @hydra.main(config_path=CONFIG_PATH, config_name="train", version_base="1.3")
 def _train_app(cfg: DictConfig) -> float | None:
-    _checked("klalm-train", check_train_config, cfg)
-    from klalm.train.app import run
+    try:
+        check_train_config(cfg)  # before torch and Lightning are imported
+    except ConfigError as err:
+        _refuse_run(err)
+    from klalm.train.app import run, user_errors
 
-    return run(cfg).get("val_loss")  # what a sweeper that optimises would read
+    try:
+        return run(cfg).get("val_loss")  # what a sweeper that optimises would read
+    except (ConfigError, *user_errors()) as err:
+        _refuse_run(err)
+
+
+def _refuse_run(err: BaseException) -> NoReturn:
+    """Ends a `klalm-train` refused for its input with one line, removing the run folder it had only begun
+    (`klalm.train.rundir.discard_unused_run_dir`); with HYDRA_FULL_ERROR=1, the traceback instead."""
+    from klalm.train.rundir import discard_unused_run_dir
+
+    if os.environ.get("HYDRA_FULL_ERROR") == "1":
+        raise err
+    discard_unused_run_dir()
+    sys.exit(f"klalm-train: {one_line(err)}")
 
 
 @hydra.main(config_path=CONFIG_PATH, config_name="eval", version_base="1.3")

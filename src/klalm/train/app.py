@@ -23,17 +23,19 @@ from typing import Any
 import hydra
 import lightning.pytorch as pl
 import torch
+from hydra.errors import InstantiationException
+from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from omegaconf import DictConfig, OmegaConf
 
-from klalm.config_checks import check_train_config
-from klalm.models.checkpoint import HF_DIR, TOKENIZER_DIR
+from klalm.config_checks import ConfigError, check_train_config
+from klalm.models.checkpoint import HF_DIR, TOKENIZER_DIR, CheckpointError
 from klalm.train.budget import derive_budget
 from klalm.train.callbacks import StepMetrics, skipped_records
 from klalm.train.checkpoint import STOP_SIGNALS, RollingCheckpoint, export_hf, remove_stale_temporaries
 from klalm.train.module import LMModule
 from klalm.train.plots import plot_losses
-from klalm.train.resume import check_settings, resolve_resume, resume_settings
+from klalm.train.resume import check_model, check_settings, resolve_resume, resume_settings
 from klalm.train.rundir import is_global_rank_zero, lock_run_dir, unlock_run_dir
 
 log = logging.getLogger(__name__)
@@ -71,7 +73,12 @@ def build_trainer(cfg: DictConfig) -> pl.Trainer:
         raise ValueError("callbacks.metrics (klalm.train.callbacks.StepMetrics) is required: it logs the loss")
     if not any(isinstance(c, RollingCheckpoint) for c in callbacks):
         log.warning("callbacks.checkpoint is off: this run writes no checkpoint and cannot be resumed")
-    return hydra.utils.instantiate(cfg.trainer, callbacks=callbacks, logger=_instantiate_dict(cfg.logger))
+    try:
+        return hydra.utils.instantiate(cfg.trainer, callbacks=callbacks, logger=_instantiate_dict(cfg.logger))
+    except InstantiationException as err:  # Lightning refused a trainer setting (e.g. accelerator=gpu, no GPU)
+        if isinstance(err.__cause__, MisconfigurationException):
+            raise ConfigError(f"trainer: {err.__cause__}") from err
+        raise
 
 
 def build_module(cfg: DictConfig, model: torch.nn.Module, vocab_size: int, world_size: int) -> LMModule:
@@ -107,6 +114,15 @@ def build_module(cfg: DictConfig, model: torch.nn.Module, vocab_size: int, world
     )
 
 
+def user_errors() -> tuple[type[BaseException], ...]:
+    """What a run raises when its input is wrong rather than its code (`klalm-train` prints these as one line; the
+    config checks' ConfigError besides, which `build_trainer` also raises for Lightning's refusal of a trainer setting):
+    a checkpoint it will not load, a bad record in a data file, a missing file."""
+    from klalm.data.records import BadRecordError
+
+    return CheckpointError, BadRecordError, FileNotFoundError
+
+
 def run(cfg: DictConfig) -> dict[str, Any]:
     """Trains one run as configured and returns its summary (also written to `<run_dir>/summary.json`).
 
@@ -137,6 +153,9 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     model = hydra.utils.instantiate(cfg.model, vocab_size=vocab_size)
     trainer = build_trainer(cfg)
     module = build_module(cfg, model, vocab_size, trainer.world_size)
+    if ckpt_path is not None:  # the model the config builds must be the one the checkpoint holds
+        shapes = {name: tuple(value.shape) for name, value in module.state_dict().items()}
+        check_model(ckpt_path, OmegaConf.to_container(cfg.model, resolve=True), shapes)
     module.save_hyperparameters(OmegaConf.to_container(cfg, resolve=True))  # Lightning hands them to every logger
     trainer.fit_loop.epoch_loop.max_steps = module.budget.max_steps  # the token budget decides the length
     if trainer.is_global_zero and tokenizer is not None:

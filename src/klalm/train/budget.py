@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from klalm.config_checks import ConfigError
+
 
 @dataclass(frozen=True)
 class TokenBudget:
@@ -63,8 +65,8 @@ def derive_budget(
         The derived `TokenBudget`.
 
     Raises:
-        ValueError: naming the config key (`train.global_batch_tokens`, `train.max_tokens`, ...) when a value is not
-            positive or the global batch is not a whole number of micro-batches on every rank.
+        ConfigError (a ValueError): naming the config key (`train.global_batch_tokens`, `train.max_tokens`, ...)
+            when a value is not positive or the global batch is not a whole number of micro-batches on every rank.
     """
     values = {
         "train.max_tokens": max_tokens,
@@ -75,15 +77,15 @@ def derive_budget(
     }
     for key, value in values.items():
         if not isinstance(value, int) or value <= 0:
-            raise ValueError(f"{key} must be a positive integer, got {value!r}")
+            raise ConfigError(f"{key} must be a positive integer, got {value!r}")
     per_round = micro_batch_size * seq_len * world_size  # tokens of one micro-batch on every rank at once
     if global_batch_tokens % per_round:
-        raise ValueError(
+        raise ConfigError(
             f"train.global_batch_tokens={global_batch_tokens} is not a multiple of data.batch_size × data.seq_len × "
             f"world_size = {micro_batch_size} × {seq_len} × {world_size} = {per_round}"
         )
     if max_tokens < global_batch_tokens:
-        raise ValueError(
+        raise ConfigError(
             f"train.max_tokens={max_tokens} is smaller than one global batch (train.global_batch_tokens="
             f"{global_batch_tokens}): the run would take no step"
         )

@@ -32,6 +32,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from klalm.config_checks import ConfigError
 from klalm.models.checkpoint import CheckpointError, load_checkpoint_file, newest_valid, verify_checkpoint
 
 log = logging.getLogger(__name__)
@@ -54,6 +55,7 @@ RESUME_KEYS = (
 # Keys inside RESUME_KEYS that choose how the same maths runs, not what it computes: a resume may change them.
 # (Fused and foreach AdamW keep the same state dict; the loaded state moves to the kernel's device and dtype.)
 FREE_KEYS = ("optim.fused",)
+MAX_NAMED = 5  # model settings a refused resume names
 
 
 def resolve_resume(resume: str | None, search_glob: str) -> Path | None:
@@ -71,9 +73,13 @@ def resolve_resume(resume: str | None, search_glob: str) -> Path | None:
     if path.is_file():
         verify_checkpoint(path)
         return path
-    latest = _newest_valid_or_none([path], f"resume={resume}")
+    latest, skipped = newest_valid([path])
     if latest is None:
-        raise FileNotFoundError(f"resume={resume!r}: the run folder holds no valid checkpoints/step-*.ckpt")
+        why = f" ({'; '.join(skipped)})" if skipped else ""
+        raise FileNotFoundError(f"resume={resume!r}: the folder holds no valid checkpoints/step-*.ckpt{why}")
+    for reason in skipped:
+        log.warning("resume=%s: skipped %s", resume, reason)
+    log.info("resume=%s: resuming from %s", resume, latest)
     return latest
 
 
@@ -108,8 +114,8 @@ def check_settings(ckpt_path: Path, current: dict[str, Any], allow_changes: bool
     """Refuses a resume whose `RESUME_KEYS` differ from those stored in the checkpoint (module docstring).
 
     Raises:
-        ValueError: one line naming each changed key with its old and new value, unless `allow_changes` (then the
-            changes are logged as a warning).
+        ConfigError (a ValueError): one line naming each changed key with its old and new value, unless
+            `allow_changes` (then the changes are logged as a warning).
     """
     saved = load_checkpoint_file(ckpt_path, mmap=True)["klalm"].get("resume_settings")
     if saved is None:
@@ -131,7 +137,45 @@ def check_settings(ckpt_path: Path, current: dict[str, Any], allow_changes: bool
     if allow_changes:
         log.warning("resume_allow_changes=true: resuming %s with changed settings: %s", ckpt_path, "; ".join(changes))
         return
-    raise ValueError(
+    raise ConfigError(
         f"resume from {ckpt_path} changes {'; '.join(changes)}: that would silently change the lr schedule or the "
         "data order of the run; keep the checkpoint's values, or pass resume_allow_changes=true to accept the change"
     )
+
+
+def check_model(ckpt_path: Path, model_config: dict[str, Any], shapes: dict[str, tuple[int, ...]]) -> None:
+    """Refuses a resume whose config builds another model than the checkpoint holds (its state would not load).
+
+    Args:
+        model_config: the config's `model` group, resolved (what the checkpoint stores as "model_config").
+        shapes: parameter and buffer name -> shape of the module as built (`LMModule.state_dict()`).
+
+    Raises:
+        ConfigError: one line naming the model settings that differ (or, when the stored config does not show it,
+            how many tensors are missing, unexpected or of another shape), whatever `resume_allow_changes` says.
+    """
+    checkpoint = load_checkpoint_file(ckpt_path, mmap=True)
+    saved = {_plain_name(k): tuple(v.shape) for k, v in checkpoint["state_dict"].items() if hasattr(v, "shape")}
+    built = {_plain_name(k): shape for k, shape in shapes.items()}
+    if saved == built:
+        return
+    before, after = {}, {}
+    _flatten("model", checkpoint["klalm"].get("model_config"), before)
+    _flatten("model", model_config, after)
+    # a null model key keeps the preset's value, as an absent one does (the mixers' option groups differ by arch)
+    keys = [k for k in sorted(before.keys() | after.keys()) if before.get(k) != after.get(k)]
+    changes = [f"{k} {before.get(k)!r} -> {after.get(k)!r}" for k in keys[:MAX_NAMED]]
+    changes += [f"and {len(keys) - MAX_NAMED} more"] if len(keys) > MAX_NAMED else []
+    if not changes:
+        other = sum(saved[k] != built[k] for k in saved.keys() & built.keys())
+        changes = [f"{len(built.keys() - saved.keys())} tensors missing, {len(saved.keys() - built.keys())} "
+                   f"unexpected, {other} of another shape"]  # fmt: skip
+    raise ConfigError(
+        f"resume from {ckpt_path}: the checkpoint holds another model than this config builds ({'; '.join(changes)}); "
+        "resume with the checkpoint's model settings, or start a new run_name"
+    )
+
+
+def _plain_name(name: str) -> str:
+    """A state-dict name without what torch.compile inserts (`_orig_mod.`), so a compiled and an eager module match."""
+    return name.replace("_orig_mod.", "")

@@ -14,12 +14,14 @@ A clean exit empties the file. Other ranks take no lock: they write nothing but 
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import functools
 import logging
 import os
 import secrets
+import shutil
 import socket
 import time
 from glob import glob
@@ -95,6 +97,35 @@ def unlock_run_dir(run_dir: str | Path) -> None:
         os.close(fd)
 
 
+# What a start writes into its run folder before it trains: Hydra's config record and log, and the lock.
+STARTUP_FILES = frozenset({".hydra", "train.log", LOCK_FILE})
+
+
+def discard_unused_run_dir() -> None:
+    """After a start refused before it trained (a bad value, a missing file): removes what it wrote, so that a rejected
+    command leaves no empty run folder behind. The whole folder when it holds nothing but `STARTUP_FILES`; in a run's
+    folder that holds more (a resume), only this start's `.hydra/resume-*` record. Global rank 0 only; a no-op outside
+    a Hydra run."""
+    from hydra.core.hydra_config import HydraConfig
+
+    if not HydraConfig.initialized() or not is_global_rank_zero():
+        return
+    hydra_cfg = HydraConfig.get()
+    run_dir = Path(hydra_cfg.runtime.output_dir)
+    if not run_dir.is_dir():
+        return
+    if {p.name for p in run_dir.iterdir()} <= STARTUP_FILES:
+        unlock_run_dir(run_dir)
+        for handler in logging.getLogger().handlers:  # Hydra's file handler holds train.log open
+            if isinstance(handler, logging.FileHandler) and Path(handler.baseFilename).parent == run_dir.resolve():
+                handler.close()
+        shutil.rmtree(run_dir, ignore_errors=True)
+        with contextlib.suppress(OSError):
+            run_dir.parent.rmdir()  # outputs/<run_name>, if this was its only run
+    elif hydra_cfg.output_subdir and Path(hydra_cfg.output_subdir).name.startswith("resume-"):
+        shutil.rmtree(run_dir / hydra_cfg.output_subdir, ignore_errors=True)
+
+
 def _read(fd: int) -> str:
     return os.pread(fd, 4096, 0).decode(errors="replace").strip()
 
@@ -123,9 +154,9 @@ def run_dir_for(base: str, resume: str | None, search_glob: str, run_id: str | N
         run_id: `$KLALM_RUN_ID` (set by launchers so that every rank names the same new folder) or None.
 
     Returns:
-        The folder of the checkpoint resume=auto would resume from, the folder given as resume=<run dir>, or a new
-        folder `<base>/<run_id or fresh_run_name()>`. Every rank of a job reaches the same answer: it depends only on
-        the files, and nothing is written before every rank has resolved it.
+        The folder of the checkpoint resume=auto would resume from, the folder given as resume=<run dir> if it holds
+        checkpoints, or a new folder `<base>/<run_id or fresh_run_name()>`. Every rank of a job reaches the same
+        answer: it depends only on the files, and nothing is written before every rank has resolved it.
     """
     if resume == "auto":
         from klalm.models.checkpoint import newest_valid  # torch: only when resuming, so composing a config stays light
@@ -134,7 +165,10 @@ def run_dir_for(base: str, resume: str | None, search_glob: str, run_id: str | N
         if latest is not None:
             return str(latest.parent.parent)  # <run dir>/checkpoints/step-<N>.ckpt
     elif resume is not None and Path(resume).is_dir():
-        return str(resume)
+        from klalm.models.checkpoint import list_checkpoints
+
+        if list_checkpoints(Path(resume)):  # else not a run folder (the run then stops, naming it): write nothing there
+            return str(resume)
     return f"{base}/{run_id or fresh_run_name()}"
 
 
