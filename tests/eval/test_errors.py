@@ -95,3 +95,32 @@ def test_training_checkpoint_without_tokenizer(tmp_path, monkeypatch):
     ckpt.write_bytes(b"")
     with pytest.raises(FileNotFoundError, match="no tokenizer; pass tokenizer=FOLDER"):
         load_checkpoint(ckpt, device="cpu")
+
+
+@pytest.mark.parametrize(
+    ("override", "line"),
+    [
+        ("tasks=[hellaswg]", "klalm-eval: tasks: no local task 'hellaswg'; valid: ['hellaswag', 'piqa']"),
+        ("dtype=foo", "klalm-eval: dtype: unknown dtype 'foo'; valid: ['bfloat16', 'float16', 'float32', 'float64']"),
+        ("device=cuda:0", "klalm-eval: device='cuda:0': torch sees no CUDA GPU here; use device=auto or cpu"),
+        ("checkpoint={garbage}", "klalm-eval: {garbage} cannot be read as a checkpoint (truncated or corrupted?)"),
+    ],
+    ids=["task", "dtype", "device", "garbage-ckpt"],
+)
+def test_klalm_eval_refuses_bad_input_in_one_line(tiny_checkpoints, tmp_path, shared_data, override, line):
+    """The console script's refusals: one line naming the key (or file), exit code 1, no traceback."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    if override.startswith("device") and torch.cuda.is_available():
+        pytest.skip("a CUDA GPU is here")
+    garbage = tmp_path / "garbage.ckpt"
+    garbage.write_text("garbage\n")
+    override, line = override.format(garbage=garbage), line.format(garbage=garbage)
+    script = str(Path(sys.executable).parent / "klalm-eval")
+    cmd = [script, f"checkpoint={tiny_checkpoints[0]}", f"data_dir={shared_data}", "limit=2", override,
+           f"hydra.run.dir={tmp_path / 'eval'}"]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert proc.stderr.strip().splitlines()[-1].startswith(line)

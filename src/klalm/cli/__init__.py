@@ -8,7 +8,9 @@ Lightning and lm-eval are imported when the run starts. A bad value ends the com
 from __future__ import annotations
 
 import argparse
+import logging
 import os
+import re
 import sys
 from collections.abc import Callable
 from typing import NoReturn
@@ -27,7 +29,9 @@ def one_line(err: BaseException) -> str:
     """An error's message on one line: its first line, or for an error a DataLoader worker raised (re-raised in the
     main process as "Caught X in DataLoader worker process N." and the worker's traceback) the traceback's last line."""
     lines = [line for line in str(err).splitlines() if line.strip()] or [type(err).__name__]
-    return lines[-1].strip() if lines[0].startswith("Caught ") and len(lines) > 1 else lines[0]
+    if lines[0].startswith("Caught ") and len(lines) > 1:  # "klalm.data.records.BadRecordError: bad record at ..."
+        return re.sub(r"^[\w.]*(Error|Exception): ", "", lines[-1].strip())
+    return lines[0]
 
 
 def _checked(app: str, check: Callable[[DictConfig], None], cfg: DictConfig) -> None:
@@ -54,13 +58,16 @@ def _train_app(cfg: DictConfig) -> float | None:
 
 def _refuse_run(err: BaseException) -> NoReturn:
     """Ends a `klalm-train` refused for its input with one line, removing the run folder it had only begun
-    (`klalm.train.rundir.discard_unused_run_dir`); with HYDRA_FULL_ERROR=1, the traceback instead."""
+    (`klalm.train.rundir.discard_unused_run_dir`) or else writing the line into the run's log too; with
+    HYDRA_FULL_ERROR=1, the traceback instead."""
     from klalm.train.rundir import discard_unused_run_dir
 
     if os.environ.get("HYDRA_FULL_ERROR") == "1":
         raise err
-    discard_unused_run_dir()
-    sys.exit(f"klalm-train: {one_line(err)}")
+    message = one_line(err)
+    if not discard_unused_run_dir():
+        logging.getLogger("klalm.train.app").error("stopped: %s", message)
+    sys.exit(f"klalm-train: {message}")
 
 
 @hydra.main(config_path=CONFIG_PATH, config_name="eval", version_base="1.3")
@@ -68,12 +75,13 @@ def _eval_app(cfg: DictConfig) -> None:
     _checked("klalm-eval", check_eval_config, cfg)
     from klalm.eval.app import run
     from klalm.eval.report import markdown_table
+    from klalm.models.checkpoint import CheckpointError
     from klalm.models.export import ExportIntegrityError
 
     try:
         report = run(cfg)
-    except (FileNotFoundError, ExportIntegrityError) as err:  # a checkpoint or data file that cannot be used
-        sys.exit(f"klalm-eval: {err}")
+    except (ConfigError, FileNotFoundError, CheckpointError, ExportIntegrityError) as err:  # input that cannot be used
+        sys.exit(f"klalm-eval: {one_line(err)}")
     print(markdown_table(report))
 
 

@@ -11,8 +11,10 @@ from __future__ import annotations
 
 from omegaconf import DictConfig, ListConfig
 
-from klalm.config_checks import check_eval_config
+from klalm.config_checks import ConfigError, check_eval_config
+from klalm.eval.checkpoint import resolve_dtype
 from klalm.eval.runner import evaluate_checkpoints
+from klalm.eval.tasks import get_local_task
 
 
 def _as_list(value: object) -> list[str]:
@@ -25,6 +27,7 @@ def _as_list(value: object) -> list[str]:
 def run(cfg: DictConfig) -> dict:
     """Evaluate the checkpoints named in `cfg` (keys of configs/eval.yaml); returns the results.json document."""
     check_eval_config(cfg)
+    check_names(cfg)
     return evaluate_checkpoints(
         _as_list(cfg.checkpoint),
         _as_list(cfg.tasks),
@@ -38,3 +41,18 @@ def run(cfg: DictConfig) -> dict:
         tokenizer=cfg.tokenizer,
         log_samples=cfg.log_samples,
     )
+
+
+def check_names(cfg: DictConfig) -> None:
+    """The dtype and, with `data_dir`, the task names, before any model loads: an unknown one is a ConfigError naming
+    the key and the valid names (where the library raises KeyError). Upstream tasks (no data_dir) are lm-eval's."""
+    try:
+        resolve_dtype(cfg.dtype)
+    except KeyError as err:
+        raise ConfigError(f"dtype: {err.args[0]}") from None
+    if cfg.data_dir is not None:
+        for name in _as_list(cfg.tasks):
+            try:
+                get_local_task(name)
+            except KeyError as err:
+                raise ConfigError(f"tasks: {err.args[0]}") from None

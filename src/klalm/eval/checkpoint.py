@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from klalm.config_checks import ConfigError
 from klalm.models.checkpoint import load_model
 from klalm.models.export import verify_export  # (klalm.models registers the klalm classes with the Auto classes)
 from klalm.models.params import count_parameters
@@ -108,8 +109,14 @@ LOADERS: dict[str, Callable[[Path, str | Path | None], tuple[Any, Any]]] = {
 
 
 def resolve_device(device: str) -> torch.device:
-    """`"auto"` → CUDA when available, else CPU (the choice is logged); anything else is taken as given."""
+    """`"auto"` → CUDA when available, else CPU (the choice is logged); anything else is taken as given.
+
+    Raises:
+        ConfigError: a CUDA device where torch sees none.
+    """
     if device != "auto":
+        if device.startswith("cuda") and not torch.cuda.is_available():
+            raise ConfigError(f"device={device!r}: torch sees no CUDA GPU here; use device=auto or cpu")
         return torch.device(device)
     chosen = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     log.info("device=auto chose %s", chosen)

@@ -101,19 +101,19 @@ def unlock_run_dir(run_dir: str | Path) -> None:
 STARTUP_FILES = frozenset({".hydra", "train.log", LOCK_FILE})
 
 
-def discard_unused_run_dir() -> None:
+def discard_unused_run_dir() -> bool:
     """After a start refused before it trained (a bad value, a missing file): removes what it wrote, so that a rejected
     command leaves no empty run folder behind. The whole folder when it holds nothing but `STARTUP_FILES`; in a run's
     folder that holds more (a resume), only this start's `.hydra/resume-*` record. Global rank 0 only; a no-op outside
-    a Hydra run."""
+    a Hydra run. Returns whether the folder is gone."""
     from hydra.core.hydra_config import HydraConfig
 
     if not HydraConfig.initialized() or not is_global_rank_zero():
-        return
+        return False
     hydra_cfg = HydraConfig.get()
     run_dir = Path(hydra_cfg.runtime.output_dir)
     if not run_dir.is_dir():
-        return
+        return True
     if {p.name for p in run_dir.iterdir()} <= STARTUP_FILES:
         unlock_run_dir(run_dir)
         for handler in logging.getLogger().handlers:  # Hydra's file handler holds train.log open
@@ -122,8 +122,10 @@ def discard_unused_run_dir() -> None:
         shutil.rmtree(run_dir, ignore_errors=True)
         with contextlib.suppress(OSError):
             run_dir.parent.rmdir()  # outputs/<run_name>, if this was its only run
-    elif hydra_cfg.output_subdir and Path(hydra_cfg.output_subdir).name.startswith("resume-"):
+        return True
+    if hydra_cfg.output_subdir and Path(hydra_cfg.output_subdir).name.startswith("resume-"):
         shutil.rmtree(run_dir / hydra_cfg.output_subdir, ignore_errors=True)
+    return False
 
 
 def _read(fd: int) -> str:
