@@ -191,7 +191,7 @@ def test_compile_also_compiles_the_loss_to_the_same_values():
 
 
 @pytest.mark.parametrize("arch", ["gdn", "gpt_kla"])
-def test_compile_blocks_compiles_each_block_once_for_all(arch, monkeypatch):
+def test_compile_blocks_compiles_each_block_once_for_all(arch, monkeypatch, caplog):
     """train.compile=blocks compiles every backbone block on its own and leaves the embedding and head eager;
     identical blocks share one compiled graph (gpt_kla's two kinds of block: two), and the loss and gradients are
     eager's. A counting backend stands in for inductor."""
@@ -214,7 +214,9 @@ def test_compile_blocks_compiles_each_block_once_for_all(arch, monkeypatch):
     eager = build_model(arch, preset="tiny", vocab_size=64)
     eager.load_state_dict(model.state_dict())
     module = LMModule(model, None, None, budget, compile="blocks")
-    module.configure_model()
+    with caplog.at_level(logging.WARNING, logger="klalm.train.module"):
+        module.configure_model()
+    assert "train.compile=blocks on the CPU" in caplog.text  # compiling for the CPU is slow: the run says so
     blocks = [m for m in model.modules() if isinstance(m, block_classes())]
     assert len(blocks) == 2 and all(b._compiled_call_impl is not None for b in blocks)
     assert model._compiled_call_impl is None

@@ -219,7 +219,14 @@ class LMModule(pl.LightningModule):
         if self.compile_model:
             # made inside the trace, a backend choice would split the compiled graph; the model may not be on its
             # device yet (Lightning moves it after this hook), so the strategy names the device
-            prepare_backends(self.model, strategy.root_device if strategy is not None else self.device)
+            device = strategy.root_device if strategy is not None else self.device
+            prepare_backends(self.model, device)
+            if device.type == "cpu":
+                log.warning(
+                    "train.compile=%s on the CPU: inductor builds C++ kernels first, which can take minutes even for "
+                    "a tiny model (blocks compiles faster); it pays on GPUs",
+                    self.compile_model,
+                )
             if self.compile_model == "blocks":
                 blocks = block_classes()
                 for module in self.model.modules():
