@@ -37,3 +37,29 @@ def test_alloc_retries_count_since_the_previous_row_not_per_process(monkeypatch)
             rows.append(metrics.last_row)
     assert [row["perf/alloc_retries"] for row in rows] == [3, 0]
     assert rows[0]["perf/peak_reserved_gb"] == 3.0 and rows[0]["perf/peak_mem_gb"] == 2.0
+
+
+def test_the_progress_bar_of_a_resumed_run_starts_at_its_step():
+    """A run resumed at step 20 of 200 draws 20/200 at once (not 0/200 first) and measures its rate from there."""
+    import io
+    from types import SimpleNamespace
+
+    from lightning.pytorch.callbacks.progress.tqdm_progress import Tqdm
+
+    from klalm.train.callbacks import StepProgressBar
+
+    out = io.StringIO()
+    progress = StepProgressBar()
+    progress.train_progress_bar = Tqdm(file=out, desc="train", bar_format="{n_fmt}/{total_fmt} {rate_fmt}")
+    progress._count_steps(SimpleNamespace(global_step=20, max_steps=200))
+    bar = progress.train_progress_bar
+    assert (bar.n, bar.initial, bar.total) == (20, 20, 200)
+    assert "20/200" in out.getvalue() and "0/200" not in out.getvalue().replace("20/200", "")
+    assert bar.format_dict["n"] - bar.format_dict["initial"] == 0  # no step of this start counted yet
+
+
+def test_the_validation_bar_is_drawn_only_on_a_terminal():
+    """Under pytest stdout is no terminal: the validation bar is off (in a log it is cursor codes between lines)."""
+    from klalm.train.callbacks import StepProgressBar
+
+    assert StepProgressBar().init_validation_tqdm().disable

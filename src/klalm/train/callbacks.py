@@ -23,6 +23,7 @@ short window of a long recipe can be compared across launch modes:
 from __future__ import annotations
 
 import logging
+import sys
 import time
 from collections import Counter
 from pathlib import Path
@@ -31,6 +32,7 @@ from typing import Any
 import lightning.pytorch as pl
 import torch
 from lightning.pytorch.callbacks import Callback, TQDMProgressBar
+from lightning.pytorch.callbacks.progress.tqdm_progress import Tqdm
 
 from klalm.train.csv_logger import ContinuingCSVLogger
 from klalm.train.distributed import gather_objects
@@ -235,8 +237,20 @@ class StepProgressBar(TQDMProgressBar):
         self._count_steps(trainer)
 
     def _count_steps(self, trainer: pl.Trainer) -> None:
-        self.train_progress_bar.reset(total=trainer.max_steps)
-        self.train_progress_bar.n = self.train_progress_bar.initial = trainer.global_step
+        """Counts from the step the run starts at (a resumed run's too): no "0/N" drawn first, and the rate and the
+        time left measured over this start's steps only (tqdm's `reset` would draw 0 and time from it)."""
+        bar = self.train_progress_bar
+        bar.total, bar.n = trainer.max_steps, trainer.global_step
+        bar.initial = bar.last_print_n = trainer.global_step
+        bar.start_t = bar.last_print_t = time.time()
+        bar.refresh()
+
+    def init_validation_tqdm(self) -> Tqdm:
+        """Lightning's validation bar, drawn only on a terminal: written to a log file or a pipe, a second bar is
+        cursor-movement codes ("[A") between the lines."""
+        if sys.stdout.isatty():
+            return super().init_validation_tqdm()
+        return Tqdm(disable=True)
 
     def get_metrics(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> dict[str, Any]:
         """The bar's postfix: the latest loss, Lightning's (val/loss, val/ppl) without the logger version, tokens/s."""
