@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -119,3 +120,16 @@ def test_plain_lm_eval_loads_the_export_with_trust_remote_code(tiny_checkpoints,
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "piqa_local" in proc.stdout and "acc_norm" in proc.stdout
+
+
+def test_two_evaluations_started_at_once_get_two_folders():
+    """The default output folder carries random digits after the time (as training's run folders do): two
+    evaluations started in the same second used to share `outputs/eval/<date>/<time>` and overwrite each other."""
+    from hydra import compose, initialize_config_module
+    from omegaconf import OmegaConf
+
+    import klalm.configs  # noqa: F401  (registers the resolvers)
+
+    with initialize_config_module("klalm.configs", version_base="1.3"):
+        folder = OmegaConf.select(compose("eval", return_hydra_config=True), "hydra.run.dir")
+    assert re.fullmatch(r"outputs/eval/\d{4}-\d\d-\d\d_\d\d-\d\d-\d\d_[0-9a-f]{6}", folder)  # one per process
