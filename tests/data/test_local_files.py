@@ -73,6 +73,20 @@ def test_a_missing_file_or_tokenizer_folder_is_named(corpus, tmp_path):
         local_files(str(corpus["train"]), tokenizer=str(tmp_path / "no-tokenizer"), seq_len=8, batch_size=1)
 
 
+def test_a_missing_file_is_named_before_the_tokenizer_is_fetched(corpus, tmp_path, monkeypatch):
+    """With a hub tokenizer on an offline machine, the tokenizer's fetch would retry the network for half a minute
+    and report that instead: the files are checked first (a missing val file too)."""
+    import klalm.data.datamodule as datamodule
+
+    def no_tokenizer(*args, **kwargs):
+        raise AssertionError("the tokenizer was looked up before the files were checked")
+
+    monkeypatch.setattr(datamodule, "named_tokenizer", no_tokenizer)
+    for train, val in ((tmp_path / "nothing*.jsonl", None), (corpus["train"], tmp_path / "no-val.jsonl")):
+        with pytest.raises(FileNotFoundError, match="no file matches .*(nothing|no-val)"):
+            local_files(str(train), None if val is None else str(val), tokenizer="gpt2", seq_len=8, batch_size=1)
+
+
 def test_files_config_keys_are_arguments():
     config = load_data_config("files", ["train=x"])
     accepted = set(inspect.signature(local_files).parameters) | set(inspect.signature(TextDataModule).parameters)

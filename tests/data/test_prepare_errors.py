@@ -93,7 +93,7 @@ def test_missing_shared_data_folder_names_it_and_the_variable(tmp_path, monkeypa
     monkeypatch.delenv("KLALM_SHARED_DATA", raising=False)
     monkeypatch.chdir(tmp_path)  # no ../shared/data from here
     message = _refused(["--data", "enwiki_local"], tmp_path / "out")
-    assert "data_root ../shared/data does not exist" in message and "KLALM_SHARED_DATA" in message
+    assert "data_root ../shared/data (" in message and "KLALM_SHARED_DATA" in message
 
 
 def test_missing_data_files_are_named_before_anything_is_written(files_args, tmp_path):

@@ -21,6 +21,7 @@ from torch.utils.data import DataLoader
 
 from klalm.data.loader import ResumableLoader, resolve_pin_memory
 from klalm.data.packing import PackedTextDataset
+from klalm.data.records import expand_paths
 from klalm.data.shards import ShardDataset
 from klalm.data.sources import build_source
 from klalm.data.tokenizer import load_tokenizer, named_tokenizer
@@ -118,8 +119,8 @@ class TextDataModule(L.LightningDataModule):
         super().__init__()
         if data_root is not None and not Path(data_root).expanduser().is_dir():
             raise FileNotFoundError(
-                f"data_root {data_root} does not exist (set KLALM_SHARED_DATA to the shared data "
-                "folder, or use data=python_docs offline)"
+                f"data_root {data_root} ({Path(data_root).expanduser().resolve()}) does not exist: set "
+                "KLALM_SHARED_DATA to the shared data folder, or use the python_docs data config offline"
             )
         self.source_config, self.val_source_config = _plain(source), _plain(val_source)
         for name, config in {"source": self.source_config, "val_source": self.val_source_config}.items():
@@ -250,8 +251,15 @@ def local_files(
         bpe_vocab_size: vocabulary of the trained BPE (tokenizer="bpe" only).
         cache_dir: where the trained BPE is cached (tokenizer="bpe" only).
         **options: the other `TextDataModule` arguments (seq_len, batch_size, num_workers, ...).
+
+    Raises:
+        FileNotFoundError: a train or val pattern that matches no file (named before any tokenizer work: a hub
+            tokenizer offline would otherwise retry the network first).
     """
     source = {"kind": "files", "paths": _plain(train), "field": field}
     val_source = None if val is None else {"kind": "files", "paths": _plain(val), "field": field}
+    for paths in (train, val):  # a missing file is named before the tokenizer is fetched or trained
+        if paths is not None:
+            expand_paths(_plain(paths))
     tokenizer_config = named_tokenizer(tokenizer, source, bpe_vocab_size=bpe_vocab_size, cache_dir=cache_dir)
     return TextDataModule(source=source, val_source=val_source, tokenizer=tokenizer_config, **options)
