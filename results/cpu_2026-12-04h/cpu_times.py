@@ -48,18 +48,23 @@ def timed(cmd: list[str], env: dict[str, str] | None = None) -> tuple[float, flo
     return wall, rss_gb, lines[-1] if lines else ""
 
 
+def shown(cmd: list[str]) -> str:
+    """A command as the table shows it: paths relative to the checkout."""
+    return " ".join(os.path.relpath(part, ROOT) if part.startswith(str(ROOT)) else part for part in cmd)
+
+
 def training_row(what: str, cmd: list[str], log_dir: Path) -> str:
     wall, rss, _ = timed(cmd, env={**os.environ, "KLALM_LOG_DIR": str(log_dir)})
     summary = json.loads(max(log_dir.glob("*/*/summary.json"), key=lambda p: p.stat().st_mtime).read_text())
     result = (f"{summary['steps']} steps, {summary['perf/tokens_per_s']:,.0f} tokens/s, held-out loss "
               f"{summary['val_loss']:.3f} (perplexity {summary['val_ppl']:.1f})")  # fmt: skip
-    return f"| {what} | `{' '.join(cmd)}` | {wall:.0f} s ({wall / 60:.1f} min) | {rss:.2f} GB | {result} |"
+    return f"| {what} | `{shown(cmd)}` | {wall:.0f} s ({wall / 60:.1f} min) | {rss:.2f} GB | {result} |"
 
 
 def test_row(what: str, cmd: list[str]) -> str:
     wall, rss, last = timed(cmd)
     counts = re.sub(r"[=\s]*(.*?) in [\d.]+s.*", r"\1", last)
-    return f"| {what} | `{' '.join(cmd)}` | {wall:.0f} s ({wall / 60:.1f} min) | {rss:.2f} GB | {counts} |"
+    return f"| {what} | `{shown(cmd)}` | {wall:.0f} s ({wall / 60:.1f} min) | {rss:.2f} GB | {counts} |"
 
 
 def main() -> None:
