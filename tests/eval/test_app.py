@@ -122,9 +122,9 @@ def test_plain_lm_eval_loads_the_export_with_trust_remote_code(tiny_checkpoints,
     assert "piqa_local" in proc.stdout and "acc_norm" in proc.stdout
 
 
-def test_two_evaluations_started_at_once_get_two_folders():
-    """The default output folder carries random digits after the time (as training's run folders do): two
-    evaluations started in the same second used to share `outputs/eval/<date>/<time>` and overwrite each other."""
+def test_the_default_output_folder_carries_random_digits():
+    """The default output folder is `<time>_<6 hex digits>` (`fresh_run_name`, one per process, as training's run
+    folders): two evaluations started in the same second used to share `outputs/eval/<date>/<time>`."""
     from hydra import compose, initialize_config_module
     from omegaconf import OmegaConf
 

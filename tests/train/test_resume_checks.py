@@ -135,3 +135,25 @@ def test_a_resume_that_builds_another_model_is_refused_naming_the_setting(finish
                             finished.parent / "b")  # fmt: skip
         with pytest.raises(ConfigError, match=r"another model than this config builds \(model.d_model 32 -> 48\)"):
             run(cfg)
+
+
+def test_a_refused_resume_removes_its_own_config_record_and_says_why_in_the_log(finished):
+    """`klalm-train resume=<run dir>` refused (here: a changed learning rate): the run's folder keeps everything it
+    had, loses the `.hydra/resume-*` record this start wrote, and its train.log says why the start stopped."""
+    import subprocess
+    import sys
+
+    from .conftest import RUN_ENV
+
+    def kept():  # what the run wrote (a start's lock, log and config records aside)
+        startup = {"train.log", ".klalm.lock", ".hydra"}
+        return sorted(p.relative_to(finished) for p in finished.rglob("*") if p.relative_to(finished).parts[0]
+                      not in startup)  # fmt: skip
+
+    before = kept()
+    cmd = [sys.executable, "-m", "klalm.train", *RUN, f"resume={finished}", "optim.lr=0.5"]
+    proc = subprocess.run(cmd, env=RUN_ENV, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1 and proc.stderr.strip().splitlines()[-1].startswith("klalm-train: resume from")
+    assert kept() == before and not list(finished.glob(".hydra/resume-*"))
+    log = (finished / "train.log").read_text()
+    assert "stopped: resume from" in log and "Traceback" in log  # the traceback goes to the log, not the console

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from types import SimpleNamespace
 
 import torch
@@ -48,18 +49,21 @@ def test_the_progress_bar_of_a_resumed_run_starts_at_its_step():
 
     from klalm.train.callbacks import StepProgressBar
 
-    out = io.StringIO()
+    out, before = io.StringIO(), time.time()
     progress = StepProgressBar()
     progress.train_progress_bar = Tqdm(file=out, desc="train", bar_format="{n_fmt}/{total_fmt} {rate_fmt}")
     progress._count_steps(SimpleNamespace(global_step=20, max_steps=200))
     bar = progress.train_progress_bar
     assert (bar.n, bar.initial, bar.total) == (20, 20, 200)
     assert "20/200" in out.getvalue() and "0/200" not in out.getvalue().replace("20/200", "")
-    assert bar.format_dict["n"] - bar.format_dict["initial"] == 0  # no step of this start counted yet
+    assert bar.start_t >= before  # the rate counts this start's steps over this start's time
 
 
-def test_the_validation_bar_is_drawn_only_on_a_terminal():
-    """Under pytest stdout is no terminal: the validation bar is off (in a log it is cursor codes between lines)."""
+def test_the_validation_bar_is_drawn_only_on_a_terminal(monkeypatch):
+    """Written to a file, the validation bar is off (in a log it is cursor codes between the lines)."""
+    import sys
+
     from klalm.train.callbacks import StepProgressBar
 
+    monkeypatch.setattr(sys.stdout, "isatty", lambda: False)
     assert StepProgressBar().init_validation_tqdm().disable

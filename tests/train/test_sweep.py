@@ -43,3 +43,20 @@ def test_two_config_multirun_writes_job_dirs_and_summary(tmp_path):
         assert f"optim.lr={lr}" in (job / ".hydra" / "overrides.yaml").read_text()
     table = (sweep_dir / "summary.md").read_text().splitlines()
     assert len(table) == 4 and table[2].endswith("| optim.lr=0.001 |") and table[3].endswith("| optim.lr=0.003 |")
+
+
+@pytest.mark.slow
+def test_a_refused_job_fails_alone_and_the_summary_shows_it(tmp_path):
+    """In a sweep a refused job (here its token budget) fails as any failing job does, the next job still runs, and
+    summary.md, written after every job, has both rows although Hydra ends such a sweep by raising."""
+    sweep_dir = tmp_path / "sweep"
+    cmd = [sys.executable, "-m", "klalm.train", "-m", *TINY, "train.global_batch_tokens=100,64",
+           f"hydra.sweep.dir={sweep_dir}"]  # fmt: skip
+    proc = subprocess.run(cmd, env=RUN_ENV, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 1
+    assert (
+        "refused: train.global_batch_tokens=100 is not a multiple" in (sweep_dir / "0_bench" / "train.log").read_text()
+    )
+    assert json.loads((sweep_dir / "1_bench" / "summary.json").read_text())["steps"] == 4
+    table = (sweep_dir / "summary.md").read_text().splitlines()
+    assert table[2].startswith("| 0_bench | no summary.json") and table[3].startswith("| 1_bench | bench |")

@@ -12,6 +12,7 @@ import logging
 import os
 import re
 import sys
+import time
 from collections.abc import Callable
 from typing import NoReturn
 
@@ -44,30 +45,48 @@ def _checked(app: str, check: Callable[[DictConfig], None], cfg: DictConfig) -> 
 
 @hydra.main(config_path=CONFIG_PATH, config_name="train", version_base="1.3")
 def _train_app(cfg: DictConfig) -> float | None:
+    started = time.time()
     try:
         check_train_config(cfg)  # before torch and Lightning are imported
     except ConfigError as err:
-        _refuse_run(err)
+        _refuse_run(err, started)
     from klalm.train.app import run, user_errors
 
     try:
         return run(cfg).get("val_loss")  # what a sweeper that optimises would read
     except (ConfigError, *user_errors()) as err:
-        _refuse_run(err)
+        _refuse_run(err, started)
 
 
-def _refuse_run(err: BaseException) -> NoReturn:
-    """Ends a `klalm-train` refused for its input with one line, removing the run folder it had only begun
-    (`klalm.train.rundir.discard_unused_run_dir`) or else writing the line into the run's log too; with
-    HYDRA_FULL_ERROR=1, the traceback instead."""
+def _refuse_run(err: BaseException, started: float) -> NoReturn:
+    """Ends a `klalm-train` refused for its input with one line on stderr (HYDRA_FULL_ERROR=1: the traceback).
+
+    What this start wrote and nothing else used is removed (`klalm.train.rundir.discard_unused_run_dir`); where the
+    run's folder stays, its train.log gets the line and the traceback. In a sweep the job fails instead, as any
+    failing job does (the line in its log, the traceback from Hydra), and the sweep goes on to the next one.
+    """
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
     from klalm.train.rundir import discard_unused_run_dir
 
+    message = one_line(err)
+    log = logging.getLogger("klalm.train.app")
     if os.environ.get("HYDRA_FULL_ERROR") == "1":
         raise err
-    message = one_line(err)
-    if not discard_unused_run_dir():
-        logging.getLogger("klalm.train.app").error("stopped: %s", message)
+    if HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN:
+        log.error("refused: %s", message)
+        raise err
+    if not discard_unused_run_dir(since=started):
+        record = log.makeRecord(log.name, logging.ERROR, __file__, 0, "stopped: %s", (message,), _exc_info(err))
+        for handler in logging.getLogger().handlers:  # the traceback for the run's log only, not the console
+            if isinstance(handler, logging.FileHandler):
+                handler.handle(record)
     sys.exit(f"klalm-train: {message}")
+
+
+def _exc_info(err: BaseException) -> tuple:
+    return type(err), err, err.__traceback__
 
 
 @hydra.main(config_path=CONFIG_PATH, config_name="eval", version_base="1.3")

@@ -147,7 +147,12 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     if ckpt_path is not None:  # before anything is built or written
         check_settings(ckpt_path, resume_settings(cfg), cfg.resume_allow_changes)
     pl.seed_everything(cfg.seed, workers=True)
-    datamodule = hydra.utils.instantiate(cfg.data)
+    try:
+        datamodule = hydra.utils.instantiate(cfg.data)
+    except InstantiationException as err:  # a missing file, folder or tokenizer, named by the data module
+        if isinstance(err.__cause__, (FileNotFoundError, ConfigError)):
+            raise err.__cause__ from err
+        raise
     tokenizer = datamodule.tokenizer
     vocab_size = len(tokenizer) if tokenizer is not None else datamodule.vocab_size
     model = hydra.utils.instantiate(cfg.model, vocab_size=vocab_size)

@@ -114,10 +114,12 @@ class RollingCheckpoint(Callback):
         """
 
         def record_stop(signum: int, frame: Any) -> None:
-            if signum == signal.SIGINT and self.stop_signal is not None:
+            if signum == signal.SIGINT and self.stop_signal == signal.SIGINT:
                 raise KeyboardInterrupt  # a second Ctrl-C: stop at once, unsaved
-            if self.stop_signal is None and trainer.strategy.launcher is not None:
-                trainer.strategy.launcher.kill(signum)  # forward to the processes Lightning started, as it does
+            if signum == signal.SIGTERM and self.stop_signal is None and trainer.strategy.launcher is not None:
+                # forward to the processes Lightning started, as it does; not a Ctrl-C, which a terminal sends to
+                # them itself (forwarded, it would be their second: stop at once, unsaved, while rank 0 saves)
+                trainer.strategy.launcher.kill(signum)
             if signum == signal.SIGINT:
                 log.warning("Ctrl-C: saving a checkpoint after this step, then stopping (Ctrl-C again: now, unsaved)")
             self.stop_signal = self.stop_signal or signum

@@ -101,11 +101,16 @@ def unlock_run_dir(run_dir: str | Path) -> None:
 STARTUP_FILES = frozenset({".hydra", "train.log", LOCK_FILE})
 
 
-def discard_unused_run_dir() -> bool:
-    """After a start refused before it trained (a bad value, a missing file): removes what it wrote, so that a rejected
-    command leaves no empty run folder behind. The whole folder when it holds nothing but `STARTUP_FILES`; in a run's
-    folder that holds more (a resume), only this start's `.hydra/resume-*` record. Global rank 0 only; a no-op outside
-    a Hydra run. Returns whether the folder is gone."""
+def discard_unused_run_dir(since: float) -> bool:
+    """After a start refused for its input (a bad value, a missing file): removes what it wrote if nothing used it, so
+    that a rejected command leaves no empty run folder behind.
+
+    The whole folder when this process named it (`fresh_run_name`: not a folder given as `hydra.run.dir` or by a
+    launcher) and it holds nothing but `STARTUP_FILES`; in a folder that holds more (a resume), this start's
+    `.hydra/resume-*` record when nothing else in the folder was written since `since` (the start's time: a start
+    that trained keeps the record of the config it trained with). Global rank 0 only; a no-op outside a Hydra run.
+    Returns whether the folder is gone.
+    """
     from hydra.core.hydra_config import HydraConfig
 
     if not HydraConfig.initialized() or not is_global_rank_zero():
@@ -114,16 +119,18 @@ def discard_unused_run_dir() -> bool:
     run_dir = Path(hydra_cfg.runtime.output_dir)
     if not run_dir.is_dir():
         return True
-    if {p.name for p in run_dir.iterdir()} <= STARTUP_FILES:
-        unlock_run_dir(run_dir)
+    if run_dir.name == fresh_run_name() and {p.name for p in run_dir.iterdir()} <= STARTUP_FILES:
         for handler in logging.getLogger().handlers:  # Hydra's file handler holds train.log open
             if isinstance(handler, logging.FileHandler) and Path(handler.baseFilename).parent == run_dir.resolve():
                 handler.close()
-        shutil.rmtree(run_dir, ignore_errors=True)
+        shutil.rmtree(run_dir, ignore_errors=True)  # (still holding the lock: no other run takes the folder meanwhile)
+        unlock_run_dir(run_dir)
         with contextlib.suppress(OSError):
             run_dir.parent.rmdir()  # outputs/<run_name>, if this was its only run
         return True
-    if hydra_cfg.output_subdir and Path(hydra_cfg.output_subdir).name.startswith("resume-"):
+    written = [p for p in run_dir.rglob("*") if p.relative_to(run_dir).parts[0] not in STARTUP_FILES
+               and p.is_file() and p.stat().st_mtime >= since]  # fmt: skip
+    if not written and hydra_cfg.output_subdir and Path(hydra_cfg.output_subdir).name.startswith("resume-"):
         shutil.rmtree(run_dir / hydra_cfg.output_subdir, ignore_errors=True)
     return False
 

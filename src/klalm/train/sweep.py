@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from hydra.experimental.callback import Callback
+from hydra.types import RunMode
 from omegaconf import DictConfig
 
 log = logging.getLogger(__name__)
@@ -70,7 +71,15 @@ def _overrides(job: Path) -> list[str]:
 
 
 class SweepSummary(Callback):
-    """Hydra callback: at the end of a multirun, writes `<sweep dir>/summary.md` and logs it."""
+    """Hydra callback: writes `<sweep dir>/summary.md` after every job of a multirun and logs it at the end.
+
+    After every job, because Hydra ends a sweep in which a job failed by raising that job's error once the batch has
+    run, and then never reaches `on_multirun_end`: the table, whose failed rows say so, is there anyway.
+    """
+
+    def on_job_end(self, config: DictConfig, **kwargs: Any) -> None:
+        if config.hydra.mode == RunMode.MULTIRUN and Path(config.hydra.sweep.dir).is_dir():
+            (Path(config.hydra.sweep.dir) / "summary.md").write_text(summary_table(Path(config.hydra.sweep.dir)))
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         sweep_dir = Path(config.hydra.sweep.dir)
