@@ -102,3 +102,27 @@ def test_sigterm_under_ddp_saves_once_and_resumes_on_one_process(tmp_path):
     stop = checkpoint_step(saved[0]) + 2
     run_train([*overrides, "resume=auto", "resume_allow_changes=true", f"train.max_tokens={stop * 128}"], resumed)
     assert [int(s) for s in _steps(resumed)] == [stop - 1, stop]
+
+
+@pytest.mark.slow
+def test_ctrl_c_under_lightnings_ddp_saves_once_and_stops(tmp_path):
+    """`trainer=ddp` started by Lightning itself (no torchrun): a terminal's Ctrl-C reaches every rank; they agree
+    at a step boundary, save one checkpoint and stop with exit code 130 (rank 0 forwards SIGTERM to the ranks it
+    started, not a Ctrl-C: they got that one already)."""
+    import sys
+
+    run_dir = tmp_path / "run"
+    cmd = [sys.executable, "-m", "klalm.train", *TINY, "trainer=ddp", "trainer.accelerator=cpu", "trainer.devices=2",
+           "trainer.precision=32-true", "train.max_tokens=64000", "callbacks=default", "callbacks.sampler=null",
+           "callbacks.progress=null", "callbacks.checkpoint.every_n_steps=4", f"hydra.run.dir={run_dir}"]  # fmt: skip
+    proc = subprocess.Popen(cmd, env=RUN_ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)  # fmt: skip
+    target, deadline = run_dir / "checkpoints" / "step-00000008.ckpt", time.time() + 240
+    while not target.exists() and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.05)
+    assert target.exists(), "the run never reached its step-8 checkpoint"
+    os.killpg(proc.pid, signal.SIGINT)
+    stderr = proc.communicate(timeout=120)[1]
+    assert proc.returncode == 130, stderr[-3000:]
+    assert 8 <= checkpoint_step(find_latest([run_dir])) < 1000
+    assert "stopped by Ctrl-C" in (run_dir / "train.log").read_text()
