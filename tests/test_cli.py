@@ -163,8 +163,10 @@ def test_one_line_takes_a_loader_workers_error_from_the_end_of_its_traceback():
         (["train.global_batch_tokens=100"], "klalm-train: train.global_batch_tokens=100 is not a multiple of"),
         (["trainer.accelerator=mps"], "klalm-train: trainer: "),
         (["data=files", "data.train=/no/such/corpus.jsonl", "data.tokenizer=bpe"], "klalm-train: no file matches"),
+        (["+optim.fused_x=1"], "klalm-train: optim.fused_x is not an argument of torch.optim.AdamW (did you mean "),
+        (["+model.foo=1"], "klalm-train: model: build_model: unknown keys ['foo']"),
     ],
-    ids=["budget", "lightning", "data-file"],
+    ids=["budget", "lightning", "data-file", "optim-argument", "model-key"],
 )
 def test_a_run_refused_at_its_start_says_why_in_one_line_and_leaves_no_folder(tmp_path, overrides, message):
     """Refusals raised once the run has begun (the token budget, Lightning's trainer) end like the config checks:

@@ -12,6 +12,8 @@ A run leaves in its directory: `.hydra/` (the composed config), `checkpoints/`, 
 
 from __future__ import annotations
 
+import difflib
+import inspect
 import json
 import logging
 import signal
@@ -73,11 +75,34 @@ def build_trainer(cfg: DictConfig) -> pl.Trainer:
         raise ValueError("callbacks.metrics (klalm.train.callbacks.StepMetrics) is required: it logs the loss")
     if not any(isinstance(c, RollingCheckpoint) for c in callbacks):
         log.warning("callbacks.checkpoint is off: this run writes no checkpoint and cannot be resumed")
+    return instantiate_group(cfg, "trainer", callbacks=callbacks, logger=_instantiate_dict(cfg.logger))
+
+
+def instantiate_group(cfg: DictConfig, key: str, **kwargs: Any) -> Any:
+    """`hydra.utils.instantiate(cfg.<key>)`, with the input errors it meets as one-line ConfigErrors naming the key.
+
+    A key its target takes no argument for (`+optim.foo=1`; targets without `**kwargs` only) is refused before
+    anything is built, with the nearest argument; a missing file or folder the target names passes through as it is;
+    a value the target refuses while it is built (TypeError, ValueError, KeyError, or Lightning's refusal of a trainer
+    setting, e.g. `trainer.accelerator=gpu` without a GPU), which Hydra wraps, becomes `<key>: <its message>`.
+    """
+    node = cfg[key]
+    target = hydra.utils.get_object(node._target_)
+    params = inspect.signature(target).parameters.values()
+    if not any(p.kind is p.VAR_KEYWORD for p in params):
+        names = sorted(p.name for p in params)
+        for name in (n for n in node if not n.startswith("_") and n not in names):
+            near = difflib.get_close_matches(name, names, n=1)
+            hint = f" (did you mean {key}.{near[0]}?)" if near else ""
+            raise ConfigError(f"{key}.{name} is not an argument of {node._target_}{hint}")
     try:
-        return hydra.utils.instantiate(cfg.trainer, callbacks=callbacks, logger=_instantiate_dict(cfg.logger))
-    except InstantiationException as err:  # Lightning refused a trainer setting (e.g. accelerator=gpu, no GPU)
-        if isinstance(err.__cause__, MisconfigurationException):
-            raise ConfigError(f"trainer: {err.__cause__}") from err
+        return hydra.utils.instantiate(node, **kwargs)
+    except InstantiationException as err:
+        cause = err.__cause__
+        if isinstance(cause, (FileNotFoundError, ConfigError)):
+            raise cause from err
+        if isinstance(cause, (TypeError, ValueError, KeyError, MisconfigurationException)):
+            raise ConfigError(f"{key}: {cause.args[0] if cause.args else cause}") from err
         raise
 
 
@@ -102,8 +127,8 @@ def build_module(cfg: DictConfig, model: torch.nn.Module, vocab_size: int, world
     }
     return LMModule(
         model,
-        optimizer=hydra.utils.instantiate(cfg.optim),
-        scheduler=hydra.utils.instantiate(cfg.scheduler),
+        optimizer=instantiate_group(cfg, "optim"),
+        scheduler=instantiate_group(cfg, "scheduler"),
         budget=budget,
         grad_clip=cfg.train.grad_clip,
         max_bad_steps=cfg.train.max_bad_steps,
@@ -147,15 +172,10 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     if ckpt_path is not None:  # before anything is built or written
         check_settings(ckpt_path, resume_settings(cfg), cfg.resume_allow_changes)
     pl.seed_everything(cfg.seed, workers=True)
-    try:
-        datamodule = hydra.utils.instantiate(cfg.data)
-    except InstantiationException as err:  # a missing file, folder or tokenizer, named by the data module
-        if isinstance(err.__cause__, (FileNotFoundError, ConfigError)):
-            raise err.__cause__ from err
-        raise
+    datamodule = instantiate_group(cfg, "data")
     tokenizer = datamodule.tokenizer
     vocab_size = len(tokenizer) if tokenizer is not None else datamodule.vocab_size
-    model = hydra.utils.instantiate(cfg.model, vocab_size=vocab_size)
+    model = instantiate_group(cfg, "model", vocab_size=vocab_size)
     trainer = build_trainer(cfg)
     module = build_module(cfg, model, vocab_size, trainer.world_size)
     if ckpt_path is not None:  # the model the config builds must be the one the checkpoint holds
