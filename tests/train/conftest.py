@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -56,3 +57,27 @@ def run_train(overrides: list[str], run_dir: Path | None, timeout: float = 300) 
     if proc.returncode != 0:
         pytest.fail(f"klalm-train failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}")
     return proc
+
+
+def interrupt_at_checkpoint(cmd: list[str], run_dir: Path, step: int, sig: int, *, group: bool = False,
+                            timeout: float = 240) -> tuple[int, str]:  # fmt: skip
+    """Starts `cmd` and sends `sig` once the checkpoint of `step` exists in `run_dir` (which may end in a glob, `*`,
+    for a folder the run names itself), to the run's whole process group with `group` (as a terminal's Ctrl-C
+    reaches every process), else to the run alone; returns (exit code, stderr). Fails the test if the run ends first
+    or never gets there."""
+    proc = subprocess.Popen(cmd, env=RUN_ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            start_new_session=group)  # fmt: skip
+    target, deadline = f"{run_dir.name}/checkpoints/step-{step:08d}.ckpt", time.time() + timeout
+    while not list(run_dir.parent.glob(target)):
+        if proc.poll() is not None:
+            pytest.fail(f"the run ended before step {step}:\n{proc.stderr.read()[-4000:]}")
+        if time.time() > deadline:
+            proc.kill()
+            pytest.fail(f"no checkpoint {target} after {timeout:.0f} s")
+        time.sleep(0.02)
+    if group:
+        os.killpg(proc.pid, sig)
+    else:
+        proc.send_signal(sig)
+    stderr = proc.communicate(timeout=120)[1]
+    return proc.returncode, stderr

@@ -13,7 +13,7 @@ import torch
 
 from klalm.models.checkpoint import checkpoint_step, find_latest, list_checkpoints
 
-from .conftest import RUN_ENV, TINY, run_train
+from .conftest import RUN_ENV, TINY, interrupt_at_checkpoint, run_train
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 OVERRIDES = [
@@ -115,14 +115,7 @@ def test_ctrl_c_under_lightnings_ddp_saves_once_and_stops(tmp_path):
     cmd = [sys.executable, "-m", "klalm.train", *TINY, "trainer=ddp", "trainer.accelerator=cpu", "trainer.devices=2",
            "trainer.precision=32-true", "train.max_tokens=64000", "callbacks=default", "callbacks.sampler=null",
            "callbacks.progress=null", "callbacks.checkpoint.every_n_steps=4", f"hydra.run.dir={run_dir}"]  # fmt: skip
-    proc = subprocess.Popen(cmd, env=RUN_ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)  # fmt: skip
-    target, deadline = run_dir / "checkpoints" / "step-00000008.ckpt", time.time() + 240
-    while not target.exists() and proc.poll() is None and time.time() < deadline:
-        time.sleep(0.05)
-    assert target.exists(), "the run never reached its step-8 checkpoint"
-    os.killpg(proc.pid, signal.SIGINT)
-    stderr = proc.communicate(timeout=120)[1]
-    assert proc.returncode == 130, stderr[-3000:]
+    code, stderr = interrupt_at_checkpoint(cmd, run_dir, 8, signal.SIGINT, group=True)
+    assert code == 130, stderr[-3000:]
     assert 8 <= checkpoint_step(find_latest([run_dir])) < 1000
     assert "stopped by Ctrl-C" in (run_dir / "train.log").read_text()

@@ -2,17 +2,14 @@
 exactly: the same loss at every step and bit-identical final weights (deterministic mode, CPU)."""
 
 import csv
-import os
 import signal
-import subprocess
-import time
 
 import pytest
 import torch
 
 from klalm.models.checkpoint import checkpoint_step, find_latest, list_checkpoints
 
-from .conftest import RUN_ENV, TINY, run_train, train_cmd
+from .conftest import TINY, interrupt_at_checkpoint, run_train, train_cmd
 
 STEPS = 40
 OVERRIDES = [
@@ -47,19 +44,7 @@ def _interrupt(log_dir, sig: signal.Signals, after_step: int, extra: tuple[str, 
     """Starts a run and sends `sig` once its checkpoint of `after_step` exists; returns (run dir, exit code)."""
     run_dir = log_dir / "k" / "a"
     cmd = train_cmd([*OVERRIDES, *extra, "run_name=k", f"paths.log_dir={log_dir}"], run_dir)
-    proc = subprocess.Popen(cmd, env=RUN_ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    target = run_dir / "checkpoints" / f"step-{after_step:08d}.ckpt"
-    deadline = time.time() + 240
-    while not target.exists():
-        if proc.poll() is not None:
-            pytest.fail(f"the run ended before step {after_step}:\n{proc.stderr.read()[-4000:]}")
-        if time.time() > deadline:
-            proc.kill()
-            pytest.fail(f"no checkpoint {target} after 240 s")
-        time.sleep(0.02)
-    proc.send_signal(sig)
-    stderr = proc.communicate(timeout=120)[1]
-    return run_dir, proc.returncode, stderr
+    return run_dir, *interrupt_at_checkpoint(cmd, run_dir, after_step, sig)
 
 
 STOPPED = {signal.SIGTERM: (143, "stopped by SIGTERM"), signal.SIGINT: (130, "stopped by Ctrl-C")}
@@ -104,14 +89,7 @@ def test_ctrl_c_with_loader_workers_saves_and_stops(tmp_path):
     run_dir = tmp_path / "run"
     overrides = ["experiment=smoke", "data.num_workers=2", "train.max_tokens=1024000", "callbacks.sampler=null",
                  "callbacks.checkpoint.every_n_steps=4", "train.export_hf=false", "train.plot=false"]  # fmt: skip
-    proc = subprocess.Popen(train_cmd(overrides, run_dir), env=RUN_ENV, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)  # fmt: skip
-    target, deadline = run_dir / "checkpoints" / "step-00000008.ckpt", time.time() + 240
-    while not target.exists() and proc.poll() is None and time.time() < deadline:
-        time.sleep(0.02)
-    assert target.exists(), "the run never reached its step-8 checkpoint"
-    os.killpg(proc.pid, signal.SIGINT)
-    stderr = proc.communicate(timeout=120)[1]
-    assert proc.returncode == 130, stderr[-3000:]
+    code, stderr = interrupt_at_checkpoint(train_cmd(overrides, run_dir), run_dir, 8, signal.SIGINT, group=True)
+    assert code == 130, stderr[-3000:]
     assert "stopped by Ctrl-C" in (run_dir / "train.log").read_text()
     assert 8 <= checkpoint_step(find_latest([run_dir])) < 2000  # saved where it stopped, long before its end

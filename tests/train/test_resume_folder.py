@@ -3,16 +3,12 @@ logged once), one loss.png; metrics are flushed at every checkpoint, so a kill l
 
 import csv
 import signal
-import subprocess
-import time
-
-import pytest
 
 from klalm.train.checkpoint import RollingCheckpoint
 from klalm.train.csv_logger import ContinuingCSVLogger
 from klalm.train.rundir import run_dir_for
 
-from .conftest import RUN_ENV, TINY, run_train, train_cmd
+from .conftest import TINY, interrupt_at_checkpoint, run_train, train_cmd
 from .test_checkpoint import FakeTrainer
 
 STEPS = 24
@@ -29,18 +25,8 @@ def _rows(run_dir):
 
 def _kill_after_checkpoint(log_dir, step: int):
     """Starts a run in a new folder under `log_dir`, SIGKILLs it once its checkpoint of `step` exists."""
-    cmd = train_cmd([*OVERRIDES, f"paths.log_dir={log_dir}"], None)
-    proc = subprocess.Popen(cmd, env=RUN_ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    deadline = time.time() + 240
-    while not list(log_dir.glob(f"f/*/checkpoints/step-{step:08d}.ckpt")):
-        if proc.poll() is not None:
-            pytest.fail(f"the run ended before step {step}:\n{proc.stderr.read()[-4000:]}")
-        if time.time() > deadline:
-            proc.kill()
-            pytest.fail(f"no checkpoint of step {step} after 240 s")
-        time.sleep(0.01)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait(timeout=60)
+    interrupt_at_checkpoint(train_cmd([*OVERRIDES, f"paths.log_dir={log_dir}"], None), log_dir / "f" / "*", step,
+                            signal.SIGKILL)  # fmt: skip
     (run_dir,) = (log_dir / "f").iterdir()
     return run_dir
 
