@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -68,16 +70,22 @@ def interrupt_at_checkpoint(cmd: list[str], run_dir: Path, step: int, sig: int, 
     proc = subprocess.Popen(cmd, env=RUN_ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                             start_new_session=group)  # fmt: skip
     target, deadline = f"{run_dir.name}/checkpoints/step-{step:08d}.ckpt", time.time() + timeout
-    while not list(run_dir.parent.glob(target)):
-        if proc.poll() is not None:
-            pytest.fail(f"the run ended before step {step}:\n{proc.stderr.read()[-4000:]}")
-        if time.time() > deadline:
-            proc.kill()
-            pytest.fail(f"no checkpoint {target} after {timeout:.0f} s")
-        time.sleep(0.02)
-    if group:
-        os.killpg(proc.pid, sig)
-    else:
-        proc.send_signal(sig)
-    stderr = proc.communicate(timeout=120)[1]
+    try:
+        while not list(run_dir.parent.glob(target)):
+            if proc.poll() is not None:
+                pytest.fail(f"the run ended before step {step}:\n{proc.stderr.read()[-4000:]}")
+            if time.time() > deadline:
+                pytest.fail(f"no checkpoint {target} after {timeout:.0f} s")
+            time.sleep(0.02)
+        if group:
+            os.killpg(proc.pid, sig)
+        else:
+            proc.send_signal(sig)
+        stderr = proc.communicate(timeout=120)[1]
+    finally:  # whatever happened, leave no process behind (a DDP rank, a loader worker)
+        with contextlib.suppress(ProcessLookupError):
+            if group:
+                os.killpg(proc.pid, signal.SIGKILL)
+            elif proc.poll() is None:
+                proc.kill()
     return proc.returncode, stderr

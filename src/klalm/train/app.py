@@ -13,6 +13,7 @@ A run leaves in its directory: `.hydra/` (the composed config), `checkpoints/`, 
 from __future__ import annotations
 
 import difflib
+import functools
 import inspect
 import json
 import logging
@@ -81,29 +82,44 @@ def build_trainer(cfg: DictConfig) -> pl.Trainer:
 def instantiate_group(cfg: DictConfig, key: str, **kwargs: Any) -> Any:
     """`hydra.utils.instantiate(cfg.<key>)`, with the input errors it meets as one-line ConfigErrors naming the key.
 
-    A key its target takes no argument for (`+optim.foo=1`; targets without `**kwargs` only) is refused before
-    anything is built, with the nearest argument; a missing file or folder the target names passes through as it is;
-    a value the target refuses while it is built (TypeError, ValueError, KeyError, or Lightning's refusal of a trainer
-    setting, e.g. `trainer.accelerator=gpu` without a GPU), which Hydra wraps, becomes `<key>: <its message>`.
+    A key its target takes no argument for (`+optim.foo=1`; targets without `**kwargs` only) is refused with the
+    nearest argument (a partial target, such as the optimiser, as soon as Hydra has located it, before it is called);
+    a missing file or folder the target names passes through as it is; a value the target refuses while it is built
+    (TypeError, ValueError, KeyError, or Lightning's refusal of a trainer setting, e.g. `trainer.accelerator=gpu`
+    without a GPU), which Hydra wraps, becomes `<key>: <its message> (<its type>; ...)`.
     """
     node = cfg[key]
-    target = hydra.utils.get_object(node._target_)
-    params = inspect.signature(target).parameters.values()
-    if not any(p.kind is p.VAR_KEYWORD for p in params):
-        names = sorted(p.name for p in params)
-        for name in (n for n in node if not n.startswith("_") and n not in names):
-            near = difflib.get_close_matches(name, names, n=1)
-            hint = f" (did you mean {key}.{near[0]}?)" if near else ""
-            raise ConfigError(f"{key}.{name} is not an argument of {node._target_}{hint}")
     try:
-        return hydra.utils.instantiate(node, **kwargs)
+        built = hydra.utils.instantiate(node, **kwargs)
     except InstantiationException as err:
         cause = err.__cause__
         if isinstance(cause, (FileNotFoundError, ConfigError)):
             raise cause from err
+        if isinstance(cause, TypeError) and "unexpected keyword argument" in str(cause):
+            _check_arguments(key, node, hydra.utils.get_object(node._target_))  # located and authorised by Hydra
         if isinstance(cause, (TypeError, ValueError, KeyError, MisconfigurationException)):
-            raise ConfigError(f"{key}: {cause.args[0] if cause.args else cause}") from err
+            text = cause.args[0] if isinstance(cause, KeyError) and cause.args else str(cause)
+            raise ConfigError(f"{key}: {text} ({type(cause).__name__}; HYDRA_FULL_ERROR=1 shows where)") from err
         raise
+    if isinstance(built, functools.partial):  # called later (the optimiser with the parameters): check it now
+        _check_arguments(key, node, built.func)
+    return built
+
+
+def _check_arguments(key: str, node: DictConfig, target: Any) -> None:
+    """Refuses the first key of `node` that `target` takes no argument for, naming the nearest (no check for a
+    target with `**kwargs` or without a signature)."""
+    try:
+        params = inspect.signature(target).parameters.values()
+    except (TypeError, ValueError):
+        return
+    if any(p.kind is p.VAR_KEYWORD for p in params):
+        return
+    names = sorted(p.name for p in params)
+    for name in (n for n in node if not n.startswith("_") and n not in names):
+        near = difflib.get_close_matches(name, names, n=1)
+        hint = f" (did you mean {key}.{near[0]}?)" if near else ""
+        raise ConfigError(f"{key}.{name} is not an argument of {node._target_}{hint}")
 
 
 def build_module(cfg: DictConfig, model: torch.nn.Module, vocab_size: int, world_size: int) -> LMModule:

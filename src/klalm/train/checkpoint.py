@@ -101,6 +101,7 @@ class RollingCheckpoint(Callback):
         self.stop_signal: int | None = None  # the stop signal this rank got (set by the handler `on_train_start` sets)
         self._stop_sum: HostFlag | None = None  # the ranks' stop flags summed, started a step ago
         self._previous_sigint: Any = None  # SIGINT's handler before training, put back at teardown
+        self._ctrl_c = 0  # Ctrl-Cs received: the second stops at once
         self.last_path: Path | None = None
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -114,8 +115,10 @@ class RollingCheckpoint(Callback):
         """
 
         def record_stop(signum: int, frame: Any) -> None:
-            if signum == signal.SIGINT and self.stop_signal == signal.SIGINT:
-                raise KeyboardInterrupt  # a second Ctrl-C: stop at once, unsaved
+            if signum == signal.SIGINT:
+                self._ctrl_c += 1
+                if self._ctrl_c > 1:
+                    raise KeyboardInterrupt  # a second Ctrl-C (whatever came first): stop at once, unsaved
             if signum == signal.SIGTERM and self.stop_signal is None and trainer.strategy.launcher is not None:
                 # forward to the processes Lightning started, as it does; not a Ctrl-C, which a terminal sends to
                 # them itself (forwarded, it would be their second: stop at once, unsaved, while rank 0 saves)

@@ -123,7 +123,7 @@ def discard_unused_run_dir(since: float) -> bool:
         for handler in logging.getLogger().handlers:  # Hydra's file handler holds train.log open
             if isinstance(handler, logging.FileHandler) and Path(handler.baseFilename).parent == run_dir.resolve():
                 handler.close()
-        shutil.rmtree(run_dir, ignore_errors=True)  # (still holding the lock: no other run takes the folder meanwhile)
+        shutil.rmtree(run_dir, ignore_errors=True)  # (a fresh name: no other run aims at this folder)
         unlock_run_dir(run_dir)
         with contextlib.suppress(OSError):
             run_dir.parent.rmdir()  # outputs/<run_name>, if this was its only run
