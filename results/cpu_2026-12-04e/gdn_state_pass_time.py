@@ -56,12 +56,19 @@ def time_variant(name: str) -> list[tuple[int, float, float]]:
     return rows
 
 
+def alternating_rounds(script: str, names: list[str], rounds: int) -> dict[str, list]:
+    """Runs `script <name>` for every name in turn, `rounds` times, each in its own process; name -> the rows each
+    run printed (the child's repr of its rows), round by round."""
+    results: dict[str, list] = {name: [] for name in names}
+    for _ in range(rounds):
+        for name in names:
+            out = subprocess.run([sys.executable, script, name], capture_output=True, text=True, check=True).stdout
+            results[name].append(eval(out))
+    return results
+
+
 def main() -> None:
-    results: dict[str, list[list[tuple[int, float, float]]]] = {name: [] for name in VARIANTS}
-    for _ in range(2):
-        for name in VARIANTS:
-            out = subprocess.run([sys.executable, __file__, name], capture_output=True, text=True, check=True).stdout
-            results[name].append(eval(out))  # the child's repr of its rows
+    results = alternating_rounds(__file__, list(VARIANTS), rounds=2)
     print("| T | chunks of 64 | " + " | ".join(f"{n} fwd ms | {n} f+b ms" for n in VARIANTS) + " |")
     print("| ---: | ---: |" + " ---: | ---: |" * len(VARIANTS))
     for i, length in enumerate((512, 1024, 2048, 4096)):

@@ -18,8 +18,9 @@ import torch
 from torch.profiler import profile
 
 ROOT = Path(__file__).parents[2]
-sys.path.insert(0, str(ROOT / "results" / "cpu_2026-12-04c"))
+sys.path[:0] = [str(ROOT / "results" / "cpu_2026-12-04c"), str(ROOT / "results" / "cpu_2026-12-04e")]
 from gdn_loop_time import inputs  # noqa: E402  (the same inputs as the earlier GDN timings)
+from gdn_state_pass_time import alternating_rounds  # noqa: E402  (the same child-process harness)
 
 BASE = os.environ.get("BASE", "HEAD")
 VARIANTS = {"before": BASE, "after": None}  # the commit of each gdn.py; None: this tree's
@@ -129,11 +130,7 @@ def measure(name: str) -> list[tuple[int, float, int, float]]:
 
 
 def main() -> None:
-    results: dict[str, list] = {name: [] for name in VARIANTS}
-    for _ in range(3):
-        for name in VARIANTS:
-            out = subprocess.run([sys.executable, __file__, name], capture_output=True, text=True, check=True).stdout
-            results[name].append(eval(out))  # the child's repr of its rows
+    results = alternating_rounds(__file__, list(VARIANTS), rounds=3)
     print("| T | before f+b ms | after f+b ms | aten kernels before / after | saved MB before / after |")
     print("| ---: | ---: | ---: | ---: | ---: |")
     for i, length in enumerate(LENGTHS):

@@ -50,11 +50,11 @@ def _train_app(cfg: DictConfig) -> float | None:
         check_train_config(cfg)  # before torch and Lightning are imported
     except ConfigError as err:
         _refuse_run(err, started)
-    from klalm.train.app import run, user_errors
+    from klalm.train.app import USER_ERRORS, run
 
     try:
         return run(cfg).get("val_loss")  # what a sweeper that optimises would read
-    except (ConfigError, *user_errors()) as err:
+    except (ConfigError, *USER_ERRORS) as err:
         _refuse_run(err, started)
 
 
@@ -78,15 +78,12 @@ def _refuse_run(err: BaseException, started: float) -> NoReturn:
         log.error("refused: %s", message)
         raise err
     if not discard_unused_run_dir(since=started):
-        record = log.makeRecord(log.name, logging.ERROR, __file__, 0, "stopped: %s", (message,), _exc_info(err))
+        exc_info = (type(err), err, err.__traceback__)
+        record = log.makeRecord(log.name, logging.ERROR, __file__, 0, "stopped: %s", (message,), exc_info)
         for handler in logging.getLogger().handlers:  # the traceback for the run's log only, not the console
             if isinstance(handler, logging.FileHandler):
                 handler.handle(record)
     sys.exit(f"klalm-train: {message}")
-
-
-def _exc_info(err: BaseException) -> tuple:
-    return type(err), err, err.__traceback__
 
 
 @hydra.main(config_path=CONFIG_PATH, config_name="eval", version_base="1.3")

@@ -45,17 +45,14 @@ def run(cfg: DictConfig) -> dict:
 
 def check_names(cfg: DictConfig) -> None:
     """The dtype and, with `data_dir`, the task names, before any model loads: an unknown one is a ConfigError naming
-    the key and the valid names (where the library raises KeyError), as is an empty task list or one naming a task
-    twice. Upstream task names (no data_dir) are lm-eval's to check."""
+    the key and the valid names (where the library raises KeyError). Upstream task names (no data_dir) are lm-eval's
+    to check; an empty or repeated task list is `klalm.eval.harness.resolve_tasks`'s (a ConfigError too)."""
     try:
         resolve_dtype(cfg.dtype)
     except KeyError as err:
         raise ConfigError(f"dtype: {err.args[0]}") from None
-    names = _as_list(cfg.tasks)
-    if not names or len(set(names)) != len(names):
-        raise ConfigError(f"tasks={names}: name each task once, e.g. tasks=[hellaswag,piqa]")
     if cfg.data_dir is not None:
-        for name in names:
+        for name in _as_list(cfg.tasks):
             try:
                 get_local_task(name)
             except KeyError as err:

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from klalm.config_checks import ConfigError
 from klalm.eval.tasks import TASKS, TASKS_DIR, get_local_task, resolve_files
 from klalm.ops.common import compute_dtype
 
@@ -84,7 +85,7 @@ def resolve_tasks(names: list[str], data_dir: str | Path | None = None) -> tuple
         (specs, task_manager), specs in the order of `names`.
 
     Raises:
-        ValueError: no task names, or a name given twice.
+        ConfigError (a ValueError): no task names, or a name given twice.
         KeyError: a task that does not exist (the message lists the valid ones).
         FileNotFoundError: `data_dir` lacks a file a task needs (named).
     """
@@ -92,13 +93,13 @@ def resolve_tasks(names: list[str], data_dir: str | Path | None = None) -> tuple
 
     names = list(names)
     if not names:
-        raise ValueError("tasks is empty: name at least one, e.g. tasks=[hellaswag,piqa]")
+        raise ConfigError("tasks is empty: name at least one, e.g. tasks=[hellaswag,piqa]")
     if len(set(names)) != len(names):
-        raise ValueError(f"tasks lists a name twice: {names}")
+        raise ConfigError(f"tasks lists a name twice: {names}")
     if data_dir is not None:
         specs = [_local_spec(name, data_dir) for name in names]
         if len({spec.name for spec in specs}) != len(specs):
-            raise ValueError(f"tasks names one task twice (a local name is an alias of its upstream one): {names}")
+            raise ConfigError(f"tasks names one task twice (a local name is an alias of its upstream one): {names}")
         meta = {"data_dir": str(Path(data_dir).expanduser().resolve())}
         return specs, TaskManager(include_path=str(TASKS_DIR), include_defaults=False, metadata=meta)
     manager = TaskManager()

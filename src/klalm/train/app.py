@@ -32,7 +32,8 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 from omegaconf import DictConfig, OmegaConf
 
 from klalm.config_checks import ConfigError, check_train_config
-from klalm.models.checkpoint import HF_DIR, TOKENIZER_DIR, CheckpointError
+from klalm.data.records import BadRecordError
+from klalm.models.checkpoint import HF_DIR, TOKENIZER_DIR, CheckpointError, load_checkpoint_file
 from klalm.train.budget import derive_budget
 from klalm.train.callbacks import StepMetrics, skipped_records
 from klalm.train.checkpoint import STOP_SIGNALS, RollingCheckpoint, export_hf, remove_stale_temporaries
@@ -155,13 +156,10 @@ def build_module(cfg: DictConfig, model: torch.nn.Module, vocab_size: int, world
     )
 
 
-def user_errors() -> tuple[type[BaseException], ...]:
-    """What a run raises when its input is wrong rather than its code (`klalm-train` prints these as one line; the
-    config checks' ConfigError besides, which `build_trainer` also raises for Lightning's refusal of a trainer setting):
-    a checkpoint it will not load, a bad record in a data file, a missing file."""
-    from klalm.data.records import BadRecordError
-
-    return CheckpointError, BadRecordError, FileNotFoundError
+# What a run raises when its input is wrong rather than its code, which `klalm-train` prints as one line (besides the
+# config checks' ConfigError, which `instantiate_group` also raises for what a config group's target refuses): a
+# checkpoint it will not load, a bad record in a data file, a missing file.
+USER_ERRORS = (CheckpointError, BadRecordError, FileNotFoundError)
 
 
 def run(cfg: DictConfig) -> dict[str, Any]:
@@ -185,8 +183,9 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     """Builds data, model, trainer and module, fits (resuming as `cfg.resume` says) and finishes the run."""
     started = time.time()
     ckpt_path = resolve_resume(cfg.resume, cfg.paths.resume_glob)  # verified: safe and intact
-    if ckpt_path is not None:  # before anything is built or written
-        check_settings(ckpt_path, resume_settings(cfg), cfg.resume_allow_changes)
+    saved = None if ckpt_path is None else load_checkpoint_file(ckpt_path, mmap=True)  # read once for both checks
+    if saved is not None:  # before anything is built or written
+        check_settings(ckpt_path, saved, resume_settings(cfg), cfg.resume_allow_changes)
     pl.seed_everything(cfg.seed, workers=True)
     datamodule = instantiate_group(cfg, "data")
     tokenizer = datamodule.tokenizer
@@ -194,9 +193,10 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     model = instantiate_group(cfg, "model", vocab_size=vocab_size)
     trainer = build_trainer(cfg)
     module = build_module(cfg, model, vocab_size, trainer.world_size)
-    if ckpt_path is not None:  # the model the config builds must be the one the checkpoint holds
+    if saved is not None:  # the model the config builds must be the one the checkpoint holds
         shapes = {name: tuple(value.shape) for name, value in module.state_dict().items()}
-        check_model(ckpt_path, OmegaConf.to_container(cfg.model, resolve=True), shapes)
+        check_model(ckpt_path, saved, OmegaConf.to_container(cfg.model, resolve=True), shapes)
+        del saved
     module.save_hyperparameters(OmegaConf.to_container(cfg, resolve=True))  # Lightning hands them to every logger
     trainer.fit_loop.epoch_loop.max_steps = module.budget.max_steps  # the token budget decides the length
     if trainer.is_global_zero and tokenizer is not None:

@@ -33,7 +33,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from klalm.config_checks import ConfigError
-from klalm.models.checkpoint import CheckpointError, load_checkpoint_file, newest_valid, verify_checkpoint
+from klalm.models.checkpoint import CheckpointError, newest_valid, verify_checkpoint
 
 log = logging.getLogger(__name__)
 
@@ -110,14 +110,16 @@ def _flatten(prefix: str, value: Any, out: dict[str, Any]) -> None:
         out[prefix] = value
 
 
-def check_settings(ckpt_path: Path, current: dict[str, Any], allow_changes: bool) -> None:
+def check_settings(ckpt_path: Path, checkpoint: dict[str, Any], current: dict[str, Any], allow_changes: bool) -> None:
     """Refuses a resume whose `RESUME_KEYS` differ from those stored in the checkpoint (module docstring).
+
+    `checkpoint` is the file's content (`load_checkpoint_file(ckpt_path, mmap=True)`), `ckpt_path` names it.
 
     Raises:
         ConfigError (a ValueError): one line naming each changed key with its old and new value, unless
             `allow_changes` (then the changes are logged as a warning).
     """
-    saved = load_checkpoint_file(ckpt_path, mmap=True)["klalm"].get("resume_settings")
+    saved = checkpoint["klalm"].get("resume_settings")
     if saved is None:
         if allow_changes:
             return
@@ -143,10 +145,12 @@ def check_settings(ckpt_path: Path, current: dict[str, Any], allow_changes: bool
     )
 
 
-def check_model(ckpt_path: Path, model_config: dict[str, Any], shapes: dict[str, tuple[int, ...]]) -> None:
+def check_model(ckpt_path: Path, checkpoint: dict[str, Any], model_config: dict[str, Any],
+                shapes: dict[str, tuple[int, ...]]) -> None:  # fmt: skip
     """Refuses a resume whose config builds another model than the checkpoint holds (its state would not load).
 
     Args:
+        checkpoint: the file's content (`load_checkpoint_file(ckpt_path, mmap=True)`); `ckpt_path` names it.
         model_config: the config's `model` group, resolved (what the checkpoint stores as "model_config").
         shapes: parameter and buffer name -> shape of the module as built (`LMModule.state_dict()`).
 
@@ -154,7 +158,6 @@ def check_model(ckpt_path: Path, model_config: dict[str, Any], shapes: dict[str,
         ConfigError: one line naming the model settings that differ (or, when the stored config does not show it,
             how many tensors are missing, unexpected or of another shape), whatever `resume_allow_changes` says.
     """
-    checkpoint = load_checkpoint_file(ckpt_path, mmap=True)
     saved = {_plain_name(k): tuple(v.shape) for k, v in checkpoint["state_dict"].items() if hasattr(v, "shape")}
     built = {_plain_name(k): shape for k, shape in shapes.items()}
     if saved == built:
