@@ -67,3 +67,20 @@ def test_the_validation_bar_is_drawn_only_on_a_terminal(monkeypatch):
 
     monkeypatch.setattr(sys.stdout, "isatty", lambda: False)
     assert StepProgressBar().init_validation_tqdm().disable
+
+
+def test_the_train_bar_is_created_with_its_steps(monkeypatch):
+    """The bar is created knowing the step count and the start step: Lightning's own drew "train: 0/?" first."""
+    import io
+    import sys
+    from types import SimpleNamespace
+
+    from klalm.train.callbacks import StepProgressBar
+
+    out = io.StringIO()
+    monkeypatch.setattr(sys, "stdout", out)
+    progress = StepProgressBar()
+    monkeypatch.setattr(StepProgressBar, "trainer", SimpleNamespace(global_step=20, max_steps=200))
+    bar = progress.init_train_tqdm()
+    assert (bar.n, bar.total) == (20, 200)
+    assert "/?" not in out.getvalue() and "20/200" in out.getvalue()

@@ -227,6 +227,15 @@ class StepProgressBar(TQDMProgressBar):
     def train_description(self) -> str:
         return "train"
 
+    def init_train_tqdm(self) -> Tqdm:
+        """Lightning's train bar, created with its step count and the step the run starts at: created without, it
+        drew "train: 0/?" before the first step."""
+        return Tqdm(
+            desc=self.train_description, position=2 * self.process_position, disable=self.is_disabled, leave=True,
+            dynamic_ncols=True, file=sys.stdout, smoothing=0, bar_format=self.BAR_FORMAT,
+            total=self.trainer.max_steps, initial=self.trainer.global_step,
+        )  # fmt: skip
+
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         super().on_train_start(trainer, pl_module)
         self._count_steps(trainer)  # a resumed run restarts mid-epoch, without on_train_epoch_start
