@@ -138,10 +138,6 @@ class KLALM(nn.Module):
             if rule is not None:
                 rule(param, self.config)
 
-    def init_states(self, batch_size: int, device: torch.device, dtype: torch.dtype) -> list[Any]:
-        """Empty per-layer decode states (each mixer's `init_state`)."""
-        return [block.mixer.init_state(batch_size, device, dtype) for block in self.layers]
-
     def forward(self, input_ids: Tensor, states: list[Any] | None = None) -> tuple[Tensor, list[Any]]:
         """Run the stack: input_ids [B, L] -> (final-normed hidden states [B, L, D], per-layer states after L)."""
         h = self.embed(input_ids)  # [B, L, D]
