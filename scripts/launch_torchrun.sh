@@ -9,7 +9,9 @@
 #
 # Environment: NPROC_PER_NODE (default: number of GPUs), NNODES (1), NODE_RANK (0), MASTER_ADDR, MASTER_PORT
 # (29500), TRAINER (ddp | fsdp), KLALM_RUN_ID (run folder name shared by all ranks; default: launch time and PID),
-# PYTHON (default .venv/bin/python, else python). Every other argument is a Hydra override for klalm-train.
+# PYTHON (default .venv/bin/python, else python), TORCH_ELASTIC_SHUTDOWN_TIMEOUT (120: the seconds torchrun gives the
+# ranks, after it forwards a SIGTERM, to finish their step and save before it SIGKILLs them; torch >= 2.12 reads it,
+# older torchrun keeps 30). Every other argument is a Hydra override for klalm-train.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -33,6 +35,7 @@ fi
 export KLALM_RUN_ID=${KLALM_RUN_ID:-$(date +%Y-%m-%d_%H-%M-%S)_$$}
 export NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0}
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-4}
+export TORCH_ELASTIC_SHUTDOWN_TIMEOUT=${TORCH_ELASTIC_SHUTDOWN_TIMEOUT:-120}
 
 exec "$PYTHON" -m torch.distributed.run "${RDZV[@]}" --nproc_per_node "$NPROC_PER_NODE" -m klalm.train \
   "trainer=$TRAINER" "trainer.devices=$NPROC_PER_NODE" "trainer.num_nodes=$NNODES" "$@"
