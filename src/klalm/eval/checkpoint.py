@@ -1,11 +1,15 @@
 """Find and load the checkpoints `klalm-eval` evaluates: HF exports and Lightning training checkpoints.
 
 Two kinds, told apart by what is on disk (`checkpoint_kind`):
-- "hf_export": a folder with `config.json` (from `save_pretrained`); its SHA256SUMS is verified
-  (`klalm.models.export.verify_export`), then it is loaded with `AutoModelForCausalLM` and `AutoTokenizer` (klalm's
-  classes are registered with the Auto classes).
+- "hf_export": a folder with `config.json` (from `save_pretrained`); loaded with
+  `klalm.models.export.load_export_model` (SHA256SUMS verified, weights that do not fit config.json refused) and
+  `AutoTokenizer` (klalm's classes are registered with the Auto classes).
 - "training": a Lightning `.ckpt` file, or a run folder (holding checkpoints or an export subfolder such as `hf/`);
-  loaded with `klalm.models.checkpoint.load_model(path) -> (model, tokenizer)`.
+  a run folder's `hf/` export loads as above, anything else with `klalm.models.checkpoint.load_model(path) ->
+  (model, tokenizer)`.
+
+Whatever cannot be loaded ends in one `FileNotFoundError`, `CheckpointError` or `ExportIntegrityError` naming the
+path, and so does a tokenizer with ids beyond the model's embedding (`ConfigError`, naming `tokenizer=`).
 """
 
 from __future__ import annotations
@@ -19,8 +23,8 @@ from typing import Any
 import torch
 
 from klalm.config_checks import ConfigError
-from klalm.models.checkpoint import load_model
-from klalm.models.export import verify_export  # (klalm.models registers the klalm classes with the Auto classes)
+from klalm.models.checkpoint import HF_DIR, load_model
+from klalm.models.export import load_export_model  # (klalm.models registers the klalm classes with the Auto classes)
 from klalm.models.params import count_parameters
 
 log = logging.getLogger(__name__)
@@ -77,10 +81,9 @@ def checkpoint_kind(path: str | Path) -> str:
 
 
 def _load_hf_export(path: Path, tokenizer: str | Path | None) -> tuple[Any, Any]:
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoTokenizer
 
-    verify_export(path)
-    model = AutoModelForCausalLM.from_pretrained(path)
+    model = load_export_model(path)
     tok_source = Path(tokenizer).expanduser() if tokenizer is not None else path
     try:
         tok = AutoTokenizer.from_pretrained(tok_source)
@@ -92,6 +95,8 @@ def _load_hf_export(path: Path, tokenizer: str | Path | None) -> tuple[Any, Any]
 
 
 def _load_training(path: Path, tokenizer: str | Path | None) -> tuple[Any, Any]:
+    if path.is_dir() and (path / HF_DIR / "config.json").is_file():  # a run folder's export: the strict loader
+        return _load_hf_export(path / HF_DIR, tokenizer)
     model, tok = load_model(path)
     if tokenizer is not None:
         from transformers import AutoTokenizer
@@ -165,6 +170,9 @@ def load_checkpoint(
 
     Raises:
         FileNotFoundError: missing or unrecognised checkpoint, or no tokenizer in it.
+        CheckpointError: a `.ckpt` that cannot be read, trusted or rebuilt.
+        ExportIntegrityError: an export whose files changed, cannot be read, or whose weights do not fit its config.
+        ConfigError: a tokenizer with more tokens than the model's embedding has rows.
         KeyError: unknown dtype.
     """
     path = Path(path).expanduser()
@@ -172,6 +180,12 @@ def load_checkpoint(
     torch_dtype = resolve_dtype(dtype)
     target = resolve_device(device)
     model, tok = LOADERS[kind](path, tokenizer)
+    rows = model.get_input_embeddings().num_embeddings
+    if len(tok) > rows:  # its highest ids would index past the embedding (an IndexError in the middle of a task)
+        named = f"tokenizer={tokenizer}" if tokenizer is not None else f"the tokenizer of {path}"
+        raise ConfigError(
+            f"{named} has {len(tok):,} tokens but the model's embedding has {rows:,} rows: not the model's tokenizer"
+        )
     model = model.to(device=target, dtype=torch_dtype).eval()
     provenance = {"checkpoint": str(path.resolve()), "kind": kind, **describe_model(model)}
     provenance.update(dtype=dtype, device=str(target), tokenizer=type(tok).__name__, vocab_size=len(tok))

@@ -6,14 +6,18 @@ then not loaded at all (offline, and ~7 s faster). Without a `data_dir`, names a
 used unchanged (they download from the hub).
 
 `cli_main` is the `klalm-lm-eval` console script: lm-eval's own CLI with klalm imported first, so
-`--model hf --model_args pretrained=<klalm export>` loads klalm models.
+`--model hf --model_args pretrained=<klalm export>` loads klalm models. Before lm-eval runs, it checks what klalm
+knows about (`check_run_args`): a local `pretrained=` path must be an export folder whose SHA256SUMS holds, and
+klalm's local tasks need `--include_path` and a `data_dir` holding their files; each refusal is one line.
 """
 
 from __future__ import annotations
 
 import difflib
 import hashlib
+import json
 import logging
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -182,10 +186,122 @@ def evaluate_model(
     return metrics, samples
 
 
+LOCAL_TASK_NAMES = {task.name: task for task in TASKS.values()}  # "piqa_local" -> its LocalTask
+
+
+def _local_path(value: Any) -> Path | None:
+    """`pretrained=` as a local path: one that exists or is written as a path; None for a hub id such as "gpt2"."""
+    if not isinstance(value, str):
+        return None
+    path = Path(value).expanduser()
+    if path.exists() or value.startswith(("/", "./", "../", "~")) or value in (".", ".."):
+        return path
+    return None
+
+
+def _check_pretrained(value: Any) -> None:
+    from klalm.models.checkpoint import HF_DIR
+    from klalm.models.export import verify_export
+
+    path = _local_path(value)
+    if path is None:
+        return
+    flag = f"--model_args pretrained={value}"
+    if not path.exists():
+        raise FileNotFoundError(f"{flag}: no such folder")
+    if path.is_file():
+        raise FileNotFoundError(
+            f"{flag} is a file; lm-eval loads Hugging Face export folders such as a run's {HF_DIR}/ "
+            "(klalm-eval checkpoint=FILE evaluates a .ckpt)"
+        )
+    if not (path / "config.json").is_file():
+        if (path / HF_DIR / "config.json").is_file():
+            raise FileNotFoundError(f"{flag} is a training run folder: its export is pretrained={path / HF_DIR}")
+        raise FileNotFoundError(f"{flag} holds no config.json: not a Hugging Face export folder")
+    if verify_export(path):
+        return
+    # No SHA256SUMS (copied or edited by hand): a klalm model is loaded once here, refusing weights that do not fit
+    # its config.json, which from_pretrained would fill with random values after a warning.
+    try:
+        model_type = json.loads((path / "config.json").read_text(encoding="utf-8")).get("model_type")
+    except (OSError, ValueError, AttributeError):
+        return  # lm-eval says what is wrong with it
+    if model_type == "klalm":
+        from klalm.models.export import ExportIntegrityError, load_export_model
+
+        try:
+            load_export_model(path)  # the model is dropped: lm-eval loads its own
+        except ExportIntegrityError:
+            raise
+        except Exception:  # noqa: BLE001  (an unreadable file: lm-eval's own load says what is wrong with it)
+            return
+
+
+def _check_local_tasks(tasks: list[str], include_path: str | None, metadata: Any) -> None:
+    local = [name for name in tasks if name in LOCAL_TASK_NAMES]
+    if not local:
+        return
+    if include_path is None:
+        raise ConfigError(
+            f'--tasks {",".join(local)}: klalm\'s local tasks need --include_path "$(klalm-eval --print-tasks-path)"'
+        )
+    if isinstance(metadata, str):  # a JSON object lm-eval did not parse
+        try:
+            metadata = json.loads(metadata)
+        except json.JSONDecodeError:
+            metadata = None
+    data_dir = metadata.get("data_dir") if isinstance(metadata, dict) else None
+    if not data_dir:
+        raise ConfigError(
+            f"--tasks {','.join(local)}: klalm's local tasks read their data from a folder: pass "
+            '--metadata \'{"data_dir": "../shared/data"}\' (the folder holding hellaswag/ and piqa/)'
+        )
+    for name in local:
+        try:
+            resolve_files(LOCAL_TASK_NAMES[name], data_dir)
+        except FileNotFoundError as err:
+            raise FileNotFoundError(f"--metadata data_dir: {err}") from None
+
+
+def check_run_args(args: Any) -> None:
+    """Checks an `lm-eval run` namespace for what klalm knows about, before any model or task loads.
+
+    Raises:
+        FileNotFoundError: a local `pretrained=` that is missing, a file, a run folder or not an export; a local
+            task file missing from data_dir.
+        klalm.models.export.ExportIntegrityError: an export whose files differ from its SHA256SUMS.
+        ConfigError: a local task without `--include_path` or without a `data_dir` in `--metadata`.
+    """
+    model_args = getattr(args, "model_args", None)
+    if isinstance(model_args, dict) and getattr(args, "model", None) in (None, "hf", "hf-auto", "huggingface"):
+        _check_pretrained(model_args.get("pretrained"))
+    tasks = getattr(args, "tasks", None) or []
+    if isinstance(tasks, str):
+        tasks = tasks.split(",")
+    _check_local_tasks(list(tasks), getattr(args, "include_path", None), getattr(args, "metadata", None))
+
+
 def cli_main() -> None:
-    """`klalm-lm-eval`: lm-eval's CLI (same arguments) with klalm's model classes registered first."""
+    """`klalm-lm-eval`: lm-eval's CLI (same arguments) with klalm's model classes registered first, and a one-line
+    refusal (`klalm-lm-eval: ...`, exit code 1) of a bad `pretrained=` path, export or local task setup."""
     # Importing this module already ran klalm/__init__.py, which registers klalm's config and model classes with
     # transformers' Auto classes, so lm-eval's `--model hf --model_args pretrained=<klalm export>` finds them.
-    from lm_eval.__main__ import cli_evaluate
+    try:
+        from lm_eval._cli import HarnessCLI
+        from lm_eval.utils import setup_logging
+    except ImportError:  # an lm-eval without the `run` subcommand CLI: run it unchecked
+        from lm_eval.__main__ import cli_evaluate
 
-    cli_evaluate()
+        cli_evaluate()
+        return
+    from klalm.models.export import ExportIntegrityError
+
+    setup_logging()
+    parser = HarnessCLI()
+    args = parser.parse_args()
+    if getattr(args, "command", None) == "run":
+        try:
+            check_run_args(args)
+        except (ConfigError, FileNotFoundError, ExportIntegrityError) as err:
+            sys.exit(f"klalm-lm-eval: {err}")
+    parser.execute(args)

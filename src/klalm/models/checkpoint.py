@@ -28,10 +28,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoTokenizer
 
 from klalm.models import build_model
-from klalm.models.export import verify_export
+from klalm.models.export import load_export_model
 from klalm.param_names import clean_name
 
 log = logging.getLogger(__name__)
@@ -74,8 +74,9 @@ def load_checkpoint_file(path: str | os.PathLike, *, mmap: bool = False) -> dict
             "(torch.load with weights_only=True) refuses to call; klalm-train writes only tensors and plain data, so "
             "this file came from elsewhere: do not load it with weights_only=False"
         ) from None
-    except (RuntimeError, EOFError, OSError) as err:
-        reason = str(err).splitlines()[0] if str(err) else type(err).__name__
+    except (RuntimeError, EOFError, OSError, KeyError, ValueError, IndexError, TypeError) as err:
+        # what the unpickler raises on bytes that are not an intact checkpoint (a few bytes: KeyError)
+        reason = f"{type(err).__name__}: {str(err).splitlines()[0]}" if str(err) else type(err).__name__
         raise CheckpointError(f"{path} cannot be read as a checkpoint (truncated or corrupted?): {reason}") from None
     if not isinstance(checkpoint, dict) or not {"klalm", "state_dict"} <= checkpoint.keys():
         raise CheckpointError(f"{path} is not a klalm-train checkpoint: it lacks the 'klalm' or 'state_dict' entry")
@@ -195,15 +196,15 @@ def load_model(path: str | os.PathLike) -> tuple[Any, Any]:
 
     Raises:
         FileNotFoundError: naming the path when it holds neither an export nor a checkpoint.
-        klalm.models.export.ExportIntegrityError: an export file differs from the export's SHA256SUMS.
+        CheckpointError: a `.ckpt` that cannot be read, is not trusted, or does not rebuild into its model.
+        klalm.models.export.ExportIntegrityError: an export file differs from the export's SHA256SUMS, or the export
+            cannot be loaded or its weights do not fit its config.json (`load_export_model`).
     """
     path = Path(path)
     if path.is_dir() and (path / HF_DIR / "config.json").is_file():
         path = path / HF_DIR
     if path.is_dir() and (path / "config.json").is_file():
-        verify_export(path)
-        model = AutoModelForCausalLM.from_pretrained(path)
-        return model.eval(), _load_tokenizer(path)
+        return load_export_model(path).eval(), _load_tokenizer(path)
     if path.is_dir():
         latest, skipped = newest_valid([path])
         for reason in skipped:
@@ -222,14 +223,22 @@ MODEL_BUILDER = "klalm.models.build_model"  # the one `_target_` a checkpoint's 
 
 def _load_lightning_checkpoint(path: Path) -> tuple[Any, Any]:
     checkpoint = load_checkpoint_file(path)
-    meta = checkpoint["klalm"]
-    config = dict(meta["model_config"])
+    try:
+        meta = checkpoint["klalm"]
+        config = dict(meta["model_config"])
+        vocab_size = meta["vocab_size"]
+    except (KeyError, TypeError, ValueError) as err:
+        raise CheckpointError(f"{path}: its 'klalm' entry lacks the model config or vocab size ({err!r})") from None
     # The config comes from the file: build through klalm's builder only, never through an arbitrary `_target_`.
     if config.get("_target_") != MODEL_BUILDER:
         raise CheckpointError(f"{path}: its model config names {config.get('_target_')!r}, not {MODEL_BUILDER}")
     kwargs = {k: v for k, v in config.items() if not k.startswith("_")}
-    model = build_model(**{**kwargs, "vocab_size": meta["vocab_size"]})
-    model.load_state_dict(model_state_from_checkpoint(checkpoint))
+    try:
+        model = build_model(**{**kwargs, "vocab_size": vocab_size})
+        model.load_state_dict(model_state_from_checkpoint(checkpoint))
+    except (KeyError, TypeError, ValueError, RuntimeError) as err:  # a config or weights that do not rebuild
+        reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise CheckpointError(f"{path}: its model does not rebuild from its config: {reason}") from None
     tokenizer_dir = path.parent.parent / TOKENIZER_DIR
     return model.eval(), _load_tokenizer(tokenizer_dir)
 

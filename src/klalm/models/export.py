@@ -10,13 +10,25 @@ An export is `save_pretrained` output (safetensors) plus:
 - `SHA256SUMS`: the sha256 of every other file, written last (`sha256sum -c SHA256SUMS` checks it too).
   `verify_export` recomputes it; `klalm-eval` and `klalm.models.checkpoint.load_model` refuse an export whose files
   changed since.
+
+The folder is written beside its target and renamed into place, so a failed export leaves nothing behind. The target
+may be new, empty, or an earlier export (every file listed in its SHA256SUMS), which is then replaced as a whole; a
+folder holding anything else is refused (`ExportTargetError`), and nothing in it is changed.
+
+`load_export_model` is the strict way back: it verifies SHA256SUMS, then refuses weights that do not fit the folder's
+config.json (a missing, unexpected or differently shaped tensor, e.g. a config edited to another arch), which
+`from_pretrained` would otherwise fill with random values after a warning.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import hashlib
 import logging
+import os
+import shutil
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +39,12 @@ _CHUNK_BYTES = 1 << 20
 
 
 class ExportIntegrityError(ValueError):
-    """An export's file does not match its SHA256SUMS entry (or is missing); the message names the file."""
+    """An export's file does not match its SHA256SUMS entry (or is missing), or its weights do not fit its config;
+    the message names the file."""
+
+
+class ExportTargetError(ValueError):
+    """The folder an export was to be written to is a file, or holds files that are not an earlier export."""
 
 
 def sha256_file(path: Path) -> str:
@@ -103,8 +120,13 @@ def save_export(
 
     Returns:
         out_dir.
+
+    Raises:
+        ExportTargetError: out_dir is a file, or a folder holding a file that is not part of an earlier export
+            (nothing is written).
     """
     out_dir = Path(out_dir)
+    _check_target(out_dir)
     if tokenizer is not None:
         ids = _special_token_ids(tokenizer)
         for config in (model.config, model.generation_config):
@@ -115,8 +137,108 @@ def save_export(
             tokenizer.pad_token = tokenizer.eos_token
         if max_length is not None:
             tokenizer.model_max_length = max_length
-    model.save_pretrained(out_dir, state_dict=state_dict)
-    if tokenizer is not None:
-        tokenizer.save_pretrained(out_dir)
-    write_manifest(out_dir)
+    with _staged(out_dir) as staging:
+        model.save_pretrained(staging, state_dict=state_dict)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(staging)
+        write_manifest(staging)
     return out_dir
+
+
+def _listed_files(folder: Path) -> set[str]:
+    """The relative paths a folder's SHA256SUMS lists (empty without one)."""
+    manifest = folder / MANIFEST
+    if not manifest.is_file():
+        return set()
+    return {line.partition("  ")[2] for line in manifest.read_text(encoding="utf-8").splitlines()}
+
+
+def _check_target(out_dir: Path) -> None:
+    """Refuses an export target that is a file, or a folder holding a file its SHA256SUMS does not list."""
+    if out_dir.exists() and not out_dir.is_dir():
+        raise ExportTargetError(f"export folder {str(out_dir)!r} is a file; name a new or empty folder")
+    if not out_dir.is_dir():
+        return
+    listed = _listed_files(out_dir)
+    for path in sorted(out_dir.rglob("*")):
+        name = path.relative_to(out_dir).as_posix()
+        if path.is_dir() or name == MANIFEST or name in listed:
+            continue
+        raise ExportTargetError(
+            f"export folder {str(out_dir)!r} already holds {name!r}, which is not part of an earlier export "
+            f"(not listed in its {MANIFEST}); refusing to write over it: name a new or empty folder"
+        )
+
+
+@contextlib.contextmanager
+def _staged(out_dir: Path) -> Iterator[Path]:
+    """A fresh folder beside out_dir to write into; renamed to out_dir (replacing an earlier export there) when the
+    block finishes, removed when it fails."""
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    staging = out_dir.with_name(f".{out_dir.name}.tmp-{os.getpid()}")
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir()
+    try:
+        yield staging
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    if out_dir.is_dir():
+        old = out_dir.with_name(f".{out_dir.name}.old-{os.getpid()}")
+        shutil.rmtree(old, ignore_errors=True)
+        out_dir.rename(old)
+        staging.rename(out_dir)
+        shutil.rmtree(old, ignore_errors=True)
+        log.info("replaced the earlier export in %s", out_dir)
+    else:
+        staging.rename(out_dir)
+
+
+def load_export_model(folder: str | Path, **kwargs: Any) -> Any:
+    """Loads an export's model with `AutoModelForCausalLM.from_pretrained`, after `verify_export`, refusing weights
+    that do not fit its config.json.
+
+    Args:
+        folder: the export folder.
+        kwargs: passed on to `from_pretrained`.
+
+    Raises:
+        ExportIntegrityError: a file differs from SHA256SUMS; the folder cannot be loaded (an unreadable config.json or
+            weights file, an unknown model_type: the message's first line); or a weight of the model is missing from
+            the folder, unexpected in it, or of another shape (the message names the first few and the config's arch).
+    """
+    from transformers import AutoModelForCausalLM
+
+    folder = Path(folder)
+    verify_export(folder)
+    quiet = logging.getLogger("transformers.modeling_utils")  # its load report: the error below says it in a line
+    level = quiet.level
+    quiet.setLevel(logging.ERROR)
+    try:
+        model, info = AutoModelForCausalLM.from_pretrained(
+            folder, output_loading_info=True, ignore_mismatched_sizes=True, **kwargs
+        )
+    except (OSError, ValueError, KeyError) as err:
+        if isinstance(err, FileNotFoundError):
+            raise
+        lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+        reason = lines[0] if lines else type(err).__name__
+        raise ExportIntegrityError(f"{folder} cannot be loaded as a Hugging Face export: {reason}") from err
+    finally:
+        quiet.setLevel(level)
+    problems = []
+    for kind in ("missing", "unexpected"):
+        keys = sorted(info.get(f"{kind}_keys") or ())
+        if keys:
+            problems.append(f"{len(keys)} {kind} (e.g. {', '.join(keys[:3])})")
+    mismatched = sorted(info.get("mismatched_keys") or ())
+    if mismatched:
+        key, stored, wanted = mismatched[0]
+        problems.append(f"{len(mismatched)} of another shape (e.g. {key} {tuple(stored)} for {tuple(wanted)})")
+    if problems:
+        arch = getattr(model.config, "arch", None) or model.config.model_type
+        raise ExportIntegrityError(
+            f"{folder}: its weights do not fit its config.json (arch {arch!r}): {'; '.join(problems)}; refusing to "
+            "load a model with untrained parts"
+        )
+    return model

@@ -1,0 +1,112 @@
+"""The checkpoint → evaluation seam on bad input: `klalm.eval.checkpoint.load_checkpoint` (what klalm-eval loads)
+and `klalm-lm-eval`'s checks before lm-eval runs, each refusal one line naming the path, flag or file."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from klalm.config_checks import ConfigError
+from klalm.data.tokenizer import train_bpe_tokenizer
+from klalm.eval.checkpoint import load_checkpoint
+from klalm.eval.harness import check_run_args
+from klalm.eval.tasks import TASKS_DIR
+from klalm.models import build_model
+from klalm.models.checkpoint import CheckpointError
+from klalm.models.export import MANIFEST, ExportIntegrityError, save_export
+
+VOCAB = 300
+
+
+@pytest.fixture(scope="module")
+def export(tmp_path_factory) -> Path:
+    """A tiny kla export with its own 300-token BPE, inside a run-like folder (<root>/run/hf)."""
+    texts = [f"line {i}: the state is predicted, then corrected." for i in range(200)]
+    tokenizer = train_bpe_tokenizer(texts, VOCAB, tmp_path_factory.mktemp("tok"))
+    torch.manual_seed(0)
+    model = build_model("kla", vocab_size=VOCAB, d_model=32, n_layers=1, d_ff=64).eval()
+    return save_export(model, tmp_path_factory.mktemp("root") / "run" / "hf", tokenizer, max_length=32)
+
+
+def test_a_garbage_ckpt_is_one_checkpoint_error(tmp_path):
+    """A few bytes named .ckpt: torch.load raised KeyError (a traceback out of klalm-eval)."""
+    path = tmp_path / "step-00000001.ckpt"
+    path.write_bytes(b"hello")
+    with pytest.raises(CheckpointError, match=r"step-00000001\.ckpt cannot be") as info:
+        load_checkpoint(path, device="cpu")
+    assert "\n" not in str(info.value)
+
+
+def test_a_tokenizer_larger_than_the_embedding_is_refused(export, shared_data):
+    """GPT-2's 50,257 tokens on a 300-token model: an IndexError in the middle of a task before."""
+    with pytest.raises(
+        ConfigError, match=r"tokenizer=.*gpt2_tokenizer has 50,257 tokens but the model's embedding has"
+    ):
+        load_checkpoint(export, tokenizer=shared_data / "gpt2_tokenizer", device="cpu")
+
+
+def test_a_run_folder_loads_its_export_through_the_strict_loader(export, tmp_path):
+    run = tmp_path / "run"
+    shutil.copytree(export.parent, run)
+    (run / "hf" / MANIFEST).unlink()
+    config = json.loads((run / "hf" / "config.json").read_text())
+    (run / "hf" / "config.json").write_text(json.dumps({**config, "arch": "mamba"}))
+    with pytest.raises(ExportIntegrityError, match=r"hf: its weights do not fit its config\.json \(arch 'mamba'\)"):
+        load_checkpoint(run, device="cpu")
+    loaded = load_checkpoint(export.parent, device="cpu")
+    assert loaded.provenance["arch"] == "kla" and loaded.provenance["kind"] == "training"
+
+
+def _run_args(pretrained: str | None = None, tasks=("piqa_local",), include=str(TASKS_DIR), metadata=None):
+    model_args = {} if pretrained is None else {"pretrained": pretrained}
+    return argparse.Namespace(
+        model="hf", model_args=model_args, tasks=list(tasks), include_path=include, metadata=metadata
+    )
+
+
+def test_lm_eval_checks_a_local_pretrained_path(export, tmp_path, shared_data):
+    meta = {"data_dir": str(shared_data)}
+    check_run_args(_run_args(str(export), metadata=meta))  # a good export
+    check_run_args(_run_args("gpt2", tasks=["hellaswag"]))  # a hub id is lm-eval's business
+    cases = {
+        str(tmp_path / "nope"): r"pretrained=.*nope: no such folder",
+        str(export / "model.safetensors"): r"model\.safetensors is a file; .*klalm-eval checkpoint=FILE",
+        str(export.parent): rf"is a training run folder: its export is pretrained={export}$",
+        str(tmp_path): r"holds no config\.json: not a Hugging Face export folder",
+    }
+    for value, message in cases.items():
+        with pytest.raises(FileNotFoundError, match=message):
+            check_run_args(_run_args(value, metadata=meta))
+    changed = tmp_path / "changed"
+    shutil.copytree(export, changed)
+    (changed / "config.json").write_text((changed / "config.json").read_text() + " ")
+    with pytest.raises(ExportIntegrityError, match=r"config\.json: sha256 differs"):
+        check_run_args(_run_args(str(changed), metadata=meta))
+
+
+def test_lm_eval_checks_the_local_tasks(tmp_path, shared_data):
+    with pytest.raises(ConfigError, match=r"--tasks piqa_local: klalm's local tasks need --include_path"):
+        check_run_args(_run_args(include=None, metadata={"data_dir": str(shared_data)}))
+    with pytest.raises(ConfigError, match=r"pass --metadata '\{\"data_dir\": "):
+        check_run_args(_run_args(tasks=["hellaswag_local", "arc_easy"]))
+    with pytest.raises(FileNotFoundError, match=r"--metadata data_dir: task 'piqa_local' needs .*piqa/valid\.jsonl"):
+        check_run_args(_run_args(metadata={"data_dir": str(tmp_path)}))
+    check_run_args(_run_args(tasks=["arc_easy"], include=None))  # no local task: nothing to check
+
+
+def test_klalm_lm_eval_refuses_in_one_line(tmp_path):
+    """The console script: a missing export folder was a transformers traceback (an OSError about repo ids)."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    script = "import sys; from klalm.cli import lm_eval; sys.argv[0] = 'klalm-lm-eval'; lm_eval()"
+    args = ["run", "--model", "hf", "--model_args", f"pretrained={tmp_path / 'nope'}", "--tasks", "piqa_local"]
+    proc = subprocess.run([sys.executable, "-c", script, *args], capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert proc.stderr.strip() == f"klalm-lm-eval: --model_args pretrained={tmp_path / 'nope'}: no such folder"

@@ -1,0 +1,146 @@
+"""Export edges: the target folder (refused when it holds other files, replaced whole when it is an earlier export,
+untouched when the export fails) and the strict loader (weights that do not fit config.json are refused)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from klalm.data.tokenizer import train_bpe_tokenizer
+from klalm.models import build_model
+from klalm.models.checkpoint import load_model
+from klalm.models.export import (
+    MANIFEST,
+    ExportIntegrityError,
+    ExportTargetError,
+    load_export_model,
+    save_export,
+    verify_export,
+)
+
+VOCAB = 300
+SMALL = {"d_model": 32, "n_layers": 1, "d_ff": 64}
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tmp_path_factory):
+    texts = [f"line {i}: the state is predicted, then corrected." for i in range(200)]
+    return train_bpe_tokenizer(texts, VOCAB, tmp_path_factory.mktemp("tok"))
+
+
+def _model(arch: str = "gpt") -> torch.nn.Module:
+    torch.manual_seed(0)
+    heads = {"n_heads": 2} if arch in ("gpt", "gpt_kla") else {}
+    return build_model(arch, vocab_size=VOCAB, **SMALL, **heads).eval()
+
+
+def _leftovers(parent: Path) -> list[str]:
+    return sorted(p.name for p in parent.iterdir() if p.name.startswith("."))
+
+
+def test_a_folder_holding_other_files_is_refused_and_left_alone(tmp_path, tokenizer):
+    target = tmp_path / "mine"
+    target.mkdir()
+    (target / "notes.txt").write_text("keep me")
+    (target / "config.json").write_text("{}")  # not listed in any SHA256SUMS: not an export's
+    with pytest.raises(ExportTargetError, match=r"already holds 'config\.json'.*name a new or empty folder"):
+        save_export(_model(), target, tokenizer)
+    assert sorted(p.name for p in target.iterdir()) == ["config.json", "notes.txt"]
+    assert (target / "config.json").read_text() == "{}" and _leftovers(tmp_path) == []
+
+
+def test_a_file_as_target_is_refused(tmp_path, tokenizer):
+    target = tmp_path / "model.bin"
+    target.write_bytes(b"x")
+    with pytest.raises(ExportTargetError, match=r"model\.bin' is a file"):
+        save_export(_model(), target, tokenizer)
+    assert target.read_bytes() == b"x"
+
+
+def test_an_earlier_export_is_replaced_whole(tmp_path, tokenizer):
+    """Its files do not survive into the new export (a stale tokenizer would load with the new model, checksummed)."""
+    target = tmp_path / "hf"
+    save_export(_model("gpt"), target, tokenizer, max_length=32)
+    assert (target / "tokenizer.json").is_file()
+    save_export(_model("kla"), target)  # a model without a tokenizer, into the same folder
+    names = sorted(p.name for p in target.iterdir())
+    assert "tokenizer.json" not in names and "tokenizer_config.json" not in names, names
+    assert verify_export(target) and _leftovers(tmp_path) == []
+    model, tok = load_model(target)
+    assert model.config.arch == "kla" and tok is None
+
+
+def test_a_failed_export_leaves_nothing_and_keeps_the_earlier_one(tmp_path, tokenizer, monkeypatch):
+    target = tmp_path / "hf"
+    save_export(_model(), target, tokenizer)
+    before = {p.name: p.read_bytes() for p in target.iterdir()}
+
+    def broken(self, *args, **kwargs):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(type(tokenizer), "save_pretrained", broken)
+    with pytest.raises(OSError, match="disk full"):
+        save_export(_model("kla"), target, tokenizer)
+    assert {p.name: p.read_bytes() for p in target.iterdir()} == before
+    with pytest.raises(OSError, match="disk full"):
+        save_export(_model("kla"), tmp_path / "new", tokenizer)
+    assert not (tmp_path / "new").exists() and _leftovers(tmp_path) == []
+
+
+def _relabelled(export: Path, folder: Path, arch: str) -> Path:
+    """A copy of an export whose config.json names another arch, without SHA256SUMS (as a hand-edited copy)."""
+    shutil.copytree(export, folder)
+    (folder / MANIFEST).unlink()
+    config = json.loads((folder / "config.json").read_text())
+    config["arch"] = arch
+    (folder / "config.json").write_text(json.dumps(config))
+    return folder
+
+
+@pytest.mark.parametrize(
+    ("arch", "as_arch", "problem"),
+    [("kla", "mamba", r"missing .*unexpected"), ("gpt", "gpt_kla", r"of another shape \(e\.g\. model\.layers\.0")],
+)
+def test_weights_that_do_not_fit_the_config_are_refused(tmp_path, tokenizer, arch, as_arch, problem):
+    """kla weights under a mamba config loaded with random mamba weights after a warning; gpt under gpt_kla raised
+    transformers' multi-line RuntimeError. Both are one ExportIntegrityError naming the folder and the arch now."""
+    export = save_export(_model(arch), tmp_path / "hf", tokenizer)
+    folder = _relabelled(export, tmp_path / "relabelled", as_arch)
+    with pytest.raises(
+        ExportIntegrityError,
+        match=rf"relabelled: its weights do not fit its config\.json \(arch "
+        rf"'{as_arch}'\): .*{problem}",
+    ) as info:
+        load_export_model(folder)
+    assert "\n" not in str(info.value)
+
+
+def test_the_strict_loader_loads_a_good_export_exactly(tmp_path, tokenizer):
+    model = _model("gpt_kla")
+    export = save_export(model, tmp_path / "hf", tokenizer)
+    loaded = load_export_model(export)
+    ids = torch.randint(0, VOCAB, (1, 10), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert torch.equal(loaded.eval()(ids).logits, model(ids).logits)
+
+
+def test_load_model_refuses_an_export_relabelled_as_another_arch_and_a_garbage_ckpt(tmp_path):
+    """`klalm.models.checkpoint.load_model` (the Python API) is as strict as klalm-eval: it loaded a relabelled export
+    with random mixer weights after a warning, and raised a bare KeyError on a few bytes named .ckpt."""
+    from klalm.models.checkpoint import CheckpointError
+
+    torch.manual_seed(0)
+    out = save_export(build_model("kla", vocab_size=64, d_model=32, n_layers=1, d_ff=64).eval(), tmp_path / "hf")
+    (out / MANIFEST).unlink()
+    config = json.loads((out / "config.json").read_text())
+    (out / "config.json").write_text(json.dumps({**config, "arch": "mamba"}))
+    with pytest.raises(ExportIntegrityError, match=r"weights do not fit its config\.json \(arch 'mamba'\)"):
+        load_model(tmp_path)
+    garbage = tmp_path / "step-00000001.ckpt"
+    garbage.write_bytes(b"hello")
+    with pytest.raises(CheckpointError, match=r"cannot be read as a checkpoint .*KeyError"):
+        load_model(garbage)
