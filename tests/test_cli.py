@@ -192,3 +192,16 @@ def test_a_resume_of_a_folder_without_checkpoints_writes_nothing_into_it(tmp_pat
     )
     assert sorted(p.name for p in folder.iterdir()) == ["config.json"]
     assert not any((tmp_path / "out").rglob("*.log"))
+
+
+def test_a_run_whose_export_folder_holds_other_files_is_refused_before_it_trains(tmp_path):
+    """The export at the end would refuse a hf/ folder holding a file that is no earlier export's: refused at the
+    start instead, in one line, the file kept (before, the run trained and then failed with a traceback)."""
+    folder = tmp_path / "run"
+    (folder / "hf").mkdir(parents=True)
+    (folder / "hf" / "notes.txt").write_text("mine")
+    proc = _in_fresh_python("train", ["experiment=smoke", f"hydra.run.dir={folder}"], tmp_path)
+    assert proc.returncode == 1
+    refusal = f"klalm-train: export folder '{folder / 'hf'}' already holds 'notes.txt'"
+    assert proc.stderr.strip().splitlines()[-1].startswith(refusal)
+    assert (folder / "hf" / "notes.txt").read_text() == "mine" and not (folder / "checkpoints").exists()

@@ -126,7 +126,7 @@ def save_export(
             (nothing is written).
     """
     out_dir = Path(out_dir)
-    _check_target(out_dir)
+    check_export_target(out_dir)
     if tokenizer is not None:
         ids = _special_token_ids(tokenizer)
         for config in (model.config, model.generation_config):
@@ -153,8 +153,9 @@ def _listed_files(folder: Path) -> set[str]:
     return {line.partition("  ")[2] for line in manifest.read_text(encoding="utf-8").splitlines()}
 
 
-def _check_target(out_dir: Path) -> None:
-    """Refuses an export target that is a file, or a folder holding a file its SHA256SUMS does not list."""
+def check_export_target(out_dir: Path) -> None:
+    """Refuses (`ExportTargetError`) an export target that is a file, or a folder holding a file its SHA256SUMS does
+    not list; `save_export` calls it first, `klalm-train` before it trains."""
     if out_dir.exists() and not out_dir.is_dir():
         raise ExportTargetError(f"export folder {str(out_dir)!r} is a file; name a new or empty folder")
     if not out_dir.is_dir():

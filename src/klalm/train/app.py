@@ -34,6 +34,7 @@ from omegaconf import DictConfig, OmegaConf
 from klalm.config_checks import ConfigError, check_train_config
 from klalm.data.records import BadRecordError
 from klalm.models.checkpoint import HF_DIR, TOKENIZER_DIR, CheckpointError, load_checkpoint_file
+from klalm.models.export import ExportTargetError, check_export_target
 from klalm.train.budget import derive_budget
 from klalm.train.callbacks import StepMetrics, skipped_records
 from klalm.train.checkpoint import STOP_SIGNALS, RollingCheckpoint, export_hf, remove_stale_temporaries
@@ -159,7 +160,7 @@ def build_module(cfg: DictConfig, model: torch.nn.Module, vocab_size: int, world
 # What a run raises when its input is wrong rather than its code, which `klalm-train` prints as one line (besides the
 # config checks' ConfigError, which `instantiate_group` also raises for what a config group's target refuses): a
 # checkpoint it will not load, a bad record in a data file, a missing file.
-USER_ERRORS = (CheckpointError, BadRecordError, FileNotFoundError)
+USER_ERRORS = (CheckpointError, BadRecordError, FileNotFoundError, ExportTargetError)
 
 
 def run(cfg: DictConfig) -> dict[str, Any]:
@@ -182,6 +183,8 @@ def run(cfg: DictConfig) -> dict[str, Any]:
 def train(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     """Builds data, model, trainer and module, fits (resuming as `cfg.resume` says) and finishes the run."""
     started = time.time()
+    if cfg.train.export_hf:  # refused now, not after training
+        check_export_target(run_dir / HF_DIR)
     ckpt_path = resolve_resume(cfg.resume, cfg.paths.resume_glob)  # verified: safe and intact
     saved = None if ckpt_path is None else load_checkpoint_file(ckpt_path, mmap=True)  # read once for both checks
     if saved is not None:  # before anything is built or written
