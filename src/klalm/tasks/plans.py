@@ -15,11 +15,15 @@ import functools
 import inspect
 import itertools
 import math
+import types
+import typing
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
+import yaml
 from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 from klalm.tasks import MAD_TASKS, make_task
 from klalm.tasks.train import TrainSettings
@@ -137,9 +141,43 @@ _NESTED = {"train": TrainSettings, "a5": A5Plan, "mqar": MQARPlan, "mad": MADPla
 _STAGES = {"a5": A5Stage, "mqar": MQARStage}
 
 
+def _fits(value: Any, hint: Any) -> bool:
+    """Whether a value read from YAML has the type of a plan field (an int passes for a float, a bool for nothing
+    else, a list for a tuple)."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if hint is Any:
+        return True
+    if origin in (typing.Union, types.UnionType):
+        return any(_fits(value, arg) for arg in args)
+    if hint is type(None):
+        return value is None
+    if hint in (int, float, str, bool):
+        if isinstance(value, bool):
+            return hint is bool
+        return isinstance(value, (int, float) if hint is float else hint)
+    if origin in (list, tuple):
+        if not isinstance(value, (list, tuple)):
+            return False
+        if origin is tuple and args and args[-1] is not Ellipsis:
+            return len(value) == len(args) and all(_fits(v, a) for v, a in zip(value, args, strict=True))
+        return not args or all(_fits(v, args[0]) for v in value)
+    if origin is dict:
+        return isinstance(value, dict) and all(_fits(k, args[0]) and _fits(v, args[1]) for k, v in value.items())
+    return True
+
+
+def _type_name(hint: Any) -> str:
+    """ "int", "list[int]", "float | None": a plan field's type as its annotation spells it."""
+    return hint.__name__ if isinstance(hint, type) else str(hint).replace("typing.", "").replace("NoneType", "None")
+
+
 def _build(cls: type, values: dict[str, Any], where: str) -> Any:
-    """A plan dataclass from a dict; unknown or missing keys raise KeyError naming them and the valid ones."""
+    """A plan dataclass from a dict; unknown or missing keys raise KeyError naming them and the valid ones, a value of
+    the wrong type ValueError naming its key."""
+    if not isinstance(values, dict):
+        raise ValueError(f"{where} must be a mapping of {cls.__name__}'s keys, got {values!r}")
     names = {f.name: f for f in dataclasses.fields(cls)}
+    hints = typing.get_type_hints(cls)
     unknown = sorted(set(values) - set(names))
     if unknown:
         raise KeyError(f"unknown keys {unknown} in {where}; valid: {sorted(names)}")
@@ -152,8 +190,12 @@ def _build(cls: type, values: dict[str, Any], where: str) -> Any:
         if key in _NESTED:
             value = _build(_NESTED[key], value, f"{where}.{key}")
         elif key == "stages":
+            if not isinstance(value, list):
+                raise ValueError(f"{where}.stages must be a list of stages, got {value!r}")
             family = where.rsplit(".", 1)[-1]
             value = [_build(_STAGES[family], stage, f"{where}.stages[{i}]") for i, stage in enumerate(value)]
+        elif not _fits(value, hints[key]):
+            raise ValueError(f"{where}.{key}={value!r} must be {_type_name(hints[key])}")
         kwargs[key] = value
     return cls(**kwargs)
 
@@ -168,7 +210,14 @@ def load_plan(name: str) -> RunPlan:
     if not path.is_file():
         names = sorted(p.stem for p in plan_dir().glob("*.yaml"))
         raise FileNotFoundError(f"plan {name!r}: no file {path}; plans: {names}, or a YAML path")
-    return _build(RunPlan, OmegaConf.to_container(OmegaConf.load(path), resolve=True), str(path))
+    try:
+        values = OmegaConf.to_container(OmegaConf.load(path), resolve=True)
+    except (yaml.YAMLError, OmegaConfBaseException) as err:  # YAML syntax, an interpolation that does not resolve
+        first = next((line.strip() for line in str(err).splitlines() if line.strip()), type(err).__name__)
+        mark = getattr(err, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}" if mark is not None else str(path)
+        raise ValueError(f"plan {where}: {getattr(err, 'problem', None) or first}") from err
+    return _build(RunPlan, values, str(path))
 
 
 # ------------------------------------------------------------------------------------------------- units of a plan
@@ -290,7 +339,8 @@ def _cells(text: str) -> list[list[int]]:
 
 def add_plan_args(p: argparse.ArgumentParser) -> None:
     """The knobs that change a plan (each replaces the value in every stage of the plan)."""
-    p.add_argument("--plan", default="full", help="configs/synthetic/<name>.yaml (full, quick, cpu) or a YAML path")
+    p.add_argument("--plan", default="full", help="configs/synthetic/<name>.yaml (full, quick, cpu) or a YAML path "
+                   "(default: full, the GPU grid)")  # fmt: skip
     p.add_argument("--archs", type=name_list, help="comma-separated archs, e.g. kla,gpt,mamba,gdn,gpt_kla")
     p.add_argument("--families", type=name_list, help="comma-separated subset of a5,mqar,mad")
     p.add_argument("--steps", type=int, help="optimiser steps of every run (MAD: replaces epochs)")
@@ -318,7 +368,11 @@ def add_plan_args(p: argparse.ArgumentParser) -> None:
 
 
 def apply_args(plan: RunPlan, args: argparse.Namespace) -> RunPlan:
-    """Command-line knobs on top of a plan; then `validate`."""
+    """Command-line knobs on top of a plan; then `validate`. A list knob that names nothing (`--archs ""`: an unset
+    shell variable, say) raises ValueError naming it, instead of planning no units."""
+    empty = _list_knobs(args)
+    if empty:
+        raise ValueError(f"{empty[0]} names nothing: give at least one comma-separated value")
     for name in ("device", "members", "procs_per_gpu", "units_per_process", "max_state_mib", "deterministic"):
         if getattr(args, name) is not None:
             setattr(plan, name, getattr(args, name))
@@ -358,6 +412,13 @@ def apply_args(plan: RunPlan, args: argparse.Namespace) -> RunPlan:
     return plan
 
 
+def _list_knobs(args: argparse.Namespace) -> list[str]:
+    """The list knobs given on the command line with no item ("" or ",")."""
+    knobs = ("archs", "families", "seeds", "lrs", "a5_lengths", "a5_depths", "mqar_cells", "mqar_depths",
+             "mqar_d_models", "mqar_d_states", "mad_tasks", "mad_weight_decays")  # fmt: skip
+    return ["--" + knob.replace("_", "-") for knob in knobs if getattr(args, knob, None) == []]
+
+
 def validate(plan: RunPlan) -> None:
     """Fail before any training on names and values that cannot run."""
     from klalm.models import ARCH_LAYOUTS
@@ -384,6 +445,16 @@ def validate(plan: RunPlan) -> None:
     for key in ("members", "procs_per_gpu", "units_per_process"):
         if getattr(plan, key) < 1:
             raise ValueError(f"{key}={getattr(plan, key)} must be >= 1")
+    if plan.max_state_mib is not None and not 0 < plan.max_state_mib < math.inf:
+        raise ValueError(f"max_state_mib={plan.max_state_mib} must be > 0 (MiB)")
+    if plan.time_budget_s is not None and not 0 <= plan.time_budget_s < math.inf:
+        raise ValueError(f"time_budget_s={plan.time_budget_s} must be >= 0 (0: no deadline)")
+    for family in ("a5", "mqar", "mad"):
+        steps = getattr(plan, family).train.steps
+        if family in plan.families and steps < 1 and (family != "mad" or plan.mad.epochs is None):
+            raise ValueError(f"{family}.train.steps={steps} must be >= 1 (--steps sets every family's)")
+    if "mad" in plan.families and plan.mad.epochs is not None and not 0 < plan.mad.epochs < math.inf:
+        raise ValueError(f"mad.epochs={plan.mad.epochs} must be > 0 (null: train.steps)")
     if plan.mqar.stop_at is not None and not 0 < plan.mqar.stop_at <= 1:
         raise ValueError(f"mqar.stop_at={plan.mqar.stop_at} is an accuracy: it must be in (0, 1]")
     if plan.mqar.stop_at is not None and not plan.mqar.eval_every:
@@ -403,8 +474,12 @@ def validate(plan: RunPlan) -> None:
     for key, values in lrs.items():
         if any(lr <= 0 for lr in values):
             raise ValueError(f"{key}: learning rates must be > 0, got {values}")
+        if not all(math.isfinite(lr) for lr in values):
+            raise ValueError(f"{key}: learning rates must be finite, got {values}")
     if any(wd < 0 for wd in plan.mad.weight_decays):
         raise ValueError(f"mad.weight_decays must be >= 0, got {plan.mad.weight_decays}")
+    if not all(math.isfinite(wd) for wd in plan.mad.weight_decays):
+        raise ValueError(f"mad.weight_decays must be finite, got {plan.mad.weight_decays}")
 
 
 def _validate_mqar_stage(where: str, stage: MQARStage, vocab: int) -> None:

@@ -98,13 +98,16 @@ class Results:
     """The rows and rates of one results folder; `record` appends a unit's outcome (thread-safe).
 
     Args:
-        folder: the results folder (created when missing).
+        folder: the results folder (created when missing, unless `create` is False: then a missing one reads as empty
+            and must exist before anything is recorded).
         families: the families whose rows are read.
+        create: create a missing folder.
     """
 
-    def __init__(self, folder: Path, families: list[str]) -> None:
+    def __init__(self, folder: Path, families: list[str], create: bool = True) -> None:
         self.folder = folder
-        folder.mkdir(parents=True, exist_ok=True)
+        if create:
+            folder.mkdir(parents=True, exist_ok=True)
         self.rows = {family: read_jsonl(family_file(folder, family)) for family in families}
         self.rates = read_jsonl(folder / RATES_FILE)
         self.progress = read_jsonl(folder / PROGRESS_FILE)
@@ -293,9 +296,10 @@ def _lines(lines: list[int]) -> str:
 def merge(source: Path, folder: Path, commit: str) -> dict[str, int]:
     """Append to `folder` the rows and rates of `source` (a results folder from another machine) it lacks.
 
-    Rows whose commit is "unknown" get `commit`. Returns the number of new lines per file.
+    Rows whose commit is "unknown" get `commit`. Returns the number of new lines per file. Every file of both
+    folders is read before any is appended to, so a file that is not JSON lines (ValueError) leaves `folder` as it was.
     """
-    added = {}
+    added: dict[str, list[dict[str, Any]]] = {}
     for path in sorted(source.glob("*.jsonl")):
         mine = read_jsonl(folder / path.name)
         key = {RATES_FILE: _rate_key, PROGRESS_FILE: progress_key}.get(path.name, row_key)
@@ -305,10 +309,11 @@ def merge(source: Path, folder: Path, commit: str) -> dict[str, int]:
             run = row.get("run", row)  # result rows keep the commit in "run"; rates and progress rows at the top
             if run.get("commit") == "unknown":
                 run["commit"] = commit
+        added[path.name] = new
+    for name, new in added.items():
         if new:
-            append_lines(folder / path.name, new)
-        added[path.name] = len(new)
-    return added
+            append_lines(folder / name, new)
+    return {name: len(new) for name, new in added.items()}
 
 
 def _rate_key(rate: dict[str, Any]) -> str:

@@ -38,13 +38,14 @@ import json
 import logging
 import math
 import os
+import signal
 import subprocess
 import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 
@@ -149,6 +150,10 @@ class GridBlock:
         self._failed: set[str] = set()
         self.finished_rows = 0
         self._cond = threading.Condition()
+        self._stopping = False  # Ctrl-C: start nothing more
+        self._children: set[subprocess.Popen] = set()  # the units' processes running now
+        for unit in {u.arch: u for u in self.units if self.free_seeds(u)}.values():
+            self.estimate(unit, steps=0)  # an arch with no rates here and no prior fails now (KeyError), not mid-block
         self._drop_stale_states()
 
     # -- choosing ---------------------------------------------------------------------------------------------------
@@ -247,7 +252,7 @@ class GridBlock:
         `units_per_process` units of its pack_key in the same state (all fresh, or all paused at the same step);
         None when nothing can start any more."""
         with self._cond:
-            while True:
+            while not self._stopping:
                 states = self.states()
                 for wanted in ("resumes", "ready"):
                     for unit, state in states:
@@ -262,6 +267,7 @@ class GridBlock:
                 if not self.running:
                     return None
                 self._cond.wait()
+            return None
 
     def _pack_mates(self, first: Unit, state: str, states: list[tuple[Unit, str]]) -> list[Unit]:
         """Units (with their free seeds) that can share `first`'s process."""
@@ -311,7 +317,19 @@ class GridBlock:
                 command += ["--state", str(self.state)]
             if self.checkpoint_every_s is not None:
                 command += ["--checkpoint-every-s", repr(self.checkpoint_every_s)]
-            code = subprocess.call(command + ["--spawned-at", repr(time.time())], env=env)
+            with subprocess.Popen(command + ["--spawned-at", repr(time.time())], env=env) as process:
+                with self._cond:
+                    self._children.add(process)
+                    if self._stopping:  # Ctrl-C came while it started: it ends at once
+                        process.send_signal(signal.SIGINT)
+                try:
+                    code = process.wait()
+                except KeyboardInterrupt:  # Ctrl-C on the main thread: the unit's process ends too, then the block
+                    _interrupt(process)
+                    raise
+                finally:
+                    with self._cond:
+                        self._children.discard(process)
             if code != 0:
                 raise RuntimeError(f"the unit's process exited with code {code}")
             outcome = UnitOutcome(**json.loads(out_file.read_text()))
@@ -339,13 +357,16 @@ class GridBlock:
                 self.results.record(outcome)
                 log.info("slot %d: %s: %s in %.0f s", slot, label, _summary(outcome), wall_s)
             except Exception as err:  # one broken unit must not end the block; main exits non-zero
-                log.exception("slot %d: %s failed", slot, label)
+                if self._stopping:  # its process was interrupted (Ctrl-C): not a failure of the unit
+                    log.info("slot %d: %s interrupted", slot, label)
+                else:
+                    log.exception("slot %d: %s failed", slot, label)
                 outcome, failure = None, f"{type(err).__name__}: {err}"
             with self._cond:
                 keys = {u.key(s) for u in pack for s in u.seeds}
                 for member in pack:
                     self.running.remove(member)
-                    if outcome is None:
+                    if outcome is None and not self._stopping:
                         self.failed.append((member, failure))
                 if outcome is None:
                     self._failed |= keys
@@ -362,23 +383,51 @@ class GridBlock:
         for unit, step in self.lost_pauses():
             log.warning("%s: progress.jsonl records it paused at step %d, but %s holds no state for it: it starts "
                         "again from step 0", unit.label(), step, self.state)  # fmt: skip
-        if self.slots == 1:  # on the main thread: in-process units capture CUDA graphs and compile where scripts do
-            self._slot(0)
-        else:
-            threads = [threading.Thread(target=self._slot, args=(i,)) for i in range(self.slots)]
+        threads = [threading.Thread(target=self._slot, args=(i,)) for i in range(self.slots if self.slots > 1 else 0)]
+        try:
+            if not threads:  # on the main thread: in-process units capture CUDA graphs and compile where scripts do
+                self._slot(0)
             for thread in threads:
                 thread.start()
             for thread in threads:
                 thread.join()
+        except KeyboardInterrupt:  # Ctrl-C: start nothing more, end the units' processes, keep what they wrote
+            with self._cond:
+                self._stopping = True
+                children = list(self._children)
+                self._cond.notify_all()
+            for child in children:
+                _interrupt(child)
+            for thread in threads:
+                if thread.ident is not None:  # started before the Ctrl-C
+                    thread.join()
+            self._record_paused()
+            raise
         counts: dict[str, int] = {}
         for _, state in self.states():
             counts[state] = counts.get(state, 0) + 1
         log.info("block done: %d rows written; units by state: %s", self.finished_rows, counts)
+        self._record_paused()
+
+    def _record_paused(self) -> None:
+        """Log the states left in the state folder and record their evaluations in progress.jsonl."""
         if self.state is not None:
             size = sum(path.stat().st_size for path in self.state.glob("*") if path.is_file()) / 2**20
             log.info("saved states: %d unit(s), %.1f MiB in %s", len(self.saved()), size, self.state)
             recorded = self.results.record_progress(paused_rows(self.state, self.execution.commit))
             log.info("progress.jsonl: %d row(s) of paused seeds recorded", recorded)
+
+
+def _interrupt(process: subprocess.Popen, wait_s: float = 30.0) -> None:
+    """Ctrl-C of a unit's process (it had it already when the terminal sent it to the whole group) and wait for it to
+    end; killed if it has not ended after `wait_s`."""
+    if process.poll() is None:
+        process.send_signal(signal.SIGINT)
+    try:
+        process.wait(timeout=wait_s)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
 
 
 def _summary(outcome: UnitOutcome) -> str:
@@ -444,8 +493,11 @@ def _resolve_device(plan: RunPlan) -> str:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    examples = __doc__.split("\n\n")[1]  # the module doc's commands
+    more = '`klalm-synthetic VERB --help` lists its options; docs/synthetic.md ("Running the grid in blocks") says more'
     p = argparse.ArgumentParser(prog="klalm-synthetic", description=__doc__.split("\n\n")[0], allow_abbrev=False,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog=f"{examples}\n\n{more}")  # fmt: skip
     verbs = p.add_subparsers(dest="verb", required=True)
     for verb, text in (("run", "run one block of the plan"), ("plan", "list the plan's units: state, estimate")):
         cmd = verbs.add_parser(verb, help=text)
@@ -513,40 +565,134 @@ def _add_run_filters(verb: argparse.ArgumentParser, plotted: str) -> None:
 
 
 def _block(args: argparse.Namespace, plan: RunPlan) -> GridBlock:
+    """The block of `run` or `plan`; raises KeyError, ValueError or OSError on input it cannot use. The results folder
+    is not created here (`run` creates it once the block is set up; `plan` writes nothing)."""
     device = _resolve_device(plan)
-    gpus = args.gpus if args.gpus is not None else (torch.cuda.device_count() if device == "cuda" else 0)
+    visible = torch.cuda.device_count() if device == "cuda" else 0
+    if args.gpus is not None and args.gpus < 0:
+        raise ValueError(f"--gpus must be >= 0, got {args.gpus}")
+    if device == "cuda" and args.gpus is not None and not 1 <= args.gpus <= visible:
+        raise ValueError(f"--gpus {args.gpus}: give 1 to {visible} (the GPUs torch sees here)")
+    gpus = args.gpus if args.gpus is not None else visible
     budget = args.time_budget_s if args.time_budget_s is not None else plan.time_budget_s
-    results = Results(args.results, plan.families)
+    if budget is not None and not 0 <= budget < math.inf:
+        raise ValueError(f"--time-budget-s {budget} must be >= 0 (0: no deadline)")
+    if args.verb == "plan":  # it lists units and estimates: no deadline, so no state folder needed for one
+        budget = None
+    results = Results(args.results, plan.families, create=False)
     return GridBlock(plan, results, args.state, device, gpus, getattr(args, "in_process", False), budget or None,
                      git_commit(), getattr(args, "gpu_name", None), getattr(args, "finish_only", False),
                      getattr(args, "checkpoint_every_s", None))  # fmt: skip
 
 
+PREFIX = "klalm-synthetic"
+
+
+def _refuse(message: str) -> NoReturn:
+    """End the command with `klalm-synthetic: <message>` on one line of stderr (exit code 1), before it writes."""
+    sys.exit(f"{PREFIX}: {message}")
+
+
+def _message(err: BaseException) -> str:
+    """An error's message on one line: its first (a KeyError's without the quotes its str() adds)."""
+    text = str(err.args[0] if isinstance(err, KeyError) and err.args else err)
+    return next((line.strip() for line in text.splitlines() if line.strip()), type(err).__name__)
+
+
+def _folder(path: Path, what: str, exists: bool) -> None:
+    """Refuse a folder argument (`what`: "--results folder") that is a file or lies under one, or (`exists`) that
+    does not exist."""
+    if path.exists() and not path.is_dir():
+        _refuse(f"{what} {path} is a file, not a folder")
+    above = next((parent for parent in path.parents if parent.exists()), None)
+    if above is not None and not above.is_dir():
+        _refuse(f"{what} {path}: {above} is a file, not a folder")
+    if exists and not path.is_dir():
+        _refuse(f"{what} {path} does not exist")
+
+
+def _plot(path: Path | None) -> None:
+    """Refuse a --plot file whose folder does not exist, before the table is computed."""
+    if path is not None and (path.is_dir() or not path.parent.is_dir()):
+        _refuse(f"--plot {path}: " + ("is a folder" if path.is_dir() else f"folder {path.parent} does not exist"))
+
+
+def _results(folder: Path, families: list[str]) -> Results:
+    """An existing results folder's rows; a file in it that is not JSON lines is refused, naming file and line."""
+    _folder(folder, "--results folder", exists=True)
+    try:
+        return Results(folder, families, create=False)
+    except (ValueError, OSError) as err:
+        _refuse(_message(err))
+
+
+def _check_report(args: argparse.Namespace, plan: RunPlan) -> None:
+    """`report`: a results folder with rows of the plan's families (else every table would read 'not run', over
+    what the document held) and a document with their markers, or an --out folder: before anything is written."""
+    from klalm.markdown import fill_sections
+
+    results = _results(args.results, plan.families)
+    rows = [row for family in plan.families for row in results.rows[family]]
+    if not rows and not any(row.get("family") in plan.families for row in results.progress):
+        files = ", ".join(f"{family}.jsonl" for family in plan.families)
+        _refuse(f"results folder {args.results} holds no row of {', '.join(plan.families)} ({files}, progress.jsonl): "
+                "nothing to report, and the tables would all read 'not run'")  # fmt: skip
+    if args.doc is None:
+        _folder(args.out, "--out folder", exists=False)
+        return
+    if not args.doc.is_file():
+        _refuse(f"--doc {args.doc} " + ("is a folder, not a file" if args.doc.is_dir() else "does not exist"))
+    try:
+        fill_sections(args.doc.read_text(encoding="utf-8"), dict.fromkeys(plan.families, ""), "synthetic")
+    except ValueError as err:  # a marker is missing
+        _refuse(f"--doc {args.doc}: {err}")
+    _folder(args.doc.parent / "img", "--doc's plot folder", exists=False)
+
+
+def _merge(args: argparse.Namespace) -> None:
+    _folder(args.source, "--from folder", exists=True)
+    if not any(args.source.glob("*.jsonl")):
+        _refuse(f"--from {args.source} holds no results file (*.jsonl): nothing to merge (a call's rows come back in "
+                "its synthetic/ folder)")  # fmt: skip
+    _folder(args.results, "--results folder", exists=True)
+    if args.state is not None:
+        _folder(args.state, "--state folder", exists=False)
+    commit = args.commit or git_commit()
+    try:
+        added: dict[str, Any] = merge(args.source, args.results, commit)
+    except ValueError as err:  # a file of either folder that is not JSON lines: nothing was appended
+        _refuse(_message(err))
+    if args.state is not None:
+        parts = state_parts(args.source.resolve().parent)
+        try:
+            added["state"] = restore_states(parts, args.state) if parts else f"none came back: kept {args.state}"
+        except ValueError as err:
+            _refuse(f"{err} (kept {args.state})")
+        if parts:  # a call killed before its block's end recorded no progress: its checkpoints' evaluations
+            rows = paused_rows(args.state, commit)
+            added["progress.jsonl from the state"] = Results(args.results, []).record_progress(rows)
+    print(json.dumps(added))
+
+
 def main(argv: list[str] | None = None) -> None:
-    """Entry point of `klalm-synthetic` and scripts/run_synthetic.py."""
+    """Entry point of `klalm-synthetic` and scripts/run_synthetic.py.
+
+    Input it cannot use (flags, plan, folders, files) ends it with one line on stderr before anything is written;
+    Ctrl-C ends a block with one line too (exit code 130), keeping every row written and recording its checkpoints'
+    progress.
+    """
     from klalm.tasks.report import write_doc, write_folder  # lazy: matplotlib
 
     logging.basicConfig(level=logging.INFO, format="[synthetic %(asctime)s] %(message)s", datefmt="%H:%M:%S")
     args = parse_args(argv)
     if args.verb == "merge":
-        if not args.source.is_dir():
-            sys.exit(f"klalm-synthetic: --from folder {args.source} does not exist")
-        commit = args.commit or git_commit()
-        added: dict[str, Any] = merge(args.source, args.results, commit)
-        if args.state is not None:
-            parts = state_parts(args.source.resolve().parent)
-            try:
-                added["state"] = restore_states(parts, args.state) if parts else f"none came back: kept {args.state}"
-            except ValueError as err:
-                sys.exit(f"klalm-synthetic: {err} (kept {args.state})")
-            if parts:  # a call killed before its block's end recorded no progress: its checkpoints' evaluations
-                rows = paused_rows(args.state, commit)
-                added["progress.jsonl from the state"] = Results(args.results, []).record_progress(rows)
-        print(json.dumps(added))
+        _merge(args)
         return
     if args.verb == "pack":
-        if not args.state.is_dir():
-            sys.exit(f"klalm-synthetic: state folder {args.state} does not exist")
+        _folder(args.state, "state folder", exists=True)
+        _folder(args.out, "--out folder", exists=False)
+        if args.every_s is not None and not 0 < args.every_s < math.inf:
+            _refuse(f"--every-s must be > 0, got {args.every_s}")
         if args.every_s is not None:
             watch_states(args.state, args.out, args.every_s)  # returns only when killed
         else:
@@ -562,21 +708,25 @@ def main(argv: list[str] | None = None) -> None:
             training_curves,
         )
 
+        _plot(args.plot)
         colours = None  # a paused unit's rows: numbered in their own order
         if args.verb == "evaluate":
-            rows = evaluate_saved(args.state, torch.device(args.device)) if args.state.is_dir() else []
+            _folder(args.state, "--state folder", exists=False)
+            try:
+                device = torch.device(args.device)
+            except RuntimeError as err:  # "gpu"
+                _refuse(f"--device {args.device!r}: {_message(err).split(' device type')[0]}")
+            if device.type == "cuda" and not torch.cuda.is_available():
+                _refuse(f"--device {args.device!r}: torch sees no CUDA device here")
+            rows = evaluate_saved(args.state, device) if args.state.is_dir() else []
             if not rows:
-                sys.exit(f"klalm-synthetic: no paused unit in {args.state}")
+                _refuse(f"no paused unit in {args.state}")
         else:
-            if not args.results.is_dir():
-                sys.exit(f"klalm-synthetic: results folder {args.results} does not exist")
-            family, results = args.family, Results(args.results, [args.family])
+            family, results = args.family, _results(args.results, [args.family])
             rows = run_positions(results.rows[family], results.progress, family, args.archs, args.lengths,
                                  args.depths)  # fmt: skip
             if not rows:
-                sys.exit(
-                    f"klalm-synthetic: no {family.upper()} row with accuracy by position in {args.results} matches"
-                )
+                _refuse(f"no {family.upper()} row with accuracy by position in {args.results} matches")
             # each run in the colour `curves` gives it, paused runs counted
             colours = run_colours(training_curves(results.rows[family], results.progress, family, args.archs,
                                                   args.lengths, args.depths))  # fmt: skip
@@ -587,35 +737,52 @@ def main(argv: list[str] | None = None) -> None:
     if args.verb == "curves":
         from klalm.tasks.report import curve_steps, curves_markdown, plot_curves, training_curves
 
-        if not args.results.is_dir():
-            sys.exit(f"klalm-synthetic: results folder {args.results} does not exist")
-        results = Results(args.results, [args.family])
+        _plot(args.plot)
+        if any(step < 0 for step in args.steps):
+            _refuse(f"--steps: steps must be >= 0, got {args.steps}")
+        results = _results(args.results, [args.family])
         rows = training_curves(results.rows[args.family], results.progress, args.family, args.archs, args.lengths,
                                args.depths)  # fmt: skip
         if not rows:
-            sys.exit(f"klalm-synthetic: no {args.family.upper()} run with evaluations in {args.results} matches")
+            _refuse(f"no {args.family.upper()} run with evaluations in {args.results} matches")
         print(curves_markdown(rows, args.steps or curve_steps(rows)))
         if args.plot is not None:
             plot_curves(rows, args.plot)
         return
     if args.verb == "progress":
-        if not args.state.is_dir():
-            sys.exit(f"klalm-synthetic: state folder {args.state} does not exist")
+        _folder(args.state, "state folder", exists=True)
+        _folder(args.results, "--results folder", exists=False)  # created when missing: a folder to merge later
+        try:
+            results = Results(args.results, [])
+        except (ValueError, OSError) as err:  # a progress.jsonl that is not JSON lines, a folder it cannot create
+            _refuse(_message(err))
         rows = paused_rows(args.state, args.commit or git_commit())
-        print(json.dumps({"progress.jsonl": Results(args.results, []).record_progress(rows)}))
+        print(json.dumps({"progress.jsonl": results.record_progress(rows)}))
         return
+    if getattr(args, "state", None) is not None:
+        _folder(args.state, "--state folder", exists=False)
+    if args.verb in ("run", "plan"):
+        _folder(args.results, "--results folder", exists=False)
     try:
         plan = apply_args(load_plan(args.plan), args)
         if args.verb == "report":
+            _check_report(args, plan)
             print(write_doc(plan, args.results, args.doc) if args.doc else write_folder(plan, args.results, args.out))
             return
         block = _block(args, plan)
-    except (KeyError, ValueError, FileNotFoundError) as err:  # a bad plan, knob, results folder or device
-        sys.exit(f"klalm-synthetic: {err.args[0] if isinstance(err, KeyError) else err}")
-    if args.verb == "plan":
-        print(plan_table(block))
-        return
-    block.run()
+        if args.verb == "plan":
+            print(plan_table(block))
+            return
+        args.results.mkdir(parents=True, exist_ok=True)
+    except (KeyError, ValueError, OSError) as err:  # a bad plan, knob, results folder or file, device
+        _refuse(_message(err))
+    try:
+        block.run()
+    except KeyboardInterrupt:
+        print(f"{PREFIX}: interrupted: {block.finished_rows} row(s) written in this block are kept in {args.results}; "
+              "the units that were running start again in the next block, from their last checkpoint in --state "
+              "(--checkpoint-every-s) or else from step 0", file=sys.stderr)  # fmt: skip
+        sys.exit(130)
     if block.failed:
         lines = "\n".join(f"  {unit.label()}: {error}" for unit, error in block.failed)
         sys.exit(f"[synthetic] {len(block.failed)} unit(s) failed:\n{lines}")

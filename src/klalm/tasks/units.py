@@ -624,8 +624,12 @@ def main(argv: list[str] | None = None) -> None:
     values = json.loads(args.unit.read_text())
     units = [Unit.from_dict(v) for v in (values if isinstance(values, list) else [values])]
     execution = Execution(**json.loads(args.execution))
-    outcome = run_units(units, torch.device(args.device), execution, args.deadline, args.state,
-                        args.checkpoint_every_s)  # fmt: skip
+    try:
+        outcome = run_units(units, torch.device(args.device), execution, args.deadline, args.state,
+                            args.checkpoint_every_s)  # fmt: skip
+    except KeyboardInterrupt:  # Ctrl-C: the runner says what is kept; no traceback of where training was
+        log.info("interrupted: %s", " + ".join(unit.label() for unit in units))
+        raise SystemExit(130) from None
     if args.spawned_at is not None:  # the process's start and imports, before run_units' own phases
         outcome.rate["phases_s"] = {"start": round(max(0.0, entered - args.spawned_at), 2), **outcome.rate["phases_s"]}
     args.out.write_text(json.dumps(dataclasses.asdict(outcome)))

@@ -1,0 +1,221 @@
+"""`klalm-synthetic` on input a newcomer gets wrong: one line on stderr naming the flag, key, file or value, and
+nothing written (no folder made, no results file appended to, no document or plot rewritten); Ctrl-C ends a block
+with one line, starting nothing more."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from klalm.tasks.plans import A5Plan, A5Stage, Estimate, RunPlan
+from klalm.tasks.results import Results
+from klalm.tasks.runner import GridBlock, main
+from klalm.tasks.train import TrainSettings
+
+COMMITTED = Path(__file__).resolve().parents[2] / "results" / "synthetic"
+CPU_A5 = ["--plan", "cpu", "--families", "a5", "--archs", "gpt", "--a5-lengths", "3", "--a5-depths", "1"]
+
+
+def _refused(argv: list[str], message: str) -> str:
+    """Runs main(argv), which must end with one line `klalm-synthetic: ...` matching `message`; returns it."""
+    with pytest.raises((SystemExit, KeyError, ValueError, TypeError, OSError)) as info:  # a traceback fails below
+        main(argv)
+    assert info.type is SystemExit, f"{info.type.__name__}: {info.value}"
+    text = str(info.value.code)
+    assert text.startswith("klalm-synthetic: ") and "\n" not in text, text
+    assert any(part in text for part in message.split("|")), text
+    return text
+
+
+def _files(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize(
+    ("knob", "message"),
+    [
+        (["--steps", "0"], "a5.train.steps=0 must be >= 1 (--steps"),
+        (["--lrs", "inf"], "learning rates must be finite, got [inf]"),
+        (["--lrs", "nan"], "learning rates must be finite, got [nan]"),
+        (["--mad-weight-decays", "nan"], "mad.weight_decays must be finite"),
+        (["--max-state-mib", "-3"], "max_state_mib=-3.0 must be > 0"),
+        (["--gpus", "-1"], "--gpus must be >= 0, got -1"),
+        (["--time-budget-s", "-10"], "--time-budget-s -10.0 must be >= 0"),
+        (["--time-budget-s", "nan"], "--time-budget-s nan must be >= 0"),
+        (["--archs", ""], "--archs names nothing"),
+        (["--seeds", ""], "--seeds names nothing"),
+        (["--families", ","], "--families names nothing"),
+        (["--mqar-cells", ","], "--mqar-cells names nothing"),
+    ],
+)
+def test_nonsense_knobs_are_one_line_and_make_no_folder(tmp_path, knob, message):
+    for verb in ("plan", "run"):
+        _refused([verb, *CPU_A5, "--results", str(tmp_path / "new"), "--state", str(tmp_path / "s"), *knob], message)
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("members: two\n", "members='two' must be int"),
+        ("archs: kla\n", "archs='kla' must be list[str]"),
+        ("a5: 3\n", "a5 must be a mapping of A5Plan's keys"),
+        ("a5:\n  stages: 5\n", "a5.stages must be a list of stages"),
+        ("a5:\n  stages: [{lengths: 3, depths: [1], seeds: [0]}]\n", "a5.stages[0].lengths=3 must be list[int]"),
+        ("mqar:\n  train: {steps: ten}\n", "mqar.train.steps='ten' must be int"),
+        ("estimate: {tokens_per_s: {kla: fast}}\n", "must be dict[str, float]"),
+        ("- a\n- b\n", "must be a mapping of RunPlan's keys"),
+        ("archs: [kla\n", "plan.yaml:2: expected ',' or ']'"),
+        ("x: ${oops}\n", "Interpolation key 'oops' not found"),
+        ("time_budget_s: -5\n", "time_budget_s=-5 must be >= 0"),
+    ],
+)
+def test_a_plan_file_with_a_wrong_type_or_bad_yaml_is_one_line_naming_the_key(tmp_path, text, message):
+    (tmp_path / "plan.yaml").write_text(text)
+    _refused(["plan", "--plan", str(tmp_path / "plan.yaml"), "--results", str(tmp_path / "r")], message)
+    assert not (tmp_path / "r").exists()
+
+
+def test_an_arch_with_neither_rates_nor_a_prior_is_refused_before_the_block_starts(tmp_path):
+    plan = tmp_path / "plan.yaml"  # no estimate.tokens_per_s: the first unit's estimate had failed mid-block
+    plan.write_text(
+        "archs: [gpt]\nfamilies: [a5]\ndevice: cpu\na5:\n  stages: [{lengths: [3], depths: [1], seeds: [0]}]\n"
+    )
+    for verb in ("plan", "run"):
+        _refused([verb, "--plan", str(plan), "--results", str(tmp_path / "r")], "no prior for arch 'gpt'")
+    assert not (tmp_path / "r").exists()
+
+
+def test_plan_lists_without_a_state_folder_and_writes_nothing(tmp_path, capsys):
+    """The cpu plan has a time budget, which a block needs --state for; `plan` runs no block and makes no folder."""
+    main(["plan", *CPU_A5, "--results", str(tmp_path / "new" / "results")])
+    assert "| a5 length=3 gpt depth=1 d=32" in capsys.readouterr().out
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_folders_that_are_files_are_one_line(tmp_path):
+    afile = tmp_path / "afile"
+    afile.write_text("not a folder\n")
+    (tmp_path / "rows").mkdir()
+    (tmp_path / "rows" / "a5.jsonl").write_bytes((COMMITTED / "a5.jsonl").read_bytes())
+    state = ["--state", str(tmp_path / "s")]
+    cases = [
+        (["plan", *CPU_A5, "--results", str(afile)], "--results folder"),
+        (["run", *CPU_A5, "--results", str(afile / "sub"), *state], f"{afile} is a file, not a folder"),
+        (["run", *CPU_A5, "--results", str(tmp_path / "r"), "--state", str(afile)], "--state folder"),
+        (["report", "--plan", "cpu", "--results", str(tmp_path / "rows"), "--out", str(afile)], "--out folder"),
+        (["merge", "--from", str(tmp_path / "rows"), "--results", str(afile)], "--results folder"),
+        (["progress", "--state", str(tmp_path), "--results", str(afile)], "--results folder"),
+        (["positions", "--results", str(afile)], "--results folder"),
+        (["pack", "--state", str(afile), "--out", str(tmp_path / "p")], "state folder"),
+    ]
+    for argv, message in cases:
+        assert "is a file, not a folder" in _refused(argv, message)
+    assert afile.read_text() == "not a folder\n" and sorted(p.name for p in tmp_path.iterdir()) == ["afile", "rows"]
+
+
+def test_report_on_an_empty_results_folder_keeps_the_document(tmp_path):
+    doc = tmp_path / "doc.md"
+    doc.write_text("# results\n<!-- synthetic:a5 -->\nthe tables so far\n<!-- /synthetic:a5 -->\n")
+    (tmp_path / "empty").mkdir()
+    for where in (["--doc", str(doc)], ["--out", str(tmp_path / "out")]):
+        argv = ["report", "--plan", "cpu", "--families", "a5", "--results", str(tmp_path / "empty"), *where]
+        _refused(argv, "holds no row of a5")
+    assert "the tables so far" in doc.read_text() and sorted(p.name for p in tmp_path.iterdir()) == ["doc.md", "empty"]
+
+
+def test_report_checks_the_document_before_it_writes_a_plot(tmp_path):
+    (tmp_path / "rows").mkdir()
+    (tmp_path / "rows" / "a5.jsonl").write_bytes((COMMITTED / "a5.jsonl").read_bytes())
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "plain.md").write_text("# no markers\n")
+    report = ["report", "--plan", "full", "--families", "a5", "--results", str(tmp_path / "rows")]
+    _refused([*report, "--doc", str(tmp_path / "docs" / "plain.md")], "--doc|lacks the markers <!-- synthetic:a5 -->")
+    _refused([*report, "--doc", str(tmp_path / "docs" / "missing.md")], "missing.md does not exist")
+    assert not (tmp_path / "docs" / "img").exists()  # the plots were written before the markers were looked for
+
+
+def test_merge_refuses_folders_it_cannot_use_and_appends_nothing_from_a_broken_file(tmp_path):
+    row = (COMMITTED / "a5.jsonl").read_text().splitlines()[0]
+    source, dest = tmp_path / "back", tmp_path / "dest"
+    source.mkdir()
+    dest.mkdir()
+    (source / "a5.jsonl").write_text(row + "\n")
+    (source / "mqar.jsonl").write_text('{"family": "mqar", "task": {"na\n')  # a half-written line
+    _refused(["merge", "--from", str(source), "--results", str(dest)], "mqar.jsonl:1: not a JSON row")
+    assert _files(dest) == {}  # a5.jsonl was appended before the broken mqar.jsonl was read
+    (source / "mqar.jsonl").unlink()
+    _refused(["merge", "--from", str(source), "--results", str(tmp_path / "nowhere")], "--results folder")
+    (tmp_path / "no_rows").mkdir()
+    _refused(["merge", "--from", str(tmp_path / "no_rows"), "--results", str(dest)], "holds no results file")
+    assert _files(dest) == {} and not (tmp_path / "nowhere").exists()
+
+
+def test_positions_and_curves_refuse_a_broken_results_file_and_a_plot_nowhere(tmp_path, capsys):
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / "a5.jsonl").write_text('{"family": "a5"}\n{"family": "a5", "ta\n')
+    (tmp_path / "rows").mkdir()
+    (tmp_path / "rows" / "a5.jsonl").write_bytes((COMMITTED / "a5.jsonl").read_bytes())
+    for verb in ("positions", "curves"):
+        _refused([verb, "--results", str(tmp_path / "broken")], "a5.jsonl:2: not a JSON row")
+        _refused([verb, "--results", str(tmp_path / "rows"), "--plot", str(tmp_path / "no" / "x.png")], "--plot")
+    assert capsys.readouterr().out == ""  # refused before the table, not after it
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["broken", "rows"]
+
+
+def test_ctrl_c_ends_a_run_with_one_line_and_exit_code_130(tmp_path, monkeypatch, capsys):
+    def interrupted(self):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(GridBlock, "run", interrupted)
+    with pytest.raises((SystemExit, KeyboardInterrupt)) as info:
+        main(["run", *CPU_A5, "--results", str(tmp_path / "r"), "--time-budget-s", "0"])
+    assert info.type is SystemExit and info.value.code == 130
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("klalm-synthetic: interrupted: 0 row(s) written in this block are kept in")
+
+
+def test_ctrl_c_stops_a_block_of_several_slots_from_starting_more_units(tmp_path, monkeypatch):
+    """Ctrl-C reaches the main thread, waiting for the slots; before, the slots went on starting every unit left."""
+    train = TrainSettings(steps=20, batch_size=4, aux_batch_size=2, eval_batch_size=16)
+    plan = RunPlan(archs=["gpt", "kla"], families=["a5"], device="cpu", procs_per_gpu=2,
+                   estimate=Estimate(tokens_per_s={"gpt": 1e4, "kla": 1e4}, overhead_s=1.0),
+                   a5=A5Plan(d_model=16, num_test=8, eval_every=10, train=train,
+                             stages=[A5Stage(lengths=[3, 4, 5], depths=[1], seeds=[0])]))  # fmt: skip
+    block = GridBlock(plan, Results(tmp_path, ["a5"]), tmp_path / "state", "cpu", 0, False, None, "abc")
+    assert block.slots == 2 and len(block.units) == 6
+    started: list[str] = []
+    both = threading.Barrier(2, timeout=10)
+
+    def execute(pack, slot):  # a unit's process that the terminal's Ctrl-C ends as well
+        started.append(pack[0].label())
+        if len(started) <= 2 and both.wait() == 0:  # once both slots run a unit
+            os.kill(os.getpid(), signal.SIGINT)  # to the main thread
+        until = time.time() + 2
+        while not getattr(block, "_stopping", False) and time.time() < until:
+            time.sleep(0.01)
+        raise RuntimeError("the unit's process exited with code -2")
+
+    monkeypatch.setattr(block, "_execute", execute)
+    with pytest.raises(KeyboardInterrupt):
+        block.run()
+    for thread in threading.enumerate():  # slots still running (before the fix) start the other units meanwhile
+        if thread is not threading.main_thread() and thread.name.startswith("Thread"):
+            thread.join(timeout=30)
+    assert len(started) == 2 and block.failed == []  # interrupted, not failed: the next block runs them
+
+
+def test_evaluate_refuses_a_device_it_cannot_use_and_curves_a_negative_step(tmp_path, monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    _refused(["evaluate", "--state", str(tmp_path / "state"), "--device", "gpu"], "--device 'gpu': Expected one of")
+    _refused(["evaluate", "--state", str(tmp_path / "state"), "--device", "cuda"], "--device 'cuda': torch sees no")
+    (tmp_path / "rows").mkdir()
+    (tmp_path / "rows" / "a5.jsonl").write_bytes((COMMITTED / "a5.jsonl").read_bytes())
+    _refused(["curves", "--results", str(tmp_path / "rows"), "--steps", "0,-1"], "--steps: steps must be >= 0")
