@@ -11,9 +11,9 @@ import pytest
 from hydra import compose, initialize_config_module
 from omegaconf import OmegaConf
 
-from klalm.cli import one_line
 from klalm.cli.helptext import key_comments
 from klalm.config_checks import TRAIN_RULES, ConfigError, check_eval_config, check_train_config
+from klalm.errors import one_line
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import re
 import sys
 import time
 from collections.abc import Callable
@@ -21,18 +20,10 @@ from omegaconf import DictConfig
 
 import klalm.cli.helptext  # noqa: F401  (registers the ${klalm_help:...} resolver of the help templates)
 from klalm.config_checks import ConfigError, check_eval_config, check_overrides, check_train_config
+from klalm.errors import one_line
 
 CONFIG_PATH = "pkg://klalm.configs"
 PRINT_TASKS_PATH = "--print-tasks-path"  # klalm-eval's one flag outside Hydra
-
-
-def one_line(err: BaseException) -> str:
-    """An error's message on one line: its first line, or for an error a DataLoader worker raised (re-raised in the
-    main process as "Caught X in DataLoader worker process N." and the worker's traceback) the traceback's last line."""
-    lines = [line for line in str(err).splitlines() if line.strip()] or [type(err).__name__]
-    if lines[0].startswith("Caught ") and len(lines) > 1:  # "klalm.data.records.BadRecordError: bad record at ..."
-        return re.sub(r"^[\w.]*(Error|Exception): ", "", lines[-1].strip())
-    return lines[0]
 
 
 def _checked(app: str, check: Callable[[DictConfig], None], cfg: DictConfig) -> None:

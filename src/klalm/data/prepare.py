@@ -33,6 +33,7 @@ from klalm.data.records import BadRecordPolicy
 from klalm.data.shards import DTYPES, FORMAT, INDEX_FILE
 from klalm.data.sources import build_source
 from klalm.data.tokenizer import encode_texts, load_tokenizer
+from klalm.errors import one_line
 
 
 def choose_dtype(vocab_size: int) -> str:
@@ -312,10 +313,6 @@ def _unknown_key(name: str, overrides: list[str]) -> str | None:
     return None
 
 
-def _message(err: BaseException) -> str:
-    return err.args[0] if isinstance(err, KeyError) and err.args else str(err)
-
-
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     """Entry point of `klalm-prepare-data`; returns split -> shard index (with seconds and tokens/s).
 
@@ -341,12 +338,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         # the data module's own checks: a missing data folder, data file or tokenizer, a bad value
         if not isinstance(err.__cause__, (OSError, KeyError, ValueError)):
             raise
-        _fail(f"--data {args.data}: {_message(err.__cause__)}")
+        _fail(f"--data {args.data}: {one_line(err.__cause__)}")
     data_config = datamodule.sources()
     try:
         plan = plan_dataset(data_config, tuple(args.splits), args.max_documents)
     except (KeyError, ValueError, FileNotFoundError) as err:
-        _fail(f"--data {args.data}: {_message(err)}")
+        _fail(f"--data {args.data}: {one_line(err)}")
     results = write_dataset(plan, data_config, args.out, args.shard_tokens, not args.no_progress)
     print("| split | documents | tokens | shards | dtype | skipped | seconds | tokens/s |")
     print("| --- | ---: | ---: | ---: | --- | --- | ---: | ---: |")

@@ -30,6 +30,7 @@ from typing import Any
 import torch
 from transformers import AutoTokenizer
 
+from klalm.errors import one_line
 from klalm.models import build_model
 from klalm.models.export import load_export_model
 from klalm.param_names import clean_name
@@ -76,7 +77,7 @@ def load_checkpoint_file(path: str | os.PathLike, *, mmap: bool = False) -> dict
         ) from None
     except (RuntimeError, EOFError, OSError, KeyError, ValueError, IndexError, TypeError) as err:
         # what the unpickler raises on bytes that are not an intact checkpoint (a few bytes: KeyError)
-        reason = f"{type(err).__name__}: {str(err).splitlines()[0]}" if str(err) else type(err).__name__
+        reason = f"{type(err).__name__}: {one_line(err)}" if str(err).strip() else type(err).__name__
         raise CheckpointError(f"{path} cannot be read as a checkpoint (truncated or corrupted?): {reason}") from None
     if not isinstance(checkpoint, dict) or not {"klalm", "state_dict"} <= checkpoint.keys():
         raise CheckpointError(f"{path} is not a klalm-train checkpoint: it lacks the 'klalm' or 'state_dict' entry")
@@ -237,8 +238,7 @@ def _load_lightning_checkpoint(path: Path) -> tuple[Any, Any]:
         model = build_model(**{**kwargs, "vocab_size": vocab_size})
         model.load_state_dict(model_state_from_checkpoint(checkpoint))
     except (KeyError, TypeError, ValueError, RuntimeError) as err:  # a config or weights that do not rebuild
-        reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise CheckpointError(f"{path}: its model does not rebuild from its config: {reason}") from None
+        raise CheckpointError(f"{path}: its model does not rebuild from its config: {one_line(err)}") from None
     tokenizer_dir = path.parent.parent / TOKENIZER_DIR
     return model.eval(), _load_tokenizer(tokenizer_dir)
 

@@ -32,6 +32,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from klalm.errors import one_line
+
 log = logging.getLogger(__name__)
 
 MANIFEST = "SHA256SUMS"
@@ -222,9 +224,7 @@ def load_export_model(folder: str | Path, **kwargs: Any) -> Any:
     except (OSError, ValueError, KeyError) as err:
         if isinstance(err, FileNotFoundError):
             raise
-        lines = [line.strip() for line in str(err).splitlines() if line.strip()]
-        reason = lines[0] if lines else type(err).__name__
-        raise ExportIntegrityError(f"{folder} cannot be loaded as a Hugging Face export: {reason}") from err
+        raise ExportIntegrityError(f"{folder} cannot be loaded as a Hugging Face export: {one_line(err)}") from err
     finally:
         quiet.setLevel(level)
     problems = []

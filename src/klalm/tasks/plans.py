@@ -25,6 +25,7 @@ import yaml
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from klalm.errors import one_line
 from klalm.tasks import MAD_TASKS, make_task
 from klalm.tasks.train import TrainSettings
 from klalm.tasks.units import Unit
@@ -213,10 +214,9 @@ def load_plan(name: str) -> RunPlan:
     try:
         values = OmegaConf.to_container(OmegaConf.load(path), resolve=True)
     except (yaml.YAMLError, OmegaConfBaseException) as err:  # YAML syntax, an interpolation that does not resolve
-        first = next((line.strip() for line in str(err).splitlines() if line.strip()), type(err).__name__)
         mark = getattr(err, "problem_mark", None)
         where = f"{path}:{mark.line + 1}" if mark is not None else str(path)
-        raise ValueError(f"plan {where}: {getattr(err, 'problem', None) or first}") from err
+        raise ValueError(f"plan {where}: {getattr(err, 'problem', None) or one_line(err)}") from err
     return _build(RunPlan, values, str(path))
 
 

@@ -49,6 +49,7 @@ from typing import Any, NoReturn
 
 import torch
 
+from klalm.errors import one_line
 from klalm.provenance import git_commit
 from klalm.tasks.plans import RunPlan, add_plan_args, apply_args, int_list, load_plan, name_list, plan_units
 from klalm.tasks.results import Results, estimate_s, merge
@@ -593,12 +594,6 @@ def _refuse(message: str) -> NoReturn:
     sys.exit(f"{PREFIX}: {message}")
 
 
-def _message(err: BaseException) -> str:
-    """An error's message on one line: its first (a KeyError's without the quotes its str() adds)."""
-    text = str(err.args[0] if isinstance(err, KeyError) and err.args else err)
-    return next((line.strip() for line in text.splitlines() if line.strip()), type(err).__name__)
-
-
 def _folder(path: Path, what: str, exists: bool) -> None:
     """Refuse a folder argument (`what`: "--results folder") that is a file or lies under one, or (`exists`) that
     does not exist."""
@@ -623,7 +618,7 @@ def _results(folder: Path, families: list[str]) -> Results:
     try:
         return Results(folder, families, create=False)
     except (ValueError, OSError) as err:
-        _refuse(_message(err))
+        _refuse(one_line(err))
 
 
 def _check_report(args: argparse.Namespace, plan: RunPlan) -> None:
@@ -661,7 +656,7 @@ def _merge(args: argparse.Namespace) -> None:
     try:
         added: dict[str, Any] = merge(args.source, args.results, commit)
     except ValueError as err:  # a file of either folder that is not JSON lines: nothing was appended
-        _refuse(_message(err))
+        _refuse(one_line(err))
     if args.state is not None:
         parts = state_parts(args.source.resolve().parent)
         try:
@@ -715,7 +710,7 @@ def main(argv: list[str] | None = None) -> None:
             try:
                 device = torch.device(args.device)
             except RuntimeError as err:  # "gpu"
-                _refuse(f"--device {args.device!r}: {_message(err).split(' device type')[0]}")
+                _refuse(f"--device {args.device!r}: {one_line(err).split(' device type')[0]}")
             if device.type == "cuda" and not torch.cuda.is_available():
                 _refuse(f"--device {args.device!r}: torch sees no CUDA device here")
             rows = evaluate_saved(args.state, device) if args.state.is_dir() else []
@@ -755,7 +750,7 @@ def main(argv: list[str] | None = None) -> None:
         try:
             results = Results(args.results, [])
         except (ValueError, OSError) as err:  # a progress.jsonl that is not JSON lines, a folder it cannot create
-            _refuse(_message(err))
+            _refuse(one_line(err))
         rows = paused_rows(args.state, args.commit or git_commit())
         print(json.dumps({"progress.jsonl": results.record_progress(rows)}))
         return
@@ -775,7 +770,7 @@ def main(argv: list[str] | None = None) -> None:
             return
         args.results.mkdir(parents=True, exist_ok=True)
     except (KeyError, ValueError, OSError) as err:  # a bad plan, knob, results folder or file, device
-        _refuse(_message(err))
+        _refuse(one_line(err))
     try:
         block.run()
     except KeyboardInterrupt:
