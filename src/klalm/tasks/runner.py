@@ -500,8 +500,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog=f"{examples}\n\n{more}")  # fmt: skip
     verbs = p.add_subparsers(dest="verb", required=True)
+
+    def add_verb(name: str, text: str) -> argparse.ArgumentParser:  # its line in the list: also its --help description
+        return verbs.add_parser(name, help=text, description=text)
+
     for verb, text in (("run", "run one block of the plan"), ("plan", "list the plan's units: state, estimate")):
-        cmd = verbs.add_parser(verb, help=text)
+        cmd = add_verb(verb, text)
         add_plan_args(cmd)
         cmd.add_argument("--results", type=Path, required=True, help="results folder (a5.jsonl, rates.jsonl, ...)")
         cmd.add_argument("--time-budget-s", type=float, help="this block's wall-clock seconds (0: no deadline)")
@@ -517,37 +521,37 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         else:
             cmd.add_argument("--gpu-name", help="estimate from this GPU model's rows of rates.jsonl (e.g. 'NVIDIA "
                              "H200') instead of this machine's device")  # fmt: skip
-    report = verbs.add_parser("report", help="tables and plots from a results folder")
+    report = add_verb("report", "tables and plots from a results folder")
     add_plan_args(report)
     report.add_argument("--results", type=Path, required=True, help="results folder")
     where = report.add_mutually_exclusive_group(required=True)
     where.add_argument("--doc", type=Path, help="Markdown file whose <!-- synthetic:NAME --> sections are rewritten")
     where.add_argument("--out", type=Path, help="folder for results.md and the plots")
-    merged = verbs.add_parser("merge", help="append another results folder's new rows to this one")
+    merged = add_verb("merge", "append another results folder's new rows to this one")
     merged.add_argument("--from", dest="source", type=Path, required=True, help="the folder that came back")
     merged.add_argument("--results", type=Path, required=True, help="the committed results folder")
     merged.add_argument("--commit", default=None, help="commit recorded where rows say 'unknown' (default: HEAD)")
     merged.add_argument("--state", type=Path, default=None, help="state folder to replace by the state.tar.* parts "
                         "beside --from (kept as it is when none came back); the progress of the units paused in "
                         "them is recorded too")  # fmt: skip
-    packed = verbs.add_parser("pack", help="pack a state folder into the state.tar.* pieces `merge --state` reads")
+    packed = add_verb("pack", "pack a state folder into the state.tar.* pieces `merge --state` reads")
     packed.add_argument("--state", type=Path, required=True, help="the state folder")
     packed.add_argument("--out", type=Path, required=True, help="the folder the pieces are written to")
     packed.add_argument("--every-s", type=float, default=None, help="look again this often and pack whenever the "
                         "states changed, until killed (default: pack once)")  # fmt: skip
-    progress = verbs.add_parser("progress", help="record the evaluations of the units paused in a state folder")
+    progress = add_verb("progress", "record the evaluations of the units paused in a state folder")
     progress.add_argument("--state", type=Path, required=True, help="the state folder (e.g. one that came back)")
     progress.add_argument("--results", type=Path, required=True, help="the results folder (progress.jsonl)")
     progress.add_argument("--commit", default=None, help="the commit that ran the paused units (default: HEAD)")
-    assess = verbs.add_parser("evaluate", help="evaluate the units paused in a state folder, by position")
+    assess = add_verb("evaluate", "evaluate the units paused in a state folder, by position")
     assess.add_argument("--state", type=Path, required=True, help="the state folder")
     assess.add_argument("--device", default="cpu", help="torch device to evaluate on (default: cpu)")
     assess.add_argument("--plot", type=Path, default=None, help="also plot accuracy by position to this PNG")
-    shown = verbs.add_parser("positions", help="A5 or MQAR runs' held-out accuracy by position (paused runs: at "
+    shown = add_verb("positions", "A5 or MQAR runs' held-out accuracy by position (paused runs: at "
                              "their last evaluation)")  # fmt: skip
     shown.add_argument("--results", type=Path, required=True, help="the results folder (a5.jsonl, mqar.jsonl)")
     _add_run_filters(shown, "by position")
-    curves = verbs.add_parser("curves", help="held-out accuracy by step of finished and paused runs")
+    curves = add_verb("curves", "held-out accuracy by step of finished and paused runs")
     curves.add_argument("--results", type=Path, required=True, help="the results folder (and its progress.jsonl)")
     _add_run_filters(curves, "against step")
     curves.add_argument("--steps", type=int_list, default=[], help="the table's steps (default: 5 evenly spaced)")
