@@ -205,3 +205,14 @@ def test_a_run_whose_export_folder_holds_other_files_is_refused_before_it_trains
     refusal = f"klalm-train: export folder '{folder / 'hf'}' already holds 'notes.txt'"
     assert proc.stderr.strip().splitlines()[-1].startswith(refusal)
     assert (folder / "hf" / "notes.txt").read_text() == "mine" and not (folder / "checkpoints").exists()
+
+
+def test_a_diverged_run_ends_in_one_line_and_keeps_its_folder(tmp_path):
+    """`max_bad_steps` non-finite steps in a row: one line naming the learning rate (it was Hydra's traceback), and
+    the run's folder stays with the traceback in its train.log."""
+    folder = tmp_path / "run"
+    proc = _in_fresh_python("train", ["experiment=smoke", "optim.lr=1000", f"hydra.run.dir={folder}"], tmp_path)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("klalm-train: 10 consecutive optimiser steps were non-finite") and "optim.lr=1000" in last
+    assert "NonFiniteLossError" in (folder / "train.log").read_text()

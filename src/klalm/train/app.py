@@ -38,7 +38,7 @@ from klalm.models.export import ExportTargetError, check_export_target
 from klalm.train.budget import derive_budget
 from klalm.train.callbacks import StepMetrics, skipped_records
 from klalm.train.checkpoint import STOP_SIGNALS, RollingCheckpoint, export_hf, remove_stale_temporaries
-from klalm.train.module import LMModule
+from klalm.train.module import LMModule, NonFiniteLossError
 from klalm.train.plots import plot_losses
 from klalm.train.resume import check_model, check_settings, resolve_resume, resume_settings
 from klalm.train.rundir import is_global_rank_zero, lock_run_dir, unlock_run_dir
@@ -159,8 +159,9 @@ def build_module(cfg: DictConfig, model: torch.nn.Module, vocab_size: int, world
 
 # What a run raises when its input is wrong rather than its code, which `klalm-train` prints as one line (besides the
 # config checks' ConfigError, which `instantiate_group` also raises for what a config group's target refuses): a
-# checkpoint it will not load, a bad record in a data file, a missing file.
-USER_ERRORS = (CheckpointError, BadRecordError, FileNotFoundError, ExportTargetError)
+# checkpoint it will not load, a bad record in a data file, a missing file, an export folder holding other files, and
+# a divergence (its message names the learning rate to lower).
+USER_ERRORS = (CheckpointError, BadRecordError, FileNotFoundError, ExportTargetError, NonFiniteLossError)
 
 
 def run(cfg: DictConfig) -> dict[str, Any]:
