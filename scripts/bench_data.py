@@ -59,7 +59,7 @@ def main(argv: list[str] | None = None) -> None:
     rows = []
     with tempfile.TemporaryDirectory() as shard_dir:
         index = prepare_shards(source_config, tokenizer_config, shard_dir, on_bad_record="skip", progress=False)
-        rows.append(("prepare shards (1 process)", "-", float("nan"), index["seconds"], index["total_tokens"]))
+        rows.append(("prepare shards (1 process)", "-", None, index["seconds"], index["total_tokens"]))
         for workers in args.workers:
             stream = PackedTextDataset(build_source(source_config), tokenizer, on_bad_record="skip", **common)
             loader = ResumableLoader(stream, batch_size=None, num_workers=workers)
@@ -76,7 +76,8 @@ def main(argv: list[str] | None = None) -> None:
     print("| path | workers | first batch s | total s | tokens | tokens/s |")
     print("| --- | ---: | ---: | ---: | ---: | ---: |")
     for name, workers, startup, seconds, tokens in rows:
-        print(f"| {name} | {workers} | {startup:.2f} | {seconds:.2f} | {tokens:,} | {tokens / seconds:,.0f} |")
+        first = "-" if startup is None else f"{startup:.2f}"  # preparing has no first batch
+        print(f"| {name} | {workers} | {first} | {seconds:.2f} | {tokens:,} | {tokens / seconds:,.0f} |")
 
 
 if __name__ == "__main__":
