@@ -100,6 +100,17 @@ def test_lm_eval_checks_the_local_tasks(tmp_path, shared_data):
     with pytest.raises(FileNotFoundError, match=r"--metadata data_dir: task 'piqa_local' needs .*piqa/valid\.jsonl"):
         check_run_args(_run_args(metadata={"data_dir": str(tmp_path)}))
     check_run_args(_run_args(tasks=["arc_easy"], include=None))  # no local task: nothing to check
+    given = _run_args(include=None)
+    given.config = "run.yaml"  # a --config file may give the include path and metadata: lm-eval checks those
+    check_run_args(given)
+
+
+def test_lm_eval_takes_a_relative_path_with_folders_as_a_path(tmp_path):
+    """outputs/smoke/<typo>/hf (the documented form, mistyped) is no hub id ("org/name" has one "/"): it was handed
+    to lm-eval, which ended in a traceback."""
+    with pytest.raises(FileNotFoundError, match=r"pretrained=outputs/smoke/typo/hf: no such folder"):
+        check_run_args(_run_args("outputs/smoke/typo/hf", tasks=["arc_easy"]))
+    check_run_args(_run_args("EleutherAI/pythia-70m", tasks=["arc_easy"]))  # a hub id: lm-eval's business
 
 
 def test_klalm_lm_eval_refuses_in_one_line(tmp_path):

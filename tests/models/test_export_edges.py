@@ -144,3 +144,61 @@ def test_load_model_refuses_an_export_relabelled_as_another_arch_and_a_garbage_c
     garbage.write_bytes(b"hello")
     with pytest.raises(CheckpointError, match=r"cannot be read as a checkpoint .*KeyError"):
         load_model(garbage)
+
+
+def test_a_ckpt_whose_weights_do_not_fit_its_config_names_the_weight(tmp_path):
+    """A training checkpoint missing a weight, or holding one of another shape: the line names it (it was the header
+    of load_state_dict's error, "Error(s) in loading state_dict for ...:", ending in a colon)."""
+    from klalm.models.checkpoint import MODEL_BUILDER, CheckpointError
+
+    config = {"_target_": MODEL_BUILDER, "arch": "kla", "d_model": 32, "n_layers": 1, "d_ff": 64}
+    weights = build_model("kla", vocab_size=64, d_model=32, n_layers=1, d_ff=64).state_dict()
+    key = next(k for k in weights if k.endswith("in_proj.weight") or k.endswith("proj.weight"))
+    for name, state, message in (
+        ("missing", {k: v for k, v in weights.items() if k != key}, rf"1 missing \(e\.g\. {key}\)"),
+        ("shape", {**weights, key: weights[key][:1]}, rf"1 of another shape \(e\.g\. {key} \(1, "),
+    ):
+        path = tmp_path / name / "checkpoints" / "step-00000001.ckpt"
+        path.parent.mkdir(parents=True)
+        meta = {"model_config": config, "vocab_size": 64}
+        torch.save({"klalm": meta, "state_dict": {f"model.{k}": v for k, v in state.items()}}, path)
+        with pytest.raises(CheckpointError, match=rf"weights do not fit its model config: {message}"):
+            load_model(path)
+    path = tmp_path / "ok" / "checkpoints" / "step-00000001.ckpt"
+    path.parent.mkdir(parents=True)
+    torch.save({"klalm": meta, "state_dict": {f"model.{k}": v for k, v in weights.items()}}, path)
+    assert load_model(path)[0].config.arch == "kla"
+
+
+def test_an_export_without_sha256sums_is_replaced_but_not_a_folder_with_more(tmp_path, tokenizer):
+    """An export made without SHA256SUMS (an older klalm) is an earlier export: replaced whole (it was refused as if
+    its config.json were someone else's); with any other file beside it, refused, saying it has no SHA256SUMS."""
+    target = save_export(_model(), tmp_path / "hf", tokenizer)
+    (target / MANIFEST).unlink()
+    save_export(_model("kla"), target, tokenizer)
+    assert json.loads((target / "config.json").read_text())["arch"] == "kla" and verify_export(target)
+    (target / MANIFEST).unlink()
+    (target / "notes.txt").write_text("mine")
+    with pytest.raises(ExportTargetError, match=r"holds 'config\.json'.*\(the folder has no SHA256SUMS\)"):
+        save_export(_model(), target, tokenizer)
+    assert (target / "notes.txt").read_text() == "mine"
+
+
+@pytest.mark.parametrize("complete", [True, False], ids=["new-export-complete", "new-export-partial"])
+def test_an_export_killed_between_its_renames_is_mended_by_the_next(tmp_path, tokenizer, complete):
+    """Killed after the earlier export was set aside and before the new one took its name: no hf/ at all. The next
+    export puts the new one in place if its SHA256SUMS verifies, else the earlier one back, and clears the rest."""
+    earlier = save_export(_model("gpt"), tmp_path / "hf", tokenizer)
+    new = save_export(_model("kla"), tmp_path / "staging", tokenizer)
+    if not complete:
+        (new / MANIFEST).unlink()  # SHA256SUMS is written last: without it the copy was cut short
+    earlier.rename(tmp_path / ".hf.old-123")
+    new.rename(tmp_path / ".hf.tmp-123")
+    from klalm.models.export import _put_back
+
+    _put_back(tmp_path / "hf")
+    kept = json.loads((tmp_path / "hf" / "config.json").read_text())["arch"]
+    assert kept == ("kla" if complete else "gpt") and _leftovers(tmp_path) == []
+    (tmp_path / "hf").rename(tmp_path / ".hf.old-7")  # and save_export mends first, then replaces
+    save_export(_model("mamba"), tmp_path / "hf", tokenizer)
+    assert json.loads((tmp_path / "hf" / "config.json").read_text())["arch"] == "mamba" and _leftovers(tmp_path) == []

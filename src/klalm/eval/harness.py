@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from klalm.config_checks import ConfigError
+from klalm.errors import one_line
 from klalm.eval.tasks import TASKS, TASKS_DIR, get_local_task, resolve_files
 from klalm.ops.common import compute_dtype
 
@@ -190,11 +191,12 @@ LOCAL_TASK_NAMES = {task.name: task for task in TASKS.values()}  # "piqa_local" 
 
 
 def _local_path(value: Any) -> Path | None:
-    """`pretrained=` as a local path: one that exists or is written as a path; None for a hub id such as "gpt2"."""
+    """`pretrained=` as a local path: one that exists or is written as a path (a hub id has at most one "/": "gpt2",
+    "EleutherAI/pythia-70m"); None for a hub id."""
     if not isinstance(value, str):
         return None
     path = Path(value).expanduser()
-    if path.exists() or value.startswith(("/", "./", "../", "~")) or value in (".", ".."):
+    if path.exists() or value.startswith(("/", "./", "../", "~")) or value in (".", "..") or value.count("/") > 1:
         return path
     return None
 
@@ -275,6 +277,8 @@ def check_run_args(args: Any) -> None:
     model_args = getattr(args, "model_args", None)
     if isinstance(model_args, dict) and getattr(args, "model", None) in (None, "hf", "hf-auto", "huggingface"):
         _check_pretrained(model_args.get("pretrained"))
+    if getattr(args, "config", None):  # a --config file may give the include path and metadata: lm-eval's to check
+        return
     tasks = getattr(args, "tasks", None) or []
     if isinstance(tasks, str):
         tasks = tasks.split(",")
@@ -302,6 +306,6 @@ def cli_main() -> None:
     if getattr(args, "command", None) == "run":
         try:
             check_run_args(args)
-        except (ConfigError, FileNotFoundError, ExportIntegrityError) as err:
-            sys.exit(f"klalm-lm-eval: {err}")
+        except (ConfigError, OSError, ExportIntegrityError) as err:  # OSError: a missing or unreadable path
+            sys.exit(f"klalm-lm-eval: {one_line(err)}")
     parser.execute(args)

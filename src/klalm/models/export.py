@@ -11,9 +11,11 @@ An export is `save_pretrained` output (safetensors) plus:
   `verify_export` recomputes it; `klalm-eval` and `klalm.models.checkpoint.load_model` refuse an export whose files
   changed since.
 
-The folder is written beside its target and renamed into place, so a failed export leaves nothing behind. The target
-may be new, empty, or an earlier export (every file listed in its SHA256SUMS), which is then replaced as a whole; a
-folder holding anything else is refused (`ExportTargetError`), and nothing in it is changed.
+The folder is written beside its target and renamed into place, so a failed export leaves nothing behind, and one
+killed between setting the earlier export aside and renaming the new one is mended by the next export (the new one
+put in place if complete, else the earlier one back). The target may be new, empty, or an earlier export (the files
+its SHA256SUMS lists, or a klalm export made without one), which is then replaced as a whole; a folder holding
+anything else is refused (`ExportTargetError`), and nothing in it is changed.
 
 `load_export_model` is the strict way back: it verifies SHA256SUMS, then refuses weights that do not fit the folder's
 config.json (a missing, unexpected or differently shaped tensor, e.g. a config edited to another arch), which
@@ -24,7 +26,9 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import fnmatch
 import hashlib
+import json
 import logging
 import os
 import shutil
@@ -33,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from klalm.errors import one_line
+from klalm.models.config import KLALMConfig
 
 log = logging.getLogger(__name__)
 
@@ -128,6 +133,8 @@ def save_export(
             (nothing is written).
     """
     out_dir = Path(out_dir)
+    if out_dir.parent.is_dir():
+        _put_back(out_dir)
     check_export_target(out_dir)
     if tokenizer is not None:
         ids = _special_token_ids(tokenizer)
@@ -155,28 +162,76 @@ def _listed_files(folder: Path) -> set[str]:
     return {line.partition("  ")[2] for line in manifest.read_text(encoding="utf-8").splitlines()}
 
 
+# What `save_export` writes besides SHA256SUMS (save_pretrained's weights and configs, the model code, a tokenizer's
+# files): a folder of only these, whose config.json is a klalm model's, is an earlier export made without SHA256SUMS.
+EXPORT_FILE_PATTERNS = (
+    "config.json", "generation_config.json", "model.safetensors", "model-*-of-*.safetensors",
+    "model.safetensors.index.json", "*.py", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+    "vocab.json", "merges.txt", "added_tokens.json", "chat_template.jinja",
+)  # fmt: skip
+
+
+def _unlisted_klalm_export(folder: Path) -> bool:
+    """A folder without SHA256SUMS holding only what an export writes, with a klalm config.json (an older export)."""
+    try:
+        model_type = json.loads((folder / "config.json").read_text(encoding="utf-8")).get("model_type")
+    except (OSError, ValueError, AttributeError):
+        return False
+    files = [path for path in folder.rglob("*") if not path.is_dir()]
+    return model_type == KLALMConfig.model_type and all(
+        path.parent == folder and any(fnmatch.fnmatch(path.name, p) for p in EXPORT_FILE_PATTERNS) for path in files
+    )
+
+
+def _put_back(out_dir: Path) -> None:
+    """Mends what a replacement killed half-way left beside out_dir (`_staged`): with out_dir gone, the new export
+    (complete when its SHA256SUMS verifies, written last) takes its place, else the earlier one set aside; then the
+    leftovers are removed."""
+    staged = sorted(out_dir.parent.glob(f".{out_dir.name}.tmp-*"))
+    aside = sorted(out_dir.parent.glob(f".{out_dir.name}.old-*"))
+    if not out_dir.exists():
+        for folder in staged:
+            try:
+                complete = verify_export(folder)
+            except ExportIntegrityError:
+                complete = False
+            if complete:
+                folder.rename(out_dir)
+                log.warning("%s: put in place the export an interrupted replacement left in %s", out_dir, folder.name)
+                break
+        else:
+            if aside:
+                aside[-1].rename(out_dir)
+                log.warning("%s: put back the earlier export an interrupted replacement set aside", out_dir)
+    for folder in [*staged, *aside]:
+        if folder.exists():
+            shutil.rmtree(folder, ignore_errors=True)
+
+
 def check_export_target(out_dir: Path) -> None:
-    """Refuses (`ExportTargetError`) an export target that is a file, or a folder holding a file its SHA256SUMS does
-    not list; `save_export` calls it first, `klalm-train` before it trains."""
+    """Refuses (`ExportTargetError`) an export target that is a file, or a folder holding anything but an earlier
+    export (the files its SHA256SUMS lists, or a klalm export without one). Reads only: `klalm-train` calls it on
+    every rank before it trains, `save_export` after mending what an interrupted replacement left (`_put_back`)."""
     if out_dir.exists() and not out_dir.is_dir():
         raise ExportTargetError(f"export folder {str(out_dir)!r} is a file; name a new or empty folder")
-    if not out_dir.is_dir():
+    if not out_dir.is_dir() or _unlisted_klalm_export(out_dir):
         return
     listed = _listed_files(out_dir)
     for path in sorted(out_dir.rglob("*")):
         name = path.relative_to(out_dir).as_posix()
         if path.is_dir() or name == MANIFEST or name in listed:
             continue
+        why = f"not listed in its {MANIFEST}" if listed else f"the folder has no {MANIFEST}"
         raise ExportTargetError(
-            f"export folder {str(out_dir)!r} already holds {name!r}, which is not part of an earlier export "
-            f"(not listed in its {MANIFEST}); refusing to write over it: name a new or empty folder"
+            f"export folder {str(out_dir)!r} already holds {name!r}, which is not part of an earlier export ({why}); "
+            "refusing to write over it: name a new or empty folder"
         )
 
 
 @contextlib.contextmanager
 def _staged(out_dir: Path) -> Iterator[Path]:
-    """A fresh folder beside out_dir to write into; renamed to out_dir (replacing an earlier export there) when the
-    block finishes, removed when it fails."""
+    """A fresh folder beside out_dir to write into; renamed to out_dir when the block finishes (an earlier export there
+    set aside first, put back if the rename fails, then removed), removed when the block fails."""
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     staging = out_dir.with_name(f".{out_dir.name}.tmp-{os.getpid()}")
     shutil.rmtree(staging, ignore_errors=True)
@@ -186,15 +241,20 @@ def _staged(out_dir: Path) -> Iterator[Path]:
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
-    if out_dir.is_dir():
-        old = out_dir.with_name(f".{out_dir.name}.old-{os.getpid()}")
-        shutil.rmtree(old, ignore_errors=True)
-        out_dir.rename(old)
+    if not out_dir.is_dir():
         staging.rename(out_dir)
-        shutil.rmtree(old, ignore_errors=True)
-        log.info("replaced the earlier export in %s", out_dir)
-    else:
+        return
+    old = out_dir.with_name(f".{out_dir.name}.old-{os.getpid()}")
+    shutil.rmtree(old, ignore_errors=True)
+    out_dir.rename(old)
+    try:
         staging.rename(out_dir)
+    except BaseException:
+        old.rename(out_dir)
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    shutil.rmtree(old, ignore_errors=True)
+    log.info("replaced the earlier export in %s", out_dir)
 
 
 def load_export_model(folder: str | Path, **kwargs: Any) -> Any:
@@ -210,6 +270,7 @@ def load_export_model(folder: str | Path, **kwargs: Any) -> Any:
             weights file, an unknown model_type: the message's first line); or a weight of the model is missing from
             the folder, unexpected in it, or of another shape (the message names the first few and the config's arch).
     """
+    from safetensors import SafetensorError
     from transformers import AutoModelForCausalLM
 
     folder = Path(folder)
@@ -218,10 +279,9 @@ def load_export_model(folder: str | Path, **kwargs: Any) -> Any:
     level = quiet.level
     quiet.setLevel(logging.ERROR)
     try:
-        model, info = AutoModelForCausalLM.from_pretrained(
-            folder, output_loading_info=True, ignore_mismatched_sizes=True, **kwargs
-        )
-    except (OSError, ValueError, KeyError) as err:
+        options = {**kwargs, "output_loading_info": True, "ignore_mismatched_sizes": True}  # read, then refused below
+        model, info = AutoModelForCausalLM.from_pretrained(folder, **options)
+    except (OSError, ValueError, KeyError, SafetensorError) as err:  # unreadable config or weights, unknown model_type
         if isinstance(err, FileNotFoundError):
             raise
         raise ExportIntegrityError(f"{folder} cannot be loaded as a Hugging Face export: {one_line(err)}") from err
