@@ -4,6 +4,7 @@ with one line, starting nothing more."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import threading
@@ -45,8 +46,8 @@ def _files(folder: Path) -> dict[str, bytes]:
         (["--mad-weight-decays", "nan"], "mad.weight_decays must be finite"),
         (["--max-state-mib", "-3"], "max_state_mib=-3.0 must be > 0"),
         (["--gpus", "-1"], "--gpus must be >= 0, got -1"),
-        (["--time-budget-s", "-10"], "--time-budget-s -10.0 must be >= 0"),
-        (["--time-budget-s", "nan"], "--time-budget-s nan must be >= 0"),
+        (["--time-budget-s", "nan"], "--time-budget-s nan must be a finite number of seconds"),
+        (["--time-budget-s", "inf"], "--time-budget-s inf must be a finite number of seconds"),
         (["--archs", ""], "--archs names nothing"),
         (["--seeds", ""], "--seeds names nothing"),
         (["--families", ","], "--families names nothing"),
@@ -135,7 +136,10 @@ def test_report_checks_the_document_before_it_writes_a_plot(tmp_path):
     (tmp_path / "docs").mkdir()
     (tmp_path / "docs" / "plain.md").write_text("# no markers\n")
     report = ["report", "--plan", "full", "--families", "a5", "--results", str(tmp_path / "rows")]
-    _refused([*report, "--doc", str(tmp_path / "docs" / "plain.md")], "--doc|lacks the markers <!-- synthetic:a5 -->")
+    plain = tmp_path / "docs" / "plain.md"
+    assert _refused([*report, "--doc", str(plain)], "lacks the markers") == (
+        f"klalm-synthetic: --doc {plain}: the document lacks the markers <!-- synthetic:a5 --> … <!-- /synthetic:a5 -->"
+    )
     _refused([*report, "--doc", str(tmp_path / "docs" / "missing.md")], "missing.md does not exist")
     assert not (tmp_path / "docs" / "img").exists()  # the plots were written before the markers were looked for
 
@@ -219,3 +223,277 @@ def test_evaluate_refuses_a_device_it_cannot_use_and_curves_a_negative_step(tmp_
     (tmp_path / "rows").mkdir()
     (tmp_path / "rows" / "a5.jsonl").write_bytes((COMMITTED / "a5.jsonl").read_bytes())
     _refused(["curves", "--results", str(tmp_path / "rows"), "--steps", "0,-1"], "--steps: steps must be >= 0")
+
+
+def _cpu_a5_plan() -> RunPlan:
+    from klalm.tasks.plans import apply_args, load_plan
+    from klalm.tasks.runner import parse_args
+
+    args = parse_args(["run", *CPU_A5, "--results", "x"])
+    return apply_args(load_plan(args.plan), args)
+
+
+def _cpu_a5_unit():
+    """The one unit of CPU_A5 (gpt, length 3, depth 1)."""
+    from klalm.tasks.plans import plan_units
+
+    return plan_units(_cpu_a5_plan())[0]
+
+
+def _saved_state(folder: Path, unit) -> None:
+    """A state of `unit` paused at step 5, as units._save_state writes one (no weights: nothing loads them here)."""
+    import dataclasses
+    import json
+
+    import torch
+
+    from klalm.tasks.units import state_name
+
+    folder.mkdir(parents=True, exist_ok=True)
+    name = state_name(unit)
+    torch.save({"members": [], "evals": [[] for _ in unit.seeds], "spent": {}}, folder / f"{name}.pt")
+    info = {"unit": dataclasses.asdict(unit), "label": unit.label(), "step": 5, "spent": {}}
+    (folder / f"{name}.json").write_text(json.dumps(info))
+
+
+def test_plan_keeps_the_state_of_a_unit_finished_meanwhile(tmp_path, capsys):
+    """`plan` records nothing: the state a block would drop (its unit's rows came from elsewhere) stays."""
+    import json
+
+    unit = _cpu_a5_unit()
+    (tmp_path / "r").mkdir()
+    rows = [{**unit.cell(), "seed": seed, "token_acc": 0.5, "seq_acc": 0.0, "steps": 20}
+            for seed in unit.seeds]  # fmt: skip
+    (tmp_path / "r" / "a5.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    _saved_state(tmp_path / "s", unit)
+    before = _files(tmp_path)
+    main(["plan", *CPU_A5, "--results", str(tmp_path / "r"), "--state", str(tmp_path / "s")])
+    assert "| done |" in capsys.readouterr().out
+    assert _files(tmp_path) == before
+    block = GridBlock(_cpu_a5_plan(), Results(tmp_path / "r", ["a5"]), tmp_path / "s", "cpu", 0, True, None, "abc")
+    assert block.saved() == {}  # a block does drop it: the state above is a stale one
+
+
+def test_a_negative_time_budget_starts_nothing_and_exits_0(tmp_path, monkeypatch, caplog):
+    """A late stage of a device call computes its budget without a floor: below 0 it is skipped, not failed."""
+
+    def execute(self, pack, slot):
+        raise AssertionError("a unit started with no time left")
+
+    monkeypatch.setattr(GridBlock, "_execute", execute)
+    with caplog.at_level("INFO", logger="klalm.synthetic"):
+        main(["run", *CPU_A5, "--results", str(tmp_path / "r"), "--state", str(tmp_path / "s"), "--time-budget-s",
+              "-10"])  # fmt: skip
+    assert "no time left" in caplog.text and "block done: 0 rows written" in caplog.text
+    assert not (tmp_path / "r" / "a5.jsonl").exists()
+    main(["plan", *CPU_A5, "--results", str(tmp_path / "r"), "--time-budget-s", "-10"])  # plan has no deadline
+
+
+def test_ctrl_c_names_the_units_that_failed_before_it(tmp_path, monkeypatch, capsys):
+    def fails_then_interrupted(self):
+        self.failed.append((self.units[0], "RuntimeError: the unit's process exited with code 1"))
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(GridBlock, "run", fails_then_interrupted)
+    with pytest.raises(SystemExit) as info:
+        main(["run", *CPU_A5, "--results", str(tmp_path / "r"), "--time-budget-s", "0"])
+    assert info.value.code == 130
+    err = capsys.readouterr().err.strip().splitlines()
+    failure = f"  {_cpu_a5_unit().label()}: RuntimeError: the unit's process exited with code 1"
+    assert err[-3:-1] == ["[synthetic] 1 unit(s) failed:", failure]
+    assert err[-1].startswith("klalm-synthetic: interrupted: 0 row(s) written")
+
+
+def test_merge_restores_the_states_of_a_call_whose_results_did_not_come_back(tmp_path, capsys):
+    import json
+
+    from klalm.tasks.units import pack_states, saved_states
+
+    unit = _cpu_a5_unit()
+    _saved_state(tmp_path / "paused", unit)
+    call = tmp_path / "call"  # what came back: the state parts, not synthetic/ (an empty folder, or none at all)
+    pack_states(tmp_path / "paused", call)
+    (tmp_path / "dest").mkdir()
+    for source in (call / "synthetic", call / "nothing"):
+        if source.name == "synthetic":
+            source.mkdir()
+        state = tmp_path / f"state_{source.name}"
+        main(["merge", "--from", str(source), "--results", str(tmp_path / "dest"), "--state", str(state)])
+        assert json.loads(capsys.readouterr().out)["state"] == {"units": 1, "mib": 0.0}
+        assert list(saved_states(state)) == list(saved_states(tmp_path / "paused"))
+    merge = ["merge", "--from", str(call / "synthetic"), "--results", str(tmp_path / "dest")]
+    _refused(merge, "holds no results file (*.jsonl): nothing to merge")  # no --state: nothing to do
+    (tmp_path / "bare" / "synthetic").mkdir(parents=True)
+    _refused(["merge", "--from", str(tmp_path / "bare" / "synthetic"), "--results", str(tmp_path / "dest"), "--state",
+              str(tmp_path / "state_bare")], "(*.jsonl) and no state.tar.* parts lie beside it")  # fmt: skip
+    _refused(["merge", "--from", str(tmp_path / "bare" / "none"), "--results", str(tmp_path / "dest"), "--state",
+              str(tmp_path / "state_bare")], "does not exist")  # fmt: skip
+    assert not (tmp_path / "state_bare").exists()
+
+
+# -- signals: the units' processes run in sessions of their own, and the runner passes on one SIGINT ----------------
+
+CHILD = """
+import os, signal, sys, time
+from pathlib import Path
+notes = Path(sys.argv[1]) / f"{os.getpid()}.child"
+def note(what):
+    with open(notes, "a") as f:
+        f.write(what + "\\n")
+def on_sigint(signum, frame):
+    note("SIGINT")
+    raise KeyboardInterrupt
+signal.signal(signal.SIGINT, on_sigint)
+note("started" + (" in the runner's process group" if os.getpgrp() == os.getpgid(os.getppid()) else ""))
+try:
+    time.sleep(60)
+except KeyboardInterrupt:
+    time.sleep(0.5)  # unwinding, as a unit does: a second SIGINT now ends it with a traceback
+    note("exit 130")
+    sys.exit(130)
+"""
+
+RUNNER = """
+import signal, subprocess, sys, types
+from pathlib import Path
+signal.signal(signal.SIGINT, signal.default_int_handler)  # also when the tests run with SIGINT ignored
+from klalm.tasks import runner
+from klalm.tasks.plans import A5Plan, A5Stage, Estimate, RunPlan
+from klalm.tasks.train import TrainSettings
+folder, child = Path(sys.argv[1]), sys.argv[2]
+def popen(command, **kwargs):  # the unit's process, started as the runner starts it, runs `child`
+    return subprocess.Popen([sys.executable, "-c", child, str(folder)], **kwargs)
+runner.subprocess = types.SimpleNamespace(Popen=popen, TimeoutExpired=subprocess.TimeoutExpired)
+train = TrainSettings(steps=20, batch_size=4, aux_batch_size=2, eval_batch_size=16)
+plan = RunPlan(archs=["gpt", "kla"], families=["a5"], device="cpu", procs_per_gpu=2,
+               estimate=Estimate(tokens_per_s={"gpt": 1e4, "kla": 1e4}, overhead_s=1.0),
+               a5=A5Plan(d_model=16, num_test=8, eval_every=10, train=train,
+                         stages=[A5Stage(lengths=[3, 4, 5], depths=[1], seeds=[0])]))
+runner.load_plan = lambda name: plan
+runner.main(["run", "--plan", "tiny", "--results", str(folder / "r"), "--state", str(folder / "s")])
+"""
+
+
+def _notes(folder: Path) -> dict[int, list[str]]:
+    return {int(p.name.split(".")[0]): p.read_text().splitlines() for p in folder.glob("*.child")}
+
+
+def _kill_all(pids) -> None:
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+
+
+@pytest.mark.parametrize("how", ["ctrl-c", "sigterm"])
+def test_ctrl_c_and_sigterm_reach_each_units_process_once(tmp_path, how):
+    """Ctrl-C: the terminal signals the runner's process group; SIGTERM (`timeout`): the runner alone. Either way
+    each unit's process gets one SIGINT (a second one, while it unwinds, ended it with a traceback and -2) and
+    ends; the runner starts nothing more and ends with its one line."""
+    import subprocess
+    import sys
+
+    env = {**os.environ, "KLALM_COMMIT": "abc"}
+    runner = subprocess.Popen([sys.executable, "-c", RUNNER, str(tmp_path), CHILD], start_new_session=True, env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        until = time.time() + 60
+        while len(_notes(tmp_path)) < 2 and runner.poll() is None and time.time() < until:
+            time.sleep(0.05)
+        assert len(_notes(tmp_path)) == 2, runner.communicate(timeout=30)
+        if how == "ctrl-c":
+            os.killpg(runner.pid, signal.SIGINT)
+        else:
+            runner.send_signal(signal.SIGTERM)
+        _, err = runner.communicate(timeout=60)
+        notes = _notes(tmp_path)  # nothing more started; in their own sessions, one SIGINT each
+        assert list(notes.values()) == [["started", "SIGINT", "exit 130"]] * 2, (notes, err)
+        assert runner.returncode == (130 if how == "ctrl-c" else 143), err
+        said = "interrupted: " if how == "ctrl-c" else "terminated (SIGTERM): "
+        assert err.strip().splitlines()[-1].startswith(f"klalm-synthetic: {said}")
+        assert "failed" not in err
+    finally:
+        _kill_all([runner.pid, *_notes(tmp_path)])
+
+
+def test_stop_signals_every_process_once_and_waits_for_them_together(tmp_path):
+    """Processes that ignore SIGINT are killed after one shared wait, not one wait each."""
+    import subprocess
+    import sys
+
+    block = GridBlock(_cpu_a5_plan(), Results(tmp_path, ["a5"]), tmp_path / "s", "cpu", 0, False, None, "abc")
+    stubborn = "import signal, time\nsignal.signal(signal.SIGINT, lambda *_: print('SIGINT', flush=True))\n" \
+               "print('ready', flush=True)\ntime.sleep(60)"  # fmt: skip
+    children = [subprocess.Popen([sys.executable, "-c", stubborn], stdout=subprocess.PIPE, text=True)
+                for _ in range(3)]  # fmt: skip
+    try:
+        assert [child.stdout.readline() for child in children] == ["ready\n"] * 3
+        block._children.update(children)
+        started = time.monotonic()
+        block.stop(wait_s=1.0)
+        block.stop(wait_s=1.0)  # again (the main thread's slot, then the block): no second SIGINT
+        assert time.monotonic() - started < 2.5  # one wait of 1 s for all three (one each: 3 s)
+        assert [child.returncode for child in children] == [-signal.SIGKILL] * 3
+        assert [child.stdout.read() for child in children] == ["SIGINT\n"] * 3
+        assert block._stopping
+    finally:
+        _kill_all(child.pid for child in children)
+
+
+def test_a_units_process_starts_in_its_own_session_and_not_once_the_block_stops(tmp_path, monkeypatch):
+    import types
+
+    from klalm.tasks import runner
+
+    started = []
+
+    class Exited:
+        pid = 12345
+
+        def wait(self, timeout=None):
+            return 1
+
+    def popen(command, **kwargs):
+        started.append((command, kwargs))
+        return Exited()
+
+    monkeypatch.setattr(runner, "subprocess", types.SimpleNamespace(Popen=popen, TimeoutExpired=TimeoutError))
+    block = GridBlock(_cpu_a5_plan(), Results(tmp_path, ["a5"]), tmp_path / "s", "cpu", 0, False, None, "abc")
+    with pytest.raises(RuntimeError, match="exited with code 1"):
+        block._execute([block.units[0]], 0)
+    ((command, kwargs),) = started
+    assert kwargs["start_new_session"] is True  # the terminal's Ctrl-C reaches the runner alone
+    assert command[command.index("--runner-pid") + 1] == str(os.getpid())  # the unit ends when the runner is gone
+    assert block._children == set()
+    claims = iter([[block.units[0]], None])
+
+    def claim():  # a slot that claimed a pack just before the Ctrl-C
+        pack = next(claims)
+        block.running.extend(pack or [])
+        return pack
+
+    monkeypatch.setattr(block, "_claim", claim)
+    block._stopping = True
+    block._slot(0)
+    assert len(started) == 1 and block.failed == []  # not started, and not a failure
+
+
+def test_a_units_process_ends_once_the_runner_is_killed(tmp_path):
+    """SIGKILL of the runner (`timeout -k`, the machine's limit) reaches no unit's process, in its own session."""
+    import subprocess
+    import sys
+
+    unit = "import sys, time\nfrom klalm.tasks.units import exit_with_runner\nexit_with_runner(int(sys.argv[1]), " \
+           "0.05)\nprint('watching', flush=True)\ntime.sleep(60)"  # fmt: skip
+    runner = f"import os, subprocess, sys, time\np = subprocess.Popen([sys.executable, '-c', {unit!r}, " \
+             "str(os.getpid())], start_new_session=True)\nprint(p.pid, flush=True)\ntime.sleep(60)"  # fmt: skip
+    process = subprocess.Popen([sys.executable, "-c", runner], stdout=subprocess.PIPE, text=True)
+    pid = int(process.stdout.readline())
+    try:
+        assert process.stdout.readline() == "watching\n"
+        process.kill()
+        process.wait()
+        started = time.monotonic()
+        assert process.stdout.read() == ""  # the pipe ends: the unit's process, its last writer, has ended
+        assert time.monotonic() - started < 5
+    finally:
+        _kill_all([pid])

@@ -96,6 +96,14 @@ def _solved(unit: Unit, solved: dict[str, set[int]]) -> bool:
     return unit.family == "a5" and any(d <= unit.n_layers for d in solved.get(_depth_group(unit), ()))
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM on the runner during a block: ends it as Ctrl-C does (exit code 143)."""
+
+
+class NotStarted(RuntimeError):
+    """A unit's process not started because the block was stopping: not a failure of the unit."""
+
+
 def solved_depths(rows: list[dict]) -> dict[str, set[int]]:
     """A5 rows -> depth group -> depths at which some seed reached its stop threshold."""
     solved: dict[str, set[int]] = {}
@@ -120,11 +128,13 @@ class GridBlock:
         gpu_name: estimate for this GPU model (as rates.jsonl names it) instead of the device's own (`plan` only).
         finish_only: start only units (and packs) whose estimate ends before the deadline.
         checkpoint_every_s: running units also save their state this often, at an evaluation (None: only to pause).
+        read_only: touch nothing, not even the saved states of units finished or solved meanwhile (`plan`).
     """
 
     def __init__(self, plan: RunPlan, results: Results, state: Path | None, device: str, gpus: int, in_process: bool,
                  time_budget_s: float | None, commit: str, gpu_name: str | None = None,
-                 finish_only: bool = False, checkpoint_every_s: float | None = None) -> None:  # fmt: skip
+                 finish_only: bool = False, checkpoint_every_s: float | None = None,
+                 read_only: bool = False) -> None:  # fmt: skip
         if time_budget_s is not None and state is None:
             raise ValueError("a block with a time budget needs --state (the folder its unfinished units pause into)")
         if checkpoint_every_s is not None and state is None:
@@ -151,11 +161,13 @@ class GridBlock:
         self._failed: set[str] = set()
         self.finished_rows = 0
         self._cond = threading.Condition()
-        self._stopping = False  # Ctrl-C: start nothing more
+        self._stopping = False  # Ctrl-C or SIGTERM: start nothing more
         self._children: set[subprocess.Popen] = set()  # the units' processes running now
+        self._signalled: set[subprocess.Popen] = set()  # those sent their one SIGINT by `stop`
         for unit in {u.arch: u for u in self.units if self.free_seeds(u)}.values():
             self.estimate(unit, steps=0)  # an arch with no rates here and no prior fails now (KeyError), not mid-block
-        self._drop_stale_states()
+        if not read_only:
+            self._drop_stale_states()
 
     # -- choosing ---------------------------------------------------------------------------------------------------
 
@@ -318,19 +330,21 @@ class GridBlock:
                 command += ["--state", str(self.state)]
             if self.checkpoint_every_s is not None:
                 command += ["--checkpoint-every-s", repr(self.checkpoint_every_s)]
-            with subprocess.Popen(command + ["--spawned-at", repr(time.time())], env=env) as process:
+            command += ["--runner-pid", str(os.getpid()), "--spawned-at", repr(time.time())]
+            with self._cond:  # `stop` either finds the process among the children or it is never started
+                if self._stopping:
+                    raise NotStarted("the block was stopping (Ctrl-C or SIGTERM): its process was not started")
+                # a session of its own: a terminal's Ctrl-C reaches the runner alone, which passes on one SIGINT
+                process = subprocess.Popen(command, env=env, start_new_session=True)
+                self._children.add(process)
+            try:
+                code = process.wait()
+            except KeyboardInterrupt:  # Ctrl-C or SIGTERM on the main thread (one slot): the process ends first
+                self.stop()
+                raise
+            finally:
                 with self._cond:
-                    self._children.add(process)
-                    if self._stopping:  # Ctrl-C came while it started: it ends at once
-                        process.send_signal(signal.SIGINT)
-                try:
-                    code = process.wait()
-                except KeyboardInterrupt:  # Ctrl-C on the main thread: the unit's process ends too, then the block
-                    _interrupt(process)
-                    raise
-                finally:
-                    with self._cond:
-                        self._children.discard(process)
+                    self._children.discard(process)
             if code != 0:
                 raise RuntimeError(f"the unit's process exited with code {code}")
             outcome = UnitOutcome(**json.loads(out_file.read_text()))
@@ -358,8 +372,9 @@ class GridBlock:
                 self.results.record(outcome)
                 log.info("slot %d: %s: %s in %.0f s", slot, label, _summary(outcome), wall_s)
             except Exception as err:  # one broken unit must not end the block; main exits non-zero
-                if self._stopping:  # its process was interrupted (Ctrl-C): not a failure of the unit
-                    log.info("slot %d: %s interrupted", slot, label)
+                if self._stopping:  # its process was interrupted (Ctrl-C), or not started: not a failure of the unit
+                    log.info("slot %d: %s %s", slot, label, "not started" if isinstance(err, NotStarted) else
+                             "interrupted")  # fmt: skip
                 else:
                     log.exception("slot %d: %s failed", slot, label)
                 outcome, failure = None, f"{type(err).__name__}: {err}"
@@ -384,7 +399,13 @@ class GridBlock:
         for unit, step in self.lost_pauses():
             log.warning("%s: progress.jsonl records it paused at step %d, but %s holds no state for it: it starts "
                         "again from step 0", unit.label(), step, self.state)  # fmt: skip
+        if self.deadline is not None and self.deadline <= time.time():
+            log.info("no time left (a time budget <= 0 s less the time taken so far): the block starts nothing")
         threads = [threading.Thread(target=self._slot, args=(i,)) for i in range(self.slots if self.slots > 1 else 0)]
+        on_main = threading.current_thread() is threading.main_thread()
+        default = on_main and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL  # not one ignored or handled above
+        if default:
+            signal.signal(signal.SIGTERM, self._terminated)
         try:
             if not threads:  # on the main thread: in-process units capture CUDA graphs and compile where scripts do
                 self._slot(0)
@@ -392,23 +413,54 @@ class GridBlock:
                 thread.start()
             for thread in threads:
                 thread.join()
-        except KeyboardInterrupt:  # Ctrl-C: start nothing more, end the units' processes, keep what they wrote
-            with self._cond:
-                self._stopping = True
-                children = list(self._children)
-                self._cond.notify_all()
-            for child in children:
-                _interrupt(child)
+        except KeyboardInterrupt:  # Ctrl-C or SIGTERM: start nothing more, end the units' processes, keep their rows
+            self.stop()
             for thread in threads:
                 if thread.ident is not None:  # started before the Ctrl-C
                     thread.join()
             self._record_paused()
             raise
+        finally:
+            if default:
+                signal.signal(signal.SIGTERM, signal.SIG_DFL)
         counts: dict[str, int] = {}
         for _, state in self.states():
             counts[state] = counts.get(state, 0) + 1
         log.info("block done: %d rows written; units by state: %s", self.finished_rows, counts)
         self._record_paused()
+
+    def _terminated(self, signum: int, frame: object) -> None:
+        """SIGTERM (`timeout`, a scheduler): handled as Ctrl-C, once; a later one while the block stops is ignored."""
+        if not self._stopping:
+            raise Terminated
+
+    def stop(self, wait_s: float = 30.0) -> None:
+        """Start nothing more, pass one SIGINT to every unit's process running now (each quits with exit code 130,
+        keeping what it wrote), and wait for all of them together, killing those not ended after `wait_s`. A second
+        Ctrl-C while it waits kills them at once. Each process is signalled once, however often this is called."""
+        with self._cond:
+            self._stopping = True
+            children = [child for child in self._children if child not in self._signalled]
+            self._signalled.update(children)
+            self._cond.notify_all()
+        for child in children:
+            if child.poll() is None:
+                child.send_signal(signal.SIGINT)
+        until = time.monotonic() + wait_s
+        try:
+            for child in children:
+                try:
+                    child.wait(timeout=max(0.0, until - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    log.warning("unit process %d has not ended %.0f s after SIGINT: killed", child.pid, wait_s)
+                    child.kill()
+                    child.wait()
+        except KeyboardInterrupt:
+            for child in children:
+                if child.poll() is None:
+                    child.kill()
+                    child.wait()
+            raise
 
     def _record_paused(self) -> None:
         """Log the states left in the state folder and record their evaluations in progress.jsonl."""
@@ -417,18 +469,6 @@ class GridBlock:
             log.info("saved states: %d unit(s), %.1f MiB in %s", len(self.saved()), size, self.state)
             recorded = self.results.record_progress(paused_rows(self.state, self.execution.commit))
             log.info("progress.jsonl: %d row(s) of paused seeds recorded", recorded)
-
-
-def _interrupt(process: subprocess.Popen, wait_s: float = 30.0) -> None:
-    """Ctrl-C of a unit's process (it had it already when the terminal sent it to the whole group) and wait for it to
-    end; killed if it has not ended after `wait_s`."""
-    if process.poll() is None:
-        process.send_signal(signal.SIGINT)
-    try:
-        process.wait(timeout=wait_s)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait()
 
 
 def _summary(outcome: UnitOutcome) -> str:
@@ -580,14 +620,14 @@ def _block(args: argparse.Namespace, plan: RunPlan) -> GridBlock:
         raise ValueError(f"--gpus {args.gpus}: give 1 to {visible} (the GPUs torch sees here)")
     gpus = args.gpus if args.gpus is not None else visible
     budget = args.time_budget_s if args.time_budget_s is not None else plan.time_budget_s
-    if budget is not None and not 0 <= budget < math.inf:
-        raise ValueError(f"--time-budget-s {budget} must be >= 0 (0: no deadline)")
+    if budget is not None and not math.isfinite(budget):  # below 0: no time left (a late stage), nothing starts
+        raise ValueError(f"--time-budget-s {budget} must be a finite number of seconds (0: no deadline)")
     if args.verb == "plan":  # it lists units and estimates: no deadline, so no state folder needed for one
         budget = None
     results = Results(args.results, plan.families, create=False)
     return GridBlock(plan, results, args.state, device, gpus, getattr(args, "in_process", False), budget or None,
                      git_commit(), getattr(args, "gpu_name", None), getattr(args, "finish_only", False),
-                     getattr(args, "checkpoint_every_s", None))  # fmt: skip
+                     getattr(args, "checkpoint_every_s", None), read_only=args.verb == "plan")  # fmt: skip
 
 
 PREFIX = "klalm-synthetic"
@@ -649,10 +689,13 @@ def _check_report(args: argparse.Namespace, plan: RunPlan) -> None:
 
 
 def _merge(args: argparse.Namespace) -> None:
-    _folder(args.source, "--from folder", exists=True)
-    if not any(args.source.glob("*.jsonl")):
-        _refuse(f"--from {args.source} holds no results file (*.jsonl): nothing to merge (a call's rows come back in "
-                "its synthetic/ folder)")  # fmt: skip
+    # the state.tar.* parts beside --from: a call whose results files did not come back may still restore its states
+    parts = state_parts(args.source.resolve().parent) if args.state is not None else []
+    _folder(args.source, "--from folder", exists=not parts)
+    if not any(args.source.glob("*.jsonl")) and not parts:
+        beside = " and no state.tar.* parts lie beside it" if args.state is not None else ""
+        _refuse(f"--from {args.source} holds no results file (*.jsonl){beside}: nothing to merge (a call's rows come "
+                "back in its synthetic/ folder, its states' parts beside it)")  # fmt: skip
     _folder(args.results, "--results folder", exists=True)
     if args.state is not None:
         _folder(args.state, "--state folder", exists=False)
@@ -662,7 +705,6 @@ def _merge(args: argparse.Namespace) -> None:
     except ValueError as err:  # a file of either folder that is not JSON lines: nothing was appended
         _refuse(one_line(err))
     if args.state is not None:
-        parts = state_parts(args.source.resolve().parent)
         try:
             added["state"] = restore_states(parts, args.state) if parts else f"none came back: kept {args.state}"
         except ValueError as err:
@@ -677,8 +719,8 @@ def main(argv: list[str] | None = None) -> None:
     """Entry point of `klalm-synthetic` and scripts/run_synthetic.py.
 
     Input it cannot use (flags, plan, folders, files) ends it with one line on stderr before anything is written;
-    Ctrl-C ends a block with one line too (exit code 130), keeping every row written and recording its checkpoints'
-    progress.
+    Ctrl-C ends a block with one line too (exit code 130; SIGTERM: 143), after the units that failed before it,
+    keeping every row written and recording its checkpoints' progress.
     """
     from klalm.tasks.report import write_doc, write_folder  # lazy: matplotlib
 
@@ -777,11 +819,19 @@ def main(argv: list[str] | None = None) -> None:
         _refuse(one_line(err))
     try:
         block.run()
-    except KeyboardInterrupt:
-        print(f"{PREFIX}: interrupted: {block.finished_rows} row(s) written in this block are kept in {args.results}; "
+    except KeyboardInterrupt as err:
+        if block.failed:  # units that failed before the Ctrl-C, not those it interrupted
+            print(_failures(block), file=sys.stderr)
+        terminated = isinstance(err, Terminated)
+        how, code = ("terminated (SIGTERM)", 128 + signal.SIGTERM) if terminated else ("interrupted", 130)
+        print(f"{PREFIX}: {how}: {block.finished_rows} row(s) written in this block are kept in {args.results}; "
               "the units that were running start again in the next block, from their last checkpoint in --state "
               "(--checkpoint-every-s) or else from step 0", file=sys.stderr)  # fmt: skip
-        sys.exit(130)
+        sys.exit(code)
     if block.failed:
-        lines = "\n".join(f"  {unit.label()}: {error}" for unit, error in block.failed)
-        sys.exit(f"[synthetic] {len(block.failed)} unit(s) failed:\n{lines}")
+        sys.exit(_failures(block))
+
+
+def _failures(block: GridBlock) -> str:
+    lines = "\n".join(f"  {unit.label()}: {error}" for unit, error in block.failed)
+    return f"[synthetic] {len(block.failed)} unit(s) failed:\n{lines}"

@@ -28,6 +28,7 @@ import math
 import os
 import re
 import sys
+import threading
 import time
 from datetime import datetime, timezone
 from pathlib import Path
@@ -607,6 +608,24 @@ def _row(unit: Unit, member: Member, result: GroupResult, index: int, params: in
     }
 
 
+def exit_with_runner(runner_pid: int, every_s: float = 1.0) -> threading.Thread:
+    """End this process (within `every_s`) once its parent is no longer the process `runner_pid`: the runner starts
+    each unit's process in a session of its own, so a signal that kills the runner outright (SIGKILL: `timeout -k`, a
+    machine's limit) does not reach the unit, and the runner, dead, cannot pass one on. A watching thread, not
+    prctl(PR_SET_PDEATHSIG): no preexec_fn in a runner with threads, not Linux-only, and not tied to the runner's
+    thread that started the process. Its parent gone, this process is reparented, so getppid() changes for good."""
+
+    def watch() -> None:
+        while os.getppid() == runner_pid:
+            time.sleep(every_s)
+        log.warning("the runner (pid %d) is gone: this unit's process ends", runner_pid)  # stderr: flushed
+        os._exit(1)  # from a thread: sys.exit would end the thread only
+
+    thread = threading.Thread(target=watch, name="runner-watch", daemon=True)
+    thread.start()
+    return thread
+
+
 def main(argv: list[str] | None = None) -> None:
     """Child-process entry: run one unit (JSON file) and write its outcome (JSON file)."""
     p = argparse.ArgumentParser(description="Run one unit of synthetic work (used by the grid runner).")
@@ -618,9 +637,12 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--checkpoint-every-s", type=float, help="also save the state this often while training")
     p.add_argument("--execution", default="{}", help="JSON of Execution's fields")
     p.add_argument("--spawned-at", type=float, help="time.time() when the runner started this process")
+    p.add_argument("--runner-pid", type=int, help="the runner's pid: end this process once the runner is gone")
     args = p.parse_args(argv)
     entered = time.time()
     logging.basicConfig(level=logging.INFO, format="[unit %(asctime)s] %(message)s", datefmt="%H:%M:%S")
+    if args.runner_pid is not None:
+        exit_with_runner(args.runner_pid)
     values = json.loads(args.unit.read_text())
     units = [Unit.from_dict(v) for v in (values if isinstance(values, list) else [values])]
     execution = Execution(**json.loads(args.execution))
