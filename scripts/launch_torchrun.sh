@@ -11,8 +11,7 @@
 # (29500), TRAINER (ddp | fsdp), KLALM_RUN_ID (run folder name shared by all ranks; default: launch time and PID),
 # PYTHON (default .venv/bin/python, else python), TORCH_ELASTIC_SHUTDOWN_TIMEOUT (120: the seconds torchrun gives the
 # ranks, after it forwards a SIGTERM, to finish their step and save before it SIGKILLs them; torch >= 2.12 reads it,
-# older torchrun keeps 30; it is also how long ranks left waiting in a collective by a failed one live on). Every
-# other argument is a Hydra override for klalm-train.
+# older torchrun keeps 30). Every other argument is a Hydra override for klalm-train.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

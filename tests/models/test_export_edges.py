@@ -202,3 +202,20 @@ def test_an_export_killed_between_its_renames_is_mended_by_the_next(tmp_path, to
     (tmp_path / "hf").rename(tmp_path / ".hf.old-7")  # and save_export mends first, then replaces
     save_export(_model("mamba"), tmp_path / "hf", tokenizer)
     assert json.loads((tmp_path / "hf" / "config.json").read_text())["arch"] == "mamba" and _leftovers(tmp_path) == []
+
+
+def test_mending_treats_an_empty_target_as_missing_and_keeps_leftovers_beside_a_file(tmp_path, tokenizer):
+    """An empty hf/ made after a kill between the renames: the new export still takes its place (both exports were
+    deleted); a file named hf: refused, the leftovers kept."""
+    from klalm.models.export import _put_back
+
+    new = save_export(_model("kla"), tmp_path / "staging", tokenizer)
+    new.rename(tmp_path / ".hf.tmp-111")
+    save_export(_model("gpt"), tmp_path / "old", tokenizer).rename(tmp_path / ".hf.old-111")
+    (tmp_path / "hf").mkdir()
+    _put_back(tmp_path / "hf")
+    assert json.loads((tmp_path / "hf" / "config.json").read_text())["arch"] == "kla" and _leftovers(tmp_path) == []
+    (tmp_path / "hf").rename(tmp_path / ".hf.old-5")
+    (tmp_path / "hf").write_text("a file")
+    _put_back(tmp_path / "hf")
+    assert _leftovers(tmp_path) == [".hf.old-5"]

@@ -497,3 +497,31 @@ def test_a_units_process_ends_once_the_runner_is_killed(tmp_path):
         assert time.monotonic() - started < 5
     finally:
         _kill_all([pid])
+
+
+def test_a_second_sigterm_while_the_block_stops_is_ignored(tmp_path):
+    """The handler marks the block stopping at once: `timeout` also signals the group, and a second Terminated raised
+    inside the first one's handling skipped the units' SIGINT and the progress record."""
+    from klalm.tasks.runner import Terminated
+
+    block = GridBlock(_cpu_a5_plan(), Results(tmp_path, ["a5"]), tmp_path / "s", "cpu", 0, False, None, "abc")
+    with pytest.raises(Terminated):
+        block._terminated(signal.SIGTERM, None)
+    assert block._stopping
+    block._terminated(signal.SIGTERM, None)  # no second Terminated
+
+
+def test_a_units_process_hears_sigint_even_when_started_with_it_ignored(tmp_path, monkeypatch):
+    """A runner started as `cmd &` by a script has SIGINT ignored, and its processes inherit that: the runner's one
+    SIGINT was then ignored and every unit waited out the 30 s before its kill."""
+    from klalm.tasks import units
+
+    monkeypatch.setattr(units, "exit_with_runner", lambda pid: None)  # no watching thread in the test process
+    before = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        with pytest.raises(FileNotFoundError):  # the handler is set before the unit file is read
+            units.main(["--unit", str(tmp_path / "none.json"), "--out", str(tmp_path / "o.json"), "--device", "cpu",
+                        "--runner-pid", "1"])  # fmt: skip
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    finally:
+        signal.signal(signal.SIGINT, before)

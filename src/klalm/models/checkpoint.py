@@ -236,16 +236,16 @@ def _load_lightning_checkpoint(path: Path) -> tuple[Any, Any]:
     kwargs = {k: v for k, v in config.items() if not k.startswith("_")}
     try:
         model = build_model(**{**kwargs, "vocab_size": vocab_size})
-    except (KeyError, TypeError, ValueError) as err:  # a config build_model refuses
+    except (KeyError, TypeError, ValueError, RuntimeError) as err:  # a config build_model refuses
         raise CheckpointError(f"{path}: its model config does not build: {one_line(err)}") from None
     state = model_state_from_checkpoint(checkpoint)
     wanted = model.state_dict()
     problems = [f"{len(keys)} {kind} (e.g. {', '.join(sorted(keys)[:3])})" for kind, keys in (
         ("missing", wanted.keys() - state.keys()), ("unexpected", state.keys() - wanted.keys())) if keys]  # fmt: skip
-    shaped = sorted(k for k in wanted.keys() & state.keys() if wanted[k].shape != state[k].shape)
+    shaped = sorted(k for k in wanted.keys() & state.keys() if getattr(state[k], "shape", None) != wanted[k].shape)
     if shaped:
         key = shaped[0]
-        problems.append(f"{len(shaped)} of another shape (e.g. {key} {tuple(state[key].shape)} for "
+        problems.append(f"{len(shaped)} of another shape (e.g. {key} {tuple(getattr(state[key], 'shape', ()))} for "
                         f"{tuple(wanted[key].shape)})")  # fmt: skip
     if problems:
         raise CheckpointError(f"{path}: its weights do not fit its model config: {'; '.join(problems)}")

@@ -27,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import fnmatch
+import glob
 import hashlib
 import json
 import logging
@@ -166,8 +167,8 @@ def _listed_files(folder: Path) -> set[str]:
 # files): a folder of only these, whose config.json is a klalm model's, is an earlier export made without SHA256SUMS.
 EXPORT_FILE_PATTERNS = (
     "config.json", "generation_config.json", "model.safetensors", "model-*-of-*.safetensors",
-    "model.safetensors.index.json", "*.py", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
-    "vocab.json", "merges.txt", "added_tokens.json", "chat_template.jinja",
+    "model.safetensors.index.json", "config.py", "hf.py", "tokenizer.json", "tokenizer_config.json",
+    "special_tokens_map.json", "vocab.json", "merges.txt", "added_tokens.json", "chat_template.jinja",
 )  # fmt: skip
 
 
@@ -187,12 +188,18 @@ def _put_back(out_dir: Path) -> None:
     """Mends what a replacement killed half-way left beside out_dir (`_staged`): with out_dir gone, the new export
     (complete when its SHA256SUMS verifies, written last) takes its place, else the earlier one set aside; then the
     leftovers are removed."""
-    staged = sorted(out_dir.parent.glob(f".{out_dir.name}.tmp-*"))
-    aside = sorted(out_dir.parent.glob(f".{out_dir.name}.old-*"))
+    staged = sorted(out_dir.parent.glob(f".{glob.escape(out_dir.name)}.tmp-*"))
+    aside = sorted(out_dir.parent.glob(f".{glob.escape(out_dir.name)}.old-*"), key=lambda path: path.stat().st_mtime)
+    if not staged and not aside:
+        return
+    if out_dir.is_dir() and not any(out_dir.iterdir()):  # an empty folder made since: no export to keep
+        out_dir.rmdir()
+    if out_dir.exists() and not out_dir.is_dir():  # a file: refused by the check, and the leftovers kept
+        return
     if not out_dir.exists():
         for folder in staged:
             try:
-                complete = verify_export(folder)
+                complete = (folder / MANIFEST).is_file() and verify_export(folder)  # SHA256SUMS is written last
             except ExportIntegrityError:
                 complete = False
             if complete:
@@ -250,7 +257,8 @@ def _staged(out_dir: Path) -> Iterator[Path]:
     try:
         staging.rename(out_dir)
     except BaseException:
-        old.rename(out_dir)
+        if not out_dir.exists():  # the rename failed (not a Ctrl-C just after it): the earlier export back
+            old.rename(out_dir)
         shutil.rmtree(staging, ignore_errors=True)
         raise
     shutil.rmtree(old, ignore_errors=True)

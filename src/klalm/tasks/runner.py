@@ -432,6 +432,7 @@ class GridBlock:
     def _terminated(self, signum: int, frame: object) -> None:
         """SIGTERM (`timeout`, a scheduler): handled as Ctrl-C, once; a later one while the block stops is ignored."""
         if not self._stopping:
+            self._stopping = True  # at once: a second SIGTERM (timeout sends one to the group too) is then ignored
             raise Terminated
 
     def stop(self, wait_s: float = 30.0) -> None:

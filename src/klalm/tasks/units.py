@@ -27,6 +27,7 @@ import logging
 import math
 import os
 import re
+import signal
 import sys
 import threading
 import time
@@ -643,6 +644,9 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=logging.INFO, format="[unit %(asctime)s] %(message)s", datefmt="%H:%M:%S")
     if args.runner_pid is not None:
         exit_with_runner(args.runner_pid)
+        # the runner passes on its Ctrl-C as one SIGINT: heard even when the runner was started with SIGINT ignored
+        # (`cmd &` in a script), which its processes inherit
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     values = json.loads(args.unit.read_text())
     units = [Unit.from_dict(v) for v in (values if isinstance(values, list) else [values])]
     execution = Execution(**json.loads(args.execution))
