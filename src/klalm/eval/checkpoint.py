@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from klalm.config_checks import ConfigError
-from klalm.models.checkpoint import HF_DIR, load_model
+from klalm.models.checkpoint import load_model
 from klalm.models.export import load_export_model  # (klalm.models registers the klalm classes with the Auto classes)
 from klalm.models.params import count_parameters
 
@@ -95,8 +95,6 @@ def _load_hf_export(path: Path, tokenizer: str | Path | None) -> tuple[Any, Any]
 
 
 def _load_training(path: Path, tokenizer: str | Path | None) -> tuple[Any, Any]:
-    if path.is_dir() and (path / HF_DIR / "config.json").is_file():  # a run folder's export: the strict loader
-        return _load_hf_export(path / HF_DIR, tokenizer)
     model, tok = load_model(path)
     if tokenizer is not None:
         from transformers import AutoTokenizer

@@ -32,7 +32,7 @@ from transformers import AutoTokenizer
 
 from klalm.errors import one_line
 from klalm.models import build_model
-from klalm.models.export import load_export_model
+from klalm.models.export import load_export_model, weight_mismatch
 from klalm.param_names import clean_name
 
 log = logging.getLogger(__name__)
@@ -240,13 +240,9 @@ def _load_lightning_checkpoint(path: Path) -> tuple[Any, Any]:
         raise CheckpointError(f"{path}: its model config does not build: {one_line(err)}") from None
     state = model_state_from_checkpoint(checkpoint)
     wanted = model.state_dict()
-    problems = [f"{len(keys)} {kind} (e.g. {', '.join(sorted(keys)[:3])})" for kind, keys in (
-        ("missing", wanted.keys() - state.keys()), ("unexpected", state.keys() - wanted.keys())) if keys]  # fmt: skip
-    shaped = sorted(k for k in wanted.keys() & state.keys() if getattr(state[k], "shape", None) != wanted[k].shape)
-    if shaped:
-        key = shaped[0]
-        problems.append(f"{len(shaped)} of another shape (e.g. {key} {tuple(getattr(state[key], 'shape', ()))} for "
-                        f"{tuple(wanted[key].shape)})")  # fmt: skip
+    shaped = [(k, tuple(getattr(state[k], "shape", ())), tuple(wanted[k].shape)) for k in wanted.keys() & state.keys()
+              if getattr(state[k], "shape", None) != wanted[k].shape]  # fmt: skip
+    problems = weight_mismatch(wanted.keys() - state.keys(), state.keys() - wanted.keys(), shaped)
     if problems:
         raise CheckpointError(f"{path}: its weights do not fit its model config: {'; '.join(problems)}")
     model.load_state_dict(state)

@@ -265,6 +265,18 @@ def _staged(out_dir: Path) -> Iterator[Path]:
     log.info("replaced the earlier export in %s", out_dir)
 
 
+def weight_mismatch(missing: Any, unexpected: Any, shaped: Any) -> list[str]:
+    """What keeps stored weights from loading into a model, as phrases naming the first few: "2 missing (e.g. a, b)",
+    "1 unexpected (e.g. c)", "1 of another shape (e.g. d (4, 8) for (8, 8))"; `shaped` holds (name, stored shape,
+    wanted shape). Empty when they fit."""
+    problems = [f"{len(keys)} {kind} (e.g. {', '.join(sorted(keys)[:3])})"
+                for kind, keys in (("missing", missing), ("unexpected", unexpected)) if keys]  # fmt: skip
+    if shaped:
+        key, stored, wanted = sorted(shaped)[0]
+        problems.append(f"{len(shaped)} of another shape (e.g. {key} {tuple(stored)} for {tuple(wanted)})")
+    return problems
+
+
 def load_export_model(folder: str | Path, **kwargs: Any) -> Any:
     """Loads an export's model with `AutoModelForCausalLM.from_pretrained`, after `verify_export`, refusing weights
     that do not fit its config.json.
@@ -295,15 +307,8 @@ def load_export_model(folder: str | Path, **kwargs: Any) -> Any:
         raise ExportIntegrityError(f"{folder} cannot be loaded as a Hugging Face export: {one_line(err)}") from err
     finally:
         quiet.setLevel(level)
-    problems = []
-    for kind in ("missing", "unexpected"):
-        keys = sorted(info.get(f"{kind}_keys") or ())
-        if keys:
-            problems.append(f"{len(keys)} {kind} (e.g. {', '.join(keys[:3])})")
-    mismatched = sorted(info.get("mismatched_keys") or ())
-    if mismatched:
-        key, stored, wanted = mismatched[0]
-        problems.append(f"{len(mismatched)} of another shape (e.g. {key} {tuple(stored)} for {tuple(wanted)})")
+    problems = weight_mismatch(info.get("missing_keys") or (), info.get("unexpected_keys") or (),
+                               info.get("mismatched_keys") or ())  # fmt: skip
     if problems:
         arch = getattr(model.config, "arch", None) or model.config.model_type
         raise ExportIntegrityError(
