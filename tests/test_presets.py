@@ -80,6 +80,12 @@ def test_klalm_params_counts_for_another_vocabulary(capsys):
     ]
 
 
+def test_klalm_params_prints_a_repeated_preset_once(capsys):
+    params(["--preset", "gpt_45m", "kla_tiny", "gpt_45m", "kla_tiny"])
+    _, *lines = capsys.readouterr().out.strip().splitlines()
+    assert lines == [f"gpt_45m {EXPECTED['gpt_45m']:,}", f"kla_tiny {EXPECTED['kla_tiny']:,}"]
+
+
 @pytest.mark.parametrize(("argv", "message"), [(["--preset", "kla_9b"], "kla_9b"), (["--vocab-size", "0"], "vocab")])
 def test_klalm_params_rejects_bad_arguments(argv, message, capsys):
     with pytest.raises(SystemExit) as exit_info:

@@ -4,12 +4,15 @@ and the run falls back to the newest valid one; an explicit file that fails is r
 import csv
 import logging
 import os
+from pathlib import Path
 
 import pytest
+import torch
 
 from klalm.config_checks import ConfigError
 from klalm.models.checkpoint import CheckpointError, list_checkpoints, newest_valid, verify_checkpoint
 from klalm.train.app import run
+from klalm.train.resume import check_model
 
 from .conftest import TINY, compose_train
 
@@ -135,6 +138,20 @@ def test_a_resume_that_builds_another_model_is_refused_naming_the_setting(finish
                             finished.parent / "b")  # fmt: skip
         with pytest.raises(ConfigError, match=r"another model than this config builds \(model.d_model 32 -> 48\)"):
             run(cfg)
+
+
+def test_a_refused_model_the_stored_config_does_not_explain_names_the_first_weights():
+    """When the stored model config equals the run's, the refusal names the first tensors that do not fit (one of
+    each kind), not only how many there are."""
+    model_config = {"d_model": 32}
+    saved = {"_orig_mod.model.w": torch.zeros(4, 8), "model.old": torch.zeros(1), "model.b": torch.zeros(8)}
+    checkpoint = {"state_dict": saved, "klalm": {"model_config": model_config}}
+    shapes = {"model.w": (8, 8), "model.new": (2,), "model.b": (8,)}
+    with pytest.raises(ConfigError) as info:
+        check_model(Path("step-2.ckpt"), checkpoint, model_config, shapes)
+    message = str(info.value)
+    assert "(1 missing (e.g. model.new); 1 unexpected (e.g. model.old); " in message, message
+    assert "; 1 of another shape (e.g. model.w (4, 8) for (8, 8)));" in message, message
 
 
 def test_a_refused_resume_removes_its_own_config_record_and_says_why_in_the_log(finished):

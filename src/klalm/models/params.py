@@ -27,7 +27,7 @@ def print_table(names: list[str] | None = None, vocab_size: int | None = None) -
     """`klalm-params`: a header line, then `<preset> <exact parameter count>` per preset, e.g. `gpt_45m 45,029,888`.
 
     Args:
-        names: presets to count (None: all of PRESETS, in table order).
+        names: presets to count, each once in the order it first appears (None: all of PRESETS, in table order).
         vocab_size: tokenizer vocabulary; None: PRESET_VOCAB_SIZE, the one the budgets assume.
 
     Raises:
@@ -38,5 +38,5 @@ def print_table(names: list[str] | None = None, vocab_size: int | None = None) -
     if unknown:
         raise KeyError(f"unknown preset(s) {unknown}; valid: {sorted(PRESETS)}")
     print(f"# preset parameters (vocabulary {vocab_size:,} padded to {pad_vocab(vocab_size):,}; tied embedding once)")
-    for name in names or PRESETS:
+    for name in dict.fromkeys(names or PRESETS):
         print(f"{name} {preset_parameter_count(name, vocab_size):,}")

@@ -34,6 +34,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from klalm.config_checks import ConfigError
 from klalm.models.checkpoint import CheckpointError, newest_valid, verify_checkpoint
+from klalm.models.export import weight_mismatch
 
 log = logging.getLogger(__name__)
 
@@ -156,7 +157,8 @@ def check_model(ckpt_path: Path, checkpoint: dict[str, Any], model_config: dict[
 
     Raises:
         ConfigError: one line naming the model settings that differ (or, when the stored config does not show it,
-            how many tensors are missing, unexpected or of another shape), whatever `resume_allow_changes` says.
+            the first tensors missing, unexpected or of another shape: `weight_mismatch`), whatever
+            `resume_allow_changes` says.
     """
     saved = {_plain_name(k): tuple(v.shape) for k, v in checkpoint["state_dict"].items() if hasattr(v, "shape")}
     built = {_plain_name(k): shape for k, shape in shapes.items()}
@@ -170,9 +172,8 @@ def check_model(ckpt_path: Path, checkpoint: dict[str, Any], model_config: dict[
     changes = [f"{k} {before.get(k)!r} -> {after.get(k)!r}" for k in keys[:MAX_NAMED]]
     changes += [f"and {len(keys) - MAX_NAMED} more"] if len(keys) > MAX_NAMED else []
     if not changes:
-        other = sum(saved[k] != built[k] for k in saved.keys() & built.keys())
-        changes = [f"{len(built.keys() - saved.keys())} tensors missing, {len(saved.keys() - built.keys())} "
-                   f"unexpected, {other} of another shape"]  # fmt: skip
+        shaped = [(k, saved[k], built[k]) for k in saved.keys() & built.keys() if saved[k] != built[k]]
+        changes = weight_mismatch(built.keys() - saved.keys(), saved.keys() - built.keys(), shaped)
     raise ConfigError(
         f"resume from {ckpt_path}: the checkpoint holds another model than this config builds ({'; '.join(changes)}); "
         "resume with the checkpoint's model settings, or start a new run_name"
