@@ -43,6 +43,8 @@ def _files(folder: Path) -> dict[str, bytes]:
         (["--steps", "0"], "a5.train.steps=0 must be >= 1 (--steps"),
         (["--lrs", "inf"], "learning rates must be finite, got [inf]"),
         (["--lrs", "nan"], "learning rates must be finite, got [nan]"),
+        (["--lrs=-1e-3"], "learning rates must be > 0, got [-0.001]"),
+        (["--lrs", "1e-3,-1e-3"], "learning rates must be > 0, got [0.001, -0.001]"),
         (["--mad-weight-decays", "nan"], "mad.weight_decays must be finite"),
         (["--max-state-mib", "-3"], "max_state_mib=-3.0 must be > 0"),
         (["--gpus", "-1"], "--gpus must be >= 0, got -1"),
@@ -61,6 +63,20 @@ def test_nonsense_knobs_are_one_line_and_make_no_folder(tmp_path, knob, message)
 
 
 @pytest.mark.parametrize(
+    ("lrs", "message"),
+    [
+        ("-1e-3", "mqar.stages[0].lrs: learning rates must be > 0, got [-0.001]"),
+        ("-1e-3,1e-3", "mqar.stages[0].lrs: learning rates must be > 0, got [-0.001, 0.001]"),
+        ("-5E-4", "mqar.stages[0].lrs: learning rates must be > 0, got [-0.0005]"),
+    ],
+)
+def test_a_negative_value_after_a_space_is_the_flags_value_not_an_option(tmp_path, lrs, message):
+    """argparse (Python 3.11) took `--lrs -1e-3` for two options and said only "--lrs: expected one argument"."""
+    _refused(["run", *CPU_A5, "--results", str(tmp_path / "r"), "--state", str(tmp_path / "s"), "--lrs", lrs], message)
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
     ("text", "message"),
     [
         ("members: two\n", "members='two' must be int"),
@@ -73,7 +89,8 @@ def test_nonsense_knobs_are_one_line_and_make_no_folder(tmp_path, knob, message)
         ("- a\n- b\n", "must be a mapping of RunPlan's keys"),
         ("archs: [kla\n", "plan.yaml:2: expected ',' or ']'"),
         ("x: ${oops}\n", "Interpolation key 'oops' not found"),
-        ("time_budget_s: -5\n", "time_budget_s=-5 must be >= 0"),
+        ("time_budget_s: -5\n", "time_budget_s=-5 must be > 0 (null: no deadline)"),
+        ("time_budget_s: 0\n", "time_budget_s=0 must be > 0 (null: no deadline)"),
     ],
 )
 def test_a_plan_file_with_a_wrong_type_or_bad_yaml_is_one_line_naming_the_key(tmp_path, text, message):
@@ -178,7 +195,7 @@ def test_ctrl_c_ends_a_run_with_one_line_and_exit_code_130(tmp_path, monkeypatch
 
     monkeypatch.setattr(GridBlock, "run", interrupted)
     with pytest.raises((SystemExit, KeyboardInterrupt)) as info:
-        main(["run", *CPU_A5, "--results", str(tmp_path / "r"), "--time-budget-s", "0"])
+        main(["run", *CPU_A5, "--results", str(tmp_path / "r"), "--state", str(tmp_path / "s")])
     assert info.type is SystemExit and info.value.code == 130
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith("klalm-synthetic: interrupted: 0 row(s) written in this block are kept in")
@@ -274,8 +291,10 @@ def test_plan_keeps_the_state_of_a_unit_finished_meanwhile(tmp_path, capsys):
     assert block.saved() == {}  # a block does drop it: the state above is a stale one
 
 
-def test_a_negative_time_budget_starts_nothing_and_exits_0(tmp_path, monkeypatch, caplog):
-    """A late stage of a device call computes its budget without a floor: below 0 it is skipped, not failed."""
+@pytest.mark.parametrize("budget", ["-10", "-1e3", "0"])
+def test_a_time_budget_of_0_or_below_starts_nothing_and_exits_0(tmp_path, monkeypatch, caplog, budget):
+    """A late stage of a device call computes its budget without a floor: at 0 or below it is skipped, not failed;
+    0 is no time left, not "no deadline" (leaving the flag out is)."""
 
     def execute(self, pack, slot):
         raise AssertionError("a unit started with no time left")
@@ -283,10 +302,11 @@ def test_a_negative_time_budget_starts_nothing_and_exits_0(tmp_path, monkeypatch
     monkeypatch.setattr(GridBlock, "_execute", execute)
     with caplog.at_level("INFO", logger="klalm.synthetic"):
         main(["run", *CPU_A5, "--results", str(tmp_path / "r"), "--state", str(tmp_path / "s"), "--time-budget-s",
-              "-10"])  # fmt: skip
+              budget])  # fmt: skip
+    assert "deadline in none" not in caplog.text
     assert "no time left" in caplog.text and "block done: 0 rows written" in caplog.text
     assert not (tmp_path / "r" / "a5.jsonl").exists()
-    main(["plan", *CPU_A5, "--results", str(tmp_path / "r"), "--time-budget-s", "-10"])  # plan has no deadline
+    main(["plan", *CPU_A5, "--results", str(tmp_path / "r"), "--time-budget-s", budget])  # plan has no deadline
 
 
 def test_ctrl_c_names_the_units_that_failed_before_it(tmp_path, monkeypatch, capsys):
@@ -296,7 +316,7 @@ def test_ctrl_c_names_the_units_that_failed_before_it(tmp_path, monkeypatch, cap
 
     monkeypatch.setattr(GridBlock, "run", fails_then_interrupted)
     with pytest.raises(SystemExit) as info:
-        main(["run", *CPU_A5, "--results", str(tmp_path / "r"), "--time-budget-s", "0"])
+        main(["run", *CPU_A5, "--results", str(tmp_path / "r"), "--state", str(tmp_path / "s")])
     assert info.value.code == 130
     err = capsys.readouterr().err.strip().splitlines()
     failure = f"  {_cpu_a5_unit().label()}: RuntimeError: the unit's process exited with code 1"
@@ -311,16 +331,14 @@ def test_merge_restores_the_states_of_a_call_whose_results_did_not_come_back(tmp
 
     unit = _cpu_a5_unit()
     _saved_state(tmp_path / "paused", unit)
-    call = tmp_path / "call"  # what came back: the state parts, not synthetic/ (an empty folder, or none at all)
+    call = tmp_path / "call"  # what came back: the state parts, and synthetic/ without results files
     pack_states(tmp_path / "paused", call)
+    (call / "synthetic").mkdir()  # (one that does not exist is refused: the next test)
     (tmp_path / "dest").mkdir()
-    for source in (call / "synthetic", call / "nothing"):
-        if source.name == "synthetic":
-            source.mkdir()
-        state = tmp_path / f"state_{source.name}"
-        main(["merge", "--from", str(source), "--results", str(tmp_path / "dest"), "--state", str(state)])
-        assert json.loads(capsys.readouterr().out)["state"] == {"units": 1, "mib": 0.0}
-        assert list(saved_states(state)) == list(saved_states(tmp_path / "paused"))
+    state = tmp_path / "state"
+    main(["merge", "--from", str(call / "synthetic"), "--results", str(tmp_path / "dest"), "--state", str(state)])
+    assert json.loads(capsys.readouterr().out)["state"] == {"units": 1, "mib": 0.0}
+    assert list(saved_states(state)) == list(saved_states(tmp_path / "paused"))
     merge = ["merge", "--from", str(call / "synthetic"), "--results", str(tmp_path / "dest")]
     _refused(merge, "holds no results file (*.jsonl): nothing to merge")  # no --state: nothing to do
     (tmp_path / "bare" / "synthetic").mkdir(parents=True)
@@ -329,6 +347,21 @@ def test_merge_restores_the_states_of_a_call_whose_results_did_not_come_back(tmp
     _refused(["merge", "--from", str(tmp_path / "bare" / "none"), "--results", str(tmp_path / "dest"), "--state",
               str(tmp_path / "state_bare")], "does not exist")  # fmt: skip
     assert not (tmp_path / "state_bare").exists()
+
+
+def test_merge_refuses_a_from_folder_that_does_not_exist_though_state_parts_lie_beside_it(tmp_path):
+    """A typo in --from (`synthetc`) must not restore the states of the call beside it unnoticed."""
+    from klalm.tasks.units import pack_states
+
+    _saved_state(tmp_path / "paused", _cpu_a5_unit())
+    call = tmp_path / "call"
+    pack_states(tmp_path / "paused", call)
+    (call / "synthetic").mkdir()
+    (tmp_path / "dest").mkdir()
+    typo = call / "synthetc"
+    _refused(["merge", "--from", str(typo), "--results", str(tmp_path / "dest"), "--state", str(tmp_path / "state")],
+             f"--from folder {typo} does not exist")  # fmt: skip
+    assert not (tmp_path / "state").exists() and _files(tmp_path / "dest") == {} and not typo.exists()
 
 
 # -- signals: the units' processes run in sessions of their own, and the runner passes on one SIGINT ----------------

@@ -447,8 +447,8 @@ def validate(plan: RunPlan) -> None:
             raise ValueError(f"{key}={getattr(plan, key)} must be >= 1")
     if plan.max_state_mib is not None and not 0 < plan.max_state_mib < math.inf:
         raise ValueError(f"max_state_mib={plan.max_state_mib} must be > 0 (MiB)")
-    if plan.time_budget_s is not None and not 0 <= plan.time_budget_s < math.inf:
-        raise ValueError(f"time_budget_s={plan.time_budget_s} must be >= 0 (0: no deadline)")
+    if plan.time_budget_s is not None and not 0 < plan.time_budget_s < math.inf:
+        raise ValueError(f"time_budget_s={plan.time_budget_s} must be > 0 (null: no deadline)")
     for family in ("a5", "mqar", "mad"):
         steps = getattr(plan, family).train.steps
         if family in plan.families and steps < 1 and (family != "mad" or plan.mad.epochs is None):

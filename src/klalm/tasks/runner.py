@@ -38,6 +38,7 @@ import json
 import logging
 import math
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -549,7 +550,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         cmd = add_verb(verb, text)
         add_plan_args(cmd)
         cmd.add_argument("--results", type=Path, required=True, help="results folder (a5.jsonl, rates.jsonl, ...)")
-        cmd.add_argument("--time-budget-s", type=float, help="this block's wall-clock seconds (0: no deadline)")
+        cmd.add_argument("--time-budget-s", type=float, help="this block's wall-clock seconds; 0 or less: start "
+                         "nothing (default: the plan's time_budget_s, null: no deadline)")  # fmt: skip
         cmd.add_argument("--gpus", type=int, help="GPUs to use (default: every visible one)")
         cmd.add_argument("--state", type=Path, help="folder of paused units' states: resumed from, paused into "
                          "(needed by a run with a time budget)")  # fmt: skip
@@ -598,7 +600,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     curves.add_argument("--steps", type=int_list, default=[], help="the table's steps (default: 5 evenly spaced)")
     for verb in verbs.choices.values():  # a misspelt option fails, not taken as the option it begins
         verb.allow_abbrev = False
-    return p.parse_args(argv)
+    return p.parse_args(_joined_negatives(sys.argv[1:] if argv is None else argv))
+
+
+def _joined_negatives(argv: list[str]) -> list[str]:
+    """`--lrs -1e-3` as `--lrs=-1e-3`: argparse (Python 3.11) reads a value that starts with '-' as an option unless
+    it is -N or -N.N, and then says only "argument --lrs: expected one argument"."""
+    joined: list[str] = []
+    for arg in argv:
+        if joined and joined[-1].startswith("--") and "=" not in joined[-1] and re.match(r"-\.?\d", arg):
+            joined[-1] += "=" + arg
+        else:
+            joined.append(arg)
+    return joined
 
 
 def _add_run_filters(verb: argparse.ArgumentParser, plotted: str) -> None:
@@ -621,12 +635,12 @@ def _block(args: argparse.Namespace, plan: RunPlan) -> GridBlock:
         raise ValueError(f"--gpus {args.gpus}: give 1 to {visible} (the GPUs torch sees here)")
     gpus = args.gpus if args.gpus is not None else visible
     budget = args.time_budget_s if args.time_budget_s is not None else plan.time_budget_s
-    if budget is not None and not math.isfinite(budget):  # below 0: no time left (a late stage), nothing starts
-        raise ValueError(f"--time-budget-s {budget} must be a finite number of seconds (0: no deadline)")
+    if budget is not None and not math.isfinite(budget):  # 0 or below: no time left (a late stage), nothing starts
+        raise ValueError(f"--time-budget-s {budget} must be a finite number of seconds")
     if args.verb == "plan":  # it lists units and estimates: no deadline, so no state folder needed for one
         budget = None
     results = Results(args.results, plan.families, create=False)
-    return GridBlock(plan, results, args.state, device, gpus, getattr(args, "in_process", False), budget or None,
+    return GridBlock(plan, results, args.state, device, gpus, getattr(args, "in_process", False), budget,
                      git_commit(), getattr(args, "gpu_name", None), getattr(args, "finish_only", False),
                      getattr(args, "checkpoint_every_s", None), read_only=args.verb == "plan")  # fmt: skip
 
@@ -690,9 +704,10 @@ def _check_report(args: argparse.Namespace, plan: RunPlan) -> None:
 
 
 def _merge(args: argparse.Namespace) -> None:
-    # the state.tar.* parts beside --from: a call whose results files did not come back may still restore its states
+    # a --from that does not exist is a typo, whatever lies beside it; an empty one may stand for a call whose results
+    # files did not come back: the state.tar.* parts beside it still restore its states
+    _folder(args.source, "--from folder", exists=True)
     parts = state_parts(args.source.resolve().parent) if args.state is not None else []
-    _folder(args.source, "--from folder", exists=not parts)
     if not any(args.source.glob("*.jsonl")) and not parts:
         beside = " and no state.tar.* parts lie beside it" if args.state is not None else ""
         _refuse(f"--from {args.source} holds no results file (*.jsonl){beside}: nothing to merge (a call's rows come "
