@@ -154,7 +154,7 @@ def test_bad_plans_fail_clearly(tmp_path):
 def test_command_line_knobs_replace_plan_values_in_every_stage(capsys):
     args = parse_args(["run", "--results", "x", "--plan", "full", "--archs", "gpt,kla", "--steps", "7",
                        "--seeds", "1,2", "--a5-lengths", "5", "--mqar-cells", "64x4", "--lrs", "1e-3",
-                       "--members", "1", "--time-budget-s", "0"])  # fmt: skip
+                       "--members", "1", "--time-budget-s", "300"])  # fmt: skip
     plan = apply_args(load_plan(args.plan), args)
     assert plan.archs == ["gpt", "kla"] and plan.members == 1 and plan.mad.epochs is None
     assert load_plan("full").compile_backend == "inductor" and plan.compile_backend == "inductor"

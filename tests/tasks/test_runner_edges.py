@@ -48,8 +48,8 @@ def _files(folder: Path) -> dict[str, bytes]:
         (["--mad-weight-decays", "nan"], "mad.weight_decays must be finite"),
         (["--max-state-mib", "-3"], "max_state_mib=-3.0 must be > 0"),
         (["--gpus", "-1"], "--gpus must be >= 0, got -1"),
-        (["--time-budget-s", "nan"], "--time-budget-s nan must be a finite number of seconds"),
-        (["--time-budget-s", "inf"], "--time-budget-s inf must be a finite number of seconds"),
+        (["--time-budget-s", "nan"], "--time-budget-s nan must be a number of seconds (inf: no deadline)"),
+        (["--lrs", "-inf"], "learning rates must be > 0, got [-inf]"),
         (["--archs", ""], "--archs names nothing"),
         (["--seeds", ""], "--seeds names nothing"),
         (["--families", ","], "--families names nothing"),
@@ -291,7 +291,7 @@ def test_plan_keeps_the_state_of_a_unit_finished_meanwhile(tmp_path, capsys):
     assert block.saved() == {}  # a block does drop it: the state above is a stale one
 
 
-@pytest.mark.parametrize("budget", ["-10", "-1e3", "0"])
+@pytest.mark.parametrize("budget", ["-10", "-1e3", "0", "-inf"])
 def test_a_time_budget_of_0_or_below_starts_nothing_and_exits_0(tmp_path, monkeypatch, caplog, budget):
     """A late stage of a device call computes its budget without a floor: at 0 or below it is skipped, not failed;
     0 is no time left, not "no deadline" (leaving the flag out is)."""
@@ -307,6 +307,14 @@ def test_a_time_budget_of_0_or_below_starts_nothing_and_exits_0(tmp_path, monkey
     assert "no time left" in caplog.text and "block done: 0 rows written" in caplog.text
     assert not (tmp_path / "r" / "a5.jsonl").exists()
     main(["plan", *CPU_A5, "--results", str(tmp_path / "r"), "--time-budget-s", budget])  # plan has no deadline
+
+
+def test_a_time_budget_of_inf_is_no_deadline_and_needs_no_state(tmp_path, monkeypatch):
+    """The cpu plan's time_budget_s (720) needs --state; `--time-budget-s inf` runs it without a deadline."""
+    deadlines = []
+    monkeypatch.setattr(GridBlock, "run", lambda self: deadlines.append(self.deadline))
+    main(["run", *CPU_A5, "--results", str(tmp_path / "r"), "--time-budget-s", "inf"])
+    assert deadlines == [None]
 
 
 def test_ctrl_c_names_the_units_that_failed_before_it(tmp_path, monkeypatch, capsys):
@@ -333,7 +341,7 @@ def test_merge_restores_the_states_of_a_call_whose_results_did_not_come_back(tmp
     _saved_state(tmp_path / "paused", unit)
     call = tmp_path / "call"  # what came back: the state parts, and synthetic/ without results files
     pack_states(tmp_path / "paused", call)
-    (call / "synthetic").mkdir()  # (one that does not exist is refused: the next test)
+    (call / "synthetic").mkdir()  # (or none at all: the next test)
     (tmp_path / "dest").mkdir()
     state = tmp_path / "state"
     main(["merge", "--from", str(call / "synthetic"), "--results", str(tmp_path / "dest"), "--state", str(state)])
@@ -349,19 +357,25 @@ def test_merge_restores_the_states_of_a_call_whose_results_did_not_come_back(tmp
     assert not (tmp_path / "state_bare").exists()
 
 
-def test_merge_refuses_a_from_folder_that_does_not_exist_though_state_parts_lie_beside_it(tmp_path):
-    """A typo in --from (`synthetc`) must not restore the states of the call beside it unnoticed."""
+def test_merge_of_a_missing_synthetic_folder_restores_the_parts_beside_it_and_refuses_a_typo(tmp_path, capsys):
+    """A call whose results files all stayed behind returns no synthetic/ folder (the device tool returns files, not
+    folders): its parts are restored. A typo in --from (`synthetc`) must not restore them unnoticed."""
+    import json
+
     from klalm.tasks.units import pack_states
 
     _saved_state(tmp_path / "paused", _cpu_a5_unit())
     call = tmp_path / "call"
     pack_states(tmp_path / "paused", call)
-    (call / "synthetic").mkdir()
     (tmp_path / "dest").mkdir()
     typo = call / "synthetc"
     _refused(["merge", "--from", str(typo), "--results", str(tmp_path / "dest"), "--state", str(tmp_path / "state")],
              f"--from folder {typo} does not exist")  # fmt: skip
     assert not (tmp_path / "state").exists() and _files(tmp_path / "dest") == {} and not typo.exists()
+    main(["merge", "--from", str(call / "synthetic"), "--results", str(tmp_path / "dest"), "--state",
+          str(tmp_path / "state")])  # fmt: skip
+    assert json.loads(capsys.readouterr().out)["state"] == {"units": 1, "mib": 0.0}
+    assert not (call / "synthetic").exists() and list(_files(tmp_path / "dest")) == ["progress.jsonl"]  # the pause
 
 
 # -- signals: the units' processes run in sessions of their own, and the runner passes on one SIGINT ----------------

@@ -550,8 +550,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         cmd = add_verb(verb, text)
         add_plan_args(cmd)
         cmd.add_argument("--results", type=Path, required=True, help="results folder (a5.jsonl, rates.jsonl, ...)")
-        cmd.add_argument("--time-budget-s", type=float, help="this block's wall-clock seconds; 0 or less: start "
-                         "nothing (default: the plan's time_budget_s, null: no deadline)")  # fmt: skip
+        budget_help = {
+            "run": "this block's wall-clock seconds; 0 or less: start nothing; inf: no deadline (default: "
+            "the plan's time_budget_s)",
+            "plan": "accepted and ignored (plan has no deadline)",
+        }
+        cmd.add_argument("--time-budget-s", type=float, help=budget_help[verb])
         cmd.add_argument("--gpus", type=int, help="GPUs to use (default: every visible one)")
         cmd.add_argument("--state", type=Path, help="folder of paused units' states: resumed from, paused into "
                          "(needed by a run with a time budget)")  # fmt: skip
@@ -608,7 +612,8 @@ def _joined_negatives(argv: list[str]) -> list[str]:
     it is -N or -N.N, and then says only "argument --lrs: expected one argument"."""
     joined: list[str] = []
     for arg in argv:
-        if joined and joined[-1].startswith("--") and "=" not in joined[-1] and re.match(r"-\.?\d", arg):
+        negative = re.match(r"-(\.?\d|inf|nan)", arg, re.IGNORECASE)
+        if joined and joined[-1].startswith("--") and "=" not in joined[-1] and negative:
             joined[-1] += "=" + arg
         else:
             joined.append(arg)
@@ -635,8 +640,10 @@ def _block(args: argparse.Namespace, plan: RunPlan) -> GridBlock:
         raise ValueError(f"--gpus {args.gpus}: give 1 to {visible} (the GPUs torch sees here)")
     gpus = args.gpus if args.gpus is not None else visible
     budget = args.time_budget_s if args.time_budget_s is not None else plan.time_budget_s
-    if budget is not None and not math.isfinite(budget):  # 0 or below: no time left (a late stage), nothing starts
-        raise ValueError(f"--time-budget-s {budget} must be a finite number of seconds")
+    if budget is not None and math.isnan(budget):  # 0 or below: no time left (a late stage), nothing starts
+        raise ValueError(f"--time-budget-s {budget} must be a number of seconds (inf: no deadline)")
+    if budget == math.inf:
+        budget = None
     if args.verb == "plan":  # it lists units and estimates: no deadline, so no state folder needed for one
         budget = None
     results = Results(args.results, plan.families, create=False)
@@ -704,10 +711,10 @@ def _check_report(args: argparse.Namespace, plan: RunPlan) -> None:
 
 
 def _merge(args: argparse.Namespace) -> None:
-    # a --from that does not exist is a typo, whatever lies beside it; an empty one may stand for a call whose results
-    # files did not come back: the state.tar.* parts beside it still restore its states
-    _folder(args.source, "--from folder", exists=True)
+    # a call whose results files did not come back returns no synthetic/ folder, only its states' parts beside where it
+    # would be: a --from named synthetic, missing or empty, still restores them; any other missing --from is a typo
     parts = state_parts(args.source.resolve().parent) if args.state is not None else []
+    _folder(args.source, "--from folder", exists=not (parts and args.source.name == "synthetic"))
     if not any(args.source.glob("*.jsonl")) and not parts:
         beside = " and no state.tar.* parts lie beside it" if args.state is not None else ""
         _refuse(f"--from {args.source} holds no results file (*.jsonl){beside}: nothing to merge (a call's rows come "
