@@ -10,7 +10,7 @@
 # results/synthetic's files of the families the stages name, with progress.jsonl and rates.jsonl).
 #   RUNS='--families a5 --archs kla --a5-lengths 12 --a5-depths 1 --seeds 3,4' bash scripts/device_synthetic.sh
 #   RUNS=$'--families mqar --archs kla --mqar-cells 2048x256 --mqar-depths 2 --mqar-d-states 16 --lrs 2.2e-3\n--families a5 --archs gpt --a5-lengths 16,20 --a5-depths 3 --seeds 3,4' bash ...
-# Other knobs: TESTS (pytest arguments, split at spaces: GPU tests run first, into test.log, at most 150 s),
+# Other knobs: TESTS (pytest arguments, split at spaces: GPU tests run first, into block.log, at most 150 s),
 # IN_PROCESS=1 (`--in-process`: units train in the runner's process, skipping a child process's start and exit; a
 # stage that then exits non-zero runs again in a child process), FINISH_ONLY=1 (`--finish-only`, a session's last
 # call). It exits 1 if a stage failed (its error is in block.log), after running the others.
@@ -52,7 +52,7 @@ if [ -n "${FROM:-}" ]; then  # the last call's rows and states: what this call s
 fi
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader
 if [ -n "${TESTS:-}" ]; then
-  timeout 150 python3 -m pytest -q -m gpu $TESTS 2>&1 | tail -4 | tee "$OUT/test.log"
+  timeout 150 python3 -m pytest -q -m gpu $TESTS 2>&1 | tail -4 | sed 's/^/== test: /' | tee -a "$OUT/block.log"
 fi
 python3 scripts/run_synthetic.py pack --state .carry/synthetic_state --out "$OUT" --every-s 20 & watcher=$!
 status=0  # 1 once a stage has failed (a bad option, a unit that failed): the later stages still run
@@ -74,4 +74,9 @@ while IFS= read -r stage <&3; do
 done 3<<< "$RUNS"
 kill $watcher; python3 scripts/run_synthetic.py pack --state .carry/synthetic_state --out "$OUT"
 ls -la .carry/synthetic_state "$OUT"; echo "== end $(( $(date +%s) - start )) s"
+# a device call returns at most 8 files: with a large state (four 15 MiB parts) a log the caller writes into $OUT
+# can push a results file out (results/gpu_2026-12-05: rates.jsonl)
+returned=$(find "$OUT" -type f | wc -l)
+[ "$returned" -le 8 ] || echo "== warning: $returned files under \$OUT, a call returns 8: some will not come back" |
+  tee -a "$OUT/block.log"
 exit $status

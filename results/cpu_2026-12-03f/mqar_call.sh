@@ -23,7 +23,7 @@
 # it) brings back the last checkpoint instead of nothing. Afterwards, here: `merge --from <files_at>/synthetic
 # --results results/synthetic --state .carry/synthetic_state` (which also records the progress of a stopped call's
 # checkpoint). With TEST=1 (once, on the session's first call), first
-# the GPU tests of MQAR's step and evaluation (`pytest -m gpu tests/tasks/test_graph.py -k mqar`, into test.log).
+# the GPU tests of MQAR's step and evaluation (`pytest -m gpu tests/tasks/test_graph.py -k mqar`, into test.log; into block.log since the thirty-fifth session).
 LRS=${LRS-2.2e-3}; : ${ARCHS:=kla} ${CELLS:=2048x256} ${DEPTHS:=1} ${DMODELS:=128} ${DSTATES:=128}
 RUNS=$(for stage in ${STAGES:-$DEPTHS:$DSTATES}; do
   echo "--families mqar --archs $ARCHS --mqar-cells $CELLS --mqar-depths ${stage%%:*} --mqar-d-models $DMODELS" \

@@ -1022,13 +1022,15 @@ def test_the_device_script_runs_its_stages_in_order_on_the_budget(tmp_path):
     assert sorted(p.name for p in (out / "synthetic").iterdir()) == ["a5.jsonl", "rates.jsonl"]
     log = (out / "block.log").read_text()
     assert [line.split(";")[0] for line in log.splitlines() if line.startswith("== ")] == [f"== {x}" for x in lines]
-    assert log.count(", in-process") == 2 and "again in a child" not in log
+    assert log.count(", in-process") == 2 and "again in a child" not in log and "will not come back" not in log
     assert (out / "state.tar.00").exists()
     # FROM: the next call, sent before this one was merged at home, carries what it returned; on a fresh machine
     # (results without its rows, a stale state folder) it starts from those rows and parts: the finished unit is not
     # trained again, and the state folder becomes the one that came back (empty)
     fresh, out2 = machine(tmp_path / "fresh"), tmp_path / "out2"
     out2.mkdir()
+    for name in ("call.log", "a.log", "b.log", "c.log", "d.log"):  # the caller's files: past the 8 a call returns
+        (out2 / name).write_text("")
     shutil.copytree(out, fresh / ".carry" / "last_call")
     (fresh / ".carry" / "synthetic_state").mkdir()
     (fresh / ".carry" / "synthetic_state" / "stale.json").write_text("{}")
@@ -1038,6 +1040,7 @@ def test_the_device_script_runs_its_stages_in_order_on_the_budget(tmp_path):
     assert read_jsonl(out2 / "synthetic" / "a5.jsonl") == rows
     log2 = (out2 / "block.log").read_text()
     assert log2.startswith('== from .carry/last_call: {"a5.jsonl": 2') and "0 rows written" in log2
+    assert "files under $OUT, a call returns 8: some will not come back" in log2
     assert not (fresh / ".carry" / "synthetic_state" / "stale.json").exists()
     # what came back from a call stopped before it packed its states: refused at once, nothing trained
     for part in (fresh / ".carry" / "last_call").glob("state.tar.*"):
