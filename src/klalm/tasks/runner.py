@@ -642,9 +642,7 @@ def _block(args: argparse.Namespace, plan: RunPlan) -> GridBlock:
     budget = args.time_budget_s if args.time_budget_s is not None else plan.time_budget_s
     if budget is not None and math.isnan(budget):  # 0 or below: no time left (a late stage), nothing starts
         raise ValueError(f"--time-budget-s {budget} must be a number of seconds (inf: no deadline)")
-    if budget == math.inf:
-        budget = None
-    if args.verb == "plan":  # it lists units and estimates: no deadline, so no state folder needed for one
+    if budget == math.inf or args.verb == "plan":  # plan lists units and estimates: no deadline, no state folder
         budget = None
     results = Results(args.results, plan.families, create=False)
     return GridBlock(plan, results, args.state, device, gpus, getattr(args, "in_process", False), budget,
