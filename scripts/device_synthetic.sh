@@ -22,18 +22,29 @@
 # (`merge --state`), so it can be sent the moment the last call returns, on a warm machine or a fresh one, and the
 # last call's merge here can wait until this one runs. A DIR without state parts (a call stopped before it packed)
 # stops it at once with exit 3: merge that call here and send this one carrying .carry/synthetic_state instead.
+# Parts too large to carry (thirty-sixth session: a d_model-256 unit's 58.6 MiB state and the 9.9 MB tree pass the
+# 64 MiB a call carries): copy the files without the parts (`mkdir -p .carry/last_call && cp -r <files_at>/synthetic
+# <files_at>/block.log .carry/last_call/`) and send FROM it within the 30 s the warm machine waits: its state is there;
+# the sha256 of the parts the last call packed (the end of its block.log) must match the one it left beside it, or
+# it stops with exit 3 (a fresh machine). Merge the parts here later, from <files_at>, with --state.
 start=$(date +%s)
 left() { echo $(( ${LIMIT:-600} - ($(date +%s) - start) - ${MARGIN:-45} )); }
 if [ -z "${RUNS:-}" ]; then echo "device_synthetic.sh: set RUNS (one line of run options per stage)" >&2; exit 2; fi
 if [ -n "${FROM:-}" ]; then
+  restore=(--state .carry/synthetic_state)  # replace this machine's state by the parts FROM brings
   if [ ! -d "$FROM/synthetic" ]; then
     echo "device_synthetic.sh: FROM=$FROM has no synthetic/ folder (carry the folder a call's files came back in)" >&2
     exit 2
   fi
-  if ! compgen -G "$FROM/state.tar.*" > /dev/null; then
-    echo "device_synthetic.sh: FROM=$FROM has no state.tar.* parts (that call stopped before it packed its" \
-      "states): merge it at home and send this call carrying .carry/synthetic_state" >&2
-    exit 3
+  if ! compgen -G "$FROM/state.tar.*" > /dev/null; then  # parts left home: this machine must still hold them
+    sent=$(grep -o '^== state sha256 [0-9a-f]*' "$FROM/block.log" 2>/dev/null | tail -1 | cut -d' ' -f4)
+    if [ -z "$sent" ] || [ "$sent" != "$(cat .carry/synthetic_state.sha256 2>/dev/null)" ]; then
+      echo "device_synthetic.sh: FROM=$FROM has no state.tar.* parts and this machine does not hold the state" \
+        "that call left (a fresh machine, or a call stopped before it packed): merge it at home and send this" \
+        "call carrying .carry/synthetic_state" >&2
+      exit 3
+    fi
+    restore=()
   fi
 fi
 source scripts/device_setup.sh || exit 1
@@ -47,7 +58,8 @@ for name in progress rates $families; do
 done
 if [ -n "${FROM:-}" ]; then  # the last call's rows and states: what this call starts from, recorded in block.log
   merged=$(python3 scripts/run_synthetic.py merge --from "$FROM/synthetic" --results "$OUT/synthetic" \
-    --state .carry/synthetic_state) || exit 1
+    "${restore[@]}") || exit 1
+  [ ${#restore[@]} -gt 0 ] || merged="$merged; the state this machine kept"
   echo "== from $FROM: $merged" | tee -a "$OUT/block.log"
 fi
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader
@@ -73,6 +85,10 @@ while IFS= read -r stage <&3; do
   [ "$code" = 0 ] || status=1
 done 3<<< "$RUNS"
 kill $watcher; python3 scripts/run_synthetic.py pack --state .carry/synthetic_state --out "$OUT"
+# what the parts hold, for a next call sent within the 30 s this warm machine waits, FROM a copy of these files
+# without the parts: it finds the state still here and checks it against this line
+cat "$OUT"/state.tar.* 2>/dev/null | sha256sum | cut -d' ' -f1 > .carry/synthetic_state.sha256
+echo "== state sha256 $(cat .carry/synthetic_state.sha256)" | tee -a "$OUT/block.log"
 ls -la .carry/synthetic_state "$OUT"; echo "== end $(( $(date +%s) - start )) s"
 # a device call returns at most 8 files: with a large state (four 15 MiB parts) a log the caller writes into $OUT
 # can push a results file out (results/gpu_2026-12-05: rates.jsonl)

@@ -992,7 +992,8 @@ def test_the_device_script_runs_its_stages_in_order_on_the_budget(tmp_path):
     """scripts/device_synthetic.sh on the CPU (its setup skipped, no nvidia-smi): two A5 stages of 20 steps run one
     after the other (in-process) into $OUT/synthetic, which gets the results files of the named family (and progress
     and rates) only, and the state folder is packed at the end; a FROM call after it, on a fresh machine, starts from
-    what that call returned (its rows and its state parts) and refuses what came back without state parts; without
+    what that call returned (its rows and its state parts), a FROM call without the parts starts from the state the
+    machine kept, and one sent to a fresh machine without the parts is refused; without
     RUNS it refuses, and a failing stage makes it exit 1."""
     import os
     import subprocess
@@ -1021,9 +1022,19 @@ def test_the_device_script_runs_its_stages_in_order_on_the_budget(tmp_path):
     assert [(r["task"]["length"], r["steps"]) for r in rows] == [(3, 20), (4, 20)]
     assert sorted(p.name for p in (out / "synthetic").iterdir()) == ["a5.jsonl", "rates.jsonl"]
     log = (out / "block.log").read_text()
-    assert [line.split(";")[0] for line in log.splitlines() if line.startswith("== ")] == [f"== {x}" for x in lines]
+    heads = [line.split(";")[0] for line in log.splitlines() if line.startswith("== ")]
+    assert heads[:-1] == [f"== {x}" for x in lines] and heads[-1].startswith("== state sha256 ")
     assert log.count(", in-process") == 2 and "again in a child" not in log and "will not come back" not in log
     assert (out / "state.tar.00").exists()
+    # FROM a copy without the state parts (too large to carry), sent while this machine is still warm: it checks
+    # that the state folder here is the one those parts hold and starts from it
+    warm, out_warm = repo / ".carry" / "warm_call", tmp_path / "out_warm"
+    shutil.copytree(out, warm, ignore=shutil.ignore_patterns("state.tar.*"))
+    out_warm.mkdir()
+    same = subprocess.run(["bash", "scripts/device_synthetic.sh"], cwd=repo, capture_output=True, text=True,
+                          env={**env, "OUT": str(out_warm), "RUNS": lines[0], "FROM": ".carry/warm_call"})  # fmt: skip
+    assert same.returncode == 0, same.stdout[-2000:] + same.stderr[-2000:]
+    assert "; the state this machine kept" in (out_warm / "block.log").read_text()
     # FROM: the next call, sent before this one was merged at home, carries what it returned; on a fresh machine
     # (results without its rows, a stale state folder) it starts from those rows and parts: the finished unit is not
     # trained again, and the state folder becomes the one that came back (empty)
@@ -1042,9 +1053,11 @@ def test_the_device_script_runs_its_stages_in_order_on_the_budget(tmp_path):
     assert log2.startswith('== from .carry/last_call: {"a5.jsonl": 2') and "0 rows written" in log2
     assert "files under $OUT, a call returns 8: some will not come back" in log2
     assert not (fresh / ".carry" / "synthetic_state" / "stale.json").exists()
-    # what came back from a call stopped before it packed its states: refused at once, nothing trained
+    # what came back from a call stopped before it packed its states, or a copy without the parts sent to a fresh
+    # machine: refused at once, nothing trained
     for part in (fresh / ".carry" / "last_call").glob("state.tar.*"):
         part.unlink()
+    (fresh / ".carry" / "synthetic_state.sha256").unlink()
     out3 = tmp_path / "out3"
     out3.mkdir()
     stopped = subprocess.run(["bash", "scripts/device_synthetic.sh"], cwd=fresh, env={**again, "OUT": str(out3)},
