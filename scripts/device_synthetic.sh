@@ -21,19 +21,23 @@
 # folder. The call merges DIR's rows into $OUT/synthetic and replaces .carry/synthetic_state by DIR's state parts
 # (`merge --state`), so it can be sent the moment the last call returns, on a warm machine or a fresh one, and the
 # last call's merge here can wait until this one runs. A DIR without state parts (a call stopped before it packed)
-# stops it at once with exit 3: merge that call here and send this one carrying .carry/synthetic_state instead.
-# Parts too large to carry (thirty-sixth session: a d_model-256 unit's 58.6 MiB state and the 9.9 MB tree pass the
-# 64 MiB a call carries): copy the files without the parts (`mkdir -p .carry/last_call && cp -r <files_at>/synthetic
-# <files_at>/block.log .carry/last_call/`) and send FROM it within the 30 s the warm machine waits: its state is there;
-# the sha256 of the parts the last call packed (the end of its block.log) must match the one it left beside it, or
-# it stops with exit 3 (a fresh machine). Merge the parts here later, from <files_at>, with --state.
+# stops it at once with exit 3: merge that call here and send this one from the state folder here, packed (below).
+# State parts pack the states' bytes in planes, deflated (thirty-sixth session): a d_model-256 MQAR unit's 58.6 MiB
+# state packs to 50.1 MiB, which a call carries beside the 9.9 MB tree (64 MiB in all; the unpacked folder does not
+# fit). So a state folder at home goes as parts too: `run_synthetic.py pack --state .carry/synthetic_state --out
+# .carry/state_in`, then FROM=.carry/state_in, carrying `.whl` and .carry/state_in.
+# Parts too large even so: copy the last call's files without them (`mkdir -p .carry/last_call && cp -r
+# <files_at>/synthetic <files_at>/block.log .carry/last_call/`) and send FROM it within the 30 s the warm machine
+# waits: its state folder is still there, checked against the sha256 of the parts the last call packed (the end of
+# its block.log), or it stops with exit 3 (a fresh machine). Merge those parts here later, from <files_at>.
 start=$(date +%s)
 left() { echo $(( ${LIMIT:-600} - ($(date +%s) - start) - ${MARGIN:-45} )); }
 if [ -z "${RUNS:-}" ]; then echo "device_synthetic.sh: set RUNS (one line of run options per stage)" >&2; exit 2; fi
 if [ -n "${FROM:-}" ]; then
   restore=(--state .carry/synthetic_state)  # replace this machine's state by the parts FROM brings
-  if [ ! -d "$FROM/synthetic" ]; then
-    echo "device_synthetic.sh: FROM=$FROM has no synthetic/ folder (carry the folder a call's files came back in)" >&2
+  if [ ! -d "$FROM/synthetic" ] && ! compgen -G "$FROM/state.tar.*" > /dev/null; then
+    echo "device_synthetic.sh: FROM=$FROM has no synthetic/ folder and no state.tar.* parts (carry the folder a" \
+      "call's files came back in, or one \`run_synthetic.py pack\` filled)" >&2
     exit 2
   fi
   if ! compgen -G "$FROM/state.tar.*" > /dev/null; then  # parts left home: this machine must still hold them
@@ -41,7 +45,7 @@ if [ -n "${FROM:-}" ]; then
     if [ -z "$sent" ] || [ "$sent" != "$(cat .carry/synthetic_state.sha256 2>/dev/null)" ]; then
       echo "device_synthetic.sh: FROM=$FROM has no state.tar.* parts and this machine does not hold the state" \
         "that call left (a fresh machine, or a call stopped before it packed): merge it at home and send this" \
-        "call carrying .carry/synthetic_state" >&2
+        "call FROM the state folder there, packed (\`run_synthetic.py pack\`)" >&2
       exit 3
     fi
     restore=()

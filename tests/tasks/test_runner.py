@@ -688,7 +688,8 @@ def test_merge_restores_the_state_that_came_back_and_keeps_the_old_one_otherwise
 def test_pack_writes_the_pieces_merge_restores_and_drops_stale_ones(tmp_path, capsys):
     state, out, back = tmp_path / "state", tmp_path / "out", tmp_path / "back"
     state.mkdir()
-    files = {"abc.json": b'{"step": 3}', "abc.pt": bytes(range(256)) * 20, "def.json": b"{}", "def.pt": b"x"}
+    noise = torch.randn(15_000, generator=torch.Generator().manual_seed(0)) * 0.02  # weights-like fp32, in pieces
+    files = {"abc.json": b'{"step": 3}', "abc.pt": noise.numpy().tobytes(), "def.json": b"{}", "def.pt": b"x"}
     for name, data in files.items():
         (state / name).write_bytes(data)
     (state / "notes.txt").write_text("not a state")
@@ -697,11 +698,18 @@ def test_pack_writes_the_pieces_merge_restores_and_drops_stale_ones(tmp_path, ca
     assert max(p.stat().st_size for p in parts) == 2000
     (out / "state.tar.00.tmp").write_bytes(b"half written")  # a piece cut off mid-write is not one
     assert units.state_parts(out) == parts
+    assert sum(p.stat().st_size for p in parts) < 0.92 * len(files["abc.pt"])  # in planes (plain deflate: 0.93)
     units.restore_states(units.state_parts(out), back)
     assert {p.name: p.read_bytes() for p in back.iterdir()} == files  # and no lock file or stray notes
+    cut = parts[-1].read_bytes()
+    parts[-1].write_bytes(cut[:-5])  # a piece cut short: refused, the restored folder kept
+    with pytest.raises(ValueError, match="cannot be unpacked"):
+        units.restore_states(units.state_parts(out), back)
+    assert {p.name: p.read_bytes() for p in back.iterdir()} == files
     (state / "abc.pt").write_bytes(b"smaller")
     main(["pack", "--state", str(state), "--out", str(out)])
-    assert json.loads(capsys.readouterr().out) == {"parts": ["state.tar.00"], "units": 2}
+    assert json.loads(capsys.readouterr().out) == {"parts": ["state.tar.00"], "units": 2, "state_mib": 0.0,
+                                                   "packed_mib": 0.0}  # fmt: skip
     assert units.state_parts(out) == [out / "state.tar.00"]  # the larger pack's other pieces are gone
     with pytest.raises(SystemExit, match="state folder .*nowhere does not exist"):
         main(["pack", "--state", str(tmp_path / "nowhere"), "--out", str(out)])
@@ -1035,6 +1043,19 @@ def test_the_device_script_runs_its_stages_in_order_on_the_budget(tmp_path):
                           env={**env, "OUT": str(out_warm), "RUNS": lines[0], "FROM": ".carry/warm_call"})  # fmt: skip
     assert same.returncode == 0, same.stdout[-2000:] + same.stderr[-2000:]
     assert "; the state this machine kept" in (out_warm / "block.log").read_text()
+    # FROM a folder holding only parts (a state folder at home, packed: too large to carry unpacked) on a fresh
+    # machine: the state is restored, no rows merged
+    home, out_home, packed = machine(tmp_path / "home"), tmp_path / "out_home", tmp_path / "packed"
+    out_home.mkdir()
+    paused = plan_units(_tiny_plan(families=["a5"], archs=["kla"]))[0]
+    run_unit(paused, torch.device("cpu"), Execution(), deadline=time.time(), state=packed)  # paused at step 10
+    units.pack_states(packed, home / ".carry" / "state_in")
+    restored = subprocess.run(["bash", "scripts/device_synthetic.sh"], cwd=home, capture_output=True, text=True,
+                              env={**env, "KLALM_DEVICE_SETUP": str(home), "OUT": str(out_home), "RUNS": lines[0],
+                                   "FROM": ".carry/state_in"})  # fmt: skip
+    assert restored.returncode == 0, restored.stdout[-2000:] + restored.stderr[-2000:]
+    assert '"state": {"units": 1' in (out_home / "block.log").read_text()
+    assert sorted(units.saved_states(home / ".carry" / "synthetic_state")) == [units.state_name(paused)]
     # FROM: the next call, sent before this one was merged at home, carries what it returned; on a fresh machine
     # (results without its rows, a stale state folder) it starts from those rows and parts: the finished unit is not
     # trained again, and the state folder becomes the one that came back (empty)

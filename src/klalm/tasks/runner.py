@@ -658,6 +658,10 @@ def _refuse(message: str) -> NoReturn:
     sys.exit(f"{PREFIX}: {message}")
 
 
+def _mib(paths) -> float:
+    return round(sum(path.stat().st_size for path in paths) / 2**20, 1)
+
+
 def _folder(path: Path, what: str, exists: bool) -> None:
     """Refuse a folder argument (`what`: "--results folder") that is a file or lies under one, or (`exists`) that
     does not exist."""
@@ -759,7 +763,9 @@ def main(argv: list[str] | None = None) -> None:
             watch_states(args.state, args.out, args.every_s)  # returns only when killed
         else:
             parts = pack_states(args.state, args.out)
-            print(json.dumps({"parts": [p.name for p in parts], "units": len(saved_states(args.state))}))
+            states = [*args.state.glob("*.json"), *args.state.glob("*.pt")]  # what pack_states packs
+            mib = {"state_mib": _mib(states), "packed_mib": _mib(parts)}
+            print(json.dumps({"parts": [p.name for p in parts], "units": len(saved_states(args.state)), **mib}))
         return
     if args.verb in ("evaluate", "positions"):
         from klalm.tasks.report import (
