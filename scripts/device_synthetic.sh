@@ -27,9 +27,10 @@
 # fit). So a state folder at home goes as parts too: `run_synthetic.py pack --state .carry/synthetic_state --out
 # .carry/state_in`, then FROM=.carry/state_in, carrying `.whl` and .carry/state_in.
 # Parts too large even so: copy the last call's files without them (`mkdir -p .carry/last_call && cp -r
-# <files_at>/synthetic <files_at>/block.log .carry/last_call/`) and send FROM it within the 30 s the warm machine
-# waits: its state folder is still there, checked against the sha256 of the parts the last call packed (the end of
-# its block.log), or it stops with exit 3 (a fresh machine). Merge those parts here later, from <files_at>.
+# <files_at>/synthetic <files_at>/block.log .carry/last_call/ && chmod -R u+w .carry/last_call`) and send FROM it
+# within the 30 s the warm machine waits: the sha256 of the parts the last call packed (its block.log's "== state
+# sha256" line) must match the one that call left beside the state folder when it ended (a call removes it when it
+# starts, so one cut off leaves none), or it stops with exit 3 (a fresh machine). Merge those parts here later.
 start=$(date +%s)
 left() { echo $(( ${LIMIT:-600} - ($(date +%s) - start) - ${MARGIN:-45} )); }
 if [ -z "${RUNS:-}" ]; then echo "device_synthetic.sh: set RUNS (one line of run options per stage)" >&2; exit 2; fi
@@ -51,6 +52,7 @@ if [ -n "${FROM:-}" ]; then
     restore=()
   fi
 fi
+rm -f .carry/synthetic_state.sha256  # from here the state folder changes: a call cut off before its end leaves none
 source scripts/device_setup.sh || exit 1
 # the results files of the families the stages name (all, where a stage names none), with progress and rates: at
 # most 8 files come back from a call, so a5.jsonl stays home when only MQAR runs
@@ -88,11 +90,13 @@ while IFS= read -r stage <&3; do
   done
   [ "$code" = 0 ] || status=1
 done 3<<< "$RUNS"
-kill $watcher; python3 scripts/run_synthetic.py pack --state .carry/synthetic_state --out "$OUT"
+kill $watcher; wait $watcher 2>/dev/null; rm -f "$OUT"/state.tar.*.tmp  # a piece the watcher left half written
 # what the parts hold, for a next call sent within the 30 s this warm machine waits, FROM a copy of these files
 # without the parts: it finds the state still here and checks it against this line
-cat "$OUT"/state.tar.* 2>/dev/null | sha256sum | cut -d' ' -f1 > .carry/synthetic_state.sha256
-echo "== state sha256 $(cat .carry/synthetic_state.sha256)" | tee -a "$OUT/block.log"
+if python3 scripts/run_synthetic.py pack --state .carry/synthetic_state --out "$OUT"; then
+  cat "$OUT"/state.tar.[0-9][0-9] 2>/dev/null | sha256sum | cut -d' ' -f1 > .carry/synthetic_state.sha256
+  echo "== state sha256 $(cat .carry/synthetic_state.sha256)" | tee -a "$OUT/block.log"
+fi
 ls -la .carry/synthetic_state "$OUT"; echo "== end $(( $(date +%s) - start )) s"
 # a device call returns at most 8 files: with a large state (four 15 MiB parts) a log the caller writes into $OUT
 # can push a results file out (results/gpu_2026-12-05: rates.jsonl)

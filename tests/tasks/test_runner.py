@@ -701,10 +701,11 @@ def test_pack_writes_the_pieces_merge_restores_and_drops_stale_ones(tmp_path, ca
     assert sum(p.stat().st_size for p in parts) < 0.92 * len(files["abc.pt"])  # in planes (plain deflate: 0.93)
     units.restore_states(units.state_parts(out), back)
     assert {p.name: p.read_bytes() for p in back.iterdir()} == files  # and no lock file or stray notes
-    cut = parts[-1].read_bytes()
-    parts[-1].write_bytes(cut[:-5])  # a piece cut short: refused, the restored folder kept
-    with pytest.raises(ValueError, match="cannot be unpacked"):
-        units.restore_states(units.state_parts(out), back)
+    whole = parts[-1].read_bytes()
+    for damaged in (whole[:-5], whole + b"stale"):  # a piece cut short, a stray one after it: refused, the folder kept
+        parts[-1].write_bytes(damaged)
+        with pytest.raises(ValueError, match="cannot be unpacked"):
+            units.restore_states(units.state_parts(out), back)
     assert {p.name: p.read_bytes() for p in back.iterdir()} == files
     (state / "abc.pt").write_bytes(b"smaller")
     main(["pack", "--state", str(state), "--out", str(out)])
@@ -1078,7 +1079,7 @@ def test_the_device_script_runs_its_stages_in_order_on_the_budget(tmp_path):
     # machine: refused at once, nothing trained
     for part in (fresh / ".carry" / "last_call").glob("state.tar.*"):
         part.unlink()
-    (fresh / ".carry" / "synthetic_state.sha256").unlink()
+    (fresh / ".carry" / "synthetic_state.sha256").write_text("0" * 64)  # another state than the one that came back
     out3 = tmp_path / "out3"
     out3.mkdir()
     stopped = subprocess.run(["bash", "scripts/device_synthetic.sh"], cwd=fresh, env={**again, "OUT": str(out3)},

@@ -277,9 +277,10 @@ def _unsqueezed(blob: bytes) -> bytes:
     if not blob.startswith(SQUEEZED):
         return blob
     size = int.from_bytes(blob[len(SQUEEZED) : len(SQUEEZED) + 8], "little")
-    planes = zlib.decompress(blob[len(SQUEEZED) + 8 :])
-    if len(planes) != size:
-        raise zlib.error(f"{len(planes)} bytes unpacked, {size} packed")
+    stream = zlib.decompressobj()
+    planes = stream.decompress(blob[len(SQUEEZED) + 8 :])
+    if not stream.eof or stream.unused_data or len(planes) != size:  # cut short, a stray piece after it, or damaged
+        raise zlib.error(f"{len(planes)} bytes unpacked of {size}, {len(stream.unused_data)} left over")
     data, start = bytearray(size), 0
     for offset in range(4):
         count = len(range(offset, size, 4))
