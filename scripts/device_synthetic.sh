@@ -23,7 +23,7 @@
 # last call's merge here can wait until this one runs. A DIR without state parts (a call stopped before it packed)
 # stops it at once with exit 3: merge that call here and send this one from the state folder here, packed (below).
 # State parts pack the states' bytes in planes, deflated (thirty-sixth session): a d_model-256 MQAR unit's 58.6 MiB
-# state packs to 50.1 MiB, which a call carries beside the 9.9 MB tree (64 MiB in all; the unpacked folder does not
+# state packs to 49.4 MiB, which a call carries beside the 9.9 MB tree (64 MiB in all; the unpacked folder does not
 # fit). So a state folder at home goes as parts too: `run_synthetic.py pack --state .carry/synthetic_state --out
 # .carry/state_in`, then FROM=.carry/state_in, carrying `.whl` and .carry/state_in.
 # Parts too large even so: copy the last call's files without them (`mkdir -p .carry/last_call && cp -r
