@@ -105,7 +105,11 @@ def test_missing_data_files_are_named_before_anything_is_written(files_args, tmp
 
 def test_split_without_a_source_is_refused_before_the_others_are_written(files_args, tmp_path):
     message = _refused(files_args, tmp_path / "out")  # no val=...: train used to be written, then a KeyError
-    assert "no 'val_source' for split 'val': give it a source (or prepare only --splits train)" in message
+    assert message.endswith(
+        "split 'val' has no source: give it one with --override val=... (or prepare only --splits train)"
+    )
+    message = _refused([*files_args, "--splits", "val"], tmp_path / "out")  # named the key 'val_source', not 'val'
+    assert message.endswith("split 'val' has no source: give it one with --override val=...")
 
 
 def test_bad_config_values_are_named(files_args, tmp_path):
@@ -121,3 +125,31 @@ def test_bad_config_values_are_named(files_args, tmp_path):
 def test_good_input_still_writes_shards(files_args, tmp_path):
     results = prepare_main([*files_args, "--splits", "train", "--out", str(tmp_path / "out"), "--no-progress"])
     assert results["train"]["documents"] == 1 and (tmp_path / "out" / "tokenizer").is_dir()
+
+
+BAD_DATA = {  # file -> (content, what the refusal says besides the split)
+    "late_corrupt.jsonl": (b'{"text": "a b"}\n' * 300 + b"{bad\n", "late_corrupt.jsonl:line 301: corrupt_json"),
+    "binary.jsonl": (b"\xff\xfe\n", "binary.jsonl:line 1: invalid_utf8"),
+    "wrongfield.jsonl": (b'{"body": "x"}\n', "wrongfield.jsonl:line 1: missing_field: no field 'text'"),
+    "fake.jsonl.gz": (b'{"text": "not gzipped"}\n', "fake.jsonl.gz'] field='text': Not a gzipped file"),
+    "empty.jsonl": (b"", "empty.jsonl'] field='text' (skipped: none)"),
+}
+
+
+def _files(folder: Path) -> dict[Path, bytes]:
+    return {p.relative_to(folder): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize("name", sorted(BAD_DATA))
+def test_bad_data_is_refused_and_leaves_the_output_as_it_was(name, files_args, tmp_path):
+    content, says = BAD_DATA[name]
+    (tmp_path / name).write_bytes(content)
+    bad = [*files_args[:3], f"train={tmp_path / name}", *files_args[4:], "--splits", "train", "--no-progress"]
+    message = _refused(bad, tmp_path / "new")  # was a traceback (or exit 0 with 0 documents) and a train/ left behind
+    assert message.startswith("klalm-prepare-data: --data files: split 'train': ") and says in message
+    out = tmp_path / "out"
+    prepare_main([*files_args, "--splits", "train", "--out", str(out), "--no-progress"])
+    before = _files(out)
+    with pytest.raises(SystemExit, match="split 'train': "):
+        prepare_main([*bad, "--out", str(out)])
+    assert _files(out) == before  # the rerun used to truncate tokens-00000.bin under the old index.json

@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import sys
+import tempfile
 import time
 from importlib.resources import files
 from pathlib import Path
@@ -123,6 +125,9 @@ def prepare_shards(
 
     Returns:
         the index dict, plus "seconds" and "tokens_per_s".
+
+    Raises:
+        ValueError: a bad record (on_bad_record="raise"), a file that cannot be read, or no documents at all.
     """
     src, policy = build_source(source), BadRecordPolicy(on_bad_record)
     return _write_shards(
@@ -149,7 +154,11 @@ def _write_shards(
     start = time.perf_counter()
     bar = tqdm(unit="tok", unit_scale=True, disable=not progress, desc=f"tokenising -> {out_dir}")
     block: list[str] = []
-    for record in [*src.stream(0, 1), None]:
+    try:
+        records = [*src.stream(0, 1)]
+    except (OSError, EOFError, KeyError) as err:  # e.g. a fake or truncated .gz: gzip names neither file nor source
+        raise ValueError(f"cannot read {src.describe()}: {one_line(err)}") from err
+    for record in [*records, None]:
         if record is not None and policy.accept(record):
             block.append(record.text)
         if block and (record is None or len(block) == block_docs):
@@ -159,6 +168,8 @@ def _write_shards(
             block = []
             bar.set_postfix(docs=writer.documents)
     bar.close()
+    if writer.documents == 0:
+        raise ValueError(f"no documents in {src.describe()} (skipped: {dict(policy.counts) or 'none'})")
     seconds = time.perf_counter() - start
     meta = {"vocab_size": len(tok), "tokenizer": tok.name_or_path, "source": source, "skipped": dict(policy.counts)}
     index = writer.close(meta)
@@ -172,8 +183,12 @@ def plan_dataset(
     data_config: dict[str, Any],
     splits: tuple[str, ...] = ("train", "val"),
     max_documents: int | None = None,
+    source_keys: dict[str, str] = SPLIT_KEYS,
 ) -> dict[str, tuple[dict[str, Any], Any]]:
     """Checks what `prepare_dataset` would read, before anything is written: split -> (source config, source).
+
+    ``source_keys`` names, per split, the key a user sets for its source (``val`` in configs/data/files.yaml), for
+    the error about a split without one.
 
     Raises:
         KeyError: an unknown split, a split whose source the data config lacks, or an unknown source kind.
@@ -191,7 +206,8 @@ def plan_dataset(
         if source is None:
             others = [s for s in splits if s != split]
             hint = f" (or prepare only --splits {' '.join(others)})" if others else ""
-            raise KeyError(f"data config has no {SPLIT_KEYS[split]!r} for split {split!r}: give it a source{hint}")
+            key = source_keys[split]
+            raise KeyError(f"split {split!r} has no source: give it one with --override {key}=...{hint}")
         if max_documents is not None:
             source = {**source, "max_documents": max_documents}
         plan[split] = (source, build_source(source))
@@ -222,7 +238,8 @@ def prepare_dataset(
         split -> index (with seconds and tokens_per_s).
 
     Raises:
-        what `plan_dataset` raises, and ValueError for ``shard_tokens`` < 1, before anything is written.
+        what `plan_dataset` raises, and ValueError for ``shard_tokens`` < 1, before anything is written; then what
+        `write_dataset` raises.
     """
     if shard_tokens < 1:
         raise ValueError(f"shard_tokens must be > 0, got {shard_tokens}")
@@ -236,14 +253,41 @@ def write_dataset(
     shard_tokens: int,
     progress: bool,
 ) -> dict[str, dict[str, Any]]:
-    """Writes the splits of a `plan_dataset` plan and the tokenizer (see `prepare_dataset`)."""
+    """Writes the splits of a `plan_dataset` plan and the tokenizer (see `prepare_dataset`).
+
+    They are written into a temporary folder in ``out_dir`` and moved into place only once all are complete, so a
+    failure leaves a previous output whole and no new part (a new ``out_dir`` is removed again).
+
+    Raises:
+        ValueError: a bad record, an unreadable file or no documents, naming the split.
+        OSError: ``out_dir`` cannot be written.
+    """
     out_dir = Path(out_dir)
-    tok = load_tokenizer(data_config["tokenizer"])
-    results = {}
-    for split, (source, src) in plan.items():
-        policy = BadRecordPolicy(data_config.get("on_bad_record", "raise"))
-        results[split] = _write_shards(source, src, policy, tok, out_dir / split, shard_tokens, "auto", 256, progress)
-    tok.save_pretrained(str(out_dir / "tokenizer"))
+    made_out_dir = not out_dir.exists()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=".partial-", dir=out_dir))
+    try:
+        tok = load_tokenizer(data_config["tokenizer"])
+        results = {}
+        for split, (source, src) in plan.items():
+            policy = BadRecordPolicy(data_config.get("on_bad_record", "raise"))
+            try:
+                results[split] = _write_shards(
+                    source, src, policy, tok, staging / split, shard_tokens, "auto", 256, progress
+                )
+            except ValueError as err:
+                raise ValueError(f"split {split!r}: {err}") from err
+        tok.save_pretrained(str(staging / "tokenizer"))
+        for name in [*results, "tokenizer"]:
+            if (out_dir / name).exists():  # moved aside into the staging folder, removed with it
+                (out_dir / name).rename(staging / f"old-{name}")
+            (staging / name).rename(out_dir / name)
+    except BaseException:
+        if made_out_dir:
+            shutil.rmtree(out_dir, ignore_errors=True)
+        raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
     return results
 
 
@@ -317,7 +361,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     """Entry point of `klalm-prepare-data`; returns split -> shard index (with seconds and tokens/s).
 
     Bad input (flags, data config, overrides, missing files or folders) ends it with one line on stderr before
-    anything is written to ``--out``.
+    anything is written to ``--out``; bad data found while writing (a bad record, an unreadable file, an empty split)
+    ends it the same way and leaves ``--out`` as it was.
     """
     import hydra
 
@@ -340,11 +385,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             raise
         _fail(f"--data {args.data}: {one_line(err.__cause__)}")
     data_config = datamodule.sources()
+    keys = {split: key if key in config else split for split, key in SPLIT_KEYS.items()}  # files.yaml: train, val
     try:
-        plan = plan_dataset(data_config, tuple(args.splits), args.max_documents)
+        plan = plan_dataset(data_config, tuple(args.splits), args.max_documents, keys)
     except (KeyError, ValueError, FileNotFoundError) as err:
         _fail(f"--data {args.data}: {one_line(err)}")
-    results = write_dataset(plan, data_config, args.out, args.shard_tokens, not args.no_progress)
+    try:
+        results = write_dataset(plan, data_config, args.out, args.shard_tokens, not args.no_progress)
+    except (ValueError, OSError) as err:
+        _fail(f"--data {args.data}: {one_line(err)}")
     print("| split | documents | tokens | shards | dtype | skipped | seconds | tokens/s |")
     print("| --- | ---: | ---: | ---: | --- | --- | ---: | ---: |")
     for split, r in results.items():
