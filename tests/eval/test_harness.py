@@ -1,9 +1,12 @@
-"""klalm-eval end to end on a tiny klalm checkpoint: the reported accuracies equal an independent scoring."""
+"""klalm-eval end to end on a tiny klalm checkpoint: the reported accuracies equal an independent scoring; and
+`klalm-lm-eval`'s one-line refusals of lm-eval arguments before any model loads."""
 
 from __future__ import annotations
 
+import argparse
 import gzip
 import json
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -12,7 +15,9 @@ import torch
 from lm_eval.tasks.hellaswag.utils import preprocess as upstream_preprocess
 from transformers import AutoModelForCausalLM
 
+from klalm.config_checks import ConfigError
 from klalm.eval import evaluate_checkpoints
+from klalm.eval.harness import check_run_args, cli_main
 
 LIMIT = 10
 
@@ -129,3 +134,75 @@ def test_every_arch_scores_like_unbatched_forward(arch, gpt2_tokenizer, shared_d
     for i, (ours, theirs) in enumerate(zip(lls, logged)):
         np.testing.assert_allclose(theirs, ours, rtol=0, atol=1e-8, err_msg=f"{arch} doc {i}")
     assert metrics["piqa"]["acc"] == pytest.approx(acc) and metrics["piqa"]["acc_norm"] == pytest.approx(acc_norm)
+
+
+def _lm_eval_args(**given) -> argparse.Namespace:
+    """An `lm-eval run` namespace with a hub model (not loaded) and an upstream task: nothing local to check."""
+    return argparse.Namespace(**{"model": "hf", "model_args": {"pretrained": "gpt2"}, "tasks": ["arc_easy"], **given})
+
+
+def test_lm_eval_refuses_model_limit_and_batch_size_before_loading():
+    """A typo'd --model, --limit -1 and --batch_size abc were tracebacks from inside lm-eval (the last two only after
+    the model had loaded)."""
+    cases = {
+        "model": ("hff", r"--model hff: lm-eval has no such model \(closest: \['hf'\]\); valid: .*huggingface"),
+        "limit": (-1.0, r"--limit -1 is invalid: must be > 0"),
+        "batch_size": ("abc", r"--batch_size abc is invalid: must be a positive integer, 'auto' or 'auto:N'"),
+    }
+    for key, (value, message) in cases.items():
+        with pytest.raises(ConfigError, match=message):
+            check_run_args(_lm_eval_args(**{key: value}))
+    for limit in (0.0, float("inf")):
+        with pytest.raises(ConfigError, match=r"--limit"):
+            check_run_args(_lm_eval_args(limit=limit))
+    for batch_size in ("0", "auto:0", "-4", "4.5", "autox"):
+        with pytest.raises(ConfigError, match=r"--batch_size"):
+            check_run_args(_lm_eval_args(batch_size=batch_size))
+    for batch_size in ("8", "auto", "auto:4"):
+        check_run_args(_lm_eval_args(model="hf-auto", limit=0.5, batch_size=batch_size))
+
+
+def test_lm_eval_refuses_an_output_path_it_cannot_write(tmp_path):
+    """lm-eval saves its results after the run and, when it cannot, logs a warning and exits 0: an existing file as
+    --output_path (a folder to lm-eval unless it ends in .json) or one under /proc lost the results."""
+    (tmp_path / "precious.txt").write_text("keep")
+    cases = {
+        tmp_path / "precious.txt": r"precious\.txt is a file, not a folder \(lm-eval writes into a folder",
+        tmp_path / "precious.txt" / "results.json": r"results\.json: .*precious\.txt is a file, not a folder$",
+        Path("/proc/lmout"): r"--output_path /proc/lmout: cannot write in /proc \(",
+    }
+    for value, message in cases.items():
+        with pytest.raises(ConfigError, match=message):
+            check_run_args(_lm_eval_args(output_path=str(value)))
+    for value in (tmp_path / "new" / "deeper", tmp_path / "results.json", tmp_path / "new" / "results.json"):
+        check_run_args(_lm_eval_args(output_path=str(value)))
+    assert [p.name for p in tmp_path.iterdir()] == ["precious.txt"]  # the check leaves nothing behind
+    assert (tmp_path / "precious.txt").read_text() == "keep"
+
+
+def _cli_refusal(monkeypatch, *args: str) -> str:
+    monkeypatch.setattr(
+        sys, "argv", ["klalm-lm-eval", "run", "--model", "hf", "--model_args", "pretrained=gpt2", *args]
+    )
+    with pytest.raises(SystemExit) as info:
+        cli_main()
+    return info.value.code
+
+
+def test_klalm_lm_eval_turns_lm_eval_refusals_into_one_line(monkeypatch):
+    """Non-JSON --metadata (raised inside lm-eval's argparse action) and an unknown task (raised by lm-eval's config
+    check, before the model loads) were tracebacks."""
+    message = _cli_refusal(monkeypatch, "--tasks", "arc_easy", "--metadata", "{data_dir: /x}")
+    assert (
+        message == "klalm-lm-eval: --metadata: Invalid JSON: {data_dir: /x}. Hint: Use double quotes for JSON strings."
+    )
+
+    class NoTasks:  # lm-eval's index of its ~15,000 tasks takes seconds to build; its refusal is what is tested
+        def __init__(self, **_):
+            pass
+
+        def match_tasks(self, names):
+            return []
+
+    monkeypatch.setattr("lm_eval.tasks.TaskManager", NoTasks)
+    assert _cli_refusal(monkeypatch, "--tasks", "hellaswag_locl") == "klalm-lm-eval: Tasks not found: hellaswag_locl"

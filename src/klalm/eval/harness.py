@@ -8,16 +8,24 @@ used unchanged (they download from the hub).
 `cli_main` is the `klalm-lm-eval` console script: lm-eval's own CLI with klalm imported first, so
 `--model hf --model_args pretrained=<klalm export>` loads klalm models. Before lm-eval runs, it checks what klalm
 knows about (`check_run_args`): a local `pretrained=` path must be an export folder whose SHA256SUMS holds, and
-klalm's local tasks need `--include_path` and a `data_dir` holding their files; each refusal is one line.
+klalm's local tasks need `--include_path` and a `data_dir` holding their files; `--model`, `--limit`, `--batch_size`
+and `--output_path` are checked too (lm-eval fails on them with a traceback, some only after loading the model, or
+for an unwritable output path only logs a warning after the run). Each refusal is one line, as are lm-eval's own
+refusals of its arguments (a bad JSON option while parsing, an unknown task name).
 """
 
 from __future__ import annotations
 
+import argparse
 import difflib
 import hashlib
 import json
 import logging
+import math
+import re
 import sys
+import tempfile
+import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -265,6 +273,33 @@ def _check_local_tasks(tasks: list[str], include_path: str | None, metadata: Any
             raise FileNotFoundError(f"--metadata data_dir: {err}") from None
 
 
+def _check_model(name: str) -> None:
+    import lm_eval.models  # noqa: F401  (registers lm-eval's model names, without importing the models)
+    from lm_eval.api.registry import model_registry
+
+    if name not in model_registry:
+        names = sorted(model_registry.keys())
+        close = difflib.get_close_matches(name, names, n=3)
+        raise ConfigError(f"--model {name}: lm-eval has no such model (closest: {close}); valid: {', '.join(names)}")
+
+
+def _check_output_path(value: str) -> None:
+    """lm-eval writes its results only after the run, into the folder `value` (or, for a path ending in .json, beside
+    it), and when it cannot it logs a warning and exits 0: the folder, or the nearest part of it that exists, must be
+    a folder that takes a new file."""
+    path = Path(value)
+    existing = path.parent if path.suffix == ".json" else path
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir():
+        hint = "" if path.suffix == ".json" else " (lm-eval writes into a folder, or beside a path ending in .json)"
+        raise ConfigError(f"--output_path {value}: {existing} is a file, not a folder{hint}")
+    try:
+        tempfile.TemporaryFile(dir=existing).close()
+    except OSError as err:
+        raise ConfigError(f"--output_path {value}: cannot write in {existing} ({err.strerror or err})") from None
+
+
 def check_run_args(args: Any) -> None:
     """Checks an `lm-eval run` namespace for what klalm knows about, before any model or task loads.
 
@@ -272,8 +307,20 @@ def check_run_args(args: Any) -> None:
         FileNotFoundError: a local `pretrained=` that is missing, a file, a run folder or not an export; a local
             task file missing from data_dir.
         klalm.models.export.ExportIntegrityError: an export whose files differ from its SHA256SUMS.
-        ConfigError: a local task without `--include_path` or without a `data_dir` in `--metadata`.
+        ConfigError: an unknown `--model`; a `--limit` not > 0; a `--batch_size` not a positive integer, 'auto' or
+            'auto:N'; an `--output_path` that cannot be written; a local task without `--include_path` or without a
+            `data_dir` in `--metadata`.
     """
+    if getattr(args, "model", None) is not None:
+        _check_model(args.model)
+    limit = getattr(args, "limit", None)
+    if limit is not None and not 0 < limit < math.inf:
+        raise ConfigError(f"--limit {limit:g} is invalid: must be > 0 (examples per task, or a fraction below 1)")
+    batch_size = getattr(args, "batch_size", None)
+    if batch_size is not None and not re.fullmatch(r"(auto(:0*[1-9]\d*)?|0*[1-9]\d*)", str(batch_size)):
+        raise ConfigError(f"--batch_size {batch_size} is invalid: must be a positive integer, 'auto' or 'auto:N'")
+    if getattr(args, "output_path", None):
+        _check_output_path(args.output_path)
     model_args = getattr(args, "model_args", None)
     if isinstance(model_args, dict) and getattr(args, "model", None) in (None, "hf", "hf-auto", "huggingface"):
         _check_pretrained(model_args.get("pretrained"))
@@ -285,9 +332,28 @@ def check_run_args(args: Any) -> None:
     _check_local_tasks(list(tasks), getattr(args, "include_path", None), getattr(args, "metadata", None))
 
 
+def _raised_in(err: BaseException, module: str) -> bool:
+    """Whether `err` was raised by code of `module` itself (not by something it called)."""
+    frames = list(traceback.walk_tb(err.__traceback__))
+    return bool(frames) and frames[-1][0].f_globals.get("__name__") == module
+
+
+def _parse_args(parser: Any) -> argparse.Namespace:
+    """lm-eval's JSON-valued options (`--metadata`, `--model_args`, ...) raise a ValueError from inside argparse,
+    which argparse does not turn into a usage error: one line naming the option (the `argparse.Action` that raised)."""
+    try:
+        return parser.parse_args()
+    except ValueError as err:
+        actions = [frame.f_locals.get("self") for frame, _ in traceback.walk_tb(err.__traceback__)]
+        flags = [act.option_strings[0] for act in actions if isinstance(act, argparse.Action) and act.option_strings]
+        prefix = f"{flags[-1]}: " if flags else ""  # the innermost: the subcommand's action calls the option's
+        sys.exit(f"klalm-lm-eval: {prefix}{one_line(err)}")
+
+
 def cli_main() -> None:
     """`klalm-lm-eval`: lm-eval's CLI (same arguments) with klalm's model classes registered first, and a one-line
-    refusal (`klalm-lm-eval: ...`, exit code 1) of a bad `pretrained=` path, export or local task setup."""
+    refusal (`klalm-lm-eval: ...`, exit code 1) of a bad `pretrained=` path, export, local task setup, model name,
+    limit, batch size or output path, and of what lm-eval itself refuses while parsing or checking its arguments."""
     # Importing this module already ran klalm/__init__.py, which registers klalm's config and model classes with
     # transformers' Auto classes, so lm-eval's `--model hf --model_args pretrained=<klalm export>` finds them.
     try:
@@ -302,10 +368,15 @@ def cli_main() -> None:
 
     setup_logging()
     parser = HarnessCLI()
-    args = parser.parse_args()
+    args = _parse_args(parser)
     if getattr(args, "command", None) == "run":
         try:
             check_run_args(args)
         except (ConfigError, OSError, ExportIntegrityError) as err:  # OSError: a missing or unreadable path
             sys.exit(f"klalm-lm-eval: {one_line(err)}")
-    parser.execute(args)
+    try:
+        parser.execute(args)
+    except (ValueError, TypeError, OSError) as err:
+        if not _raised_in(err, "lm_eval.config.evaluate_config"):
+            raise
+        sys.exit(f"klalm-lm-eval: {one_line(err)}")  # lm-eval refused its arguments ("Tasks not found: ...")
