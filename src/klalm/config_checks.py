@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import difflib
 import os
+import re
 from collections.abc import Callable
 from importlib.resources import files
 from pathlib import Path
@@ -122,14 +123,21 @@ TRAIN_RULES: tuple[Rule, ...] = (
     Rule("callbacks.sampler.top_k", INT, check=non_negative, demand="≥ 0 (0: all tokens)"),
 )
 
+# lm-eval needs each whole answer in the window (an AssertionError otherwise): PIQA's longest is 246 GPT-2 tokens.
+MIN_EVAL_LENGTH = 256
+EVAL_DEVICE = (
+    lambda v: isinstance(v, str) and re.fullmatch(r"auto|cpu|cuda(:\d+)?", v) is not None,
+    "auto, cpu, cuda or cuda:N",
+)
+
 EVAL_RULES: tuple[Rule, ...] = (
     Rule("checkpoint", STR_OR_LIST),
     Rule("tasks", (lambda v: isinstance(v, str) or _is_str_list(v), "a task name or a list of them")),
     Rule("data_dir", STR, nullable=True),
     Rule("limit", INT, nullable=True, check=positive, demand="> 0 (null: every example)"),
     Rule("batch_size", INT, check=positive, demand="> 0"),
-    Rule("max_length", INT, check=positive, demand="> 0"),
-    Rule("device", STR),
+    Rule("max_length", INT, check=lambda v: v >= MIN_EVAL_LENGTH, demand=f"≥ {MIN_EVAL_LENGTH}"),
+    Rule("device", EVAL_DEVICE),
     Rule("dtype", STR),
     Rule("tokenizer", STR, nullable=True),
     Rule("log_samples", BOOL),
@@ -234,6 +242,18 @@ def check_train_config(cfg: DictConfig) -> None:
         raise ConfigError(f"resume={cfg.resume!r}: no such checkpoint file or run directory")
 
 
+def check_known_eval_keys(cfg: DictConfig) -> None:
+    """Refuses a top-level key that configs/eval.yaml lacks (added with `+`, which Hydra accepts and nothing reads),
+    naming the nearest known key."""
+    known = sorted(OmegaConf.load(files("klalm.configs").joinpath("eval.yaml")).keys())
+    for key in sorted(set(cfg.keys()) - set(known)):
+        near = difflib.get_close_matches(key, known, n=1)
+        hint = f" (did you mean {near[0]}?)" if near else ""
+        raise ConfigError(f"{key} is not a klalm-eval key{hint}: nothing reads it")
+
+
 def check_eval_config(cfg: DictConfig) -> None:
-    """The `klalm-eval` checks: EVAL_RULES (paths, tasks and dtype are checked before any model loads)."""
+    """The `klalm-eval` checks: known keys and EVAL_RULES (paths, tasks and dtype are checked before any model
+    loads)."""
+    check_known_eval_keys(cfg)
     check(cfg, EVAL_RULES)

@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import shutil
+
 import pytest
 import torch
 
 import klalm.eval.checkpoint as checkpoint_module
 import klalm.eval.runner as runner
+from klalm.config_checks import ConfigError
 from klalm.eval import evaluate_checkpoints
 from klalm.eval.checkpoint import checkpoint_kind, load_checkpoint
+from klalm.models.checkpoint import CheckpointError
+from klalm.models.export import ExportIntegrityError
 
 
 @pytest.fixture
@@ -47,12 +52,39 @@ def test_data_dir_without_files(tiny_checkpoints, tmp_path, no_model_work):
     [
         ({"limit": 0}, ValueError, "limit"),
         ({"batch_size": 0}, ValueError, "batch_size"),
+        ({"max_length": 8}, ValueError, "max_length must be at least 256"),  # lm-eval asserted on whole answers
         ({"dtype": "float8"}, KeyError, "bfloat16"),
     ],
 )
 def test_bad_settings(tiny_checkpoints, tmp_path, shared_data, no_model_work, overrides, error, match):
     with pytest.raises(error, match=match):
         evaluate_checkpoints([tiny_checkpoints[0]], ["piqa"], output_dir=tmp_path, data_dir=shared_data, **overrides)
+
+
+def test_every_checkpoint_and_the_output_folder_first(tiny_checkpoints, tmp_path, shared_data, no_model_work):
+    """A bad second checkpoint, an output_dir that cannot be made or a missing tokenizer folder: refused before the
+    first checkpoint is evaluated (it was after every evaluation, with nothing written)."""
+    good = tiny_checkpoints[0]
+    garbage = tmp_path / "garbage.ckpt"
+    garbage.write_bytes(b"garbage")
+    changed = tmp_path / "changed"
+    shutil.copytree(good, changed)
+    (changed / "config.json").write_text((changed / "config.json").read_text() + " ")
+    precious = tmp_path / "precious.txt"
+    precious.write_text("keep")
+    cases = [
+        ([good, garbage], {}, CheckpointError, r"garbage\.ckpt cannot be read as a checkpoint"),
+        ([good, changed], {}, ExportIntegrityError, r"changed/config\.json: sha256 differs"),
+        ([good], {"output_dir": precious}, ConfigError, r"output_dir=.*precious\.txt' is a file, not a folder"),
+        ([good], {"output_dir": precious / "sub"}, ConfigError, r"output_dir=.*precious\.txt/sub' cannot be created"),
+        ([good], {"tokenizer": tmp_path / "nope"}, FileNotFoundError, r"tokenizer=.*nope': no such folder"),
+    ]
+    for checkpoints, given, error, match in cases:
+        with pytest.raises(error, match=match):
+            evaluate_checkpoints(
+                checkpoints, ["piqa"], data_dir=shared_data, **{"output_dir": tmp_path / "out", **given}
+            )
+    assert precious.read_text() == "keep" and not (tmp_path / "out").exists()
 
 
 def test_training_checkpoint_kinds(tmp_path):
@@ -104,23 +136,27 @@ def test_training_checkpoint_without_tokenizer(tmp_path, monkeypatch):
         ("dtype=foo", "klalm-eval: dtype: unknown dtype 'foo'; valid: ['bfloat16', 'float16', 'float32', 'float64']"),
         ("device=cuda:0", "klalm-eval: device='cuda:0': torch sees no CUDA GPU here; use device=auto or cpu"),
         ("checkpoint={garbage}", "klalm-eval: {garbage} cannot be read as a checkpoint (truncated or corrupted?)"),
+        ("+limt=5", "klalm-eval: limt is not a klalm-eval key (did you mean limit?): nothing reads it"),
+        ("device=gpu", "klalm-eval: device='gpu' is invalid: must be auto, cpu, cuda or cuda:N"),
+        ("max_length=2", "klalm-eval: max_length=2 is invalid: must be ≥ 256"),
     ],
-    ids=["task", "dtype", "device", "garbage-ckpt"],
+    ids=["task", "dtype", "device", "garbage-ckpt", "typo-key", "device-form", "max-length"],
 )
 def test_klalm_eval_refuses_bad_input_in_one_line(tiny_checkpoints, tmp_path, shared_data, override, line):
-    """The console script's refusals: one line naming the key (or file), exit code 1, no traceback."""
+    """The console script's refusals: one line naming the key (or file), exit code 1, no traceback, and no run
+    folder left behind (outputs/eval/<time>_<hex>, Hydra's .hydra/ and eval.log)."""
     import subprocess
     import sys
     from pathlib import Path
 
-    if override.startswith("device") and torch.cuda.is_available():
+    if override.startswith("device=cuda") and torch.cuda.is_available():
         pytest.skip("a CUDA GPU is here")
     garbage = tmp_path / "garbage.ckpt"
     garbage.write_text("garbage\n")
     override, line = override.format(garbage=garbage), line.format(garbage=garbage)
     script = str(Path(sys.executable).parent / "klalm-eval")
-    cmd = [script, f"checkpoint={tiny_checkpoints[0]}", f"data_dir={shared_data}", "limit=2", override,
-           f"hydra.run.dir={tmp_path / 'eval'}"]  # fmt: skip
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    cmd = [script, f"checkpoint={tiny_checkpoints[0]}", f"data_dir={shared_data}", "limit=2", override]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert proc.returncode == 1 and "Traceback" not in proc.stderr
     assert proc.stderr.strip().splitlines()[-1].startswith(line)
+    assert not (tmp_path / "outputs" / "eval").exists()

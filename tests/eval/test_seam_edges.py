@@ -16,7 +16,7 @@ import torch
 
 from klalm.config_checks import ConfigError
 from klalm.data.tokenizer import train_bpe_tokenizer
-from klalm.eval.checkpoint import load_checkpoint
+from klalm.eval.checkpoint import check_checkpoint, load_checkpoint
 from klalm.eval.harness import check_run_args
 from klalm.eval.tasks import TASKS_DIR
 from klalm.models import build_model
@@ -63,6 +63,22 @@ def test_a_run_folder_loads_its_export_through_the_strict_loader(export, tmp_pat
         load_checkpoint(run, device="cpu")
     loaded = load_checkpoint(export.parent, device="cpu")
     assert loaded.provenance["arch"] == "kla" and loaded.provenance["kind"] == "training"
+
+
+def test_check_checkpoint_refuses_what_the_load_would_without_building_a_model(export, tmp_path):
+    """klalm-eval checks every checkpoint first: a run folder's export whose config.json is not JSON (no SHA256SUMS
+    to catch it), or a run folder whose only .ckpt is garbage, was refused only when its turn came."""
+    assert check_checkpoint(export) == "hf_export" and check_checkpoint(export.parent) == "training"
+    run = tmp_path / "run"
+    shutil.copytree(export.parent, run)
+    (run / "hf" / MANIFEST).unlink()
+    (run / "hf" / "config.json").write_text("{not json")
+    with pytest.raises(ExportIntegrityError, match=r"hf/config\.json cannot be read as JSON"):
+        check_checkpoint(run)
+    (tmp_path / "run2" / "checkpoints").mkdir(parents=True)
+    (tmp_path / "run2" / "checkpoints" / "step-00000001.ckpt").write_bytes(b"hello")
+    with pytest.raises(FileNotFoundError, match=r"run2 has no hf/ export and no valid .*step-00000001\.ckpt cannot"):
+        check_checkpoint(tmp_path / "run2")
 
 
 def _run_args(pretrained: str | None = None, tasks=("piqa_local",), include=str(TASKS_DIR), metadata=None):

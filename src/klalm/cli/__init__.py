@@ -8,11 +8,13 @@ Lightning and lm-eval are imported when the run starts. A bad value ends the com
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
+import shutil
 import sys
 import time
-from collections.abc import Callable
+from pathlib import Path
 from typing import NoReturn
 
 import hydra
@@ -24,14 +26,6 @@ from klalm.errors import one_line
 
 CONFIG_PATH = "pkg://klalm.configs"
 PRINT_TASKS_PATH = "--print-tasks-path"  # klalm-eval's one flag outside Hydra
-
-
-def _checked(app: str, check: Callable[[DictConfig], None], cfg: DictConfig) -> None:
-    """Runs a config check; a failure ends the command with `<app>: <message>` on stderr (exit code 1)."""
-    try:
-        check(cfg)
-    except ConfigError as err:
-        sys.exit(f"{app}: {err}")
 
 
 @hydra.main(config_path=CONFIG_PATH, config_name="train", version_base="1.3")
@@ -79,7 +73,10 @@ def _refuse_run(err: BaseException, started: float) -> NoReturn:
 
 @hydra.main(config_path=CONFIG_PATH, config_name="eval", version_base="1.3")
 def _eval_app(cfg: DictConfig) -> None:
-    _checked("klalm-eval", check_eval_config, cfg)
+    try:
+        check_eval_config(cfg)
+    except ConfigError as err:
+        _refuse_eval(err)
     from klalm.eval.app import run
     from klalm.eval.report import markdown_table
     from klalm.models.checkpoint import CheckpointError
@@ -88,8 +85,34 @@ def _eval_app(cfg: DictConfig) -> None:
     try:
         report = run(cfg)
     except (ConfigError, FileNotFoundError, CheckpointError, ExportIntegrityError) as err:  # input that cannot be used
-        sys.exit(f"klalm-eval: {one_line(err)}")
+        _refuse_eval(err)
     print(markdown_table(report))
+
+
+EVAL_STARTUP_FILES = frozenset({".hydra", "eval.log"})  # what Hydra writes into an evaluation's folder at its start
+
+
+def _refuse_eval(err: BaseException) -> NoReturn:
+    """Ends a `klalm-eval` refused for its input with one line on stderr, removing its run folder when this process
+    named it (`outputs/eval/<fresh name>`, not a `hydra.run.dir` given) and it holds only what Hydra wrote at the start:
+    a refusal leaves no empty evaluation behind."""
+    from hydra.core.hydra_config import HydraConfig
+
+    from klalm.train.rundir import fresh_run_name
+
+    run_dir = Path(HydraConfig.get().runtime.output_dir)
+    if (
+        run_dir.name == fresh_run_name()
+        and run_dir.is_dir()
+        and {p.name for p in run_dir.iterdir()} <= EVAL_STARTUP_FILES
+    ):
+        for handler in logging.getLogger().handlers:  # Hydra's file handler holds eval.log open
+            if isinstance(handler, logging.FileHandler) and Path(handler.baseFilename).parent == run_dir.resolve():
+                handler.close()
+        shutil.rmtree(run_dir, ignore_errors=True)
+        with contextlib.suppress(OSError):
+            run_dir.parent.rmdir()  # outputs/eval, if this was its only evaluation
+    sys.exit(f"klalm-eval: {one_line(err)}")
 
 
 def train() -> None:

@@ -14,6 +14,7 @@ path, and so does a tokenizer with ids beyond the model's embedding (`ConfigErro
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -23,8 +24,13 @@ from typing import Any
 import torch
 
 from klalm.config_checks import ConfigError
-from klalm.models.checkpoint import load_model
-from klalm.models.export import load_export_model  # (klalm.models registers the klalm classes with the Auto classes)
+from klalm.models.checkpoint import HF_DIR, load_model, newest_valid, verify_checkpoint
+from klalm.models.export import (  # (klalm.models registers the klalm classes with the Auto classes)
+    MANIFEST,
+    ExportIntegrityError,
+    load_export_model,
+    verify_export,
+)
 from klalm.models.params import count_parameters
 
 log = logging.getLogger(__name__)
@@ -78,6 +84,47 @@ def checkpoint_kind(path: str | Path) -> str:
         f"checkpoint folder {str(path)!r} holds neither config.json (an HF export) nor a .ckpt file or export "
         "subfolder (a training run)"
     )
+
+
+def check_checkpoint(path: str | Path) -> str:
+    """`checkpoint_kind`, and the checks of what `load_checkpoint` would load that need no model built: an export's
+    SHA256SUMS and config.json, a `.ckpt`'s sha256 and structure (tensors mapped, not read), a run folder's newest
+    valid `.ckpt`. Run on every checkpoint before the first is evaluated, so a bad one fails in seconds.
+
+    Raises:
+        FileNotFoundError, CheckpointError, ExportIntegrityError: as `load_checkpoint` would, naming the path.
+    """
+    path = Path(path).expanduser()
+    kind = checkpoint_kind(path)
+    export = path / HF_DIR if (path / HF_DIR / "config.json").is_file() else path
+    if (export / "config.json").is_file():
+        if (export / MANIFEST).is_file():  # (without one, the load warns that the files cannot be verified)
+            verify_export(export)
+        try:
+            json.loads((export / "config.json").read_text(encoding="utf-8"))
+        except (OSError, ValueError) as err:
+            raise ExportIntegrityError(f"{export / 'config.json'} cannot be read as JSON: {err}") from None
+    elif path.is_file():
+        verify_checkpoint(path)
+    elif newest_valid([path])[0] is None:
+        load_model(path)  # a run folder without a valid .ckpt: its FileNotFoundError names the skipped ones
+    return kind
+
+
+def check_tokenizer(tokenizer: str | Path | None) -> None:
+    """A `tokenizer=` written as a path (a hub id such as "gpt2" has at most one "/") must be a folder: refused before
+    any weights load rather than as a hub error after.
+
+    Raises:
+        FileNotFoundError: naming the value.
+    """
+    if tokenizer is None:
+        return
+    value = str(tokenizer)
+    path = Path(value).expanduser()
+    if not path.is_dir() and (path.exists() or value.startswith(("/", ".", "~")) or value.count("/") > 1):
+        what = "not a folder" if path.exists() else "no such folder"
+        raise FileNotFoundError(f"tokenizer={value!r}: {what} (name a tokenizer folder, e.g. a run's hf/)")
 
 
 def _load_hf_export(path: Path, tokenizer: str | Path | None) -> tuple[Any, Any]:

@@ -1,7 +1,8 @@
 """Evaluate one or more checkpoints zero-shot and write the report (the work behind `klalm-eval`).
 
-All input checks (checkpoint paths and kinds, task names, data files, dtype, sizes) run before any model is
-loaded, so a typo fails in seconds instead of after the first model's evaluation.
+All input checks (every checkpoint's kind and files, the tokenizer path, task names, data files, dtype, sizes, the
+output folder) run before any model is loaded, so a typo fails in seconds instead of after the first model's
+evaluation, and a bad second checkpoint does not cost the first one's results.
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
-from klalm.eval.checkpoint import checkpoint_kind, load_checkpoint, resolve_device, resolve_dtype
+from klalm.config_checks import MIN_EVAL_LENGTH, ConfigError
+from klalm.eval.checkpoint import check_checkpoint, check_tokenizer, load_checkpoint, resolve_device, resolve_dtype
 from klalm.eval.harness import evaluate_model, resolve_tasks
 from klalm.eval.report import build_report, checkpoint_labels, write_report, write_samples
 
@@ -25,8 +27,20 @@ def _check_sizes(limit: int | None, batch_size: int, max_length: int) -> None:
         raise ValueError(f"limit must be a positive number of examples or null, got {limit}")
     if batch_size < 1:
         raise ValueError(f"batch_size must be positive, got {batch_size}")
-    if max_length < 1:
-        raise ValueError(f"max_length must be positive, got {max_length}")
+    if max_length < MIN_EVAL_LENGTH:  # lm-eval asserts that each whole answer fits
+        raise ValueError(f"max_length must be at least {MIN_EVAL_LENGTH}, got {max_length}")
+
+
+def _make_output_dir(output_dir: str | Path) -> Path:
+    """Creates `output_dir` before any model loads, so that a folder that cannot be made fails in seconds."""
+    out = Path(output_dir).expanduser()
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"output_dir={str(out)!r} is a file, not a folder")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise ConfigError(f"output_dir={str(out)!r} cannot be created: {err.strerror or err}") from None
+    return out
 
 
 def evaluate_checkpoints(
@@ -52,7 +66,7 @@ def evaluate_checkpoints(
         data_dir: local data folder (layout of ../shared/data) → offline local tasks; None → upstream hub tasks.
         limit: at most this many examples per task (the first ones); None = the whole validation set.
         batch_size: lm-eval requests per forward pass.
-        max_length: model context in tokens given to lm-eval (requests are left-truncated to it).
+        max_length: model context in tokens given to lm-eval (requests are left-truncated to it), ≥ 256.
         device: "auto" (CUDA if available), "cpu", "cuda", "cuda:N".
         dtype: weight dtype ("float32", "bfloat16", "float16", "float64").
         tokenizer: tokenizer folder overriding the checkpoints' own.
@@ -62,8 +76,10 @@ def evaluate_checkpoints(
         The results.json document (see `klalm.eval.report`).
 
     Raises:
-        ValueError: empty checkpoint or task list, or non-positive sizes.
-        FileNotFoundError: a missing checkpoint, or data_dir without a file a task needs.
+        ValueError: empty checkpoint or task list, non-positive sizes, or max_length below 256.
+        FileNotFoundError: a missing checkpoint or tokenizer folder, or data_dir without a file a task needs.
+        CheckpointError, ExportIntegrityError: a checkpoint that cannot be read or whose files changed.
+        ConfigError: an output_dir that cannot be created.
         KeyError: an unknown task or dtype (valid names listed).
     """
     checkpoints = [Path(c).expanduser() for c in checkpoints]
@@ -71,10 +87,12 @@ def evaluate_checkpoints(
         raise ValueError("checkpoint is empty: give a path or a list of paths")
     _check_sizes(limit, batch_size, max_length)
     resolve_dtype(dtype)
-    kinds = [checkpoint_kind(c) for c in checkpoints]
+    kinds = [check_checkpoint(c) for c in checkpoints]
+    check_tokenizer(tokenizer)
     specs, task_manager = resolve_tasks(list(tasks), data_dir)
     labels = checkpoint_labels(checkpoints)
     target = str(resolve_device(device))
+    output_dir = _make_output_dir(output_dir)
     log.info("evaluating %d checkpoint(s) (%s) on %s", len(checkpoints), ", ".join(kinds), [s.name for s in specs])
 
     results, models = {}, {}
