@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from klalm.study.cli import main
-from tests.study.conftest import spec_file
+from klalm.study.spec import Cell
+from tests.study.conftest import spec_file, write_run_dir
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -47,10 +48,30 @@ def test_report_refuses_a_results_folder_without_finished_cells(capsys, tmp_path
 def test_report_refuses_a_missing_doc_or_one_without_markers(capsys, tmp_path):
     results = str(REPO / "results/study_45m")
     assert "--doc" in refused(capsys, ["report", "--results", results, "--doc", str(tmp_path / "nope.md")])
+    assert f"--doc {tmp_path} is a folder, expected the Markdown document" in refused(
+        capsys, ["report", "--results", results, "--doc", str(tmp_path)]
+    )
     plain = tmp_path / "plain.md"
     plain.write_text("no markers\n")
     assert "<!-- study:setup -->" in refused(capsys, ["report", "--results", results, "--doc", str(plain)])
     assert plain.read_text() == "no markers\n"
+
+
+def test_report_refuses_a_plot_folder_that_is_a_file_before_writing_the_doc(capsys, tmp_path, doc):
+    before = doc.read_bytes()
+    (tmp_path / "img").write_text("not a folder")
+    err = refused(capsys, ["report", "--results", str(REPO / "results/study_45m"), "--doc", str(doc)])
+    assert f"the plot's folder {tmp_path / 'img'} is a file, expected a folder" in err
+    assert doc.read_bytes() == before
+
+
+@pytest.mark.parametrize("name", ["run.json", "eval.json"])
+def test_report_names_a_results_file_that_does_not_parse_and_keeps_the_doc(capsys, tmp_path, doc, name):
+    before = doc.read_bytes()
+    shutil.copytree(REPO / "results/study_45m", tmp_path / "res")
+    (tmp_path / "res/runs/gpt_45m-s1234" / name).write_text("{")
+    err = refused(capsys, ["report", "--results", str(tmp_path / "res"), "--doc", str(doc)])
+    assert f"gpt_45m-s1234/{name}:1: not valid JSON" in err and doc.read_bytes() == before
 
 
 def test_report_refuses_bench_rows_it_cannot_find(capsys, tmp_path, doc, monkeypatch):
@@ -67,12 +88,28 @@ def test_collect_refuses_a_missing_or_wrong_work_folder(capsys, tmp_path):
         capsys, ["collect", "--spec", spec, "--work", str(tmp_path / "nope")]
     )
     assert "neither sweep/ nor runs/" in refused(capsys, ["collect", "--spec", spec, "--work", str(tmp_path)])
+    assert f"--work {tmp_path / 'spec.yaml'} is a file, expected a folder" in refused(
+        capsys, ["collect", "--spec", spec, "--work", str(tmp_path / "spec.yaml")]
+    )
     assert not (tmp_path / "results").exists()
+
+
+def test_collect_refuses_an_unfinished_run_folder_and_writes_nothing(capsys, tmp_path):
+    cell = Cell("gpt_45m", 1234)
+    write_run_dir(tmp_path / "work/runs" / cell.name, cell, 2e-3, 4.5)
+    (tmp_path / "work/runs" / cell.name / "csv/metrics.csv").unlink()
+    err = refused(capsys, ["collect", "--spec", str(spec_file(tmp_path)), "--work", str(tmp_path / "work")])
+    assert "lacks csv/metrics.csv" in err and not (tmp_path / "results").exists()
 
 
 def test_plan_names_the_missing_shard_index_and_the_command_that_stages_it(capsys, tmp_path):
     err = refused(capsys, ["plan", "--gpus", "4", "--shards", str(tmp_path / "shards")])
     assert f"{tmp_path / 'shards/train/index.json'} does not exist" in err and "klalm-study stage" in err
+
+
+def test_plan_refuses_shards_that_make_no_whole_global_batch(capsys, tmp_path, shard_folder):
+    err = refused(capsys, ["plan", "--spec", str(spec_file(tmp_path)), "--shards", str(shard_folder)])
+    assert f"{shard_folder / 'train/index.json'}: its" in err and "no whole global batch of 131,072 tokens" in err
 
 
 def test_an_unknown_spec_lists_the_available_ones(capsys, tmp_path):
@@ -90,11 +127,17 @@ def test_an_unknown_spec_lists_the_available_ones(capsys, tmp_path):
         (["sweep", "--minutes", "0"], "--minutes must be a positive number, got 0.0"),
         (["train", "--minutes", "nan"], "--minutes must be a positive number, got nan"),
         (["train", "--minutes", "5", "--eval-data", "NOPE"], "--eval-data folder"),
-        (["train", "--minutes", "5", "--eval-data", ".", "--models", "gpt_45m", "foo_45m"], "--models: foo_45m"),
+        (["train", "--minutes", "5", "--eval-data", "SHARDS"], "needs SHARDS/hellaswag/hellaswag_val.jsonl or"),
+        (["train", "--minutes", "5", "--eval-data", "EVAL", "--models", "gpt_45m", "foo_45m"], "--models: foo_45m"),
     ],
 )
 def test_blocks_refuse_bad_flags_before_anything_runs(capsys, tmp_path, shard_folder, argv, message):
-    argv = [arg.replace("NOPE", str(tmp_path / "nope")) for arg in argv]
+    for name in ("hellaswag/hellaswag_val.jsonl", "piqa/valid.jsonl", "piqa/valid-labels.lst"):  # what klalm-eval reads
+        (tmp_path / "eval" / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "eval" / name).touch()
+    folders = {"NOPE": tmp_path / "nope", "SHARDS": shard_folder, "EVAL": tmp_path / "eval"}
+    argv = [str(folders.get(arg, arg)) for arg in argv]
+    message = message.replace("SHARDS", str(shard_folder))
     common = ["--spec", str(spec_file(tmp_path)), "--shards", str(shard_folder)]
     if argv[0] != "plan":
         common += ["--work", str(tmp_path / "work")]
@@ -107,3 +150,21 @@ def test_pack_and_stage_refuse_missing_folders(capsys, tmp_path):
     assert f"{tmp_path / 'nope/tokenizer'} does not exist" in err and not (tmp_path / "out").exists()
     err = refused(capsys, ["stage", "--from", str(tmp_path / "nope"), "--shards", str(tmp_path / "staged")])
     assert "no manifest.json" in err and not (tmp_path / "staged").exists()
+
+
+def test_pack_and_stage_refuse_a_file_where_a_folder_goes_and_damaged_input(capsys, tmp_path, shard_folder):
+    (tmp_path / "file").write_text("precious\n")
+    err = refused(capsys, ["pack", "--shards", str(shard_folder), "--out", str(tmp_path / "file")])
+    assert f"--out {tmp_path / 'file'} is a file, expected a folder" in err
+    err = refused(capsys, ["pack", "--shards", str(shard_folder), "--out", str(tmp_path / "file/out")])
+    assert "pack: [Errno 20] Not a directory" in err and str(tmp_path / "file/out") in err  # a folder it cannot make
+    err = refused(capsys, ["stage", "--from", str(tmp_path), "--shards", str(tmp_path / "file")])
+    assert f"--shards {tmp_path / 'file'} is a file, expected a folder" in err
+    assert (tmp_path / "file").read_text() == "precious\n"
+    (shard_folder / "train/tokens-00001.bin").unlink()
+    err = refused(capsys, ["pack", "--shards", str(shard_folder), "--out", str(tmp_path / "out")])
+    assert "train/tokens-00001.bin" in err and not (tmp_path / "out").exists()
+    (tmp_path / "pieces").mkdir()
+    (tmp_path / "pieces/manifest.json").write_text("")
+    err = refused(capsys, ["stage", "--from", str(tmp_path / "pieces"), "--shards", str(tmp_path / "staged")])
+    assert f"{tmp_path / 'pieces/manifest.json'}:1: not valid JSON" in err and not (tmp_path / "staged").exists()

@@ -4,8 +4,6 @@ and the results folder built from a run folder."""
 from __future__ import annotations
 
 import csv
-import json
-from pathlib import Path
 
 import pytest
 from hydra import compose, initialize_config_module
@@ -15,7 +13,7 @@ from klalm.study import results
 from klalm.study.runner import cell_tokens, estimate_s, read_recipe, train_command, train_overrides
 from klalm.study.spec import Cell
 from klalm.study.staging import pack, stage
-from tests.study.conftest import SEQ_LEN, spec_file
+from tests.study.conftest import SEQ_LEN, spec_file, write_run_dir
 
 SMALL = [f"data.seq_len={SEQ_LEN}", "train.global_batch_tokens=64", "data.batch_size=2"]  # 4 windows a step
 
@@ -44,6 +42,14 @@ def test_one_pass_budget_and_sweep_fraction_follow_the_staged_data(small_spec, s
     assert cell_tokens(small_spec, partial, sweep_cell) == cell_tokens(small_spec, recipe, sweep_cell)
 
 
+def test_read_recipe_refuses_a_corrupt_index_and_shards_without_one_global_batch(spec, shard_folder):
+    with pytest.raises(ValueError, match=r"train/index.json: its [\d,]+ tokens make no whole global batch of 131,072"):
+        read_recipe(spec, shard_folder)  # the shipped recipe's batch is far larger than the test shards
+    (shard_folder / "train/index.json").write_text("{")
+    with pytest.raises(ValueError, match=r"train/index.json:1: not valid JSON"):
+        read_recipe(spec, shard_folder)
+
+
 def test_every_cell_override_composes(small_spec, shard_folder, tmp_path):
     recipe = read_recipe(small_spec, shard_folder)
     cell = Cell("kla_45m", 1234)
@@ -60,33 +66,6 @@ def test_commands_for_one_and_several_gpus():
     four = train_command(["a=1"], 4)
     assert four[1:4] == ["-m", "torch.distributed.run", "--standalone"]
     assert four[6:8] == ["--nproc_per_node", "4"] and "trainer=ddp" in four and "trainer.devices=4" in four
-
-
-def write_run_dir(run_dir: Path, cell: Cell, lr: float, val_loss: float, gpus: int = 1, rate: float = 1000.0) -> None:
-    """A run folder as the runner leaves it after a finished cell (files the results are made from)."""
-    (run_dir / "csv").mkdir(parents=True)
-    launch = {"cell": cell.name, "model": cell.model, "seed": cell.seed, "lr": lr, "sweep": cell.sweep,
-              "gpus": gpus, "dynamics_lr_scale": 1.0, "data": {}, "versions": {}}  # fmt: skip
-    (run_dir / results.CELL_FILE).write_text(json.dumps(launch))
-    (run_dir / results.TIMING_FILE).write_text(json.dumps({"train": 120.0, "validate": 6.0, "zero_shot": 54.0}))
-    (run_dir / results.VAL_FILE).write_text(json.dumps({"loss": val_loss, "ppl": 2.0, "tokens": 10}))
-    (run_dir / "summary.json").write_text(json.dumps({"params": 7, "steps": 4, "tokens_seen": 256, "skipped_steps": 0}))
-    (run_dir / "train.log").write_text("log\n")
-    rows = [
-        {"step": 2, "train/loss": 3.0, "train/lr": 1e-3, "train/grad_norm": 1.0, "train/tokens_seen": 128,
-         "perf/tokens_per_s": 10.0, "val/loss": ""},
-        {"step": 2, "train/loss": "", "train/lr": "", "train/grad_norm": "", "train/tokens_seen": "",
-         "perf/tokens_per_s": "", "val/loss": 2.9},
-        {"step": 4, "train/loss": 2.5, "train/lr": 5e-4, "train/grad_norm": 0.5, "train/tokens_seen": 256,
-         "perf/tokens_per_s": rate, "val/loss": ""},
-    ]  # fmt: skip
-    with open(run_dir / "csv/metrics.csv", "w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
-    if not cell.sweep:
-        (run_dir / results.ZERO_SHOT_DIR).mkdir()
-        (run_dir / results.ZERO_SHOT_DIR / "results.json").write_text(json.dumps({"results": {}}))
 
 
 def test_collect_builds_the_results_folder(spec, tmp_path):
@@ -109,6 +88,33 @@ def test_unfinished_run_folders_are_not_collected(spec, tmp_path):
     write_run_dir(tmp_path / "work/runs" / cell.name, cell, 2e-3, 4.5)
     (tmp_path / "work/runs" / cell.name / results.TIMING_FILE).unlink()  # what a failed or killed cell leaves
     assert results.collect_all(spec, tmp_path / "work") == []
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "error", "message"),
+    [
+        ("csv/metrics.csv", None, FileNotFoundError, "gpt_45m-s1234 lacks csv/metrics.csv: the cell did not finish"),
+        (results.CELL_FILE, "{'cell': 1}", ValueError, "cell.json:1: not valid JSON"),
+    ],
+)
+def test_a_run_folder_lacking_or_corrupting_a_file_is_refused_unwritten(spec, tmp_path, name, text, error, message):
+    cell = Cell("gpt_45m", 1234)
+    run_dir = tmp_path / "work/runs" / cell.name
+    write_run_dir(run_dir, cell, 2e-3, 4.5)
+    if text is None:
+        (run_dir / name).unlink()
+    else:
+        (run_dir / name).write_text(text)
+    with pytest.raises(error, match=message):
+        results.collect_all(spec, tmp_path / "work")
+    assert not spec.results.exists()  # no empty runs/<cell>/ left behind
+
+
+def test_a_run_json_that_does_not_parse_is_named(spec):
+    (spec.results / "runs/gpt_45m-s1234").mkdir(parents=True)
+    (spec.results / "runs/gpt_45m-s1234" / results.RUN_FILE).write_text("{")
+    with pytest.raises(ValueError, match=r"gpt_45m-s1234/run.json:1: not valid JSON"):
+        results.finished(spec, sweep=False)
 
 
 def test_best_lr_waits_for_every_sweep_point_then_takes_the_lowest_loss(spec, tmp_path):

@@ -32,9 +32,10 @@ def test_mistakes_are_refused(tmp_path, changes, message):
         load_spec(str(spec_file(tmp_path, **changes)))
 
 
-def test_sweep_fraction_must_be_a_fraction(tmp_path):
+@pytest.mark.parametrize("fraction", [1.5, "abc"])
+def test_sweep_fraction_must_be_a_fraction(tmp_path, fraction):
     raw = yaml.safe_load(spec_file(tmp_path).read_text())
-    raw["sweep"]["fraction"] = 1.5
+    raw["sweep"]["fraction"] = fraction
     (tmp_path / "bad.yaml").write_text(yaml.safe_dump(raw))
     with pytest.raises(ValueError, match="sweep.fraction"):
         load_spec(str(tmp_path / "bad.yaml"))
@@ -45,3 +46,32 @@ def test_missing_specs_are_named():
         load_spec("no_such")
     with pytest.raises(FileNotFoundError, match="nowhere.yaml"):
         load_spec("nowhere.yaml")
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        (b"", r"spec.yaml: keys must be .*, got nothing"),
+        (b"a: [1, 2\n", r"spec.yaml:2: not valid YAML: expected ',' or ']'"),
+        (b"\xff\xfe", r"spec.yaml: not UTF-8 text"),
+        (b"- 1\n- 2\n", r"spec.yaml: keys must be .*, got a list"),
+    ],
+)
+def test_a_spec_file_that_is_not_a_mapping_is_refused_naming_it(tmp_path, text, message):
+    (tmp_path / "spec.yaml").write_bytes(text)
+    with pytest.raises(ValueError, match=message):
+        load_spec(str(tmp_path / "spec.yaml"))
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "message"),
+    [
+        ("models", ["gpt_45m"], r"models must be a mapping, got \['gpt_45m'\]"),
+        ("models", {"gpt_45m": None}, "study models.gpt_45m: keys must be lr and dynamics_lr_scale, got None"),
+        ("seeds", [], "study seeds: name at least one seed"),
+        ("sweep", {"fraction": 0.1}, r"study sweep: keys must be fraction and lrs, got \['fraction'\]"),
+    ],
+)
+def test_values_of_the_wrong_kind_are_refused_naming_the_key(tmp_path, key, value, message):
+    with pytest.raises(ValueError, match=message):
+        load_spec(str(spec_file(tmp_path, **{key: value})))

@@ -110,3 +110,23 @@ def test_manifests_of_two_packs_are_not_mixed(shard_folder, tmp_path):
     (other / MANIFEST).write_text(json.dumps(manifest))
     with pytest.raises(ValueError, match="differ"):
         stage([one, other], tmp_path / "staged")
+
+
+def test_pack_refuses_a_corrupt_index_or_a_missing_shard_before_writing(shard_folder, tmp_path):
+    index = shard_folder / "val/index.json"
+    good = index.read_text()
+    index.write_text("{not json")
+    with pytest.raises(ValueError, match=r"val/index.json:1: not valid JSON"):
+        pack(shard_folder, tmp_path / "packed", preset=1)
+    index.write_text(good)
+    (shard_folder / "train/tokens-00001.bin").unlink()
+    with pytest.raises(FileNotFoundError, match=r"train/tokens-00001.bin"):
+        pack(shard_folder, tmp_path / "packed", preset=1)
+    assert not (tmp_path / "packed").exists()  # no piece of a pack that could not be whole
+
+
+def test_a_manifest_that_does_not_parse_is_named(tmp_path):
+    (tmp_path / "pieces").mkdir()
+    (tmp_path / "pieces" / MANIFEST).write_text("")
+    with pytest.raises(ValueError, match=r"pieces/manifest.json:1: not valid JSON"):
+        stage([tmp_path / "pieces"], tmp_path / "staged")

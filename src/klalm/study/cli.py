@@ -23,6 +23,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import NoReturn
 
+from klalm.errors import one_line
 from klalm.study.results import RUN_FILE
 from klalm.study.spec import DEFAULT_SPEC, Spec, load_spec
 from klalm.study.staging import INDEX_FILE, SPLITS, TOKENIZER_DIR, pack, stage
@@ -71,10 +72,17 @@ def _refuse(message: str) -> NoReturn:
     raise SystemExit(1)
 
 
-def _check_pack(shards: Path) -> None:
+def _check_folder(flag: str, path: Path) -> None:
+    """A flag that names a folder: a file there is refused (whether the folder must exist is the caller's check)."""
+    if path.exists() and not path.is_dir():
+        _refuse(f"{flag} {path} is a file, expected a folder")
+
+
+def _check_pack(shards: Path, out: Path) -> None:
     for needed in (shards / TOKENIZER_DIR, *(shards / split / INDEX_FILE for split in SPLITS)):
         if not needed.exists():
             _refuse(f"--shards {shards}: {needed} does not exist (klalm-prepare-data makes the shard folder)")
+    _check_folder("--out", out)
 
 
 def _check_block(args: argparse.Namespace, spec: Spec) -> None:
@@ -89,9 +97,16 @@ def _check_block(args: argparse.Namespace, spec: Spec) -> None:
                 f"--shards {args.shards}; klalm-prepare-data then klalm-study pack make the pieces)")  # fmt: skip
     if args.command != "train":
         return
+    from klalm.eval.tasks import get_local_task, resolve_files  # klalm.eval imports torch: only train pays for it
+
     if not args.eval_data.is_dir():
         tasks = ", ".join(spec.eval["tasks"])
         _refuse(f"--eval-data folder {args.eval_data} does not exist (the data of the zero-shot tasks {tasks})")
+    try:  # the files klalm-eval will read, so a wrong folder fails before training rather than after
+        for task in spec.eval["tasks"]:
+            resolve_files(get_local_task(task), args.eval_data)
+    except (KeyError, FileNotFoundError) as err:
+        _refuse(f"--eval-data {args.eval_data}: {one_line(err)}")
     unknown = [m for m in args.models or [] if m not in spec.models]
     if unknown:
         _refuse(f"--models: {', '.join(unknown)} not in study {spec.name} (its models: {', '.join(spec.models)})")
@@ -100,18 +115,25 @@ def _check_block(args: argparse.Namespace, spec: Spec) -> None:
 def _check_report(spec: Spec, doc: Path) -> None:
     """The document with its markers, a results folder with finished cells and the cost section's bench rows."""
     from klalm.markdown import fill_sections
-    from klalm.study.report import SECTIONS
+    from klalm.study.report import PLOT, SECTIONS
     from klalm.study.results import finished
 
+    if doc.is_dir():
+        _refuse(f"--doc {doc} is a folder, expected the Markdown document")
     if not doc.is_file():
         _refuse(f"--doc {doc} does not exist")
+    _check_folder(f"--doc {doc}: the plot's folder", (doc.parent / PLOT).parent)
     try:
         fill_sections(doc.read_text(encoding="utf-8"), dict.fromkeys(SECTIONS, ""), "study")
     except ValueError as err:  # a marker is missing
         _refuse(f"--doc {doc}: {err}")
     if not spec.results.is_dir():
         _refuse(f"results folder {spec.results} does not exist")
-    if not finished(spec, sweep=False) and not finished(spec, sweep=True):
+    try:
+        done = finished(spec, sweep=False) or finished(spec, sweep=True)
+    except ValueError as err:  # a run.json that does not parse
+        _refuse(str(err))
+    if not done:
         _refuse(f"results folder {spec.results} holds no finished cell (no runs/*/{RUN_FILE} or sweep/*/{RUN_FILE})")
     for path in map(Path, spec.cost["bench_rows"]):
         if not path.is_file():
@@ -122,15 +144,19 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="[%(asctime)s %(name)s] %(message)s", datefmt="%H:%M:%S")
     if args.command == "pack":
-        _check_pack(args.shards)
-        manifest = pack(args.shards, args.out)
+        _check_pack(args.shards, args.out)
+        try:
+            manifest = pack(args.shards, args.out)
+        except (OSError, ValueError) as err:  # an index that does not parse or lists a missing file; --out not made
+            _refuse(f"pack: {err}")
         sizes = {t: f"{p['xz_bytes'] / 2**20:.1f} MiB" for t, p in manifest["pieces"].items()}
         print(json.dumps(sizes, indent=1))
         return 0
     if args.command == "stage":
+        _check_folder("--shards", args.shards)
         try:
             staged = stage(args.sources, args.shards)
-        except (FileNotFoundError, ValueError) as err:  # no manifest, a split or tokenizer missing, a bad checksum
+        except (OSError, ValueError) as err:  # no manifest, a split or tokenizer missing, a bad checksum, unwritable
             _refuse(f"stage: {err}")
         print(json.dumps(staged, indent=1))
         return 0
@@ -144,25 +170,38 @@ def main(argv: list[str] | None = None) -> int:
         from klalm.study.report import write_report
 
         _check_report(spec, args.doc)
-        print(write_report(spec, args.doc))
+        try:
+            print(write_report(spec, args.doc))
+        except ValueError as err:  # an eval.json that does not parse (found before the doc is written)
+            _refuse(str(err))
         return 0
     if args.command == "collect":
         from klalm.study.results import collect_all
 
+        _check_folder("--work", args.work)
         if not args.work.is_dir():
             _refuse(f"--work folder {args.work} does not exist")
         if not (args.work / "sweep").is_dir() and not (args.work / "runs").is_dir():
             _refuse(f"--work folder {args.work} holds neither sweep/ nor runs/ (the runner's run folders)")
-        for record in collect_all(spec, args.work):
+        try:
+            records = collect_all(spec, args.work)
+        except (FileNotFoundError, ValueError) as err:  # a run folder lacking a file or holding one that does not parse
+            _refuse(f"collect: {err}")
+        for record in records:
             print(f"{record['cell']}: val loss {record['val']['loss']:.4f}")
         return 0
     from klalm.study.runner import StudyRunner, plan, read_recipe
 
     _check_block(args, spec)
+    try:  # an index.json or run.json that does not parse, or staged shards that make no whole global batch
+        recipe = read_recipe(spec, args.shards)
+        table = plan(spec, recipe, args.gpus)
+    except ValueError as err:
+        _refuse(str(err))
     if args.command == "plan":
-        print(plan(spec, read_recipe(spec, args.shards), args.gpus))
+        print(table)
         return 0
-    runner = StudyRunner(spec, args.shards, args.work, args.eval_data, args.gpus, args.minutes, args.commit)
+    runner = StudyRunner(spec, recipe, args.shards, args.work, args.eval_data, args.gpus, args.minutes, args.commit)
     done = runner.sweep() if args.command == "sweep" else runner.train(args.models)
     print(plan(spec, runner.recipe, args.gpus))
     return 0 if done or not runner.pending(sweep=args.command == "sweep") else 1

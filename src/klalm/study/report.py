@@ -10,7 +10,6 @@ the measured rates); and the plot of the validation curves.
 from __future__ import annotations
 
 import csv
-import json
 import math
 from collections.abc import Callable
 from pathlib import Path
@@ -20,6 +19,7 @@ from omegaconf import OmegaConf
 
 from klalm.markdown import fill_sections
 from klalm.study import results
+from klalm.study.files import read_json
 from klalm.study.spec import Spec
 
 PLOT = "img/study_val_loss.png"  # relative to the document
@@ -32,7 +32,7 @@ def _runs(spec: Spec) -> list[dict[str, Any]]:
     rows = []
     for record in results.finished(spec, sweep=False):
         folder = results.cell_dir(spec, record)
-        rows.append({**record, "eval": json.loads((folder / "eval.json").read_text())})
+        rows.append({**record, "eval": read_json(folder / "eval.json")})
     return rows
 
 

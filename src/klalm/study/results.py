@@ -19,6 +19,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+from klalm.study.files import read_json
 from klalm.study.spec import Cell, Spec
 
 RUN_FILE = "run.json"
@@ -38,13 +39,13 @@ def cell_dir(spec: Spec, cell: Cell | dict[str, Any]) -> Path:
 def load_run(spec: Spec, cell: Cell) -> dict[str, Any] | None:
     """The run.json of a finished cell, or None."""
     path = cell_dir(spec, cell) / RUN_FILE
-    return json.loads(path.read_text()) if path.is_file() else None
+    return read_json(path) if path.is_file() else None
 
 
 def finished(spec: Spec, sweep: bool) -> list[dict[str, Any]]:
     """run.json of every finished cell of the sweep or of the runs, in folder order."""
     folder = spec.results / ("sweep" if sweep else "runs")
-    return [json.loads(p.read_text()) for p in sorted(folder.glob(f"*/{RUN_FILE}"))]
+    return [read_json(p) for p in sorted(folder.glob(f"*/{RUN_FILE}"))]
 
 
 def best_lr(spec: Spec, model: str) -> float | None:
@@ -70,7 +71,7 @@ def bench_rates(paths: list[str | Path]) -> dict[str, tuple[float, str]]:
     for path in map(Path, paths):
         if not path.is_file():
             raise FileNotFoundError(f"study cost.bench_rows: {path} does not exist (a bench_lm.py --out .json file)")
-        for row in json.loads(path.read_text()):
+        for row in read_json(path):
             setting, speed = row.get("setting", {}), row.get("perf/tokens_per_s")
             at_study_shape = (setting.get("batch_size"), setting.get("seq_len"), setting.get("compile")) == (
                 16, 2048, False)  # fmt: skip
@@ -112,15 +113,21 @@ def steady_rate(train_rows: list[dict[str, float]]) -> float:
 def collect(spec: Spec, run_dir: Path) -> dict[str, Any]:
     """Writes the results folder of the cell whose run folder is `run_dir` and returns its run.json document.
 
-    Raises:
+    Raises (before anything is written):
         FileNotFoundError: the run folder lacks a file the results are made from (the cell did not finish).
+        ValueError: one of its JSON files does not parse.
     """
-    launch = json.loads((run_dir / CELL_FILE).read_text())
-    timing = json.loads((run_dir / TIMING_FILE).read_text())
+    launch = read_json(run_dir / CELL_FILE)
+    needed = [TIMING_FILE, VAL_FILE, "summary.json", "train.log", "csv/metrics.csv"]
+    if not launch["sweep"]:
+        needed.append(f"{ZERO_SHOT_DIR}/results.json")
+    missing = [name for name in needed if not (run_dir / name).is_file()]
+    if missing:
+        raise FileNotFoundError(f"run folder {run_dir} lacks {', '.join(missing)}: the cell did not finish")
+    timing, summary, val = (read_json(run_dir / name) for name in (TIMING_FILE, "summary.json", VAL_FILE))
     out = cell_dir(spec, launch)
     out.mkdir(parents=True, exist_ok=True)
     curves = split_metrics(run_dir / "csv" / "metrics.csv", out)
-    summary = json.loads((run_dir / "summary.json").read_text())
     (out / "train.log").write_bytes((run_dir / "train.log").read_bytes()[-LOG_TAIL_BYTES:])
     if not launch["sweep"]:
         shutil.copyfile(run_dir / ZERO_SHOT_DIR / "results.json", out / "eval.json")
@@ -133,7 +140,7 @@ def collect(spec: Spec, run_dir: Path) -> dict[str, Any]:
         "tokens": summary["tokens_seen"],
         "skipped_steps": summary["skipped_steps"],
         "final_train_loss": curves["train"][-1]["train/loss"],
-        "val": json.loads((run_dir / VAL_FILE).read_text()),
+        "val": val,
         "throughput": {"tokens_per_s": rate, "tokens_per_s_per_gpu": rate / gpus},
         "wall_s": timing,
         "gpu_minutes": {
@@ -151,7 +158,7 @@ def collect_all(spec: Spec, work: Path) -> list[dict[str, Any]]:
     records = []
     for run_dir in sorted([*work.glob("sweep/*"), *work.glob("runs/*")]):
         if (run_dir / TIMING_FILE).is_file() and (run_dir / CELL_FILE).is_file():
-            launch = json.loads((run_dir / CELL_FILE).read_text())
+            launch = read_json(run_dir / CELL_FILE)
             if not (cell_dir(spec, launch) / RUN_FILE).is_file():
                 records.append(collect(spec, run_dir))
     return records

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from klalm.study import results
+from klalm.study.files import read_json
 from klalm.study.spec import Cell, Spec
 
 log = logging.getLogger("klalm.study")
@@ -43,13 +44,18 @@ class Recipe:
 
 
 def read_recipe(spec: Spec, shards: Path) -> Recipe:
-    """Sequence length and global batch from the experiment; the one-pass budget from the shards that arrived."""
+    """Sequence length and global batch from the experiment; the one-pass budget from the shards that arrived.
+
+    Raises:
+        ValueError: the train split's index.json does not parse, or its tokens make no whole global batch.
+    """
     from hydra import compose, initialize_config_module
 
     with initialize_config_module("klalm.configs", version_base="1.3"):
         cfg = compose("train", overrides=[f"experiment={spec.experiment}", *spec.overrides])
     seq_len, batch = int(cfg.data.seq_len), int(cfg.train.global_batch_tokens)
-    index = json.loads((shards / "train" / "index.json").read_text())
+    index_file = shards / "train" / "index.json"
+    index = read_json(index_file)
 
     def one_pass(tokens: int) -> int:
         return tokens // (seq_len + 1) // (batch // seq_len) * batch
@@ -61,7 +67,12 @@ def read_recipe(spec: Spec, shards: Path) -> Recipe:
         "configured_max_tokens": int(cfg.train.max_tokens),
     }
     full = one_pass(index.get("pack_total_tokens", index["total_tokens"]))
-    return Recipe(seq_len, batch, max_tokens=one_pass(index["total_tokens"]), full_max_tokens=full, data=data)
+    max_tokens = one_pass(index["total_tokens"])
+    if max_tokens == 0:
+        windows = f"{batch // seq_len} windows of {seq_len + 1}"
+        raise ValueError(f"{index_file}: its {index['total_tokens']:,} tokens make no whole global batch of {batch:,} "
+                         f"tokens ({windows}): stage more of the train split")  # fmt: skip
+    return Recipe(seq_len, batch, max_tokens=max_tokens, full_max_tokens=full, data=data)
 
 
 def cell_tokens(spec: Spec, recipe: Recipe, cell: Cell) -> int:
@@ -157,6 +168,7 @@ class StudyRunner:
 
     Args:
         spec: the loaded study spec.
+        recipe: what every cell shares (`read_recipe` of these shards).
         shards: the staged shard folder (train/, val/, tokenizer/).
         work: where run folders (checkpoints, exports) go; not part of the results.
         eval_data: folder holding hellaswag/ and piqa/ (layout of ../shared/data) for offline zero-shot tasks.
@@ -166,11 +178,18 @@ class StudyRunner:
     """
 
     def __init__(
-        self, spec: Spec, shards: Path, work: Path, eval_data: Path, gpus: int, minutes: float, commit: str
+        self,
+        spec: Spec,
+        recipe: Recipe,
+        shards: Path,
+        work: Path,
+        eval_data: Path,
+        gpus: int,
+        minutes: float,
+        commit: str,
     ) -> None:
-        self.spec, self.shards, self.work, self.eval_data = spec, shards.resolve(), work.resolve(), eval_data
-        self.gpus, self.deadline, self.commit = gpus, time.monotonic() + 60 * minutes, commit
-        self.recipe = read_recipe(spec, self.shards)
+        self.spec, self.recipe, self.shards, self.work = spec, recipe, shards.resolve(), work.resolve()
+        self.eval_data, self.gpus, self.deadline, self.commit = eval_data, gpus, time.monotonic() + 60 * minutes, commit
         self._lock = threading.Lock()
         if self.recipe.data["partial"]:
             log.warning("only part of the train split is staged (%s tokens): every run trains one pass over it",

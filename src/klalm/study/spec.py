@@ -12,9 +12,13 @@ from importlib.resources import files
 from pathlib import Path
 from typing import Any
 
-import yaml
+from klalm.study.files import read_yaml
 
 DEFAULT_SPEC = "enwiki_45m"
+# the spec's keys and what each must be (the checks of their contents are in `_check`)
+_TYPES = {"experiment": str, "results": str, "models": dict, "seeds": list, "extra_seeds": dict, "sweep": dict,
+          "eval": dict, "estimate": dict, "overrides": list, "cost": dict}  # fmt: skip
+_KIND_NAMES = {str: "string", dict: "mapping", list: "list"}
 
 
 @dataclass(frozen=True)
@@ -62,9 +66,17 @@ class Spec:
 
 
 def _check(spec: Spec) -> None:
+    if not spec.seeds:
+        raise ValueError("study seeds: name at least one seed (the runs' first, and the sweep's)")
+    if set(spec.sweep) != {"lrs", "fraction"}:
+        raise ValueError(f"study sweep: keys must be fraction and lrs, got {sorted(spec.sweep, key=str)}")
+    fraction = spec.sweep["fraction"]
+    if not isinstance(fraction, (int, float)) or not 0 < fraction <= 1:
+        raise ValueError(f"study sweep.fraction={fraction!r} must be a number in (0, 1]")
     for model, options in spec.models.items():
-        if set(options) != {"lr", "dynamics_lr_scale"}:
-            raise ValueError(f"study models.{model}: keys must be lr and dynamics_lr_scale, got {sorted(options)}")
+        if not isinstance(options, dict) or set(options) != {"lr", "dynamics_lr_scale"}:
+            got = sorted(options, key=str) if isinstance(options, dict) else options
+            raise ValueError(f"study models.{model}: keys must be lr and dynamics_lr_scale, got {got!r}")
         source = spec.lr_source(model)
         if source not in spec.sweep["lrs"]:
             raise ValueError(f"study models.{model}.lr={options['lr']!r}: {source} has no sweep.lrs entry")
@@ -73,8 +85,6 @@ def _check(spec: Spec) -> None:
             raise ValueError(f"study: {model!r} is used but not listed under models ({sorted(spec.models)})")
     if set(spec.cost) != {"tokens", "gpus", "models_180m", "bench_rows"}:
         raise ValueError(f"study cost: keys must be bench_rows, gpus, models_180m and tokens, got {sorted(spec.cost)}")
-    if not 0 < spec.sweep["fraction"] <= 1:
-        raise ValueError(f"study sweep.fraction={spec.sweep['fraction']} must be in (0, 1]")
 
 
 def available_specs() -> list[str]:
@@ -89,17 +99,19 @@ def load_spec(name_or_path: str = DEFAULT_SPEC) -> Spec:
     if path.suffix in (".yaml", ".yml"):
         if not path.is_file():
             raise FileNotFoundError(f"study spec {path} does not exist")
-        text = path.read_text(encoding="utf-8")
+        raw = read_yaml(path)
     else:
         resource = files("klalm.configs").joinpath("study", f"{name_or_path}.yaml")
         if not resource.is_file():
             raise FileNotFoundError(f"no study spec {name_or_path!r} (configs/study/{name_or_path}.yaml); available: "
                                     f"{', '.join(available_specs())}, or a path to a .yaml file")  # fmt: skip
-        text = resource.read_text(encoding="utf-8")
-    raw = yaml.safe_load(text)
-    keys = {"experiment", "results", "models", "seeds", "extra_seeds", "sweep", "eval", "estimate", "overrides", "cost"}
-    if set(raw) != keys:
-        raise ValueError(f"study spec {name_or_path}: keys must be {sorted(keys)}, got {sorted(raw)}")
+        raw = read_yaml(resource)
+    if not isinstance(raw, dict) or set(raw) != set(_TYPES):
+        got = sorted(raw, key=str) if isinstance(raw, dict) else "nothing" if raw is None else f"a {type(raw).__name__}"
+        raise ValueError(f"study spec {name_or_path}: keys must be {sorted(_TYPES)}, got {got}")
+    for key, kind in _TYPES.items():
+        if not isinstance(raw[key], kind):
+            raise ValueError(f"study spec {name_or_path}: {key} must be a {_KIND_NAMES[kind]}, got {raw[key]!r}")
     spec = Spec(name=path.stem, **{**raw, "results": Path(raw["results"])})
     _check(spec)
     return spec

@@ -24,6 +24,8 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
+from klalm.study.files import read_json
+
 MANIFEST = "manifest.json"
 INDEX_FILE = "index.json"  # the shard index written by klalm.data.shards (same name, same format)
 SPLITS = ("train", "val")
@@ -70,13 +72,21 @@ def pack(shards: str | Path, out: str | Path, *, preset: int = 9 | lzma.PRESET_E
     Returns:
         The manifest: each split's index, and for each file (by its path in the shard folder) the piece's name and
         the raw and compressed sizes and SHA-256 hashes.
+
+    Raises (before anything is written):
+        ValueError: an index.json that does not parse.
+        FileNotFoundError: a shard file an index lists is missing.
     """
     shards, out = Path(shards), Path(out)
-    out.mkdir(parents=True, exist_ok=True)
     files = {f"{TOKENIZER_DIR}/{p.name}": p for p in sorted((shards / TOKENIZER_DIR).iterdir())}
-    indexes = {split: json.loads((shards / split / INDEX_FILE).read_text()) for split in SPLITS}
+    indexes = {split: read_json(shards / split / INDEX_FILE) for split in SPLITS}
     for split, index in indexes.items():
         files.update({f"{split}/{s['file']}": shards / split / s["file"] for s in index["shards"]})
+    missing = [raw for raw in files.values() if not raw.is_file()]
+    if missing:
+        raise FileNotFoundError(f"{len(missing)} file(s) listed in an index.json do not exist, first {missing[0]}: "
+                                "make the shard folder again (klalm-prepare-data)")  # fmt: skip
+    out.mkdir(parents=True, exist_ok=True)
     pieces = {t: _pack_file(raw, t, out, preset) for t, raw in tqdm(files.items(), desc="xz", unit="file")}
     manifest = {"format": "klalm-staging-v1", "indexes": indexes, "pieces": pieces}
     (out / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
@@ -87,7 +97,7 @@ def _find_manifest(sources: list[Path]) -> dict[str, Any]:
     found = [s / MANIFEST for s in sources if (s / MANIFEST).is_file()]
     if not found:
         raise FileNotFoundError(f"no {MANIFEST} in any of {[str(s) for s in sources]}: carry the folder `pack` wrote")
-    manifests = [json.loads(p.read_text()) for p in found]
+    manifests = [read_json(p) for p in found]
     if any(m != manifests[0] for m in manifests[1:]):
         raise ValueError(f"the manifests in {[str(p) for p in found]} differ: pieces of two different packs")
     return manifests[0]
