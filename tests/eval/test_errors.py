@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 
 import pytest
@@ -12,6 +13,7 @@ import klalm.eval.runner as runner
 from klalm.config_checks import ConfigError
 from klalm.eval import evaluate_checkpoints
 from klalm.eval.checkpoint import checkpoint_kind, load_checkpoint
+from klalm.eval.report import checkpoint_labels
 from klalm.models.checkpoint import CheckpointError
 from klalm.models.export import ExportIntegrityError
 
@@ -52,7 +54,7 @@ def test_data_dir_without_files(tiny_checkpoints, tmp_path, no_model_work):
     [
         ({"limit": 0}, ValueError, "limit"),
         ({"batch_size": 0}, ValueError, "batch_size"),
-        ({"max_length": 8}, ValueError, "max_length must be at least 256"),  # lm-eval asserted on whole answers
+        ({"max_length": 0}, ValueError, "max_length must be positive"),
         ({"dtype": "float8"}, KeyError, "bfloat16"),
     ],
 )
@@ -137,8 +139,8 @@ def test_training_checkpoint_without_tokenizer(tmp_path, monkeypatch):
         ("device=cuda:0", "klalm-eval: device='cuda:0': torch sees no CUDA GPU here; use device=auto or cpu"),
         ("checkpoint={garbage}", "klalm-eval: {garbage} cannot be read as a checkpoint (truncated or corrupted?)"),
         ("+limt=5", "klalm-eval: limt is not a klalm-eval key (did you mean limit?): nothing reads it"),
-        ("device=gpu", "klalm-eval: device='gpu' is invalid: must be auto, cpu, cuda or cuda:N"),
-        ("max_length=2", "klalm-eval: max_length=2 is invalid: must be ≥ 256"),
+        ("device=gpu", "klalm-eval: device='gpu' is invalid: must be auto, cpu, cuda, cuda:N (or mps, xpu, xpu:N)"),
+        ("max_length=0", "klalm-eval: max_length=0 is invalid: must be > 0"),
     ],
     ids=["task", "dtype", "device", "garbage-ckpt", "typo-key", "device-form", "max-length"],
 )
@@ -160,3 +162,25 @@ def test_klalm_eval_refuses_bad_input_in_one_line(tiny_checkpoints, tmp_path, sh
     assert proc.returncode == 1 and "Traceback" not in proc.stderr
     assert proc.stderr.strip().splitlines()[-1].startswith(line)
     assert not (tmp_path / "outputs" / "eval").exists()
+
+
+def test_a_checkpoint_that_fails_to_load_keeps_the_results_of_those_before_it(
+    tiny_checkpoints, tmp_path, shared_data, monkeypatch
+):
+    """A failure the checks cannot see (here the second load) writes the first checkpoint's report, then raises."""
+    loads = []
+
+    def load_once(*args, **kwargs):
+        loads.append(args[0])
+        if len(loads) == 2:
+            raise CheckpointError("cannot rebuild the second")
+        return real_load(*args, **kwargs)
+
+    real_load = runner.load_checkpoint
+    monkeypatch.setattr(runner, "load_checkpoint", load_once)
+    with pytest.raises(CheckpointError, match="second"):
+        evaluate_checkpoints(tiny_checkpoints[:2], ["piqa"], output_dir=tmp_path, data_dir=shared_data, limit=2,
+                             max_length=512, device="cpu")  # fmt: skip
+    report = json.loads((tmp_path / "results.json").read_text())
+    assert len(loads) == 2 and list(report["results"]) == checkpoint_labels(tiny_checkpoints[:2])[:1]
+    assert (tmp_path / "results.md").is_file()

@@ -136,6 +136,17 @@ def test_every_arch_scores_like_unbatched_forward(arch, gpt2_tokenizer, shared_d
     assert metrics["piqa"]["acc"] == pytest.approx(acc) and metrics["piqa"]["acc_norm"] == pytest.approx(acc_norm)
 
 
+def test_an_answer_longer_than_max_length_is_a_config_error(gpt2_tokenizer, shared_data):
+    """lm-eval asserts, without a message, that each whole answer fits the window: klalm names max_length."""
+    from klalm.eval import evaluate_model, resolve_tasks
+    from klalm.models import build_model
+
+    model = build_model("gpt", preset="tiny", vocab_size=len(gpt2_tokenizer)).eval()
+    specs, manager = resolve_tasks(["piqa"], shared_data)
+    with pytest.raises(ConfigError, match="max_length=2: an answer of piqa is longer than that many tokens"):
+        evaluate_model(model, gpt2_tokenizer, specs, manager, limit=4, batch_size=4, max_length=2)
+
+
 def _lm_eval_args(**given) -> argparse.Namespace:
     """An `lm-eval run` namespace with a hub model (not loaded) and an upstream task: nothing local to check."""
     return argparse.Namespace(**{"model": "hf", "model_args": {"pretrained": "gpt2"}, "tasks": ["arc_easy"], **given})

@@ -178,18 +178,28 @@ def evaluate_model(
     Returns:
         (metrics, samples): metrics[task] = {acc, acc_stderr, acc_norm, acc_norm_stderr, n_evaluated, n_total};
         samples[task] = per-sample records (empty unless `log_samples`), keyed by user-facing task name.
+
+    Raises:
+        ConfigError: an answer longer than `max_length` tokens (lm-eval's bare AssertionError).
     """
     from lm_eval import simple_evaluate
 
     lm = make_lm(model, tokenizer, max_length=max_length, batch_size=batch_size)
-    raw = simple_evaluate(
-        model=lm,
-        tasks=[spec.lm_eval_name for spec in specs],
-        num_fewshot=0,
-        limit=limit,
-        log_samples=log_samples,
-        task_manager=task_manager,
-    )
+    try:
+        raw = simple_evaluate(
+            model=lm,
+            tasks=[spec.lm_eval_name for spec in specs],
+            num_fewshot=0,
+            limit=limit,
+            log_samples=log_samples,
+            task_manager=task_manager,
+        )
+    except AssertionError as err:  # lm-eval asserts that each whole answer fits the window, with no message
+        if not _raised_in(err, "lm_eval.models.huggingface"):
+            raise
+        names = ", ".join(spec.name for spec in specs)
+        raise ConfigError(f"max_length={max_length}: an answer of {names} is longer than that many tokens, and "
+                          "lm-eval scores each whole answer in the window: raise max_length") from None  # fmt: skip
     metrics = {spec.name: task_metrics(raw, spec) for spec in specs}
     samples = {spec.name: raw.get("samples", {}).get(spec.lm_eval_name, []) for spec in specs}
     return metrics, samples

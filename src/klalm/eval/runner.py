@@ -2,7 +2,8 @@
 
 All input checks (every checkpoint's kind and files, the tokenizer path, task names, data files, dtype, sizes, the
 output folder) run before any model is loaded, so a typo fails in seconds instead of after the first model's
-evaluation, and a bad second checkpoint does not cost the first one's results.
+evaluation; a checkpoint that still fails later (its load, or an answer longer than max_length) writes the report
+of the checkpoints before it, then raises.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
-from klalm.config_checks import MIN_EVAL_LENGTH, ConfigError
+from klalm.config_checks import ConfigError
 from klalm.eval.checkpoint import check_checkpoint, check_tokenizer, load_checkpoint, resolve_device, resolve_dtype
 from klalm.eval.harness import evaluate_model, resolve_tasks
 from klalm.eval.report import build_report, checkpoint_labels, write_report, write_samples
@@ -27,8 +28,8 @@ def _check_sizes(limit: int | None, batch_size: int, max_length: int) -> None:
         raise ValueError(f"limit must be a positive number of examples or null, got {limit}")
     if batch_size < 1:
         raise ValueError(f"batch_size must be positive, got {batch_size}")
-    if max_length < MIN_EVAL_LENGTH:  # lm-eval asserts that each whole answer fits
-        raise ValueError(f"max_length must be at least {MIN_EVAL_LENGTH}, got {max_length}")
+    if max_length < 1:
+        raise ValueError(f"max_length must be positive, got {max_length}")
 
 
 def _make_output_dir(output_dir: str | Path) -> Path:
@@ -66,7 +67,8 @@ def evaluate_checkpoints(
         data_dir: local data folder (layout of ../shared/data) → offline local tasks; None → upstream hub tasks.
         limit: at most this many examples per task (the first ones); None = the whole validation set.
         batch_size: lm-eval requests per forward pass.
-        max_length: model context in tokens given to lm-eval (requests are left-truncated to it), ≥ 256.
+        max_length: model context in tokens given to lm-eval (requests are left-truncated to it; each whole answer
+            must fit, or `evaluate_model` raises ConfigError).
         device: "auto" (CUDA if available), "cpu", "cuda", "cuda:N".
         dtype: weight dtype ("float32", "bfloat16", "float16", "float64").
         tokenizer: tokenizer folder overriding the checkpoints' own.
@@ -76,7 +78,7 @@ def evaluate_checkpoints(
         The results.json document (see `klalm.eval.report`).
 
     Raises:
-        ValueError: empty checkpoint or task list, non-positive sizes, or max_length below 256.
+        ValueError: empty checkpoint or task list, or non-positive sizes.
         FileNotFoundError: a missing checkpoint or tokenizer folder, or data_dir without a file a task needs.
         CheckpointError, ExportIntegrityError: a checkpoint that cannot be read or whose files changed.
         ConfigError: an output_dir that cannot be created.
@@ -95,23 +97,6 @@ def evaluate_checkpoints(
     output_dir = _make_output_dir(output_dir)
     log.info("evaluating %d checkpoint(s) (%s) on %s", len(checkpoints), ", ".join(kinds), [s.name for s in specs])
 
-    results, models = {}, {}
-    for label, path in tqdm(list(zip(labels, checkpoints)), desc="checkpoints", unit="ckpt"):
-        loaded = load_checkpoint(path, tokenizer=tokenizer, device=target, dtype=dtype)
-        metrics, samples = evaluate_model(
-            loaded.model,
-            loaded.tokenizer,
-            specs,
-            task_manager,
-            limit=limit,
-            batch_size=batch_size,
-            max_length=max_length,
-            log_samples=log_samples,
-        )
-        results[label], models[label] = metrics, loaded.provenance
-        if log_samples:
-            write_samples(samples, label, output_dir)
-        del loaded
     settings = {
         "limit": limit,
         "num_fewshot": 0,
@@ -120,6 +105,29 @@ def evaluate_checkpoints(
         "log_samples": log_samples,
         "data_dir": None if data_dir is None else str(Path(data_dir).expanduser().resolve()),
     }
+    results, models = {}, {}
+    for label, path in tqdm(list(zip(labels, checkpoints)), desc="checkpoints", unit="ckpt"):
+        try:
+            loaded = load_checkpoint(path, tokenizer=tokenizer, device=target, dtype=dtype)
+            metrics, samples = evaluate_model(
+                loaded.model,
+                loaded.tokenizer,
+                specs,
+                task_manager,
+                limit=limit,
+                batch_size=batch_size,
+                max_length=max_length,
+                log_samples=log_samples,
+            )
+        except BaseException:  # a load or lm-eval refusal (or Ctrl-C): the checkpoints before it keep theirs
+            if results:
+                log.warning("stopped at %s: the report holds the %d checkpoint(s) before it", path, len(results))
+                write_report(build_report(results, models, specs, settings), output_dir)
+            raise
+        results[label], models[label] = metrics, loaded.provenance
+        if log_samples:
+            write_samples(samples, label, output_dir)
+        del loaded
     report = build_report(results, models, specs, settings)
     json_path, md_path = write_report(report, output_dir)
     log.info("wrote %s and %s", json_path, md_path)
