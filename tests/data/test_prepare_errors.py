@@ -153,3 +153,26 @@ def test_bad_data_is_refused_and_leaves_the_output_as_it_was(name, files_args, t
     with pytest.raises(SystemExit, match="split 'train': "):
         prepare_main([*bad, "--out", str(out)])
     assert _files(out) == before  # the rerun used to truncate tokens-00000.bin under the old index.json
+
+
+def test_an_interrupted_swap_puts_the_old_folders_back(tmp_path, monkeypatch):
+    from pathlib import Path
+
+    from klalm.data import prepare
+
+    staging, out = tmp_path / "staging", tmp_path / "out"
+    for folder, text in ((staging, "new"), (out, "old")):
+        for name in ("train", "val"):
+            (folder / name).mkdir(parents=True)
+            (folder / name / "f").write_text(text)
+    real_rename = Path.rename
+
+    def rename(self, target):
+        if self == staging / "val":  # the last move in fails (a full disk, Ctrl-C)
+            raise KeyboardInterrupt
+        return real_rename(self, target)
+
+    monkeypatch.setattr(Path, "rename", rename)
+    with pytest.raises(KeyboardInterrupt):
+        prepare._swap_in(staging, out, ["train", "val"])
+    assert {name: (out / name / "f").read_text() for name in ("train", "val")} == {"train": "old", "val": "old"}

@@ -278,10 +278,7 @@ def write_dataset(
             except ValueError as err:
                 raise ValueError(f"split {split!r}: {err}") from err
         tok.save_pretrained(str(staging / "tokenizer"))
-        for name in [*results, "tokenizer"]:
-            if (out_dir / name).exists():  # moved aside into the staging folder, removed with it
-                (out_dir / name).rename(staging / f"old-{name}")
-            (staging / name).rename(out_dir / name)
+        _swap_in(staging, out_dir, [*results, "tokenizer"])
     except BaseException:
         if made_out_dir:
             shutil.rmtree(out_dir, ignore_errors=True)
@@ -289,6 +286,25 @@ def write_dataset(
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return results
+
+
+def _swap_in(staging: Path, out_dir: Path, names: list[str]) -> None:
+    """Moves each of `names` from `staging` into `out_dir`, the old one aside into `staging` (removed with it); if a
+    rename fails or is interrupted, the ones done are undone, so `out_dir` keeps all its old folders."""
+    done = []
+    try:
+        for name in names:
+            done.append(name)
+            if (out_dir / name).exists():
+                (out_dir / name).rename(staging / f"old-{name}")
+            (staging / name).rename(out_dir / name)
+    except BaseException:
+        for name in reversed(done):
+            if (staging / f"old-{name}").exists():
+                if (out_dir / name).exists():  # the new one was moved in: back into staging
+                    (out_dir / name).rename(staging / name)
+                (staging / f"old-{name}").rename(out_dir / name)
+        raise
 
 
 def data_config_names() -> list[str]:
