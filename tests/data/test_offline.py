@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 import torch
 
 from klalm.data import PackedTextDataset, ResumableLoader, build_source, load_tokenizer, train_bpe_tokenizer
+from klalm.data import tokenizer as tokenizer_module
 from klalm.data.python_docs import python_docs_corpus
 from klalm.data.tokenizer import decode_tokens, encode_texts
 
@@ -50,6 +52,35 @@ def test_trained_bpe_round_trips_and_is_cached(cache_dir, tmp_path):
     assert len(list(cache_dir.glob("bpe-300-*"))) == 1
 
 
+def test_trained_bpe_cache_follows_the_corpus_files(tmp_path):
+    """An edited corpus file trains a new BPE (the cache key has each file's size and mtime); none is trained on an
+    empty corpus."""
+    corpus = tmp_path / "corpus.jsonl"
+    config = {
+        "kind": "trained_bpe",
+        "vocab_size": 300,
+        "cache_dir": str(tmp_path / "cache"),
+        "source": {"kind": "files", "paths": str(corpus)},
+    }
+
+    def write(words: list[str]) -> None:
+        corpus.write_text("".join(json.dumps({"text": " ".join(words * 20)}) + "\n" for _ in range(5)))
+
+    write(["alpha", "beta", "gamma"])
+    first = load_tokenizer(config)
+    assert load_tokenizer(config).get_vocab() == first.get_vocab()  # unchanged file: from the cache
+    write(["delta", "epsilon", "zeta"])
+    os.utime(corpus, ns=(1, 1))  # a different mtime even on a coarse-clock file system
+    second = load_tokenizer(config)
+    assert "Ġdelta" in second.get_vocab() and "Ġdelta" not in first.get_vocab()
+    assert len(list((tmp_path / "cache").glob("bpe-300-*"))) == 2
+    corpus.write_text("")
+    with pytest.raises(ValueError, match="no usable document") as err:
+        load_tokenizer(config)
+    assert str(corpus) in str(err.value) and "\n" not in str(err.value)
+    assert len(list((tmp_path / "cache").iterdir())) == 2  # nothing cached for the empty corpus
+
+
 def test_python_docs_batches_use_the_whole_vocab_range(cache_dir):
     tokenizer = load_tokenizer(
         {
@@ -64,13 +95,23 @@ def test_python_docs_batches_use_the_whole_vocab_range(cache_dir):
     assert batch["input_ids"].shape == (2, 64) and batch["input_ids"].max() < len(tokenizer)
 
 
-def test_tokenizer_config_errors(tmp_path):
+def test_tokenizer_config_errors(tmp_path, monkeypatch):
     with pytest.raises(KeyError, match="valid kinds"):
         load_tokenizer({"kind": "sentencepiece"})
     with pytest.raises(KeyError, match="kind"):
         load_tokenizer({"name_or_path": "gpt2"})
     with pytest.raises(FileNotFoundError, match="does-not-exist"):
         load_tokenizer({"kind": "hf", "name_or_path": str(tmp_path / "does-not-exist")})
+    calls = []
+
+    def offline(name, **kwargs):  # AutoTokenizer.from_pretrained without the tokenizer cached and without network
+        calls.append(kwargs)
+        raise OSError("We couldn't connect to 'https://huggingface.co' to load the files.\nCheck your connection.")
+
+    monkeypatch.setattr(tokenizer_module.AutoTokenizer, "from_pretrained", offline)
+    with pytest.raises(FileNotFoundError, match="'gpt2' is not a local folder.*data.tokenizer=bpe") as err:
+        load_tokenizer({"kind": "hf", "name_or_path": "gpt2"})
+    assert "\n" not in str(err.value) and calls == [{"local_files_only": True}, {}]  # the cache first, then the hub
 
 
 def test_gpt2_from_the_local_folder(gpt2):

@@ -11,6 +11,7 @@ Every tokenizer must define an EOS token: documents are separated by it when pac
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import logging
 import os
@@ -23,6 +24,7 @@ from typing import Any
 from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
 from klalm.data.sources import build_source
+from klalm.errors import one_line
 
 log = logging.getLogger(__name__)
 
@@ -30,13 +32,28 @@ DEFAULT_EOS = "<|endoftext|>"
 
 
 def load_hf_tokenizer(name_or_path: str) -> PreTrainedTokenizerBase:
-    """A Hugging Face tokenizer by hub name or local folder (a local folder must exist)."""
+    """A Hugging Face tokenizer by local folder (which must exist) or hub id.
+
+    A hub id is taken from the local Hugging Face cache when it is there (no network: offline runs start at once)
+    and only otherwise downloaded; a hub that cannot provide it (offline, unknown id) is a FileNotFoundError on one
+    line, the error `klalm-train` and `klalm-prepare-data` refuse with, instead of a wrapped multi-line OSError.
+    """
     folder = Path(name_or_path).expanduser()
     if folder.is_dir():
         return AutoTokenizer.from_pretrained(str(folder))
     if name_or_path.startswith((".", "/", "~")) or name_or_path.count("/") > 1:  # hub ids are "name" or "org/name"
         raise FileNotFoundError(f"tokenizer folder {folder} does not exist")
-    return AutoTokenizer.from_pretrained(name_or_path)
+    try:
+        return AutoTokenizer.from_pretrained(name_or_path, local_files_only=True)
+    except OSError:
+        pass  # not cached yet
+    try:
+        return AutoTokenizer.from_pretrained(name_or_path)
+    except OSError as err:
+        raise FileNotFoundError(
+            f"tokenizer {name_or_path!r} is not a local folder, not in the Hugging Face cache and not available from "
+            f"the hub ({one_line(err)}): name a local tokenizer folder (with data=files, data.tokenizer=bpe trains one)"
+        ) from err
 
 
 def train_bpe_tokenizer(
@@ -82,20 +99,39 @@ def _source_texts(source: Any) -> Iterator[str]:
             yield record.text
 
 
+def _file_identity(path: Path) -> list[Any]:
+    stat = path.stat()
+    return [str(path.resolve()), stat.st_size, stat.st_mtime_ns]
+
+
 def load_or_train_bpe(
     source: dict[str, Any], vocab_size: int = 4096, cache_dir: str = "~/.cache/klalm", min_frequency: int = 2
 ) -> PreTrainedTokenizerBase:
-    """A BPE trained on ``source`` (a source config), cached under ``cache_dir`` by a hash of its settings."""
-    key = json.dumps(
-        {"source": source, "vocab_size": vocab_size, "min_frequency": min_frequency, "python": sys.version_info[:3]},
-        sort_keys=True,
-        default=str,
-    )
+    """A BPE trained on ``source`` (a source config), cached under ``cache_dir`` by a hash of its settings and, for
+    a source of local files, of each file's path, size and modification time: an edited corpus trains a new one.
+
+    Raises:
+        ValueError: the source holds no usable document (an empty file would otherwise give a BPE of bytes only).
+    """
+    built = build_source(source)
+    settings = {
+        "source": source,
+        "vocab_size": vocab_size,
+        "min_frequency": min_frequency,
+        "python": sys.version_info[:3],
+    }
+    if hasattr(built, "files"):  # not hashed: reading the whole corpus would slow every start, cache hits included
+        settings["files"] = [_file_identity(path) for path in built.files]
+    key = json.dumps(settings, sort_keys=True, default=str)
     folder = Path(cache_dir).expanduser() / f"bpe-{vocab_size}-{hashlib.sha256(key.encode()).hexdigest()[:12]}"
     if not (folder / "tokenizer.json").exists():
+        texts = _source_texts(built)
+        first = next(texts, None)
+        if first is None:
+            raise ValueError(f"cannot train a BPE tokenizer: {built.describe()} holds no usable document")
         log.info("training a %d-token byte-level BPE on %s into %s", vocab_size, source.get("kind"), folder)
         tmp = folder.with_name(folder.name + f".tmp{os.getpid()}")
-        train_bpe_tokenizer(_source_texts(build_source(source)), vocab_size, tmp, min_frequency=min_frequency)
+        train_bpe_tokenizer(itertools.chain([first], texts), vocab_size, tmp, min_frequency=min_frequency)
         (tmp / "klalm_tokenizer.json").write_text(key + "\n")
         try:
             os.replace(tmp, folder)  # atomic: concurrent ranks either win or find the folder already there
