@@ -13,6 +13,7 @@ import torch
 from hydra.errors import ConfigCompositionException
 from transformers import AutoModelForCausalLM
 
+from klalm.config_checks import ConfigError
 from klalm.models.checkpoint import find_latest, list_checkpoints, load_model
 from klalm.train import module as module_lib
 from klalm.train.app import run
@@ -87,6 +88,14 @@ def test_bad_config_fails_fast_naming_the_key(tmp_path, override, error, key):
     with pytest.raises(error, match=key):
         run(compose_train([*TINY, override], tmp_path / "run"))
     assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+def test_a_folder_as_data_file_is_refused_naming_the_key(tmp_path):
+    """An OSError the data target raises while it is built (here IsADirectoryError) is a one-line ConfigError
+    naming the group, as a ValueError is, not Hydra's wrapped InstantiationException."""
+    overrides = ["experiment=smoke", "data=files", f"data.train={tmp_path}", "data.tokenizer=bpe"]
+    with pytest.raises(ConfigError, match=rf"^data: data path '{tmp_path}' names a directory .*\(IsADirectoryError;"):
+        run(compose_train(overrides, tmp_path / "run"))
 
 
 def test_wsd_bad_shape_fails_naming_the_key(tmp_path):

@@ -2,13 +2,15 @@
 logged once), one loss.png; metrics are flushed at every checkpoint, so a kill loses no row the checkpoint covers."""
 
 import csv
+import json
 import signal
 
+from klalm.train.app import run
 from klalm.train.checkpoint import RollingCheckpoint
 from klalm.train.csv_logger import ContinuingCSVLogger
 from klalm.train.rundir import run_dir_for
 
-from .conftest import TINY, interrupt_at_checkpoint, run_train, train_cmd
+from .conftest import TINY, compose_train, interrupt_at_checkpoint, run_train, train_cmd
 from .test_checkpoint import FakeTrainer
 
 STEPS = 24
@@ -47,6 +49,20 @@ def test_a_killed_run_resumes_in_its_own_folder_with_one_metrics_table(tmp_path)
     assert "resume: null" in (run_dir / ".hydra" / "config.yaml").read_text()  # the first start's record is kept
     (restart,) = (run_dir / ".hydra").glob("resume-*")
     assert "resume: auto" in (restart / "config.yaml").read_text()
+
+
+def test_a_resumed_finished_run_keeps_its_summary(tmp_path):
+    """resume=<folder> of a finished run trains no step: its summary keeps the last logged train/loss and perf/*
+    values and the earlier wall time (it once lost them, and said wall_s 0.2)."""
+    run_dir = tmp_path / "f" / "done"
+    overrides = [*TINY, "callbacks=default", "callbacks.sampler=null", "callbacks.progress=null",
+                 "train.final_eval=true"]  # fmt: skip
+    first = run(compose_train(overrides, run_dir))
+    again = run(compose_train([*overrides, f"resume={run_dir}"], run_dir))
+    assert first["train/loss"] > 0 and first["perf/tokens_per_s"] > 0
+    assert {k: v for k, v in again.items() if k != "wall_s"} == {k: v for k, v in first.items() if k != "wall_s"}
+    assert again["wall_s"] >= first["wall_s"]
+    assert json.loads((run_dir / "summary.json").read_text()) == again
 
 
 def test_the_run_folder_follows_the_resume_setting(tmp_path):

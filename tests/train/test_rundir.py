@@ -9,15 +9,24 @@ import sys
 from pathlib import Path
 
 import pytest
+from omegaconf import OmegaConf
 
 from klalm.models import checkpoint as reader
 from klalm.models.checkpoint import find_latest
 from klalm.train import checkpoint as writer
 from klalm.train.app import run
 from klalm.train.checkpoint import RollingCheckpoint
-from klalm.train.rundir import LOCK_FILE, RunDirInUseError, lock_run_dir, unlock_run_dir
+from klalm.train.rundir import (
+    LOCK_FILE,
+    LockRunDir,
+    RunDirInUseError,
+    RunDirTakenError,
+    check_run_dir_free,
+    lock_run_dir,
+    unlock_run_dir,
+)
 
-from .conftest import RUN_ENV, TINY, compose_train
+from .conftest import RUN_ENV, TINY, compose_train, train_cmd
 from .test_checkpoint import FakeTrainer
 
 WITH_CKPT = [*TINY, "callbacks=default", "callbacks.sampler=null", "callbacks.progress=null"]
@@ -82,6 +91,74 @@ def test_the_command_line_refuses_before_touching_the_folder(tmp_path):
     assert f"is in use by another klalm-train (pid {holder.pid} " in proc.stderr
     assert (run_dir / ".hydra" / "config.yaml").read_text() == "the first run's config\n"
     assert not (run_dir / "app.log").exists()
+
+
+def _files(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_a_start_that_does_not_continue_the_run_in_its_folder_is_refused_and_changes_nothing(tmp_path):
+    """A finished run's folder given as hydra.run.dir to a fresh start (or to one resuming another folder's
+    checkpoint): one line naming the folder, and every file as it was (the start once overwrote the checkpoints,
+    export, config record and summary, with another model). A start continuing that run is let in."""
+    run_dir, other = tmp_path / "r" / "done", tmp_path / "r" / "other"
+    run(compose_train(WITH_CKPT, run_dir))
+    run(compose_train(WITH_CKPT, other))
+    (run_dir / ".hydra").mkdir()
+    (run_dir / ".hydra" / "config.yaml").write_text("the first run's config\n")
+    before = _files(run_dir)
+    proc = subprocess.run(train_cmd([*TINY, "model=gpt_tiny"], run_dir), env=RUN_ENV, capture_output=True, text=True,
+                          timeout=300)  # fmt: skip
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert proc.stderr.strip().splitlines()[-1] == (
+        f"klalm-train: run folder {run_dir} already holds a run (checkpoints and summary.json), which this start "
+        f"would overwrite: continue it with resume={run_dir}, or start in another folder (hydra.run.dir)"
+    )
+    elsewhere = find_latest([other])
+    for resume in ([], [f"resume={elsewhere}", "resume_allow_changes=true"]):  # in the app too (sweep jobs)
+        with pytest.raises(RunDirTakenError, match=f"run folder {run_dir} already holds a run"):
+            run(compose_train([*WITH_CKPT, *resume], run_dir))
+    assert _files(run_dir) == before
+    check_run_dir_free(run_dir, find_latest([run_dir]))  # a resume from its own checkpoint
+
+
+def test_a_folder_holding_what_a_refused_start_wrote_is_free_and_other_ranks_do_not_judge(tmp_path, monkeypatch):
+    for name in (".hydra/config.yaml", "train.log", LOCK_FILE, "tokenizer/tokenizer.json",
+                 "checkpoints/.step-00000002.ckpt.tmp"):  # fmt: skip
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text("")
+    check_run_dir_free(tmp_path, None)
+    (tmp_path / "summary.json").write_text("{}")
+    with pytest.raises(RunDirTakenError, match=r"holds a run \(summary.json\)"):
+        check_run_dir_free(tmp_path, None)
+    monkeypatch.setenv("RANK", "1")  # rank 0 decides (another rank may start after it wrote its first files)
+    check_run_dir_free(tmp_path, None)
+
+
+@pytest.mark.parametrize("below", ["", "sub/run"], ids=["a-file", "below-a-file"])
+def test_a_run_folder_that_cannot_be_created_is_refused_in_one_line(tmp_path, below):
+    """hydra.run.dir (or paths.log_dir) naming a file: one line, not Hydra's warning and a mkdir traceback."""
+    file = tmp_path / "afile"
+    file.write_text("")
+    folder = file / below if below else file
+    config = OmegaConf.create({"hydra": {"run": {"dir": str(folder)}}, "resume": None})
+    with pytest.raises(SystemExit, match=f"^klalm-train: cannot create the run folder {folder}: {file} is a file$"):
+        LockRunDir().on_run_start(config)
+
+
+def test_a_run_refused_once_it_had_begun_leaves_no_folder(tmp_path):
+    """A bad record met at the first step, after the tokenizer and the CSV logger's hparams.yaml were written: one
+    line, and the fresh run folder is gone (they once kept it)."""
+    (tmp_path / "good.txt").write_text("a few words of good text here.\n")
+    (tmp_path / "bad.txt").write_bytes(b"\xff\xfe not utf-8")
+    overrides = ["experiment=smoke", "debug=fast", "data=files", f"data.train=[{tmp_path}/good.txt,{tmp_path}/bad.txt]",
+                 "data.tokenizer=bpe", "data.bpe_vocab_size=300", f"data.cache_dir={tmp_path / 'cache'}",
+                 "data.num_workers=0", "data.shuffle=false", "run_name=r",
+                 f"paths.log_dir={tmp_path / 'out'}"]  # fmt: skip
+    proc = subprocess.run(train_cmd(overrides, None), env=RUN_ENV, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert proc.stderr.strip().splitlines()[-1].startswith(f"klalm-train: bad record at {tmp_path / 'bad.txt'}")
+    assert not (tmp_path / "out" / "r").exists()
 
 
 def test_the_lock_is_reentrant_in_one_process(tmp_path):

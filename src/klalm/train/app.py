@@ -41,7 +41,7 @@ from klalm.train.checkpoint import STOP_SIGNALS, RollingCheckpoint, export_hf, r
 from klalm.train.module import LMModule, NonFiniteLossError
 from klalm.train.plots import plot_losses
 from klalm.train.resume import check_model, check_settings, resolve_resume, resume_settings
-from klalm.train.rundir import is_global_rank_zero, lock_run_dir, unlock_run_dir
+from klalm.train.rundir import RunDirTakenError, check_run_dir_free, is_global_rank_zero, lock_run_dir, unlock_run_dir
 
 log = logging.getLogger(__name__)
 
@@ -87,8 +87,9 @@ def instantiate_group(cfg: DictConfig, key: str, **kwargs: Any) -> Any:
     A key its target takes no argument for (`+optim.foo=1`; targets without `**kwargs` only) is refused with the
     nearest argument (a partial target, such as the optimiser, as soon as Hydra has located it, before it is called);
     a missing file or folder the target names passes through as it is; a value the target refuses while it is built
-    (TypeError, ValueError, KeyError, or Lightning's refusal of a trainer setting, e.g. `trainer.accelerator=gpu`
-    without a GPU), which Hydra wraps, becomes `<key>: <its message> (<its type>; ...)`.
+    (TypeError, ValueError, KeyError, Lightning's refusal of a trainer setting, e.g. `trainer.accelerator=gpu`
+    without a GPU, or another OSError, e.g. a folder where files belong), which Hydra wraps, becomes
+    `<key>: <its message> (<its type>; ...)`.
     """
     node = cfg[key]
     try:
@@ -99,7 +100,7 @@ def instantiate_group(cfg: DictConfig, key: str, **kwargs: Any) -> Any:
             raise cause from err
         if isinstance(cause, TypeError) and "unexpected keyword argument" in str(cause):
             _check_arguments(key, node, hydra.utils.get_object(node._target_))  # located and authorised by Hydra
-        if isinstance(cause, (TypeError, ValueError, KeyError, MisconfigurationException)):
+        if isinstance(cause, (TypeError, ValueError, KeyError, MisconfigurationException, OSError)):
             text = cause.args[0] if isinstance(cause, KeyError) and cause.args else str(cause)
             raise ConfigError(f"{key}: {text} ({type(cause).__name__}; HYDRA_FULL_ERROR=1 shows where)") from err
         raise
@@ -159,34 +160,37 @@ def build_module(cfg: DictConfig, model: torch.nn.Module, vocab_size: int, world
 
 # What a run raises when its input is wrong rather than its code, which `klalm-train` prints as one line (besides the
 # config checks' ConfigError, which `instantiate_group` also raises for what a config group's target refuses): a
-# checkpoint it will not load, a bad record in a data file, a missing file, an export folder holding other files, and
-# a divergence (its message names the learning rate to lower).
-USER_ERRORS = (CheckpointError, BadRecordError, FileNotFoundError, ExportTargetError, NonFiniteLossError)
+# checkpoint it will not load, a bad record in a data file, a missing file, an export folder holding other files, a
+# run folder holding another run, and a divergence (its message names the learning rate to lower).
+USER_ERRORS = (CheckpointError, BadRecordError, FileNotFoundError, ExportTargetError, RunDirTakenError,
+               NonFiniteLossError)  # fmt: skip
 
 
 def run(cfg: DictConfig) -> dict[str, Any]:
     """Trains one run as configured and returns its summary (also written to `<run_dir>/summary.json`).
 
     The run holds its folder's lock throughout (`klalm.train.rundir`): a second run aimed at the same folder refuses
-    to start; the temporary files of a save that a kill cut short are removed under that lock.
+    to start, and so does one in a folder holding a run it does not continue; the temporary files of a save that a
+    kill cut short are removed under that lock.
     """
     check_train_config(cfg)
     run_dir = Path(cfg.paths.run_dir)
     lock_run_dir(run_dir)
     try:
+        ckpt_path = resolve_resume(cfg.resume, cfg.paths.resume_glob)  # verified: safe and intact
+        check_run_dir_free(run_dir, ckpt_path)
         if is_global_rank_zero():
             remove_stale_temporaries(run_dir)
-        return train(cfg, run_dir)
+        return train(cfg, run_dir, ckpt_path)
     finally:
         unlock_run_dir(run_dir)
 
 
-def train(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
-    """Builds data, model, trainer and module, fits (resuming as `cfg.resume` says) and finishes the run."""
+def train(cfg: DictConfig, run_dir: Path, ckpt_path: Path | None) -> dict[str, Any]:
+    """Builds data, model, trainer and module, fits (from `ckpt_path`, when resuming) and finishes the run."""
     started = time.time()
     if cfg.train.export_hf:  # refused now, not after training
         check_export_target(run_dir / HF_DIR)
-    ckpt_path = resolve_resume(cfg.resume, cfg.paths.resume_glob)  # verified: safe and intact
     saved = None if ckpt_path is None else load_checkpoint_file(ckpt_path, mmap=True)  # read once for both checks
     if saved is not None:  # before anything is built or written
         check_settings(ckpt_path, saved, resume_settings(cfg), cfg.resume_allow_changes)
@@ -216,7 +220,12 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
 
 
 def finish(cfg: DictConfig, trainer: pl.Trainer, module: LMModule, datamodule: Any, started: float) -> dict[str, Any]:
-    """After training: held-out evaluation, HF export, loss plot and `summary.json`."""
+    """After training: held-out evaluation, HF export, loss plot and `summary.json`.
+
+    A start that continues a run which had already written its summary (a resume of a finished run, perhaps for more
+    steps) keeps that summary's last logged train/loss and perf/* values where it logged no step itself, and adds
+    its wall time to the summary's: the summary describes the whole run, not the last start.
+    """
     run_dir = Path(cfg.paths.run_dir)
     if cfg.train.final_eval and module.last_val_step != trainer.global_step:  # not already run at the last step
         trainer.validate(module, datamodule=datamodule, verbose=False)
@@ -227,6 +236,9 @@ def finish(cfg: DictConfig, trainer: pl.Trainer, module: LMModule, datamodule: A
     if not trainer.is_global_zero:
         return {}
     metrics = next(c for c in trainer.callbacks if isinstance(c, StepMetrics))
+    earlier = _read_summary(run_dir / "summary.json")
+    logged = metrics.last_row or earlier  # no step logged in this start: the run's last logged values
+    earlier_wall_s = earlier["wall_s"] if isinstance(earlier.get("wall_s"), (int, float)) else 0
     summary = {
         "run_name": cfg.run_name,
         "run_dir": str(run_dir),
@@ -237,8 +249,8 @@ def finish(cfg: DictConfig, trainer: pl.Trainer, module: LMModule, datamodule: A
         "skipped_records": skipped,
         "val_loss": float(val["val/loss"]) if val else None,
         "val_ppl": float(val["val/ppl"]) if val else None,
-        **{k: v for k, v in metrics.last_row.items() if k.startswith(("train/loss", "perf/"))},
-        "wall_s": round(time.time() - started, 1),
+        **{k: v for k, v in logged.items() if k.startswith(("train/loss", "perf/"))},
+        "wall_s": round(earlier_wall_s + time.time() - started, 1),
     }
     csv_path = run_dir / "csv" / "metrics.csv"
     if cfg.train.plot and csv_path.is_file():
@@ -246,3 +258,12 @@ def finish(cfg: DictConfig, trainer: pl.Trainer, module: LMModule, datamodule: A
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     log.info("summary: %s", json.dumps(summary))
     return summary
+
+
+def _read_summary(path: Path) -> dict[str, Any]:
+    """The summary an earlier start of this run wrote; {} if there is none (or it is unreadable: it is replaced)."""
+    try:
+        summary = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return summary if isinstance(summary, dict) else {}

@@ -43,6 +43,10 @@ class RunDirInUseError(RuntimeError):
     """Another live process writes to the run folder."""
 
 
+class RunDirTakenError(ValueError):
+    """The run folder holds an earlier run, which a start that does not continue it would overwrite."""
+
+
 @functools.cache
 def fresh_run_name() -> str:
     """`<time>_<6 hex digits>`, e.g. `2026-11-30_14-00-00_3fa2c1`; one value per process, so that every resolution of
@@ -97,8 +101,42 @@ def unlock_run_dir(run_dir: str | Path) -> None:
         os.close(fd)
 
 
-# What a start writes into its run folder before it trains: Hydra's config record and log, and the lock.
-STARTUP_FILES = frozenset({".hydra", "train.log", LOCK_FILE})
+def check_run_dir_free(run_dir: str | Path, resume_from: Path | None) -> None:
+    """Refuses to start in a folder that holds an earlier run (its checkpoints or summary.json) unless this start
+    continues it, resuming from one of its checkpoints: a fresh start there would overwrite its checkpoints, export,
+    config record and summary and append to its metrics. Nothing else counts: a folder holding what a refused start
+    wrote (`STARTUP_FILES`) is free. Global rank 0 only: other ranks may start after rank 0 has written there.
+
+    Raises:
+        RunDirTakenError: the folder holds a run and `resume_from` (the checkpoint this start resumes from) is not one
+            of its checkpoints; the message names the folder and what to do.
+    """
+    path = Path(run_dir).resolve()
+    if not is_global_rank_zero() or (resume_from is not None and Path(resume_from).resolve().parent.parent == path):
+        return
+    held = []
+    if (path / "checkpoints").is_dir():
+        from klalm.models.checkpoint import list_checkpoints  # torch: only for a folder that may hold a run
+
+        if list_checkpoints(path):
+            held.append("checkpoints")
+    if (path / "summary.json").is_file():
+        held.append("summary.json")
+    if held:
+        raise RunDirTakenError(
+            f"run folder {path} already holds a run ({' and '.join(held)}), which this start would overwrite: "
+            f"continue it with resume={path}, or start in another folder (hydra.run.dir)"
+        )
+
+
+# What a start writes into its run folder before it trains (folder entries, and one path inside): Hydra's config
+# record and log, the lock, the run's tokenizer and the CSV logger's record of the hyperparameters.
+STARTUP_FILES = frozenset({".hydra", "train.log", LOCK_FILE, "tokenizer", "csv/hparams.yaml"})
+
+
+def _startup_file(path: Path, run_dir: Path) -> bool:
+    relative = path.relative_to(run_dir)
+    return relative.parts[0] in STARTUP_FILES or relative.as_posix() in STARTUP_FILES
 
 
 def discard_unused_run_dir(since: float) -> bool:
@@ -119,7 +157,8 @@ def discard_unused_run_dir(since: float) -> bool:
     run_dir = Path(hydra_cfg.runtime.output_dir)
     if not run_dir.is_dir():
         return True
-    if run_dir.name == fresh_run_name() and {p.name for p in run_dir.iterdir()} <= STARTUP_FILES:
+    files = [p for p in run_dir.rglob("*") if p.is_file()]
+    if run_dir.name == fresh_run_name() and all(_startup_file(p, run_dir) for p in files):
         for handler in logging.getLogger().handlers:  # Hydra's file handler holds train.log open
             if isinstance(handler, logging.FileHandler) and Path(handler.baseFilename).parent == run_dir.resolve():
                 handler.close()
@@ -128,8 +167,7 @@ def discard_unused_run_dir(since: float) -> bool:
         with contextlib.suppress(OSError):
             run_dir.parent.rmdir()  # outputs/<run_name>, if this was its only run
         return True
-    written = [p for p in run_dir.rglob("*") if p.relative_to(run_dir).parts[0] not in STARTUP_FILES
-               and p.is_file() and p.stat().st_mtime >= since]  # fmt: skip
+    written = [p for p in files if not _startup_file(p, run_dir) and p.stat().st_mtime >= since]
     if not written and hydra_cfg.output_subdir and Path(hydra_cfg.output_subdir).name.startswith("resume-"):
         shutil.rmtree(run_dir / hydra_cfg.output_subdir, ignore_errors=True)
     return False
@@ -143,14 +181,25 @@ class LockRunDir(HydraCallback):
     """Hydra callback: takes the run folder's lock before Hydra writes `.hydra/` and `app.log` into it, so that a
     refused second run cannot overwrite the first one's config record (single runs; sweep jobs lock in the app).
 
+    A fresh start (resume=null) in a folder that holds an earlier run is refused here too, before Hydra overwrites
+    that run's `.hydra/config.yaml` (`check_run_dir_free`; a resume's record goes to `.hydra/resume-*`, and the app
+    refuses one that continues another folder's checkpoint), and so is a folder that cannot be created.
+
     Hydra turns a callback's exception into a warning and carries on, so a refusal exits here, with its message.
     """
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
+        run_dir = config.hydra.run.dir
         try:
-            lock_run_dir(config.hydra.run.dir)
-        except RunDirInUseError as err:
+            if config.resume is None:
+                check_run_dir_free(run_dir, None)
+            lock_run_dir(run_dir)
+        except (RunDirInUseError, RunDirTakenError) as err:
             raise SystemExit(f"klalm-train: {err}") from None
+        except OSError as err:  # a file on the path, a path in /proc, no permission
+            path = Path(run_dir)
+            why = next((f"{p} is a file" for p in (path, *path.parents) if p.is_file()), err.strerror)
+            raise SystemExit(f"klalm-train: cannot create the run folder {path}: {why}") from None
 
 
 def run_dir_for(base: str, resume: str | None, search_glob: str, run_id: str | None) -> str:
