@@ -5,6 +5,7 @@ with one line, starting nothing more."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import threading
@@ -14,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from klalm.tasks.plans import A5Plan, A5Stage, Estimate, RunPlan
-from klalm.tasks.results import Results
+from klalm.tasks.results import Results, read_jsonl
 from klalm.tasks.runner import GridBlock, main
 from klalm.tasks.train import TrainSettings
 
@@ -91,12 +92,23 @@ def test_a_negative_value_after_a_space_is_the_flags_value_not_an_option(tmp_pat
         ("x: ${oops}\n", "Interpolation key 'oops' not found"),
         ("time_budget_s: -5\n", "time_budget_s=-5 must be > 0 (null: no deadline)"),
         ("time_budget_s: 0\n", "time_budget_s=0 must be > 0 (null: no deadline)"),
+        ("", "plan.yaml is empty: it sets no key"),  # had read as a plan of defaults: "no prior for arch 'kla'"
+        ("# only a comment\n", "plan.yaml is empty: it sets no key"),
     ],
 )
 def test_a_plan_file_with_a_wrong_type_or_bad_yaml_is_one_line_naming_the_key(tmp_path, text, message):
     (tmp_path / "plan.yaml").write_text(text)
     _refused(["plan", "--plan", str(tmp_path / "plan.yaml"), "--results", str(tmp_path / "r")], message)
     assert not (tmp_path / "r").exists()
+
+
+def test_a_plan_that_is_a_folder_is_one_line_saying_so(tmp_path, monkeypatch):
+    """A folder without a suffix had been looked up as a plan name: "no file .../configs/synthetic/plans.yaml"."""
+    monkeypatch.chdir(tmp_path)
+    for folder in ("plans", "./plans", str(tmp_path / "plans"), "plans.yaml"):
+        (tmp_path / folder).mkdir(exist_ok=True)
+        _refused(["plan", "--plan", folder, "--results", "r"], f"plan {folder!r} is a folder, not a plan YAML file")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["plans", "plans.yaml"]
 
 
 def test_an_arch_with_neither_rates_nor_a_prior_is_refused_before_the_block_starts(tmp_path):
@@ -179,7 +191,8 @@ def test_merge_refuses_folders_it_cannot_use_and_appends_nothing_from_a_broken_f
 
 def test_positions_and_curves_refuse_a_broken_results_file_and_a_plot_nowhere(tmp_path, capsys):
     (tmp_path / "broken").mkdir()
-    (tmp_path / "broken" / "a5.jsonl").write_text('{"family": "a5"}\n{"family": "a5", "ta\n')
+    row = (COMMITTED / "a5.jsonl").read_text().splitlines()[0]
+    (tmp_path / "broken" / "a5.jsonl").write_text(row + '\n{"family": "a5", "ta\n')
     (tmp_path / "rows").mkdir()
     (tmp_path / "rows" / "a5.jsonl").write_bytes((COMMITTED / "a5.jsonl").read_bytes())
     for verb in ("positions", "curves"):
@@ -187,6 +200,60 @@ def test_positions_and_curves_refuse_a_broken_results_file_and_a_plot_nowhere(tm
         _refused([verb, "--results", str(tmp_path / "rows"), "--plot", str(tmp_path / "no" / "x.png")], "--plot")
     assert capsys.readouterr().out == ""  # refused before the table, not after it
     assert sorted(p.name for p in tmp_path.iterdir()) == ["broken", "rows"]
+
+
+def test_every_committed_results_row_has_the_fields_its_readers_index():
+    for path in sorted(COMMITTED.glob("*.jsonl")):
+        assert read_jsonl(path), path  # a row of the wrong shape raises ValueError naming it
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (lambda row: {}, "a5.jsonl:3: missing family, task, arch,"),
+        (lambda row: [1, 2], "a5.jsonl:3: not a JSON object: [1, 2]"),
+        (lambda row: {**row, "token_acc": "high"}, 'a5.jsonl:3: token_acc="high" must be a number in [0, 1]'),
+        (lambda row: {**row, "token_acc": 1.5}, "a5.jsonl:3: token_acc=1.5 must be a number in [0, 1]"),
+        (lambda row: {**row, "steps": -5}, "a5.jsonl:3: steps=-5 must be an integer >= 0"),
+        (lambda row: {k: v for k, v in row.items() if k != "seed"}, "a5.jsonl:3: missing seed"),
+        (lambda row: {**row, "evals": [5]}, "a5.jsonl:3: evals=[5] must be a list of [step, loss"),
+        (lambda row: {**row, "family": "mqar"}, 'a5.jsonl:3: family="mqar": a row of a5.jsonl must be of family'),
+    ],
+)
+def test_results_rows_of_the_wrong_shape_are_one_line_naming_file_line_and_field(tmp_path, change, message):
+    """Valid JSON of the wrong shape had given a KeyError or TypeError traceback in report, merge, curves and
+    positions (or "klalm-synthetic: family"), and merge had appended token_acc "high" or steps -5."""
+    rows = (COMMITTED / "a5.jsonl").read_text().splitlines()[:2]
+    bad = json.dumps(change({**json.loads(rows[0]), "seed": 7}))
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "a5.jsonl").write_text("\n".join([*rows, bad]) + "\n")
+    (tmp_path / "dest").mkdir()
+    (tmp_path / "dest" / "a5.jsonl").write_text(rows[0] + "\n")
+    before = _files(tmp_path)
+    bad_folder = str(tmp_path / "bad")
+    for argv in (["report", "--plan", "full", "--families", "a5", "--results", bad_folder, "--out",
+                  str(tmp_path / "out")],
+                 ["merge", "--from", bad_folder, "--results", str(tmp_path / "dest")],
+                 ["merge", "--from", str(tmp_path / "dest"), "--results", bad_folder],
+                 ["curves", "--results", bad_folder], ["positions", "--results", bad_folder],
+                 ["plan", *CPU_A5, "--results", bad_folder]):  # fmt: skip
+        _refused(argv, message)
+    assert _files(tmp_path) == before
+
+
+def test_progress_and_rates_rows_of_the_wrong_shape_are_one_line(tmp_path):
+    (tmp_path / "r").mkdir()
+    (tmp_path / "s").mkdir()
+    (tmp_path / "r" / "progress.jsonl").write_text('{"family": "a5", "steps": 3}\n')
+    _refused(["curves", "--results", str(tmp_path / "r")], "progress.jsonl:1: missing task, arch,")
+    _refused(["progress", "--state", str(tmp_path / "s"), "--results", str(tmp_path / "r")], "progress.jsonl:1")
+    (tmp_path / "r" / "progress.jsonl").unlink()
+    rate = json.loads((COMMITTED / "rates.jsonl").read_text().splitlines()[0])
+    plan = ["plan", *CPU_A5, "--results", str(tmp_path / "r")]
+    (tmp_path / "r" / "rates.jsonl").write_text(json.dumps({**rate, "step_s": "slow"}) + "\n")
+    _refused(plan, 'rates.jsonl:1: step_s="slow" must be a finite number')
+    (tmp_path / "r" / "rates.jsonl").write_text(json.dumps({k: v for k, v in rate.items() if k != "arch"}) + "\n")
+    _refused(plan, "rates.jsonl:1: missing arch")
 
 
 def test_ctrl_c_ends_a_run_with_one_line_and_exit_code_130(tmp_path, monkeypatch, capsys):
@@ -260,7 +327,6 @@ def _cpu_a5_unit():
 def _saved_state(folder: Path, unit) -> None:
     """A state of `unit` paused at step 5, as units._save_state writes one (no weights: nothing loads them here)."""
     import dataclasses
-    import json
 
     import torch
 
@@ -275,8 +341,6 @@ def _saved_state(folder: Path, unit) -> None:
 
 def test_plan_keeps_the_state_of_a_unit_finished_meanwhile(tmp_path, capsys):
     """`plan` records nothing: the state a block would drop (its unit's rows came from elsewhere) stays."""
-    import json
-
     unit = _cpu_a5_unit()
     (tmp_path / "r").mkdir()
     rows = [{**unit.cell(), "seed": seed, "token_acc": 0.5, "seq_acc": 0.0, "steps": 20}
@@ -333,8 +397,6 @@ def test_ctrl_c_names_the_units_that_failed_before_it(tmp_path, monkeypatch, cap
 
 
 def test_merge_restores_the_states_of_a_call_whose_results_did_not_come_back(tmp_path, capsys):
-    import json
-
     from klalm.tasks.units import pack_states, saved_states
 
     unit = _cpu_a5_unit()
@@ -360,8 +422,6 @@ def test_merge_restores_the_states_of_a_call_whose_results_did_not_come_back(tmp
 def test_merge_of_a_missing_synthetic_folder_restores_the_parts_beside_it_and_refuses_a_typo(tmp_path, capsys):
     """A call whose results files all stayed behind returns no synthetic/ folder (the device tool returns files, not
     folders): its parts are restored. A typo in --from (`synthetc`) must not restore them unnoticed."""
-    import json
-
     from klalm.tasks.units import pack_states
 
     _saved_state(tmp_path / "paused", _cpu_a5_unit())

@@ -206,9 +206,12 @@ def plan_dir() -> Path:
 
 
 def load_plan(name: str) -> RunPlan:
-    """The RunPlan of a plan name (configs/synthetic/<name>.yaml) or of a YAML path."""
+    """The RunPlan of a plan name (configs/synthetic/<name>.yaml) or of a YAML path; a folder, or a file that sets no
+    key, is refused (every key has a default: an empty file would read as a plan with no stages and no priors)."""
     path = Path(name) if Path(name).suffix else plan_dir() / f"{name}.yaml"
     if not path.is_file():
+        if Path(name).is_dir():
+            raise IsADirectoryError(f"plan {name!r} is a folder, not a plan YAML file")
         names = sorted(p.stem for p in plan_dir().glob("*.yaml"))
         raise FileNotFoundError(f"plan {name!r}: no file {path}; plans: {names}, or a YAML path")
     try:
@@ -217,6 +220,8 @@ def load_plan(name: str) -> RunPlan:
         mark = getattr(err, "problem_mark", None)
         where = f"{path}:{mark.line + 1}" if mark is not None else str(path)
         raise ValueError(f"plan {where}: {getattr(err, 'problem', None) or one_line(err)}") from err
+    if values == {}:
+        raise ValueError(f"plan {path} is empty: it sets no key (examples: {plan_dir()}/*.yaml)")
     return _build(RunPlan, values, str(path))
 
 

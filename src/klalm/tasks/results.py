@@ -6,7 +6,8 @@
                                                 its step and evaluations so far (klalm.tasks.units.paused_rows)
 
 Rows are only ever appended, one JSON object per line, as each unit finishes, so an interrupted block keeps every
-unit it finished. A (cell, seed) with a row is finished and is not run again.
+unit it finished. A (cell, seed) with a row is finished and is not run again. Reading a file checks the fields of
+every row that its readers index (a row of the wrong shape raises ValueError naming file, line and field).
 
 Estimates (`estimate_s`): a unit's seconds are overhead + steps left × seconds per step, each from this device's
 rows of rates.jsonl of the same family, arch and width (with none of the family, those of the other families: the
@@ -49,22 +50,79 @@ from __future__ import annotations
 
 import bisect
 import json
+import math
 import os
 import statistics
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from klalm.tasks.plans import Estimate, kla_default_d_state
-from klalm.tasks.units import Unit, UnitOutcome, row_key
+from klalm.tasks.units import CELL_FIELDS, Unit, UnitOutcome, row_key
 
 RATES_FILE = "rates.jsonl"
 RECENT_RATES = 3  # a shape's step time at a token count: the median of its latest this many rows (module doc)
 PROGRESS_FILE = "progress.jsonl"
 
 
+_Kind = tuple[Callable[[Any], bool], str]  # a field's test and what it must be
+
+
+def _or_null(kind: _Kind) -> _Kind:
+    return (lambda v: v is None or kind[0](v)), f"{kind[1]} or null"
+
+
+_TEXT: _Kind = (lambda v: isinstance(v, str)), "a string"
+_OBJECT: _Kind = (lambda v: isinstance(v, dict)), "a JSON object"
+_COUNT: _Kind = (lambda v: type(v) is int and v >= 0), "an integer >= 0"
+_SIZE: _Kind = (lambda v: type(v) is int and v >= 1), "an integer >= 1"
+_FRACTION: _Kind = (lambda v: type(v) in (int, float) and 0 <= v <= 1), "a number in [0, 1]"
+_SECONDS: _Kind = (lambda v: type(v) in (int, float) and 0 <= v < math.inf), "a finite number of seconds >= 0"
+_EVALS: _Kind = (lambda v: isinstance(v, list) and all(isinstance(e, list) and len(e) == 4 for e in v),
+                "a list of [step, loss, token acc, seq acc] lists")  # fmt: skip
+_ACCS: _Kind = (lambda v: isinstance(v, list) and all(a is None or _FRACTION[0](a) for a in v),
+               "a list of numbers in [0, 1] or nulls")  # fmt: skip
+
+# The fields the readers index (row_key, report, curves, positions, estimate_s), each row's own and those checked
+# only where a row has them. A row of the wrong shape is refused where it is read, naming its file and line, instead
+# of a KeyError in the middle of a report or a merge that appends it.
+_CELL: dict[str, _Kind] = {
+    **dict.fromkeys(CELL_FIELDS, ((lambda v: True), "")),  # row_key's fields, a new one included
+    "family": _TEXT, "task": _OBJECT, "arch": _TEXT, "n_layers": _SIZE, "d_model": _SIZE, "model_overrides": _OBJECT,
+    "train": _OBJECT, "num_test": _COUNT, "num_train": _or_null(_COUNT), "aux_task": _or_null(_OBJECT),
+    "eval_every": _or_null(_SIZE), "stop": _or_null(_OBJECT), "seed": _COUNT, "steps": _COUNT,
+}  # fmt: skip
+_RESULT_FIELDS = {**_CELL, "token_acc": _FRACTION, "seq_acc": _FRACTION}
+_PROGRESS_FIELDS = {**_CELL, "token_acc": _or_null(_FRACTION), "seq_acc": _or_null(_FRACTION), "evals": _EVALS}
+_RATE_FIELDS = {
+    "device": _TEXT, "family": _TEXT, "arch": _TEXT, "n_layers": _SIZE, "d_model": _SIZE, "members": _SIZE,
+    "procs_per_gpu": _SIZE, "tokens_per_step": _SIZE, "step_s": _SECONDS, "overhead_s": _SECONDS, "ended": _TEXT,
+}  # fmt: skip
+_OPTIONAL_FIELDS = {"planned_steps": _COUNT, "ended": _TEXT, "evals": _EVALS, "position_acc": _or_null(_ACCS),
+                    "kla_d_state": _or_null(_SIZE), "compile_backend": _or_null(_TEXT)}  # fmt: skip
+
+
+def _row_problem(row: Any, path: Path) -> str | None:
+    """What is wrong with a row of the results file `path` (see the fields above), or None. A family file's rows
+    (a5.jsonl, ...; any other name, as merge reads it) must be of that family."""
+    if not isinstance(row, dict):
+        return f"not a JSON object: {json.dumps(row)[:60]}"
+    fields = {RATES_FILE: _RATE_FIELDS, PROGRESS_FILE: _PROGRESS_FIELDS}.get(path.name, _RESULT_FIELDS)
+    missing = [name for name in fields if name not in row]
+    if missing:
+        return f"missing {', '.join(missing)}"
+    for name, (fits, what) in {**_OPTIONAL_FIELDS, **fields}.items():
+        if name in row and not fits(row[name]):
+            return f"{name}={json.dumps(row[name])[:60]} must be {what}"
+    if fields is _RESULT_FIELDS and row["family"] != path.stem:
+        return f"family={json.dumps(row['family'])}: a row of {path.name} must be of family {path.stem!r}"
+    return None
+
+
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    """The rows of a JSON-lines file ([] if it does not exist); a bad line raises ValueError naming file and line."""
+    """The rows of a results file ([] if it does not exist); a line that is not JSON, or a row without the fields
+    its readers index (`_row_problem`), raises ValueError naming file and line."""
     if not path.is_file():
         return []
     rows = []
@@ -72,9 +130,13 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
         if not line.strip():
             continue
         try:
-            rows.append(json.loads(line))
+            row = json.loads(line)
         except json.JSONDecodeError as err:
             raise ValueError(f"{path}:{number}: not a JSON row ({err.msg})") from err
+        problem = _row_problem(row, path)
+        if problem:
+            raise ValueError(f"{path}:{number}: {problem}")
+        rows.append(row)
     return rows
 
 
