@@ -383,13 +383,22 @@ def _outcome(rows):
     return UnitOutcome(rows, _rate(step_s=1e-3))
 
 
-def test_a_block_starts_units_while_their_overhead_and_some_training_fit(tmp_path):
+def test_a_block_starts_units_while_their_overhead_and_some_training_fit(tmp_path, caplog):
     plan = _tiny_plan(families=["a5"], estimate=Estimate(tokens_per_s={"gpt": 1.0}, overhead_s=1.0, safety=1.0))
     block = _block(tmp_path, plan, budget=MARGIN_S + MIN_TRAIN_S + 5.0)
     unit = block.units[0]
     assert block.fits(unit)  # the prior says 20 steps x 48 s, far past the deadline: it starts and pauses there
+    assert block.too_short() is None
     assert [u.seeds for u in block._claim()] == [[0, 1]]  # all its seeds, in one process
-    assert not _block(tmp_path, plan, budget=MARGIN_S + MIN_TRAIN_S - 1.0).fits(unit)
+    short = _block(tmp_path, plan, budget=MARGIN_S + MIN_TRAIN_S - 1.0)
+    assert not short.fits(unit)
+    with caplog.at_level(logging.INFO, logger="klalm.synthetic"):
+        short.run()  # starts nothing, and says why (exit code 0, as a budget of 0: a device script's late stage)
+    assert re.search(
+        r"the time budget leaves 7\d s, below the 76 s that the cheapest ready unit needs to start "
+        r"\(overhead \+ 60 s training: 61 s, \+ a 15 s margin\): the block starts nothing",
+        caplog.text,
+    )
     with pytest.raises(ValueError, match="--state"):
         GridBlock(plan, block.results, None, "cpu", 0, True, 60.0, "abc")
 
@@ -681,15 +690,47 @@ def test_merge_restores_the_state_that_came_back_and_keeps_the_old_one_otherwise
         main(args)
     assert not (tmp_path / "outside.json").exists()
     assert sorted(p.name for p in state.iterdir()) == sorted(name[2:] for name in files)
+    # a new row beside an archive cut short, or whole but holding a state cut short: the archive is checked first,
+    # so nothing is merged (neither the row nor the state)
+    (back / "synthetic" / "a5.jsonl").write_text(json.dumps(_row(_a5_unit(), 1, 0.5, run={"commit": "x"})) + "\n")
+    rows, pt = (mine / "a5.jsonl").read_text(), next(name for name in files if name.endswith(".pt"))
+    for cut_short in ("archive", "state"):
+        for part in back.glob("state.tar.*"):
+            part.unlink()
+        if cut_short == "archive":
+            (piece,) = units.pack_states(paused, back)
+            piece.write_bytes(piece.read_bytes()[:-1000])
+        else:
+            _state_parts(back, {**files, pt: files[pt][:-100]}, part_bytes=40_000)
+        why = "cannot be unpacked" if cut_short == "archive" else f"holds a damaged state: state file {pt[2:]} is not"
+        with pytest.raises(SystemExit, match=why):
+            main(args)
+        assert (mine / "a5.jsonl").read_text() == rows
+        assert sorted(p.name for p in state.iterdir()) == sorted(name[2:] for name in files)
+        assert not state.with_name("state.restoring").exists()
     with pytest.raises(SystemExit, match="does not exist"):
         main(["merge", "--from", str(tmp_path / "nowhere"), "--results", str(mine)])
+
+
+def _info(step: int = 3) -> bytes:
+    """A state's .json, in short."""
+    return json.dumps({"unit": {}, "label": "a unit", "step": step, "spent": {}}).encode()
+
+
+def _saved(data) -> bytes:
+    """What torch.save writes for `data`: a zip archive, as a state's .pt."""
+    import io
+
+    buffer = io.BytesIO()
+    torch.save(data, buffer)
+    return buffer.getvalue()
 
 
 def test_pack_writes_the_pieces_merge_restores_and_drops_stale_ones(tmp_path, capsys):
     state, out, back = tmp_path / "state", tmp_path / "out", tmp_path / "back"
     state.mkdir()
     noise = torch.randn(15_000, generator=torch.Generator().manual_seed(0)) * 0.02  # weights-like fp32, in pieces
-    files = {"abc.json": b'{"step": 3}', "abc.pt": noise.numpy().tobytes(), "def.json": b"{}", "def.pt": b"x"}
+    files = {"abc.json": _info(), "abc.pt": _saved(noise), "def.json": _info(), "def.pt": _saved({})}
     for name, data in files.items():
         (state / name).write_bytes(data)
     (state / "notes.txt").write_text("not a state")
@@ -707,7 +748,7 @@ def test_pack_writes_the_pieces_merge_restores_and_drops_stale_ones(tmp_path, ca
         with pytest.raises(ValueError, match="cannot be unpacked"):
             units.restore_states(units.state_parts(out), back)
     assert {p.name: p.read_bytes() for p in back.iterdir()} == files
-    (state / "abc.pt").write_bytes(b"smaller")
+    (state / "abc.pt").write_bytes(_saved(noise[:10].clone()))
     main(["pack", "--state", str(state), "--out", str(out)])
     assert json.loads(capsys.readouterr().out) == {"parts": ["state.tar.00"], "units": 2, "state_mib": 0.0,
                                                    "packed_mib": 0.0}  # fmt: skip
@@ -722,11 +763,41 @@ def test_state_folders_work_where_there_is_no_flock(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "fcntl", None)  # `import fcntl` fails, as on Windows
     state, out = tmp_path / "state", tmp_path / "out"
     state.mkdir()
-    (state / "abc.json").write_text('{"step": 1}')
-    (state / "abc.pt").write_bytes(b"x")
+    (state / "abc.json").write_bytes(_info())
+    (state / "abc.pt").write_bytes(_saved({}))
     assert [p.name for p in units.pack_states(state, out)] == ["state.tar.00"]
     units.remove_state(state, "abc")
     assert list(state.iterdir()) == []  # no lock file either
+
+
+def test_damaged_states_are_refused_in_one_line_naming_the_file_before_anything_is_written(tmp_path, monkeypatch):
+    """A state cut short (its .pt) or damaged (its .json): every verb that reads the state folder refuses it, naming
+    the file, before it writes: pack no piece, progress no --results folder, run no row (and no unit starts)."""
+    run = ["run", "--plan", "cpu", "--families", "a5", "--archs", "gpt", "--a5-lengths", "3", "--a5-depths", "1"]
+    unit = plan_units(apply_args(load_plan("cpu"), parse_args([*run, "--results", "x"])))[0]
+    name, cut, bad = units.state_name(unit), tmp_path / "cut", tmp_path / "bad"
+    info = {"unit": dataclasses.asdict(unit), "label": unit.label(), "step": 5, "spent": {}}
+    for folder in (cut, bad):
+        folder.mkdir()
+        (folder / f"{name}.json").write_text(json.dumps(info))
+        (folder / f"{name}.pt").write_bytes(_saved({"members": [], "evals": [[]], "spent": {}}))
+    (cut / f"{name}.pt").write_bytes((cut / f"{name}.pt").read_bytes()[:-100])  # a copy cut short
+    (bad / f"{name}.json").write_text('{"unit": {"fam\n')
+
+    def execute(self, pack, slot):
+        raise AssertionError("a unit started from a damaged state")
+
+    monkeypatch.setattr(GridBlock, "_execute", execute)
+    results, out = tmp_path / "results", tmp_path / "out"
+    verbs = [["evaluate"], ["progress", "--results", str(results)], ["pack", "--out", str(out)],
+             [*run, "--results", str(results)], ["plan", *run[1:], "--results", str(results)]]  # fmt: skip
+    for damaged, why in ((cut / f"{name}.pt", "is not a whole torch.save archive|cannot be loaded: PytorchStream"),
+                         (bad / f"{name}.json", "is not JSON: Invalid control character")):  # fmt: skip
+        for verb in verbs:
+            with pytest.raises(SystemExit) as refused:
+                main([*verb, "--state", str(damaged.parent)])
+            assert re.fullmatch(f"klalm-synthetic: state file {re.escape(str(damaged))} ({why}).*", refused.value.code)
+    assert not results.exists() and not out.exists()
 
 
 def test_pack_every_s_sends_each_new_checkpoint_until_killed(tmp_path):
@@ -735,8 +806,8 @@ def test_pack_every_s_sends_each_new_checkpoint_until_killed(tmp_path):
 
     state, out = tmp_path / "state", tmp_path / "out"
     state.mkdir()
-    (state / "abc.json").write_text('{"step": 1}')
-    (state / "abc.pt").write_bytes(b"one")
+    (state / "abc.json").write_bytes(_info(1))
+    (state / "abc.pt").write_bytes(_saved(1))
     script = Path(__file__).resolve().parents[2] / "scripts" / "run_synthetic.py"
     watcher = subprocess.Popen([sys.executable, str(script), "pack", "--state", str(state), "--out", str(out),
                                 "--every-s", "0.05"])  # fmt: skip
@@ -756,8 +827,9 @@ def test_pack_every_s_sends_each_new_checkpoint_until_killed(tmp_path):
 
     try:
         assert unpacked(1)
-        (state / "abc.pt").write_bytes(b"two")
-        (state / "abc.json").write_text('{"step": 2}')
+        for name, data in (("abc.pt", _saved(2)), ("abc.json", _info(2))):  # each whole at once, as _save_state's
+            (state / "new").write_bytes(data)
+            os.replace(state / "new", state / name)
         assert unpacked(2)
         units.remove_state(state, "abc")  # its unit finished: the pieces must not bring the state back
         assert unpacked(None)

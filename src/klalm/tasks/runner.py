@@ -39,6 +39,7 @@ import logging
 import math
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -59,19 +60,21 @@ from klalm.tasks.units import (
     Execution,
     Unit,
     UnitOutcome,
+    check_states,
     evaluate_saved,
     pack_key,
     pack_states,
     pack_tokens,
     paused_rows,
     remove_state,
-    restore_states,
     row_key,
     run_units,
     saved_states,
     state_mib,
     state_name,
     state_parts,
+    swap_in_states,
+    unpack_states,
     watch_states,
 )
 
@@ -165,6 +168,8 @@ class GridBlock:
         self._stopping = False  # Ctrl-C or SIGTERM: start nothing more
         self._children: set[subprocess.Popen] = set()  # the units' processes running now
         self._signalled: set[subprocess.Popen] = set()  # those sent their one SIGINT by `stop`
+        if state is not None:  # a damaged state is refused now, not met by its unit mid-block and again at its end
+            check_states(state)
         for unit in {u.arch: u for u in self.units if self.free_seeds(u)}.values():
             self.estimate(unit, steps=0)  # an arch with no rates here and no prior fails now (KeyError), not mid-block
         if not read_only:
@@ -251,15 +256,31 @@ class GridBlock:
                           steps, compile_backend=self.execution.compile_backend,
                           tokens_per_step=pack_tokens(pack))  # fmt: skip
 
-    def fits(self, unit: Unit, pack: list[Unit] | None = None) -> bool:
-        """Whether the unit (in `pack`) may start now: its estimated overhead and MIN_TRAIN_S of training end before
-        the deadline (a unit that cannot finish pauses at the deadline); with finish_only, all its steps do."""
-        if self.deadline is None:
-            return True
-        left = self.deadline - MARGIN_S - time.time()
+    def needs_s(self, unit: Unit, pack: list[Unit] | None = None) -> float:
+        """Seconds the unit (in `pack`) needs before the deadline's margin to start: its estimated overhead and
+        MIN_TRAIN_S of training (a unit that cannot finish pauses at the deadline); with finish_only, all its steps."""
         if self.finish_only:
-            return self.estimate(unit, pack=pack)[0] <= left
-        return self.estimate(unit, steps=0)[0] + MIN_TRAIN_S <= left
+            return self.estimate(unit, pack=pack)[0]
+        return self.estimate(unit, steps=0)[0] + MIN_TRAIN_S
+
+    def fits(self, unit: Unit, pack: list[Unit] | None = None) -> bool:
+        """Whether the unit (in `pack`) may start now: what it `needs_s` ends before the deadline less MARGIN_S."""
+        return self.deadline is None or self.needs_s(unit, pack) <= self.deadline - MARGIN_S - time.time()
+
+    def too_short(self) -> str | None:
+        """Why the block starts nothing although units are ready: the time left is below what the cheapest of them
+        needs (`fits`). None when one fits, none is ready, or there is no deadline."""
+        if self.deadline is None:
+            return None
+        ready = [dataclasses.replace(unit, seeds=self.free_seeds(unit)) for unit, state in self.states()
+                 if state in ("resumes", "ready")]  # fmt: skip
+        if not ready or any(self.fits(unit) for unit in ready):
+            return None
+        need = min(self.needs_s(unit) for unit in ready)
+        what = "its whole estimate (--finish-only)" if self.finish_only else f"overhead + {MIN_TRAIN_S:.0f} s training"
+        return (f"the time budget leaves {self.deadline - time.time():.0f} s, below the {need + MARGIN_S:.0f} s that "
+                f"the cheapest ready unit needs to start ({what}: {need:.0f} s, + a {MARGIN_S:.0f} s margin): the "
+                "block starts nothing")  # fmt: skip
 
     def _claim(self) -> list[Unit] | None:
         """The next units to start with their free seeds, paused ones first: one unit, or a pack of up to
@@ -402,6 +423,8 @@ class GridBlock:
                         "again from step 0", unit.label(), step, self.state)  # fmt: skip
         if self.deadline is not None and self.deadline <= time.time():
             log.info("no time left (a time budget <= 0 s less the time taken so far): the block starts nothing")
+        elif (reason := self.too_short()) is not None:  # a stage given less than a unit needs: skipped, not failed
+            log.info(reason)
         threads = [threading.Thread(target=self._slot, args=(i,)) for i in range(self.slots if self.slots > 1 else 0)]
         on_main = threading.current_thread() is threading.main_thread()
         default = on_main and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL  # not one ignored or handled above
@@ -725,16 +748,21 @@ def _merge(args: argparse.Namespace) -> None:
     if args.state is not None:
         _folder(args.state, "--state folder", exists=False)
     commit = args.commit or git_commit()
+    staged = None  # the parts unpacked beside --state and checked before any row is merged: a bad archive merges none
+    if args.state is not None and parts:
+        try:
+            staged = unpack_states(parts, args.state)
+        except ValueError as err:
+            _refuse(f"{err} (kept {args.state})")
     try:
         added: dict[str, Any] = merge(args.source, args.results, commit)
     except ValueError as err:  # a file of either folder that is not JSON lines: nothing was appended
+        if staged is not None:
+            shutil.rmtree(staged)
         _refuse(one_line(err))
     if args.state is not None:
-        try:
-            added["state"] = restore_states(parts, args.state) if parts else f"none came back: kept {args.state}"
-        except ValueError as err:
-            _refuse(f"{err} (kept {args.state})")
-        if parts:  # a call killed before its block's end recorded no progress: its checkpoints' evaluations
+        added["state"] = swap_in_states(staged, args.state) if staged else f"none came back: kept {args.state}"
+        if staged:  # a call killed before its block's end recorded no progress: its checkpoints' evaluations
             rows = paused_rows(args.state, commit)
             added["progress.jsonl from the state"] = Results(args.results, []).record_progress(rows)
     print(json.dumps(added))
@@ -759,13 +787,16 @@ def main(argv: list[str] | None = None) -> None:
         _folder(args.out, "--out folder", exists=False)
         if args.every_s is not None and not 0 < args.every_s < math.inf:
             _refuse(f"--every-s must be > 0, got {args.every_s}")
-        if args.every_s is not None:
-            watch_states(args.state, args.out, args.every_s)  # returns only when killed
-        else:
+        try:
+            if args.every_s is not None:
+                watch_states(args.state, args.out, args.every_s)  # returns only when killed
+                return
             parts = pack_states(args.state, args.out)
-            states = [*args.state.glob("*.json"), *args.state.glob("*.pt")]  # what pack_states packs
-            mib = {"state_mib": _mib(states), "packed_mib": _mib(parts)}
-            print(json.dumps({"parts": [p.name for p in parts], "units": len(saved_states(args.state)), **mib}))
+        except ValueError as err:  # a damaged state: refused before any piece is written
+            _refuse(one_line(err))
+        states = [*args.state.glob("*.json"), *args.state.glob("*.pt")]  # what pack_states packs
+        mib = {"state_mib": _mib(states), "packed_mib": _mib(parts)}
+        print(json.dumps({"parts": [p.name for p in parts], "units": len(saved_states(args.state)), **mib}))
         return
     if args.verb in ("evaluate", "positions"):
         from klalm.tasks.report import (
@@ -786,7 +817,10 @@ def main(argv: list[str] | None = None) -> None:
                 _refuse(f"--device {args.device!r}: {one_line(err).split(' device type')[0]}")
             if device.type == "cuda" and not torch.cuda.is_available():
                 _refuse(f"--device {args.device!r}: torch sees no CUDA device here")
-            rows = evaluate_saved(args.state, device) if args.state.is_dir() else []
+            try:
+                rows = evaluate_saved(args.state, device) if args.state.is_dir() else []
+            except ValueError as err:  # a damaged state
+                _refuse(one_line(err))
             if not rows:
                 _refuse(f"no paused unit in {args.state}")
         else:
@@ -820,11 +854,11 @@ def main(argv: list[str] | None = None) -> None:
     if args.verb == "progress":
         _folder(args.state, "state folder", exists=True)
         _folder(args.results, "--results folder", exists=False)  # created when missing: a folder to merge later
-        try:
+        try:  # the states read first: a damaged one leaves no --results folder behind
+            rows = paused_rows(args.state, args.commit or git_commit())
             results = Results(args.results, [])
-        except (ValueError, OSError) as err:  # a progress.jsonl that is not JSON lines, a folder it cannot create
+        except (ValueError, OSError) as err:  # a damaged state, a progress.jsonl not JSON lines, an uncreatable folder
             _refuse(one_line(err))
-        rows = paused_rows(args.state, args.commit or git_commit())
         print(json.dumps({"progress.jsonl": results.record_progress(rows)}))
         return
     if getattr(args, "state", None) is not None:

@@ -26,11 +26,13 @@ import json
 import logging
 import math
 import os
+import pickle
 import re
 import signal
 import sys
 import threading
 import time
+import zipfile
 import zlib
 from datetime import datetime, timezone
 from pathlib import Path
@@ -38,6 +40,7 @@ from typing import Any
 
 import torch
 
+from klalm.errors import one_line
 from klalm.ops.backends import recording
 from klalm.tasks import make_task, materialize
 from klalm.tasks.base import SyntheticTask
@@ -222,22 +225,64 @@ def state_name(unit: Unit) -> str:
     return hashlib.sha256(json.dumps({**unit.cell(), "seeds": unit.seeds}, sort_keys=True).encode()).hexdigest()[:16]
 
 
+STATE_KEYS = ("unit", "label", "step", "spent")  # what `_save_state` writes in a state's .json
+
+
 def saved_states(folder: Path) -> dict[str, dict[str, Any]]:
-    """state_name -> the .json of every unit paused in `folder` ({} when the folder does not exist)."""
-    return {path.stem: json.loads(path.read_text()) for path in sorted(folder.glob("*.json"))}
+    """state_name -> the .json of every unit paused in `folder` ({} when the folder does not exist).
+
+    Raises:
+        ValueError: naming the file, for a .json that is not JSON (cut short, damaged) or not a state's.
+    """
+    return {path.stem: _read_info(path) for path in sorted(folder.glob("*.json"))}
+
+
+def _read_info(path: Path) -> dict[str, Any]:
+    """A state's .json (`_save_state`); ValueError naming it when it is not one."""
+    try:
+        info = json.loads(path.read_text(encoding="utf-8"))
+    except ValueError as err:  # JSONDecodeError, UnicodeDecodeError
+        raise ValueError(f"state file {path} is not JSON: {one_line(err)}") from err
+    if not isinstance(info, dict) or not set(STATE_KEYS) <= info.keys():
+        raise ValueError(f"state file {path} is not a paused unit's state (a JSON object with {', '.join(STATE_KEYS)})")
+    return info
+
+
+def check_states(folder: Path) -> None:
+    """Check, without loading any tensor, that every unit paused in `folder` has a readable .json (`saved_states`)
+    and a whole .pt: a zip archive (torch.save's format), whose directory is at its end, so a copy cut short is not
+    one.
+
+    Raises:
+        ValueError: naming the first file that is not so.
+    """
+    for name in saved_states(folder):
+        weights = folder / f"{name}.pt"
+        if not zipfile.is_zipfile(weights):  # also False for a missing file
+            raise ValueError(f"state file {weights} " + ("is missing" if not weights.exists() else
+                             "is not a whole torch.save archive (cut short or damaged)"))  # fmt: skip
 
 
 def restore_states(parts: list[Path], folder: Path) -> dict[str, Any]:
-    """Replace `folder` by the state folder packed in `parts`: the pieces, in order, of what `pack_states` writes (a
-    tar archive with its bytes sorted into planes and deflated), or of a plain tar archive (what calls before the
-    thirty-sixth session sent back: `tar -cf - -C STATE . | split -b 15M -d - state.tar.`).
-
-    The archive is unpacked beside `folder` first (regular files only, no path outside it: tarfile's "data"
-    filter), and only then swapped in, so a broken archive leaves `folder` as it was. Returns the units and MiB
-    now paused in `folder`.
+    """Replace `folder` by the state folder packed in `parts` (`unpack_states`, then `swap_in_states`): a broken
+    archive or state leaves `folder` as it was. Returns the units and MiB now paused in `folder`.
 
     Raises:
-        ValueError: naming the archive, when it is not a readable tar or holds a member the filter refuses.
+        ValueError: as `unpack_states`.
+    """
+    return swap_in_states(unpack_states(parts, folder), folder)
+
+
+def unpack_states(parts: list[Path], folder: Path) -> Path:
+    """Unpack the state folder packed in `parts` beside `folder` (regular files only, no path outside it: tarfile's
+    "data" filter) and check its states (`check_states`); returns that staging folder, for `swap_in_states`. `parts`:
+    the pieces, in order, of what `pack_states` writes (a tar archive with its bytes sorted into planes and deflated),
+    or of a plain tar archive (what calls before the thirty-sixth session sent back: `tar -cf - -C STATE . | split -b
+    15M -d - state.tar.`).
+
+    Raises:
+        ValueError: naming the archive, when it is not a readable tar, holds a member the filter refuses, or holds a
+            state `check_states` refuses (the staging folder is then removed).
     """
     import shutil
     import tarfile
@@ -246,12 +291,25 @@ def restore_states(parts: list[Path], folder: Path) -> dict[str, Any]:
     staging = folder.with_name(folder.name + ".restoring")
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
+    names = ", ".join(p.name for p in parts)
     try:
         with tarfile.open(fileobj=io.BytesIO(_unsqueezed(b"".join(p.read_bytes() for p in parts)))) as archive:
             archive.extractall(staging, filter="data")
+        check_states(staging)
     except (tarfile.TarError, OSError, zlib.error) as err:
         shutil.rmtree(staging, ignore_errors=True)
-        raise ValueError(f"state archive {', '.join(p.name for p in parts)} cannot be unpacked: {err}") from err
+        raise ValueError(f"state archive {names} cannot be unpacked: {err}") from err
+    except ValueError as err:  # from check_states: the file named as the archive holds it
+        shutil.rmtree(staging, ignore_errors=True)
+        damaged = str(err).replace(str(staging) + os.sep, "")
+        raise ValueError(f"state archive {names} holds a damaged state: {damaged}") from err
+    return staging
+
+
+def swap_in_states(staging: Path, folder: Path) -> dict[str, Any]:
+    """Replace `folder` by the staging folder `unpack_states` filled; returns the units and MiB now paused in it."""
+    import shutil
+
     shutil.rmtree(folder, ignore_errors=True)
     os.replace(staging, folder)
     mib = sum(path.stat().st_size for path in folder.rglob("*") if path.is_file()) / 2**20
@@ -306,6 +364,7 @@ def pack_states(folder: Path, out: Path, part_bytes: int = 15 * 2**20) -> list[P
 
     buffer = io.BytesIO()
     with _locked(Path(folder)), tarfile.open(fileobj=buffer, mode="w") as archive:
+        check_states(Path(folder))  # before any piece is written: a damaged state is refused, not shipped
         for path in sorted(Path(folder).glob("*.json")) + sorted(Path(folder).glob("*.pt")):
             archive.add(path, arcname=path.name)
     data = _squeezed(buffer.getvalue())
@@ -332,7 +391,7 @@ def watch_states(folder: Path, out: Path, every_s: float) -> None:
             if seen != packed:  # a new checkpoint or pause, or a state removed (its unit finished)
                 pack_states(folder, out)
                 packed = seen
-        except OSError as err:  # a full disk, say: the run goes on, and the next look tries again
+        except (OSError, ValueError) as err:  # a full disk, a damaged state: the run goes on, the next look tries again
             log.warning("could not pack %s into %s: %s", folder, out, err)
         time.sleep(every_s)
 
@@ -379,13 +438,18 @@ def _save_state(folder: Path, unit: Unit, members: list[Member], evals: list[lis
 
 
 def _load_state(folder: Path, unit: Unit, device: torch.device) -> dict[str, Any] | None:
+    """The state of `unit` saved in `folder` (None when there is none); raises ValueError naming a file that is not
+    this unit's or cannot be read."""
     name = state_name(unit)
     if not (folder / f"{name}.json").is_file():
         return None
-    saved = json.loads((folder / f"{name}.json").read_text())["unit"]
-    if saved != json.loads(json.dumps(dataclasses.asdict(unit))):
+    if _read_info(folder / f"{name}.json")["unit"] != json.loads(json.dumps(dataclasses.asdict(unit))):
         raise ValueError(f"{folder / name}.json holds another unit than {unit.label()}; remove it")
-    return torch.load(folder / f"{name}.pt", map_location=device, weights_only=True)
+    try:
+        return torch.load(folder / f"{name}.pt", map_location=device, weights_only=True)
+    except (RuntimeError, OSError, EOFError, pickle.UnpicklingError) as err:  # cut short, damaged, missing
+        reason = one_line(err).split(". ")[0]  # torch adds sentences of advice
+        raise ValueError(f"state file {folder / name}.pt cannot be loaded: {reason}") from err
 
 
 def paused_rows(folder: Path, commit: str) -> list[dict[str, Any]]:
