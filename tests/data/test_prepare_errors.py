@@ -165,6 +165,7 @@ def test_an_interrupted_swap_puts_the_old_folders_back(tmp_path, monkeypatch):
         for name in ("train", "val"):
             (folder / name).mkdir(parents=True)
             (folder / name / "f").write_text(text)
+    (staging / "tokenizer").mkdir()  # new, with no old one: moved in first, and out again
     real_rename = Path.rename
 
     def rename(self, target):
@@ -174,5 +175,6 @@ def test_an_interrupted_swap_puts_the_old_folders_back(tmp_path, monkeypatch):
 
     monkeypatch.setattr(Path, "rename", rename)
     with pytest.raises(KeyboardInterrupt):
-        prepare._swap_in(staging, out, ["train", "val"])
+        prepare._swap_in(staging, out, ["tokenizer", "train", "val"])
     assert {name: (out / name / "f").read_text() for name in ("train", "val")} == {"train": "old", "val": "old"}
+    assert sorted(p.name for p in out.iterdir()) == ["train", "val"]

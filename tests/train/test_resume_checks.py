@@ -12,7 +12,7 @@ import torch
 from klalm.config_checks import ConfigError
 from klalm.models.checkpoint import CheckpointError, list_checkpoints, newest_valid, verify_checkpoint
 from klalm.train.app import run
-from klalm.train.resume import check_model
+from klalm.train.resume import check_model, check_tokenizer
 
 from .conftest import TINY, compose_train
 
@@ -174,3 +174,18 @@ def test_a_refused_resume_removes_its_own_config_record_and_says_why_in_the_log(
     assert kept() == before and not list(finished.glob(".hydra/resume-*"))
     log = (finished / "train.log").read_text()
     assert "stopped: resume from" in log and "Traceback" in log  # the traceback goes to the log, not the console
+
+
+def test_a_resume_whose_tokenizer_was_retrained_on_edited_files_is_refused(tmp_path):
+    """A trained BPE's cache follows its files: after an edit the config builds another tokenizer than the run's."""
+    from klalm.data.tokenizer import train_bpe_tokenizer
+
+    run = tmp_path / "run"
+    texts = ["the cat sat on the mat"] * 20
+    saved = train_bpe_tokenizer(texts, 300, run / "tokenizer")
+    ckpt = run / "checkpoints" / "step-00000004.ckpt"
+    check_tokenizer(ckpt, saved)  # the same: resumes
+    check_tokenizer(tmp_path / "elsewhere" / "checkpoints" / "step-00000004.ckpt", saved)  # no saved one: unchecked
+    edited = train_bpe_tokenizer(["a quick brown fox jumps over"] * 20, 300, tmp_path / "edited")
+    with pytest.raises(ConfigError, match="another vocabulary than the run's own"):
+        check_tokenizer(ckpt, edited)

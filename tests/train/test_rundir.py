@@ -135,6 +135,17 @@ def test_a_folder_holding_what_a_refused_start_wrote_is_free_and_other_ranks_do_
     check_run_dir_free(tmp_path, None)
 
 
+def test_a_resume_of_the_folder_is_free_also_through_a_symlinked_checkpoints_folder(tmp_path):
+    run, scratch = tmp_path / "run", tmp_path / "scratch"
+    (scratch / "ck").mkdir(parents=True)
+    run.mkdir()
+    (run / "checkpoints").symlink_to(scratch / "ck")  # checkpoints on another disk, as on many clusters
+    (run / "summary.json").write_text("{}")
+    check_run_dir_free(run, run / "checkpoints" / "step-00000004.ckpt")
+    with pytest.raises(RunDirTakenError):
+        check_run_dir_free(run, tmp_path / "other" / "checkpoints" / "step-00000004.ckpt")
+
+
 @pytest.mark.parametrize("below", ["", "sub/run"], ids=["a-file", "below-a-file"])
 def test_a_run_folder_that_cannot_be_created_is_refused_in_one_line(tmp_path, below):
     """hydra.run.dir (or paths.log_dir) naming a file: one line, not Hydra's warning and a mkdir traceback."""

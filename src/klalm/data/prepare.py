@@ -290,7 +290,8 @@ def write_dataset(
 
 def _swap_in(staging: Path, out_dir: Path, names: list[str]) -> None:
     """Moves each of `names` from `staging` into `out_dir`, the old one aside into `staging` (removed with it); if a
-    rename fails or is interrupted, the ones done are undone, so `out_dir` keeps all its old folders."""
+    rename fails or is interrupted, the ones done are undone, so `out_dir` is as it was (no new folder beside old
+    ones)."""
     done = []
     try:
         for name in names:
@@ -300,9 +301,9 @@ def _swap_in(staging: Path, out_dir: Path, names: list[str]) -> None:
             (staging / name).rename(out_dir / name)
     except BaseException:
         for name in reversed(done):
+            if (out_dir / name).exists() and not (staging / name).exists():  # the new one was moved in: back
+                (out_dir / name).rename(staging / name)
             if (staging / f"old-{name}").exists():
-                if (out_dir / name).exists():  # the new one was moved in: back into staging
-                    (out_dir / name).rename(staging / name)
                 (staging / f"old-{name}").rename(out_dir / name)
         raise
 

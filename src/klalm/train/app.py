@@ -40,7 +40,7 @@ from klalm.train.callbacks import StepMetrics, skipped_records
 from klalm.train.checkpoint import STOP_SIGNALS, RollingCheckpoint, export_hf, remove_stale_temporaries
 from klalm.train.module import LMModule, NonFiniteLossError
 from klalm.train.plots import plot_losses
-from klalm.train.resume import check_model, check_settings, resolve_resume, resume_settings
+from klalm.train.resume import check_model, check_settings, check_tokenizer, resolve_resume, resume_settings
 from klalm.train.rundir import RunDirTakenError, check_run_dir_free, is_global_rank_zero, lock_run_dir, unlock_run_dir
 
 log = logging.getLogger(__name__)
@@ -197,6 +197,8 @@ def train(cfg: DictConfig, run_dir: Path, ckpt_path: Path | None) -> dict[str, A
     pl.seed_everything(cfg.seed, workers=True)
     datamodule = instantiate_group(cfg, "data")
     tokenizer = datamodule.tokenizer
+    if ckpt_path is not None:
+        check_tokenizer(ckpt_path, tokenizer)
     vocab_size = len(tokenizer) if tokenizer is not None else datamodule.vocab_size
     model = instantiate_group(cfg, "model", vocab_size=vocab_size)
     trainer = build_trainer(cfg)

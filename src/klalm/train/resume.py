@@ -33,7 +33,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from klalm.config_checks import ConfigError
-from klalm.models.checkpoint import CheckpointError, newest_valid, verify_checkpoint
+from klalm.models.checkpoint import TOKENIZER_DIR, CheckpointError, newest_valid, verify_checkpoint
 from klalm.models.export import weight_mismatch
 
 log = logging.getLogger(__name__)
@@ -144,6 +144,27 @@ def check_settings(ckpt_path: Path, checkpoint: dict[str, Any], current: dict[st
         f"resume from {ckpt_path} changes {'; '.join(changes)}: that would silently change the lr schedule or the "
         "data order of the run; keep the checkpoint's values, or pass resume_allow_changes=true to accept the change"
     )
+
+
+def check_tokenizer(ckpt_path: Path, tokenizer: Any) -> None:
+    """Refuses a resume whose tokenizer has another vocabulary than the one the checkpoint's run saved
+    (`<run>/tokenizer`): a BPE retrained on training files edited since (its cache follows the files) would give the
+    learnt embeddings other ids. Not checked without a saved tokenizer or without one built (random tokens).
+
+    Raises:
+        ConfigError: naming both tokenizers.
+    """
+    saved_dir = Path(ckpt_path).parent.parent / TOKENIZER_DIR
+    if tokenizer is None or not saved_dir.is_dir():
+        return
+    from transformers import AutoTokenizer
+
+    if AutoTokenizer.from_pretrained(str(saved_dir)).get_vocab() != tokenizer.get_vocab():
+        raise ConfigError(
+            f"resume from {ckpt_path}: the tokenizer this config builds has another vocabulary than the run's own "
+            f"({saved_dir}): were its training files edited since (a trained BPE follows them)? Restore them, or "
+            "start a new run"
+        )
 
 
 def check_model(ckpt_path: Path, checkpoint: dict[str, Any], model_config: dict[str, Any],

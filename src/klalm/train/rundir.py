@@ -112,7 +112,7 @@ def check_run_dir_free(run_dir: str | Path, resume_from: Path | None) -> None:
             of its checkpoints; the message names the folder and what to do.
     """
     path = Path(run_dir).resolve()
-    if not is_global_rank_zero() or (resume_from is not None and Path(resume_from).resolve().parent.parent == path):
+    if not is_global_rank_zero() or (resume_from is not None and _same_folder(Path(resume_from).parent.parent, path)):
         return
     held = []
     if (path / "checkpoints").is_dir():
@@ -127,6 +127,14 @@ def check_run_dir_free(run_dir: str | Path, resume_from: Path | None) -> None:
             f"run folder {path} already holds a run ({' and '.join(held)}), which this start would overwrite: "
             f"continue it with resume={path}, or start in another folder (hydra.run.dir)"
         )
+
+
+def _same_folder(a: Path, b: Path) -> bool:
+    """Whether `a` and `b` are one folder (a symlinked checkpoints/ or a bind mount does not resolve to one path)."""
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
 
 
 # What a start writes into its run folder before it trains (folder entries, and one path inside): Hydra's config
