@@ -374,7 +374,14 @@ class GridBlock:
             outcome.rate["phases_s"]["exit"] = round(max(0.0, time.time() - out_file.stat().st_mtime), 2)
             return outcome
 
-    def _slot(self, slot: int) -> None:
+    def _slot(self, slot: int, ended: threading.Event | None = None) -> None:
+        try:
+            self._slot_units(slot)
+        finally:
+            if ended is not None:
+                ended.set()
+
+    def _slot_units(self, slot: int) -> None:
         while (pack := self._claim()) is not None:
             unit, label = pack[0], " + ".join(u.label() for u in pack)
             seconds, source = self.estimate(unit, pack=pack)
@@ -425,7 +432,9 @@ class GridBlock:
             log.info("no time left (a time budget <= 0 s less the time taken so far): the block starts nothing")
         elif (reason := self.too_short()) is not None:  # a stage given less than a unit needs: skipped, not failed
             log.info(reason)
-        threads = [threading.Thread(target=self._slot, args=(i,)) for i in range(self.slots if self.slots > 1 else 0)]
+        slots = range(self.slots if self.slots > 1 else 0)
+        ended = [threading.Event() for _ in slots]  # set as each slot's thread returns (waited on after a Ctrl-C)
+        threads = [threading.Thread(target=self._slot, args=(i, ended[i])) for i in slots]
         on_main = threading.current_thread() is threading.main_thread()
         default = on_main and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL  # not one ignored or handled above
         if default:
@@ -439,9 +448,9 @@ class GridBlock:
                 thread.join()
         except KeyboardInterrupt:  # Ctrl-C or SIGTERM: start nothing more, end the units' processes, keep their rows
             self.stop()
-            for thread in threads:
-                if thread.ident is not None:  # started before the Ctrl-C
-                    thread.join()
+            for thread, slot_ended in zip(threads, ended):
+                if thread.ident is not None:  # started before the Ctrl-C. Not thread.join(): after a join the
+                    slot_ended.wait()  # signal cut short, a slot's last log line came after the runner's (1 run in 8)
             self._record_paused()
             raise
         finally:
