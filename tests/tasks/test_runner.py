@@ -643,6 +643,11 @@ def test_merge_appends_only_new_rows_and_stamps_the_commit(tmp_path):
         read_jsonl(mine / "a5.jsonl")
 
 
+def _restore(parts: list[Path], folder: Path) -> dict:
+    """What `merge --state` does with the parts: unpack and check them beside `folder`, then swap them in."""
+    return units.swap_in_states(units.unpack_states(parts, folder), folder)
+
+
 def _state_parts(folder: Path, files: dict[str, bytes], part_bytes: int = 700) -> None:
     """A state folder as a device call sends it back: one tar archive split into state.tar.00, .01, ..."""
     import io
@@ -740,13 +745,13 @@ def test_pack_writes_the_pieces_merge_restores_and_drops_stale_ones(tmp_path, ca
     (out / "state.tar.00.tmp").write_bytes(b"half written")  # a piece cut off mid-write is not one
     assert units.state_parts(out) == parts
     assert sum(p.stat().st_size for p in parts) < 0.92 * len(files["abc.pt"])  # in planes (plain deflate: 0.93)
-    units.restore_states(units.state_parts(out), back)
+    _restore(units.state_parts(out), back)
     assert {p.name: p.read_bytes() for p in back.iterdir()} == files  # and no lock file or stray notes
     whole = parts[-1].read_bytes()
     for damaged in (whole[:-5], whole + b"stale"):  # a piece cut short, a stray one after it: refused, the folder kept
         parts[-1].write_bytes(damaged)
         with pytest.raises(ValueError, match="cannot be unpacked"):
-            units.restore_states(units.state_parts(out), back)
+            _restore(units.state_parts(out), back)
     assert {p.name: p.read_bytes() for p in back.iterdir()} == files
     (state / "abc.pt").write_bytes(_saved(noise[:10].clone()))
     main(["pack", "--state", str(state), "--out", str(out)])
@@ -818,7 +823,7 @@ def test_pack_every_s_sends_each_new_checkpoint_until_killed(tmp_path):
         while time.time() < deadline:
             if units.state_parts(out):
                 back = tmp_path / "back"
-                units.restore_states(units.state_parts(out), back)
+                _restore(units.state_parts(out), back)
                 saved = units.saved_states(back)
                 if (saved.get("abc", {}).get("step") if saved else None) == step:
                     return True

@@ -263,16 +263,6 @@ def check_states(folder: Path) -> None:
                              "is not a whole torch.save archive (cut short or damaged)"))  # fmt: skip
 
 
-def restore_states(parts: list[Path], folder: Path) -> dict[str, Any]:
-    """Replace `folder` by the state folder packed in `parts` (`unpack_states`, then `swap_in_states`): a broken
-    archive or state leaves `folder` as it was. Returns the units and MiB now paused in `folder`.
-
-    Raises:
-        ValueError: as `unpack_states`.
-    """
-    return swap_in_states(unpack_states(parts, folder), folder)
-
-
 def unpack_states(parts: list[Path], folder: Path) -> Path:
     """Unpack the state folder packed in `parts` beside `folder` (regular files only, no path outside it: tarfile's
     "data" filter) and check its states (`check_states`); returns that staging folder, for `swap_in_states`. `parts`:
@@ -355,7 +345,7 @@ def state_parts(folder: Path) -> list[Path]:
 
 def pack_states(folder: Path, out: Path, part_bytes: int = 15 * 2**20) -> list[Path]:
     """Pack the paused units' states in `folder` (every .json and .pt, under its lock) into `out` as the pieces
-    `restore_states` reads (a tar archive, its bytes in planes and deflated: `SQUEEZED`): `state.tar.00`,
+    `unpack_states` reads (a tar archive, its bytes in planes and deflated: `SQUEEZED`): `state.tar.00`,
     `state.tar.01`, ... of at most `part_bytes` each (a device call sends
     back files of up to 16 MiB). Each piece is written to a temporary name and renamed, and pieces left from a larger
     earlier pack are removed, so `out` holds one whole pack but for the moment between two renames. Returns the
