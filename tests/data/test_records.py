@@ -15,6 +15,7 @@ import pytest
 import zstandard
 
 from klalm.data import BadRecordError, PackedTextDataset, build_source
+from klalm.data.packing import NoDocumentsError
 from klalm.data.records import BadRecordPolicy, expand_paths
 
 DOCS = ["first document, with some words", "second document\nspans lines", "third: ünïcödé ✓"]
@@ -149,7 +150,7 @@ def test_pipeline_counts_skips_in_state_and_never_hangs(tmp_path: Path, gpt2):
     (tmp_path / "allbad.jsonl").write_bytes(b'{"text": ""}\n' * 3)
     allbad = build_source({"kind": "files", "paths": str(tmp_path / "allbad.jsonl")})
     looping = PackedTextDataset(allbad, gpt2, seq_len=4, batch_size=1, on_bad_record="skip")
-    with pytest.raises(ValueError, match="no usable document"):
+    with pytest.raises(NoDocumentsError, match="no usable document"):  # klalm-train's USER_ERRORS: one line
         next(iter(looping))
 
 

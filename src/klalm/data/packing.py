@@ -33,6 +33,11 @@ from klalm.data.tokenizer import encode_texts
 log = logging.getLogger(__name__)
 
 
+class NoDocumentsError(ValueError):
+    """A whole pass over the source gave a consumer no usable document: an empty file, every record bad, or fewer
+    documents than ranks x workers (`klalm-train` refuses it in one line)."""
+
+
 def _copy_state(state: dict[str, Any]) -> dict[str, Any]:
     """A copy of a consumer state that shares nothing mutable (cheaper than deepcopy: called every batch)."""
     return {
@@ -173,7 +178,7 @@ class PackedTextDataset(IterableDataset):
                         yield next(tokens)
                 state["source"], state["block"], state["offset"] = stream.state_dict(), state["block"] + 1, 0
             if state["epoch_docs"] == 0:
-                raise ValueError(
+                raise NoDocumentsError(
                     f"consumer {consumer}/{n} got no usable document in a full pass over "
                     f"{self.source.describe()} (skipped: {dict(policy.counts)}); the source has fewer "
                     "documents than ranks x workers, or every record is bad"

@@ -32,6 +32,7 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 from omegaconf import DictConfig, OmegaConf
 
 from klalm.config_checks import ConfigError, check_train_config
+from klalm.data.packing import NoDocumentsError
 from klalm.data.records import BadRecordError
 from klalm.models.checkpoint import HF_DIR, TOKENIZER_DIR, CheckpointError, load_checkpoint_file
 from klalm.models.export import ExportTargetError, check_export_target
@@ -162,8 +163,8 @@ def build_module(cfg: DictConfig, model: torch.nn.Module, vocab_size: int, world
 # config checks' ConfigError, which `instantiate_group` also raises for what a config group's target refuses): a
 # checkpoint it will not load, a bad record in a data file, a missing file, an export folder holding other files, a
 # run folder holding another run, and a divergence (its message names the learning rate to lower).
-USER_ERRORS = (CheckpointError, BadRecordError, FileNotFoundError, ExportTargetError, RunDirTakenError,
-               NonFiniteLossError)  # fmt: skip
+USER_ERRORS = (CheckpointError, BadRecordError, NoDocumentsError, FileNotFoundError, ExportTargetError,
+               RunDirTakenError, NonFiniteLossError)  # fmt: skip
 
 
 def run(cfg: DictConfig) -> dict[str, Any]:
