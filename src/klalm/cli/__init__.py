@@ -8,10 +8,8 @@ Lightning and lm-eval are imported when the run starts. A bad value ends the com
 from __future__ import annotations
 
 import argparse
-import contextlib
 import logging
 import os
-import shutil
 import sys
 import time
 from pathlib import Path
@@ -98,7 +96,7 @@ def _refuse_eval(err: BaseException) -> NoReturn:
     a refusal leaves no empty evaluation behind."""
     from hydra.core.hydra_config import HydraConfig
 
-    from klalm.train.rundir import fresh_run_name
+    from klalm.train.rundir import fresh_run_name, remove_run_folder
 
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     if (
@@ -106,12 +104,7 @@ def _refuse_eval(err: BaseException) -> NoReturn:
         and run_dir.is_dir()
         and {p.name for p in run_dir.iterdir()} <= EVAL_STARTUP_FILES
     ):
-        for handler in logging.getLogger().handlers:  # Hydra's file handler holds eval.log open
-            if isinstance(handler, logging.FileHandler) and Path(handler.baseFilename).parent == run_dir.resolve():
-                handler.close()
-        shutil.rmtree(run_dir, ignore_errors=True)
-        with contextlib.suppress(OSError):
-            run_dir.parent.rmdir()  # outputs/eval, if this was its only evaluation
+        remove_run_folder(run_dir)
     sys.exit(f"klalm-eval: {one_line(err)}")
 
 

@@ -147,6 +147,17 @@ def _startup_file(path: Path, run_dir: Path) -> bool:
     return relative.parts[0] in STARTUP_FILES or relative.as_posix() in STARTUP_FILES
 
 
+def remove_run_folder(run_dir: Path) -> None:
+    """Removes a run folder this process named and left unused (`klalm-train`'s and `klalm-eval`'s refusals): closes
+    the log file Hydra's handler holds open in it, removes it, and its parent (outputs/<name>) if that is now empty."""
+    for handler in logging.getLogger().handlers:
+        if isinstance(handler, logging.FileHandler) and Path(handler.baseFilename).parent == run_dir.resolve():
+            handler.close()
+    shutil.rmtree(run_dir, ignore_errors=True)
+    with contextlib.suppress(OSError):
+        run_dir.parent.rmdir()
+
+
 def discard_unused_run_dir(since: float) -> bool:
     """After a start refused for its input (a bad value, a missing file): removes what it wrote if nothing used it, so
     that a rejected command leaves no empty run folder behind.
@@ -167,13 +178,8 @@ def discard_unused_run_dir(since: float) -> bool:
         return True
     files = [p for p in run_dir.rglob("*") if p.is_file()]
     if run_dir.name == fresh_run_name() and all(_startup_file(p, run_dir) for p in files):
-        for handler in logging.getLogger().handlers:  # Hydra's file handler holds train.log open
-            if isinstance(handler, logging.FileHandler) and Path(handler.baseFilename).parent == run_dir.resolve():
-                handler.close()
-        shutil.rmtree(run_dir, ignore_errors=True)  # (a fresh name: no other run aims at this folder)
+        remove_run_folder(run_dir)  # (a fresh name: no other run aims at this folder)
         unlock_run_dir(run_dir)
-        with contextlib.suppress(OSError):
-            run_dir.parent.rmdir()  # outputs/<run_name>, if this was its only run
         return True
     written = [p for p in files if not _startup_file(p, run_dir) and p.stat().st_mtime >= since]
     if not written and hydra_cfg.output_subdir and Path(hydra_cfg.output_subdir).name.startswith("resume-"):
