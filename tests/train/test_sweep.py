@@ -1,14 +1,24 @@
 """Sweeps: a Hydra multirun gives each job its own run dir and ends with a summary table across the jobs."""
 
+import contextlib
 import json
 import subprocess
 import sys
+import textwrap
 
 import pytest
+from hydra import initialize_config_module
+from hydra.core.global_hydra import GlobalHydra
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 
-from klalm.train.sweep import summary_table
+from klalm.train.sweep import check_sweep_jobs, summary_table, sweep_jobs
 
 from .conftest import RUN_ENV, TINY
+
+# TINY at its cheapest: one optimiser step, no evaluation, export or plot.
+ONE_STEP = [*TINY, "train.global_batch_tokens=32", "train.max_tokens=32", "train.final_eval=false",
+            "train.export_hf=false", "train.plot=false"]  # fmt: skip
 
 
 def _fake_job(folder, summary, overrides):
@@ -60,3 +70,78 @@ def test_a_refused_job_fails_alone_and_the_summary_shows_it(tmp_path):
     assert json.loads((sweep_dir / "1_bench" / "summary.json").read_text())["steps"] == 4
     table = (sweep_dir / "summary.md").read_text().splitlines()
     assert table[2].startswith("| 0_bench | no summary.json") and table[3].startswith("| 1_bench | bench |")
+
+
+def test_sweep_jobs_expand_the_grid_as_hydras_basic_sweeper_does():
+    assert sweep_jobs(["a=1,2", "b=x,y", "c=z"]) == [
+        ["a=1", "b=x", "c=z"], ["a=1", "b=y", "c=z"], ["a=2", "b=x", "c=z"], ["a=2", "b=y", "c=z"],
+    ]  # fmt: skip
+    # hydra.sweeper.params (configs/sweep/*.yaml) come first; the command line wins for a key both set.
+    assert sweep_jobs(["experiment=smoke", "optim.lr=0.001,0.003"], {"optim.lr": "0.1,0.2,0.3", "seed": "1,2"}) == [
+        ["optim.lr=0.001", "seed=1", "experiment=smoke"], ["optim.lr=0.001", "seed=2", "experiment=smoke"],
+        ["optim.lr=0.003", "seed=1", "experiment=smoke"], ["optim.lr=0.003", "seed=2", "experiment=smoke"],
+    ]  # fmt: skip
+    assert sweep_jobs([]) == [[]]  # `-m` alone: one job
+
+
+@contextlib.contextmanager
+def _multirun_config(overrides):
+    """The multirun config of `klalm-train -m <overrides>`, with Hydra initialised as in a callback."""
+    with initialize_config_module("klalm.configs", version_base="1.3"):
+        yield GlobalHydra.instance().hydra.compose_config("train", overrides, run_mode=RunMode.MULTIRUN)
+
+
+def test_check_sweep_jobs_refuses_a_grid_with_one_bad_job_naming_it(monkeypatch, capsys):
+    with _multirun_config(["experiment=smoke", "sweep=lr", "data.batch_size=2,0"]) as config:
+        saved = HydraConfig.instance().cfg
+        with pytest.raises(SystemExit) as exit_info:
+            check_sweep_jobs(config)
+        assert HydraConfig.instance().cfg is saved  # the jobs' Hydra config was only lent to the check
+        assert exit_info.value.code == (
+            "klalm-train: sweep job #1 (optim.lr=0.0003 data.batch_size=0): data.batch_size=0 is invalid: must be > 0"
+        )  # jobs: 3 learning rates (configs/sweep/lr.yaml) x 2 batch sizes; the first bad one is named
+        assert capsys.readouterr().err == ""
+        monkeypatch.setenv("HYDRA_FULL_ERROR", "1")
+        with pytest.raises(SystemExit):
+            check_sweep_jobs(config)
+        err = capsys.readouterr().err
+        assert err.startswith("Traceback") and "ConfigError: data.batch_size=0 is invalid" in err
+    with _multirun_config(["experiment=smoke", "optim.lr=1e-3,3e-3", "run_name=lr_${optim.lr}_${hydra:job.num}"]) as ok:
+        check_sweep_jobs(ok)  # a good grid passes (an interpolation of the job's Hydra config included)
+    with _multirun_config(["experiment=smoke", "optim.lr=abc", "hydra.sweeper._target_=some.OtherSweeper"]) as other:
+        check_sweep_jobs(other)  # another sweeper plugin picks its jobs itself: each is checked as it starts
+
+
+def _fresh_python_train(argv, cwd):
+    """`klalm-train <argv>` in a new interpreter; prints HEAVY if torch or Lightning got imported, else LIGHT."""
+    code = textwrap.dedent(f"""
+        import sys
+        sys.argv = {["klalm-train", *argv]!r}
+        from klalm import cli
+        try:
+            cli.train()
+        finally:
+            print("HEAVY" if "torch" in sys.modules or "lightning" in sys.modules else "LIGHT")
+    """)
+    return subprocess.run([sys.executable, "-c", code], env=RUN_ENV, capture_output=True, text=True, cwd=cwd,
+                          timeout=300)  # fmt: skip
+
+
+def test_a_sweep_with_one_bad_job_is_refused_before_any_job_trains(tmp_path):
+    """The good first job does not run (torch is never imported), and no sweep folder is left behind."""
+    proc = _fresh_python_train(["-m", *ONE_STEP, "optim.lr=1e-3,abc", f"paths.log_dir={tmp_path / 'out'}"], tmp_path)
+    assert proc.returncode == 1
+    refusal = "klalm-train: sweep job #1 (optim.lr=abc): optim.lr='abc' is invalid: must be a number"
+    assert proc.stderr.strip() == refusal
+    assert proc.stdout.strip() == "LIGHT"
+    assert list(tmp_path.iterdir()) == []  # no outputs/multirun/<name>/, no job folder, summary or checkpoint
+
+
+def test_a_sweep_of_good_jobs_runs_every_job(tmp_path):
+    sweep_dir = tmp_path / "sweep"
+    cmd = [sys.executable, "-m", "klalm.train", "-m", *ONE_STEP, "optim.lr=0.001,0.003", f"hydra.sweep.dir={sweep_dir}"]
+    proc = subprocess.run(cmd, env=RUN_ENV, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-5000:]
+    for job, lr in (("0_bench", "0.001"), ("1_bench", "0.003")):
+        assert json.loads((sweep_dir / job / "summary.json").read_text())["steps"] == 1
+        assert f"optim.lr={lr}" in (sweep_dir / job / ".hydra" / "overrides.yaml").read_text()

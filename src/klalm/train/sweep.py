@@ -2,19 +2,32 @@
 
 Written automatically at the end of `klalm-train -m ...` by the Hydra callback `SweepSummary` (configs/hydra), and
 available for any folder of runs:  python -m klalm.train.sweep outputs/multirun/2026-11-29_14-00-00
+
+The same callback checks every job's config before the first job starts (`check_sweep_jobs`): a sweep whose grid holds
+a job `klalm.config_checks` refuses is refused as a whole, in one line naming that job, before anything trains.
 """
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
+import os
 import sys
+import traceback
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
+from hydra.core.global_hydra import GlobalHydra
+from hydra.core.hydra_config import HydraConfig
+from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.experimental.callback import Callback
 from hydra.types import RunMode
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf, open_dict, read_write
+
+from klalm.config_checks import ConfigError, check_train_config
+from klalm.errors import one_line
 
 log = logging.getLogger(__name__)
 
@@ -70,12 +83,119 @@ def _overrides(job: Path) -> list[str]:
     return list(yaml.safe_load(path.read_text()) or [])
 
 
+# The `_target_` of Hydra's own sweeper (hydra/sweeper=basic), the one whose jobs `sweep_jobs` expands.
+BASIC_SWEEPER = "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"
+
+
+def sweep_jobs(
+    task_overrides: Sequence[str], params: Mapping[str, Any] | None = None, config_loader: Any = None
+) -> list[list[str]]:
+    """The overrides of each job of a multirun, as Hydra's basic sweeper expands them, in its order (the i-th list is
+    job `hydra.job.num=i`): the cartesian product of the comma lists (`a=1,2 b=x,y` gives 4 jobs), with the sweeper's
+    `params` (`hydra.sweeper.params`, as set by configs/sweep/*.yaml) before the command line's overrides, which win for
+    a key both name. `config_loader` (Hydra's) serves `glob()` sweeps over config groups.
+
+    Raises:
+        hydra.errors.HydraException: a sweep the basic sweeper does not support (an interval).
+    """
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+
+    arguments = [f"{key}={value}" for key, value in (params or {}).items()] + list(task_overrides)
+    overrides = OverridesParser.create(config_loader=config_loader).parse_overrides(arguments)
+    return [list(job) for batch in BasicSweeper.split_arguments(overrides, max_batch_size=None) for job in batch]
+
+
+def _varied(jobs: list[list[str]]) -> list[int]:
+    """Positions of the overrides that differ between jobs (all positions when none does, as for a single job)."""
+    varied = [i for i in range(len(jobs[0])) if len({job[i] for job in jobs}) > 1] if jobs else []
+    return varied or list(range(len(jobs[0]) if jobs else 0))
+
+
+def _job_config(config_loader: Any, master: DictConfig, overrides: list[str], num: int) -> DictConfig:
+    """Job `num`'s config (with its `hydra` node) as Hydra's basic launcher composes it, and its output folder as
+    `hydra.core.utils.run_job` names it (not created)."""
+    cfg = config_loader.load_sweep_config(master, list(overrides))
+    with open_dict(cfg):
+        cfg.hydra.job.id = num
+        cfg.hydra.job.num = num
+    with read_write(cfg.hydra.runtime), open_dict(cfg.hydra.runtime):
+        cfg.hydra.runtime.output_dir = os.path.abspath(os.path.join(cfg.hydra.sweep.dir, str(cfg.hydra.sweep.subdir)))
+    return cfg
+
+
+def _check_job(cfg: DictConfig) -> None:
+    """`check_train_config` on the job's config as the job's task function will get it (without the `hydra` node),
+    with `HydraConfig` holding the job's for `${hydra:...}` interpolations meanwhile, as while the job runs."""
+    hydra_config = HydraConfig.instance()
+    saved = hydra_config.cfg
+    hydra_config.set_config(cfg)
+    try:
+        task_cfg = copy.deepcopy(cfg)
+        with read_write(task_cfg), open_dict(task_cfg):
+            del task_cfg["hydra"]
+        check_train_config(task_cfg)
+    finally:
+        hydra_config.cfg = saved
+
+
+def check_sweep_jobs(config: DictConfig) -> None:
+    """Before a multirun's first job: composes every job's config and runs `check_train_config` on each (nothing
+    heavier than omegaconf is imported), so that a grid holding a bad value is refused before any job trains.
+
+    Only the basic sweeper's sweeps are expanded. Another sweeper plugin (optuna, nevergrad, ax: none is installed
+    or configured by klalm today) chooses its jobs as it goes, so there is no grid to check: the check is skipped and
+    each job is checked when it starts, as before. A sweep the basic sweeper cannot expand, or a job whose config
+    cannot be composed (an unknown group option), is left to Hydra, which refuses either before any job runs.
+
+    Raises:
+        SystemExit: a job's config was refused; the message names the job (its number, as in its folder's name
+            `<num>_<run_name>`, and the overrides the jobs vary) and the error. Nothing was written: the sweep's
+            folder is made later, by the sweeper. With HYDRA_FULL_ERROR=1 the traceback is printed first.
+    """
+    global_hydra = GlobalHydra.instance()
+    if OmegaConf.select(config, "hydra.sweeper._target_") != BASIC_SWEEPER or not global_hydra.is_initialized():
+        return  # another sweeper plugin: no grid to expand here; its jobs are checked as each starts
+    config_loader = global_hydra.config_loader()
+    try:
+        task_overrides = OmegaConf.to_container(config.hydra.overrides.task, resolve=False)
+        params = OmegaConf.select(config, "hydra.sweeper.params")
+        jobs = sweep_jobs(task_overrides, dict(params) if params else None, config_loader)
+    except Exception as err:  # the sweeper says why when it expands the same overrides
+        log.debug("sweep: jobs not checked in advance (%s)", one_line(err))
+        return
+    shown = _varied(jobs)
+    for num, overrides in enumerate(jobs):
+        try:
+            cfg = _job_config(config_loader, config, overrides, num)
+        except Exception as err:  # Hydra's own composition check of the batch refuses it before any job runs
+            log.debug("sweep: job #%d not checked in advance (%s)", num, one_line(err))
+            return
+        try:
+            _check_job(cfg)
+        except ConfigError as err:
+            _refuse_sweep(num, [overrides[i] for i in shown], err)
+    log.debug("sweep: the configs of %d jobs passed the checks", len(jobs))
+
+
+def _refuse_sweep(num: int, overrides: list[str], err: ConfigError) -> NoReturn:
+    """Ends the sweep with one line on stderr (HYDRA_FULL_ERROR=1: the traceback before it). A SystemExit, because
+    Hydra turns any Exception a callback raises into a warning and carries on."""
+    if os.environ.get("HYDRA_FULL_ERROR") == "1":
+        traceback.print_exception(err)
+    job = f"sweep job #{num}" + (f" ({' '.join(overrides)})" if overrides else "")
+    raise SystemExit(f"klalm-train: {job}: {one_line(err)}")
+
+
 class SweepSummary(Callback):
-    """Hydra callback: writes `<sweep dir>/summary.md` after every job of a multirun and logs it at the end.
+    """Hydra callback: checks every job's config before the first one starts (`check_sweep_jobs`), writes
+    `<sweep dir>/summary.md` after every job of a multirun and logs it at the end.
 
     After every job, because Hydra ends a sweep in which a job failed by raising that job's error once the batch has
     run, and then never reaches `on_multirun_end`: the table, whose failed rows say so, is there anyway.
     """
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        check_sweep_jobs(config)
 
     def on_job_end(self, config: DictConfig, **kwargs: Any) -> None:
         if config.hydra.mode == RunMode.MULTIRUN and Path(config.hydra.sweep.dir).is_dir():
