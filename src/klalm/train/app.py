@@ -126,6 +126,64 @@ def _check_arguments(key: str, node: DictConfig, target: Any) -> None:
         raise ConfigError(f"{key}.{name} is not an argument of {node._target_}{hint}")
 
 
+def check_wandb_credentials(cfg: DictConfig) -> None:
+    """Refuses a logger that streams to W&B online (`logger.wandb.offline=false`) when wandb finds no credentials,
+    before anything is built: `wandb.init` would otherwise end the run with a traceback (or prompt for a key) when
+    training starts. Nothing to refuse where wandb runs offline or disabled anyway (`WANDB_MODE=offline`, a `mode`
+    argument) or is given a key.
+
+    wandb is imported only for such a logger (the run would import it anyway) and decides as `wandb.init` does,
+    without network and without prompting: a key from WANDB_API_KEY, an identity token file, the netrc file or a
+    settings file counts. An invalid key (WANDB_API_KEY=abc) is refused with wandb's reason. A wandb without the
+    functions this uses is not checked here.
+    """
+    for name, entry in (cfg.logger or {}).items():
+        if entry is None or entry.get("offline", False) or "_target_" not in entry:
+            continue
+        try:
+            target = hydra.utils.get_class(entry._target_)
+        except Exception:  # a target that cannot be located: instantiating it says so
+            continue
+        if not (isinstance(target, type) and issubclass(target, pl.loggers.WandbLogger)):
+            continue
+        settings = entry.get("settings")
+        settings = OmegaConf.to_container(settings, resolve=True) if isinstance(settings, DictConfig) else None
+        try:
+            missing = _wandb_login_missing(entry.get("mode"), settings)
+        except ImportError:  # wandb not installed: WandbLogger says so when it is built
+            continue
+        except Exception as err:  # wandb refused the lookup (an invalid key) or lacks what it uses
+            from wandb.errors import AuthenticationError
+
+            if isinstance(err, AuthenticationError):
+                raise ConfigError(f"logger.{name}: {err}") from err
+            continue  # anything else: left to wandb.init
+        if missing:
+            raise ConfigError(
+                f"logger.{name}.offline=false needs wandb credentials: set WANDB_API_KEY or run `wandb login`, or keep "
+                f"logger.{name}.offline=true (sync later with `wandb sync`)"
+            )
+
+
+def _wandb_login_missing(mode: str | None, settings: dict[str, Any] | None) -> bool:
+    """Whether `wandb.init(mode=mode, settings=settings)`, as an online WandbLogger calls it, would have to log in and
+    find no credentials: the decision of wandb's `_WandbInit.maybe_login` (wandb 0.31), without network or prompt."""
+    import wandb
+    from wandb.sdk import wandb_setup
+    from wandb.sdk.lib import wbauth
+
+    init_settings = wandb.Settings(**(settings or {}))
+    if mode is not None:
+        init_settings.mode = mode
+    run_settings = wandb_setup.singleton().settings.model_copy()  # env vars (WANDB_MODE) and settings files
+    run_settings.update_from_settings(init_settings)
+    if run_settings._noop or run_settings._offline or init_settings.api_key:
+        return False
+    auth = wbauth.authenticate_session(host=run_settings.base_url, source="klalm-train", prompt=False,
+                                       update_session=False)  # fmt: skip
+    return auth is None
+
+
 def build_module(cfg: DictConfig, model: torch.nn.Module, vocab_size: int, world_size: int) -> LMModule:
     """The LightningModule, with the step count and accumulation derived from the token budget."""
     budget = derive_budget(
@@ -175,6 +233,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     kill cut short are removed under that lock.
     """
     check_train_config(cfg)
+    check_wandb_credentials(cfg)  # before the lock, the data and the model
     run_dir = Path(cfg.paths.run_dir)
     lock_run_dir(run_dir)
     try:
