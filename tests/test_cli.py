@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -216,3 +217,62 @@ def test_a_diverged_run_ends_in_one_line_and_keeps_its_folder(tmp_path):
     last = proc.stderr.strip().splitlines()[-1]
     assert last.startswith("klalm-train: 10 consecutive optimiser steps were non-finite") and "optim.lr=1000" in last
     assert "NonFiniteLossError" in (folder / "train.log").read_text()
+
+
+@pytest.mark.parametrize("buffered", [False, True], ids=["line-by-line", "flushed-at-exit"])
+def test_params_into_a_pipe_closed_early_exits_quietly(tmp_path, buffered):
+    """`klalm-params | head -1`: the reader closes the pipe after the first line; the command stops without a
+    BrokenPipeError traceback (or, with its output in Python's buffer, without an "Exception ignored" at exit).
+
+    The first count waits until the pipe is closed, so that every row comes after the reader has gone."""
+    closed = tmp_path / "closed"
+    code = textwrap.dedent(f"""
+        import os, time
+        import klalm.models.params as p
+        count = p.preset_parameter_count
+        def count_once_closed(*args, **kwargs):
+            deadline = time.monotonic() + 60
+            while not os.path.exists({str(closed)!r}) and time.monotonic() < deadline:
+                time.sleep(0.01)
+            return count(*args, **kwargs)
+        p.preset_parameter_count = count_once_closed
+        from klalm.cli import params
+        params([])
+    """)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
+    env = env if buffered else {**env, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
+                            cwd=tmp_path, text=True)  # fmt: skip
+    if not buffered:
+        assert proc.stdout.readline().startswith("# preset parameters")
+    proc.stdout.close()
+    closed.touch()
+    stderr = proc.stderr.read()
+    assert proc.wait(timeout=120) == 1
+    assert stderr == ""
+
+
+def test_a_command_ending_in_sys_exit_into_a_closed_pipe_exits_quietly(tmp_path):
+    """As `klalm-study` ends (`sys.exit(main())`): its rows still in Python's buffer when the reader has gone are
+    flushed by the wrapper of every console script that prints, not at interpreter exit ("Exception ignored")."""
+    closed = tmp_path / "closed"
+    code = textwrap.dedent(f"""
+        import os, sys, time
+        from klalm.cli import quiet_when_the_reader_stops
+        @quiet_when_the_reader_stops
+        def command():
+            deadline = time.monotonic() + 60
+            while not os.path.exists({str(closed)!r}) and time.monotonic() < deadline:
+                time.sleep(0.01)
+            print("| a | table |")
+            sys.exit(0)
+        command()
+    """)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
+                            cwd=tmp_path, text=True)  # fmt: skip
+    proc.stdout.close()
+    closed.touch()
+    stderr = proc.stderr.read()
+    assert proc.wait(timeout=120) == 1
+    assert stderr == ""

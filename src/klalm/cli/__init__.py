@@ -8,12 +8,14 @@ Lightning and lm-eval are imported when the run starts. A bad value ends the com
 from __future__ import annotations
 
 import argparse
+import functools
 import logging
 import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import hydra
 from omegaconf import DictConfig
@@ -46,7 +48,9 @@ def _refuse_run(err: BaseException, started: float) -> NoReturn:
 
     What this start wrote and nothing else used is removed (`klalm.train.rundir.discard_unused_run_dir`); where the
     run's folder stays, its train.log gets the line and the traceback. In a sweep the job fails instead, as any
-    failing job does (the line in its log, the traceback from Hydra), and the sweep goes on to the next one.
+    failing job does (the line in its log, the traceback from Hydra), and the sweep goes on to the next one; a value
+    `check_train_config` refuses never gets that far in a sweep (`klalm.train.sweep.check_sweep_jobs` checks every
+    job before the first starts), so this is for what is found once a job runs (missing data, the token budget).
     """
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
@@ -108,6 +112,25 @@ def _refuse_eval(err: BaseException) -> NoReturn:
     sys.exit(f"klalm-eval: {one_line(err)}")
 
 
+def quiet_when_the_reader_stops(command: Callable[[], None]) -> Callable[[], None]:
+    """A console script that prints to stdout, made to stop quietly with exit code 1, as Unix tools do, when its reader
+    closes the pipe early (`klalm-params | head -1`), instead of a BrokenPipeError traceback, or an "Exception ignored"
+    when Python flushes stdout at exit."""
+
+    @functools.wraps(command)
+    def run(*args: Any, **kwargs: Any) -> None:
+        try:
+            try:
+                command(*args, **kwargs)
+            finally:  # also on sys.exit: a closed pipe raises here, not at interpreter exit
+                sys.stdout.flush()
+        except BrokenPipeError:
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nothing more to flush at exit
+            sys.exit(1)
+
+    return run
+
+
 def train() -> None:
     """`klalm-train`: pretrain a model (`klalm-train --help` lists the groups and keys)."""
     try:
@@ -117,6 +140,7 @@ def train() -> None:
     _train_app()
 
 
+@quiet_when_the_reader_stops
 def evaluate() -> None:
     """`klalm-eval`: zero-shot lm-eval of checkpoints; `klalm-eval --print-tasks-path` prints the local task folder."""
     if sys.argv[1:] == [PRINT_TASKS_PATH]:
@@ -127,6 +151,7 @@ def evaluate() -> None:
     _eval_app()
 
 
+@quiet_when_the_reader_stops
 def params(argv: list[str] | None = None) -> None:
     """`klalm-params`: exact parameter count of model presets for a vocabulary size."""
     parser = argparse.ArgumentParser(
@@ -149,6 +174,7 @@ def params(argv: list[str] | None = None) -> None:
         parser.error(err.args[0])
 
 
+@quiet_when_the_reader_stops
 def lm_eval() -> None:
     """`klalm-lm-eval`: the lm-eval CLI with klalm's model classes registered."""
     from klalm.eval.harness import cli_main
@@ -156,6 +182,7 @@ def lm_eval() -> None:
     cli_main()
 
 
+@quiet_when_the_reader_stops
 def synthetic() -> None:
     """`klalm-synthetic`: run the synthetic benchmarks (A5, MQAR, MAD) block by block; report tables and plots."""
     from klalm.tasks.runner import main
@@ -163,6 +190,7 @@ def synthetic() -> None:
     main()
 
 
+@quiet_when_the_reader_stops
 def prepare_data() -> None:
     """`klalm-prepare-data`: pre-tokenise a data config's splits into memory-mapped token shards."""
     from klalm.data.prepare import main
@@ -170,6 +198,7 @@ def prepare_data() -> None:
     main()
 
 
+@quiet_when_the_reader_stops
 def study() -> None:
     """`klalm-study`: the pretraining study (pack, stage, plan, sweep, train, collect, report) in blocks of GPU time."""
     from klalm.study.cli import main
