@@ -780,13 +780,17 @@ def test_damaged_states_are_refused_in_one_line_naming_the_file_before_anything_
     the file, before it writes: pack no piece, progress no --results folder, run no row (and no unit starts)."""
     run = ["run", "--plan", "cpu", "--families", "a5", "--archs", "gpt", "--a5-lengths", "3", "--a5-depths", "1"]
     unit = plan_units(apply_args(load_plan("cpu"), parse_args([*run, "--results", "x"])))[0]
-    name, cut, bad = units.state_name(unit), tmp_path / "cut", tmp_path / "bad"
+    name, cut, flipped, bad = units.state_name(unit), tmp_path / "cut", tmp_path / "flipped", tmp_path / "bad"
     info = {"unit": dataclasses.asdict(unit), "label": unit.label(), "step": 5, "spent": {}}
-    for folder in (cut, bad):
+    for folder in (cut, flipped, bad):
         folder.mkdir()
         (folder / f"{name}.json").write_text(json.dumps(info))
-        (folder / f"{name}.pt").write_bytes(_saved({"members": [], "evals": [[]], "spent": {}}))
+        (folder / f"{name}.pt").write_bytes(_saved({"members": [torch.ones(256)], "evals": [[]], "spent": {}}))
     (cut / f"{name}.pt").write_bytes((cut / f"{name}.pt").read_bytes()[:-100])  # a copy cut short
+    whole = bytearray((flipped / f"{name}.pt").read_bytes())
+    at = whole.index(torch.ones(256).numpy().tobytes())  # the tensor's bytes: torch.load would take them as they are
+    whole[at + 10] ^= 0xFF
+    (flipped / f"{name}.pt").write_bytes(bytes(whole))
     (bad / f"{name}.json").write_text('{"unit": {"fam\n')
 
     def execute(self, pack, slot):
@@ -796,7 +800,8 @@ def test_damaged_states_are_refused_in_one_line_naming_the_file_before_anything_
     results, out = tmp_path / "results", tmp_path / "out"
     verbs = [["evaluate"], ["progress", "--results", str(results)], ["pack", "--out", str(out)],
              [*run, "--results", str(results)], ["plan", *run[1:], "--results", str(results)]]  # fmt: skip
-    for damaged, why in ((cut / f"{name}.pt", "is not a whole torch.save archive|cannot be loaded: PytorchStream"),
+    for damaged, why in ((cut / f"{name}.pt", "is not a whole torch.save archive"),
+                         (flipped / f"{name}.pt", r"is damaged: its member \S+ fails its CRC-32 check"),
                          (bad / f"{name}.json", "is not JSON: Invalid control character")):  # fmt: skip
         for verb in verbs:
             with pytest.raises(SystemExit) as refused:

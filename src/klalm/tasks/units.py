@@ -251,16 +251,27 @@ def _read_info(path: Path) -> dict[str, Any]:
 def check_states(folder: Path) -> None:
     """Check, without loading any tensor, that every unit paused in `folder` has a readable .json (`saved_states`)
     and a whole .pt: a zip archive (torch.save's format), whose directory is at its end, so a copy cut short is not
-    one.
+    one, and whose members match their CRC-32s (torch.load does not check them: it loads damaged bytes as weights).
 
     Raises:
         ValueError: naming the first file that is not so.
     """
     for name in saved_states(folder):
-        weights = folder / f"{name}.pt"
-        if not zipfile.is_zipfile(weights):  # also False for a missing file
-            raise ValueError(f"state file {weights} " + ("is missing" if not weights.exists() else
-                             "is not a whole torch.save archive (cut short or damaged)"))  # fmt: skip
+        _check_weights(folder / f"{name}.pt")
+
+
+def _check_weights(weights: Path) -> None:
+    """Raises ValueError naming `weights` unless it is a whole zip archive whose members match their CRC-32s."""
+    if not zipfile.is_zipfile(weights):  # also False for a missing file
+        raise ValueError(f"state file {weights} " + ("is missing" if not weights.exists() else
+                         "is not a whole torch.save archive (cut short or damaged)"))  # fmt: skip
+    try:
+        with zipfile.ZipFile(weights) as archive:
+            damaged = archive.testzip()
+    except (zipfile.BadZipFile, OSError, EOFError, zlib.error) as err:
+        raise ValueError(f"state file {weights} is damaged: {one_line(err)}") from err
+    if damaged is not None:
+        raise ValueError(f"state file {weights} is damaged: its member {damaged} fails its CRC-32 check")
 
 
 def unpack_states(parts: list[Path], folder: Path) -> Path:
@@ -435,6 +446,7 @@ def _load_state(folder: Path, unit: Unit, device: torch.device) -> dict[str, Any
         return None
     if _read_info(folder / f"{name}.json")["unit"] != json.loads(json.dumps(dataclasses.asdict(unit))):
         raise ValueError(f"{folder / name}.json holds another unit than {unit.label()}; remove it")
+    _check_weights(folder / f"{name}.pt")  # torch.load would take damaged bytes as weights
     try:
         return torch.load(folder / f"{name}.pt", map_location=device, weights_only=True)
     except (RuntimeError, OSError, EOFError, pickle.UnpicklingError) as err:  # cut short, damaged, missing
