@@ -26,6 +26,20 @@ def gpt2(gpt2_config: dict):
     return load_tokenizer(gpt2_config)
 
 
+@pytest.fixture
+def files_args(tmp_path, shared_data) -> list[str]:
+    """`klalm-prepare-data --data files` over one tiny jsonl file with the local GPT-2 tokenizer (no network); add
+    val=... to it."""
+    (tmp_path / "ok.jsonl").write_text(json.dumps({"text": "hello world"}) + "\n")
+    return [
+        "--data",
+        "files",
+        "--override",
+        f"train={tmp_path / 'ok.jsonl'}",
+        f"tokenizer={shared_data / 'gpt2_tokenizer'}",
+    ]
+
+
 def read_texts(files: list[Path], limit: int | None = None) -> list[str | None]:
     """Oracle reader (plain gzip + json, independent of klalm.data.records): text per record, None if empty."""
     texts: list[str | None] = []

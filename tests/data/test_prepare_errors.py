@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
@@ -48,19 +47,6 @@ def test_library_refuses_sizes_that_cannot_work_before_writing(tmp_path):
     with pytest.raises(ValueError, match="shard_tokens must be > 0"):
         prepare_dataset(config, tmp_path / "d", splits=("train",), shard_tokens=0)
     assert not (tmp_path / "w").exists() and not (tmp_path / "d").exists()
-
-
-@pytest.fixture
-def files_args(tmp_path, shared_data) -> list[str]:
-    """`--data files` over one tiny jsonl file with the local GPT-2 tokenizer (no network); add val=... to it."""
-    (tmp_path / "ok.jsonl").write_text(json.dumps({"text": "hello world"}) + "\n")
-    return [
-        "--data",
-        "files",
-        "--override",
-        f"train={tmp_path / 'ok.jsonl'}",
-        f"tokenizer={shared_data / 'gpt2_tokenizer'}",
-    ]
 
 
 def _refused(argv: list[str], out: Path) -> str:

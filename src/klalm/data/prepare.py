@@ -15,11 +15,14 @@ Train afterwards with ``KLALM_SHARDS=<out> klalm-train data=shards``.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
+import os
 import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from importlib.resources import files
 from pathlib import Path
 from typing import Any, Literal, NoReturn
@@ -154,11 +157,7 @@ def _write_shards(
     start = time.perf_counter()
     bar = tqdm(unit="tok", unit_scale=True, disable=not progress, desc=f"tokenising -> {out_dir}")
     block: list[str] = []
-    try:
-        records = [*src.stream(0, 1)]
-    except (OSError, EOFError, KeyError) as err:  # e.g. a fake or truncated .gz: gzip names neither file nor source
-        raise ValueError(f"cannot read {src.describe()}: {one_line(err)}") from err
-    for record in [*records, None]:
+    for record in itertools.chain(_read(src), [None]):
         if record is not None and policy.accept(record):
             block.append(record.text)
         if block and (record is None or len(block) == block_docs):
@@ -174,6 +173,17 @@ def _write_shards(
     meta = {"vocab_size": len(tok), "tokenizer": tok.name_or_path, "source": source, "skipped": dict(policy.counts)}
     index = writer.close(meta)
     return {**index, "seconds": seconds, "tokens_per_s": index["total_tokens"] / max(seconds, 1e-9)}
+
+
+def _read(src: Any) -> Iterator[Any]:
+    """The source's records one at a time, as they are tokenised (a split is never held in memory whole); a file that
+    cannot be read, found at any record, raises ValueError naming the source."""
+    try:
+        records = iter(src.stream(0, 1))
+        while (record := next(records, None)) is not None:
+            yield record
+    except (OSError, EOFError, KeyError) as err:  # e.g. a fake or truncated .gz: gzip names neither file nor source
+        raise ValueError(f"cannot read {src.describe()}: {one_line(err)}") from err
 
 
 SPLIT_KEYS = {"train": "source", "val": "val_source"}  # split name -> key of the data config holding its source
@@ -265,7 +275,8 @@ def write_dataset(
     out_dir = Path(out_dir)
     made_out_dir = not out_dir.exists()
     out_dir.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=".partial-", dir=out_dir))
+    _remove_stale_staging(out_dir)
+    staging = Path(tempfile.mkdtemp(prefix=f"{STAGING_PREFIX}{os.getpid()}-", dir=out_dir))
     try:
         tok = load_tokenizer(data_config["tokenizer"])
         results = {}
@@ -286,6 +297,28 @@ def write_dataset(
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return results
+
+
+STAGING_PREFIX = ".partial-"  # write_dataset's temporary folder in --out: .partial-<pid>-<random>
+
+
+def _remove_stale_staging(out_dir: Path) -> None:
+    """Removes the temporary folders in ``out_dir`` of runs that were killed (SIGKILL, a lost machine) before they
+    could clean up: those whose process no longer runs. A live run's folder is left alone."""
+    for folder in out_dir.glob(f"{STAGING_PREFIX}*"):
+        pid = folder.name[len(STAGING_PREFIX) :].split("-")[0]
+        if folder.is_dir() and pid.isdigit() and not _process_runs(int(pid)):
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def _process_runs(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # runs, as another user
+        return True
+    return True
 
 
 def _swap_in(staging: Path, out_dir: Path, names: list[str]) -> None:
