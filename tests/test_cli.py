@@ -13,7 +13,7 @@ from hydra import compose, initialize_config_module
 from omegaconf import OmegaConf
 
 from klalm.cli.helptext import key_comments
-from klalm.config_checks import TRAIN_RULES, ConfigError, check_eval_config, check_train_config
+from klalm.config_checks import TRAIN_RULES, ConfigError, check_eval_config, check_overrides, check_train_config
 from klalm.errors import one_line
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
@@ -139,6 +139,33 @@ def test_a_renamed_key_is_refused_naming_the_new_one(tmp_path):
         proc.stderr
     )
     assert proc.stdout.rstrip().endswith("LIGHT")
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("model=kla_45", "model=kla_45: configs/model has no option 'kla_45' (did you mean model=kla_45m?); its "
+         "options: gdn_180m, gdn_45m, gdn_tiny, gpt_180m,"),
+        ("experiment=smoke,gpt_45", "experiment=gpt_45: configs/experiment has no option 'gpt_45' (did you mean "
+         "experiment=gpt_45m?)"),  # one value of a sweep
+        ("+trainer=cpux", "trainer=cpux: configs/trainer has no option 'cpux' (did you mean trainer=cpu?)"),
+        ("logger=null", "logger=null: a config group cannot be set to null; leave it out with ~logger"),
+    ],
+)  # fmt: skip
+def test_an_unknown_group_option_is_refused_in_one_line_naming_the_nearest(override, message):
+    """Hydra prints every option (private `_kla` ones too) and its search path over about 30 lines, and a
+    traceback for `group=null`."""
+    with pytest.raises(ConfigError) as refused:
+        check_overrides([override])
+    assert str(refused.value).startswith(message) and "\n" not in str(refused.value)
+    assert ", _" not in str(refused.value) and ": _" not in str(refused.value)  # no private option listed
+
+
+@pytest.mark.parametrize(
+    "override", ["model=kla_45m", "-m", "model.d_model=64", "hydra/launcher=basic", "~logger", "data=glob(*)", "x=y"]
+)
+def test_group_options_that_exist_and_other_overrides_pass_to_hydra(override):
+    check_overrides([override])
 
 
 def test_the_triton_backend_on_the_cpu_passes_under_the_interpreter(compose_config, monkeypatch):

@@ -181,11 +181,39 @@ def renamed_option_message(key: str) -> str | None:
 
 
 def check_overrides(overrides: list[str]) -> None:
-    """Refuses a command-line override of a renamed key (Hydra would only say the key is not in the config)."""
+    """Refuses a command-line override of a renamed key (Hydra would only say the key is not in the config), or one
+    that picks a config group option that does not exist (`model=kla_45`: Hydra prints every option, private ones and
+    its search path included, over 30 lines; this names the nearest option in one)."""
     for override in overrides:
+        if override.startswith("-") or "=" not in override:
+            continue
         message = renamed_option_message(override.split("=", 1)[0].lstrip("+~"))
-        if message is not None and not override.startswith("-"):
+        if message is None:
+            message = unknown_group_option_message(override)
+        if message is not None:
             raise ConfigError(message)
+
+
+def unknown_group_option_message(override: str) -> str | None:
+    """For `group=option` (or a sweep `group=a,b`) naming a group of configs/ with no such option, the one-line
+    refusal with the nearest option and the public ones (names not starting with `_`), and for `group=null` the way to
+    leave a group out (`~group`); None for anything else, which Hydra checks (a dotted key, a function such as
+    `glob(...)`, a quoted value)."""
+    key, value = override.split("=", 1)
+    group = key.lstrip("+").split("@")[0]  # (`~group=value` deletes; Hydra checks the value)
+    folder = files("klalm.configs").joinpath(group)
+    if not re.fullmatch(r"\w+", group) or not folder.is_dir() or not re.fullmatch(r"[\w.-]+(,[\w.-]+)*", value):
+        return None
+    if value == "null":  # Hydra 1.3 ends `logger=null` with a ValueError traceback
+        return f"{override}: a config group cannot be set to null; leave it out with ~{group}"
+    options = sorted(p.name[: -len(".yaml")] for p in folder.iterdir() if p.name.endswith(".yaml"))
+    for option in value.split(","):
+        if option not in options:
+            public = [name for name in options if not name.startswith("_")]
+            near = difflib.get_close_matches(option, public, n=1)
+            hint = f" (did you mean {group}={near[0]}?)" if near else ""
+            return f"{group}={option}: configs/{group} has no option {option!r}{hint}; its options: {', '.join(public)}"
+    return None
 
 
 # Groups whose keys klalm itself reads: a key added with `+` that the base config does not have is a typo (Hydra's
