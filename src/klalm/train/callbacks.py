@@ -34,10 +34,10 @@ import torch
 from lightning.pytorch.callbacks import Callback, TQDMProgressBar
 from lightning.pytorch.callbacks.progress.tqdm_progress import Tqdm
 
+from klalm.models.sampling import sample_text
 from klalm.train.csv_logger import ContinuingCSVLogger
 from klalm.train.distributed import gather_objects
 from klalm.train.flops import peak_flops, train_flops_per_token
-from klalm.train.sampling import sample_text
 
 log = logging.getLogger(__name__)
 

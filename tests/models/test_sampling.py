@@ -3,7 +3,7 @@
 import torch
 
 from klalm.models import build_model
-from klalm.train.sampling import sample_ids
+from klalm.models.sampling import sample_ids
 
 
 def test_greedy_sampling_follows_the_argmax():
