@@ -199,6 +199,14 @@ def prepare_data() -> None:
 
 
 @quiet_when_the_reader_stops
+def generate(argv: list[str] | None = None) -> None:
+    """`klalm-generate`: sample text from a checkpoint (HF export, Lightning .ckpt or run folder) to stdout."""
+    from klalm.eval.generate import main
+
+    main(argv)
+
+
+@quiet_when_the_reader_stops
 def study() -> None:
     """`klalm-study`: the pretraining study (pack, stage, plan, sweep, train, collect, report) in blocks of GPU time."""
     from klalm.study.cli import main

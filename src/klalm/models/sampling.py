@@ -25,6 +25,7 @@ def sample_ids(
     top_k: int = 50,
     seed: int = 0,
     eos_token_id: int | None = None,
+    streamer: Any = None,
 ) -> torch.Tensor:
     """Extends `prompt_ids` [1, T0] by up to `max_new_tokens` tokens with `model.generate`; returns [1, T0 + n].
 
@@ -36,6 +37,9 @@ def sample_ids(
         top_k: sample among the k most likely tokens; 0 keeps all.
         seed: seed of the sampling; the global RNGs are saved before and restored after (`torch.random.fork_rng`).
         eos_token_id: stop after this token (also used as the padding id generate asks for); None: never stop early.
+        streamer: a `transformers` streamer (`put(ids)` with the prompt [1, T0] first, then each new token [1];
+            `end()`), e.g. `TextStreamer`, handed the tokens as they are generated; it gets exactly the tokens
+            returned (not the one a non-finite step drew).
 
     A model whose logits are not finite (a diverging run, whose steps the training loop skips and counts) ends the
     sample early with a warning instead of ending the run; the decision follows the logits, so every rank of a
@@ -62,6 +66,7 @@ def sample_ids(
                 use_cache=True,
                 logits_processor=LogitsProcessorList([guard.processor]),
                 stopping_criteria=StoppingCriteriaList([guard.stop]),
+                streamer=None if streamer is None else _GuardedStreamer(streamer, guard),
                 **options,
             )
     finally:
@@ -79,13 +84,15 @@ class _NonFiniteGuard:
 
     def __init__(self) -> None:
         self.hit = False
+        self.hit_at: int | None = None  # the position of the token drawn from the neutralised scores
         guard = self
 
         class Scores(LogitsProcessor):
             def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
                 if torch.isfinite(scores).all():
                     return scores
-                guard.hit = True
+                if not guard.hit:
+                    guard.hit, guard.hit_at = True, input_ids.shape[1]
                 return torch.zeros_like(scores)
 
         class Stop(StoppingCriteria):
@@ -93,6 +100,28 @@ class _NonFiniteGuard:
                 return torch.full((input_ids.shape[0],), guard.hit, dtype=torch.bool, device=input_ids.device)
 
         self.processor, self.stop = Scores(), Stop()
+
+
+class _GuardedStreamer:
+    """Hands generate's tokens on to a streamer, less the one drawn from a non-finite step's neutralised scores
+    (`_NonFiniteGuard.hit_at`) and any after it. Told apart by position, not by when they come: generate may stream a
+    token one step late (its deferred stop check), after the guard has already seen the next step's logits."""
+
+    def __init__(self, streamer: Any, guard: _NonFiniteGuard) -> None:
+        self.streamer, self.guard = streamer, guard
+        self.length: int | None = None  # tokens put so far; None before the prompt
+
+    def put(self, value: torch.Tensor) -> None:
+        if self.length is None:  # the prompt, [1, T0]
+            self.length = value.shape[-1]
+            self.streamer.put(value)
+            return
+        position, self.length = self.length, self.length + 1  # one new token, [1]
+        if self.guard.hit_at is None or position < self.guard.hit_at:
+            self.streamer.put(value)
+
+    def end(self) -> None:
+        self.streamer.end()
 
 
 def sample_text(model: nn.Module, tokenizer: Any, prompt: str, **kwargs: Any) -> str:

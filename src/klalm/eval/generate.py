@@ -1,0 +1,215 @@
+"""`klalm-generate`: sample text from a trained checkpoint (an HF export, a Lightning .ckpt or a run folder).
+
+    klalm-generate outputs/kla_45m/2026-11-29_14-00-00_3fa2c1 --prompt "The history of the"
+    klalm-generate outputs/kla_45m/2026-11-29_14-00-00_3fa2c1/hf --prompt "Paris is" --temperature 0
+    klalm-generate run/checkpoints/step-00001000.ckpt --prompt-file prompt.txt --num-samples 3 --seed 7
+    echo "Once upon a time" | klalm-generate outputs/smoke/2026-11-29_14-00-00_3fa2c1 --prompt-file -
+
+Prints each sample (prompt and continuation) on stdout as it is generated (--no-stream: when it is complete);
+several samples are separated by a line `--- sample <i> (seed <s>) ---`, and sample i (from 1) uses seed
+--seed + i - 1. On stderr: the checkpoint's provenance once, then for each sample its prompt tokens, new tokens,
+seconds and tokens/s. Without --prompt or --prompt-file a sample starts from the tokenizer's BOS token (its EOS
+where it has no BOS: the token that separates the documents a model is trained on), an unconditional sample as
+nanoGPT's sample.py draws. --temperature 0 decodes greedily. A sample ends after --max-new-tokens tokens or at the
+tokenizer's EOS; special tokens are not printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+from typing import Any, NoReturn
+
+import torch
+
+from klalm.config_checks import ConfigError
+from klalm.data.tokenizer import encode_texts
+from klalm.errors import one_line
+from klalm.eval.checkpoint import DTYPES, check_checkpoint, check_tokenizer, load_checkpoint, resolve_device
+from klalm.models.checkpoint import CheckpointError
+from klalm.models.export import ExportIntegrityError
+from klalm.models.sampling import sample_ids
+
+PROG = "klalm-generate"
+# How the samples are decoded, streamed or not: special tokens (the BOS / EOS a sample starts or ends with) left out,
+# the text otherwise exactly as the tokens spell it (no whitespace clean-up).
+DECODE = {"skip_special_tokens": True, "clean_up_tokenization_spaces": False}
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog=PROG,
+        description=__doc__.splitlines()[0].split(": ", 1)[1],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="\n".join(__doc__.splitlines()[2:]),
+    )
+    parser.add_argument("checkpoint", help="an HF export folder, a Lightning .ckpt file or a run folder (its newest)")
+    prompt = parser.add_mutually_exclusive_group()
+    prompt.add_argument("--prompt", help="text the samples continue (default: the tokenizer's BOS/EOS token)")
+    prompt.add_argument("--prompt-file", metavar="FILE", help="read the prompt from FILE ('-': stdin)")
+    parser.add_argument("--max-new-tokens", type=int, default=200, help="tokens to generate per sample (default 200)")
+    parser.add_argument("--temperature", type=float, default=0.8, help="softmax temperature; 0: greedy (default 0.8)")
+    parser.add_argument("--top-k", type=int, default=50, help="sample among the k most likely tokens; 0: all (50)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the first sample; sample i gets seed + i - 1")
+    parser.add_argument("--num-samples", type=int, default=1, help="samples to draw (default 1)")
+    parser.add_argument("--device", default="auto", help="auto (CUDA when there is one), cpu, cuda, cuda:1, ...")
+    parser.add_argument("--dtype", default="float32", choices=list(DTYPES), help="weight dtype (default float32)")
+    parser.add_argument("--tokenizer", metavar="FOLDER", help="tokenizer folder instead of the checkpoint's own")
+    parser.add_argument("--no-stream", action="store_true", help="print each sample when it is complete")
+    args = parser.parse_args(argv)
+    for flag, value, least in (
+        ("--max-new-tokens", args.max_new_tokens, 1),
+        ("--temperature", args.temperature, 0),
+        ("--top-k", args.top_k, 0),
+        ("--num-samples", args.num_samples, 1),
+    ):
+        if not value >= least:  # (also refuses a NaN temperature)
+            _fail(f"{flag} must be ≥ {least}, got {value}")
+    return args
+
+
+def _fail(message: str) -> NoReturn:
+    """Ends the command with ``klalm-generate: <message>`` on one line of stderr (exit code 1)."""
+    sys.exit(f"{PROG}: " + " ".join(line.strip() for line in message.splitlines() if line.strip()))
+
+
+def read_prompt(args: argparse.Namespace) -> str | None:
+    """The prompt text of --prompt or --prompt-file (its one trailing newline dropped); None: neither given.
+
+    Refuses (one line) an unreadable or empty prompt file and an empty --prompt.
+    """
+    if args.prompt is not None:
+        if not args.prompt:
+            _fail("--prompt is empty (leave it out for an unconditional sample)")
+        return args.prompt
+    if args.prompt_file is None:
+        return None
+    source = "stdin" if args.prompt_file == "-" else args.prompt_file
+    try:
+        if args.prompt_file == "-":
+            text = sys.stdin.read()
+        else:
+            text = Path(args.prompt_file).expanduser().read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as err:
+        _fail(f"--prompt-file {source}: cannot be read: {one_line(err)}")
+    text = text.removesuffix("\n")  # the newline an editor or `echo` ends the file with
+    if not text:
+        _fail(f"--prompt-file {source} is empty")
+    return text
+
+
+def prompt_ids(tokenizer: Any, prompt: str | None, flag: str) -> list[int]:
+    """The prompt's token ids, encoded as the training data was (no special tokens added); without a prompt the
+    tokenizer's BOS token, else its EOS."""
+    if prompt is None:
+        start = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id
+        if start is None:
+            _fail("the tokenizer has neither a BOS nor an EOS token to start an unconditional sample: pass --prompt")
+        return [start]
+    ids = encode_texts(tokenizer, [prompt])[0]
+    if not ids:
+        _fail(f"{flag}: {prompt[:40]!r} encodes to no token")
+    return ids
+
+
+def trained_context(tokenizer: Any) -> int | None:
+    """The context the model was trained on, which a klalm export saves as its tokenizer's `model_max_length`
+    (a tokenizer that does not know it has transformers' huge placeholder there: None)."""
+    value = getattr(tokenizer, "model_max_length", None)
+    return value if isinstance(value, int) and 0 < value < 10**9 else None
+
+
+def _describe(provenance: dict[str, Any]) -> str:
+    return (
+        f"{PROG}: {provenance['checkpoint']} ({provenance['kind']}): {provenance['arch']}, "
+        f"{provenance['n_params']:,} parameters, on {provenance['device']} in {provenance['dtype']}"
+    )
+
+
+def main(argv: list[str] | None = None) -> list[str]:
+    """Entry point of `klalm-generate` (see the module docstring); returns the samples' text.
+
+    Args:
+        argv: the command's arguments (None: sys.argv[1:]).
+
+    Bad input ends it with one line on stderr (exit code 1): flags, the prompt and the checkpoint's files are checked
+    before any weights load; a prompt that encodes to no token once the tokenizer has loaded.
+    """
+    args = parse_args(argv)
+    prompt = read_prompt(args)
+    try:
+        resolve_device(args.device)
+    except (ConfigError, RuntimeError) as err:  # no CUDA here, or a device torch cannot parse
+        _fail(f"--device {args.device}: {one_line(err).removeprefix(f'device={args.device!r}: ')}")
+    try:
+        check_tokenizer(args.tokenizer)
+    except FileNotFoundError as err:
+        _fail(f"--tokenizer {one_line(err).removeprefix('tokenizer=')}")
+    try:
+        check_checkpoint(args.checkpoint)
+        loaded = load_checkpoint(args.checkpoint, tokenizer=args.tokenizer, device=args.device, dtype=args.dtype)
+    except (FileNotFoundError, CheckpointError, ExportIntegrityError, ConfigError) as err:
+        _fail(one_line(err))
+    except (OSError, ValueError) as err:  # a --tokenizer folder without a usable tokenizer (a .ckpt's loader)
+        if args.tokenizer is None:
+            raise
+        _fail(f"--tokenizer {args.tokenizer}: {one_line(err)}")
+    model, tokenizer = loaded.model, loaded.tokenizer
+    ids = prompt_ids(tokenizer, prompt, "--prompt" if args.prompt is not None else f"--prompt-file {args.prompt_file}")
+    # No length is refused: the klalm configs have no max_position_embeddings, attention's RoPE table is computed for
+    # any position (klalm.models.mixers.attention.rope_table) and its KV cache grows, and the recurrent mixers keep a
+    # fixed-size state. Past the context the model was trained on its text degrades, which is said, not refused.
+    total, context = len(ids) + args.max_new_tokens, trained_context(tokenizer)
+    print(_describe(loaded.provenance), file=sys.stderr, flush=True)
+    if context is not None and total > context:
+        print(
+            f"{PROG}: note: {len(ids)} prompt tokens + --max-new-tokens {args.max_new_tokens} = {total} tokens, beyond "
+            f"the {context} the tokenizer gives as the model's context (its model_max_length): positions past it "
+            "were not trained",
+            file=sys.stderr,
+            flush=True,
+        )
+    device = next(model.parameters()).device
+    input_ids = torch.tensor([ids], dtype=torch.long, device=device)  # [1, T0]
+    samples = []
+    for index in range(args.num_samples):
+        seed = args.seed + index
+        if args.num_samples > 1:
+            print(f"--- sample {index + 1} (seed {seed}) ---", flush=True)
+        streamer = None if args.no_stream else _text_streamer(tokenizer)
+        started = time.perf_counter()
+        out = sample_ids(
+            model,
+            input_ids,
+            max_new_tokens=args.max_new_tokens,
+            temperature=args.temperature,
+            top_k=args.top_k,
+            seed=seed,
+            eos_token_id=tokenizer.eos_token_id,
+            streamer=streamer,
+        )
+        seconds = time.perf_counter() - started
+        text = tokenizer.decode(out[0].tolist(), **DECODE)
+        if streamer is None:
+            print(text, flush=True)
+        samples.append(text)
+        new = out.shape[1] - len(ids)
+        ended = ", ended at EOS" if new and out[0, -1].item() == tokenizer.eos_token_id else ""
+        print(
+            f"{PROG}: sample {index + 1} (seed {seed}): {len(ids)} prompt tokens, {new} new tokens{ended}, "
+            f"{seconds:.2f} s, {new / seconds:,.1f} tokens/s",
+            file=sys.stderr,
+            flush=True,
+        )
+    return samples
+
+
+def _text_streamer(tokenizer: Any) -> Any:
+    """transformers' `TextStreamer`: prints the prompt, then the text as the tokens come (a word at a time: it holds
+    back text that may still change, such as half a multi-byte character), flushed as it goes, and a newline at the
+    end; what it prints is what `tokenizer.decode(ids, **DECODE)` gives."""
+    from transformers import TextStreamer
+
+    return TextStreamer(tokenizer, skip_prompt=False, **DECODE)

@@ -1,0 +1,219 @@
+"""`klalm-generate`: cached decoding against a full-forward oracle, seeds, streaming, checkpoint kinds, refusals."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import klalm.eval.generate as generate_module
+from klalm.cli import generate
+from klalm.eval.generate import DECODE
+
+PROMPT = "ROMEO:"
+
+
+def _run(capsys, *argv: str) -> tuple[str, str]:
+    """`klalm-generate argv` in this process: (stdout, stderr)."""
+    generate([str(a) for a in argv])
+    captured = capsys.readouterr()
+    return captured.out, captured.err
+
+
+def _greedy_oracle(model, tokenizer, prompt: str, max_new_tokens: int) -> str:
+    """Greedy decoding without a cache: the whole sequence through the model at every step, its last argmax appended,
+    ending at EOS as klalm-generate does."""
+    ids = torch.tensor([tokenizer(prompt, add_special_tokens=False).input_ids])  # [1, T0]
+    with torch.no_grad():
+        for _ in range(max_new_tokens):
+            token = model(input_ids=ids, use_cache=False).logits[0, -1].argmax()
+            ids = torch.cat([ids, token.view(1, 1)], dim=1)
+            if token.item() == tokenizer.eos_token_id:
+                break
+    return tokenizer.decode(ids[0].tolist(), **DECODE)
+
+
+@pytest.fixture(scope="module")
+def kla_export(tmp_path_factory, shared_data: Path, gpt2_tokenizer) -> Path:
+    """An HF export of the tiny KLA preset, trained a few steps on Shakespeare, saved with a 16-token context."""
+    from klalm.models import build_model
+    from klalm.models.export import save_export
+
+    torch.manual_seed(0)
+    model = build_model("kla", preset="tiny", vocab_size=len(gpt2_tokenizer))
+    text = (shared_data / "tinyshakespeare" / "input.txt").read_text(encoding="utf-8")[:20_000]
+    ids = torch.tensor(gpt2_tokenizer(text).input_ids)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    for step in range(8):
+        window = torch.stack([ids[s : s + 33] for s in range(step * 100, step * 100 + 400, 100)])  # [4, 33]
+        logits = model(input_ids=window[:, :-1]).logits  # [4, 32, V]
+        loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), window[:, 1:].flatten())
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return save_export(model.eval(), tmp_path_factory.mktemp("kla") / "export", gpt2_tokenizer, max_length=16)
+
+
+@pytest.mark.parametrize("arch", ["gpt", "kla"])
+def test_greedy_output_is_the_full_forward_argmax(arch, tiny_checkpoints, kla_export, gpt2_tokenizer, capsys):
+    """The cached decoding of `generate()` (a KV cache for GPT, the O(1) recurrent state for KLA), end to end through
+    the command, gives the text of re-running the whole sequence each step; a KLA run past its trained context is
+    said (a note), not refused."""
+    from klalm.models.export import load_export_model
+
+    export = tiny_checkpoints[0] if arch == "gpt" else kla_export
+    out, err = _run(capsys, export, "--prompt", PROMPT, "--temperature", "0", "--max-new-tokens", "24", "--no-stream")
+    expected = _greedy_oracle(load_export_model(export).eval(), gpt2_tokenizer, PROMPT, 24)
+    assert len(gpt2_tokenizer(expected).input_ids) > 10  # a real continuation, not an immediate EOS
+    assert out == expected + "\n"
+    assert f"(hf_export): {arch}, " in err and "on cpu in float32" in err
+    n = len(gpt2_tokenizer(PROMPT).input_ids)
+    assert re.search(rf"sample 1 \(seed 0\): {n} prompt tokens, \d+ new tokens.*, [\d.]+ s, [\d,.]+ tokens/s", err)
+    beyond = f"{n} prompt tokens + --max-new-tokens 24 = {n + 24} tokens, beyond the 16 the tokenizer gives"
+    assert (beyond in err) == (arch == "kla")
+
+
+def test_seeds_streaming_and_several_samples(tiny_checkpoints, capsys):
+    """Same seed, same text; another seed, another text; `--num-samples 2 --seed 5`, streamed, prints the texts of
+    single unstreamed runs with seeds 5 and 6, each under its line."""
+    common = [tiny_checkpoints[0], "--prompt", PROMPT, "--temperature", "1", "--max-new-tokens", "20"]
+    single = {seed: _run(capsys, *common, "--seed", seed, "--no-stream")[0] for seed in (5, 6)}
+    assert _run(capsys, *common, "--seed", 5, "--no-stream")[0] == single[5]
+    assert single[5] != single[6] and all(text.startswith(PROMPT) for text in single.values())
+    out, err = _run(capsys, *common, "--seed", 5, "--num-samples", 2)
+    assert out == f"--- sample 1 (seed 5) ---\n{single[5]}--- sample 2 (seed 6) ---\n{single[6]}"
+    assert "sample 1 (seed 5): " in err and "sample 2 (seed 6): " in err
+
+
+def test_unconditional_sample_starts_from_the_eos_token(tiny_checkpoints, gpt2_tokenizer, capsys, monkeypatch):
+    """Without a prompt the model is given GPT-2's <|endoftext|> (its BOS and EOS), which is not printed."""
+    from klalm.models.sampling import sample_ids
+
+    seen = []
+
+    def recording(model, prompt_ids, **kwargs):
+        seen.append(prompt_ids.tolist())
+        return sample_ids(model, prompt_ids, **kwargs)
+
+    monkeypatch.setattr("klalm.eval.generate.sample_ids", recording)
+    out, _ = _run(capsys, tiny_checkpoints[0], "--max-new-tokens", "12", "--seed", "1")
+    assert seen == [[[gpt2_tokenizer.eos_token_id]]] and "<|endoftext|>" not in out
+
+
+def test_training_checkpoint_and_run_folder(tiny_checkpoints, gpt2_tokenizer, tmp_path, capsys):
+    """A Lightning .ckpt (here written by hand in klalm-train's layout: `klalm` entry with the model config, the
+    LightningModule's `model.`-prefixed state dict, the run's tokenizer/ beside checkpoints/) and its run folder
+    give the export's greedy text for the same weights."""
+    from klalm.models.checkpoint import MODEL_BUILDER
+    from klalm.models.export import load_export_model
+
+    model = load_export_model(tiny_checkpoints[0])
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    gpt2_tokenizer.save_pretrained(run / "tokenizer")
+    checkpoint = {
+        "klalm": {"model_config": {"_target_": MODEL_BUILDER, "arch": "gpt", "preset": "tiny"}, "vocab_size": 50257},
+        "state_dict": {f"model.{name}": tensor for name, tensor in model.state_dict().items()},
+    }
+    torch.save(checkpoint, run / "checkpoints" / "step-00000010.ckpt")
+    greedy = ["--prompt", PROMPT, "--temperature", "0", "--max-new-tokens", "16", "--no-stream"]
+    expected = _run(capsys, tiny_checkpoints[0], *greedy)[0]
+    for path in (run / "checkpoints" / "step-00000010.ckpt", run):
+        out, err = _run(capsys, path, *greedy)
+        assert out == expected and "(training): gpt, " in err
+
+
+def test_a_non_finite_step_is_neither_returned_nor_streamed(tiny_checkpoints, gpt2_tokenizer):
+    """The token drawn from the neutralised scores of a non-finite step is dropped from the stream as from the ids."""
+    from klalm.models.export import load_export_model
+    from klalm.models.sampling import sample_ids
+
+    model = load_export_model(tiny_checkpoints[0]).eval()
+    calls = []
+
+    def nan_from_the_fourth_forward(module, inputs, output):
+        calls.append(1)
+        return output.fill_(float("nan")) if len(calls) >= 4 else output
+
+    model.model.lm_head.register_forward_hook(nan_from_the_fourth_forward)
+
+    class Recorder:
+        def __init__(self):
+            self.ids, self.ended = [], False
+
+        def put(self, value):
+            self.ids += value.flatten().tolist()
+
+        def end(self):
+            self.ended = True
+
+    recorder, prompt = Recorder(), torch.tensor([gpt2_tokenizer(PROMPT).input_ids])
+    ids = sample_ids(model, prompt, max_new_tokens=10, temperature=1.0, seed=0, streamer=recorder)
+    assert ids.shape[1] == prompt.shape[1] + 3  # the prefill and two decode steps were finite
+    assert recorder.ids == ids[0].tolist() and recorder.ended
+
+
+def _refusal_cases(t: str, e: str) -> dict[str, tuple[list[str], str, bool]]:
+    """name -> (arguments, what the one line says, whether it comes before any weights load), for the files that
+    `_make_bad_files` writes into folder t and the export e."""
+    return {
+        "missing-checkpoint": ([f"{t}/nope"], f"checkpoint '{t}/nope' does not exist", True),
+        "unrecognised-folder": ([f"{t}/dir"], f"checkpoint folder '{t}/dir' holds neither config.json", True),
+        "not-a-ckpt": ([f"{t}/weights.bin"], f"checkpoint '{t}/weights.bin' is a file but not a Lightning .ckpt", True),
+        "garbage-ckpt": ([f"{t}/garbage.ckpt"], f"{t}/garbage.ckpt cannot be read as a checkpoint", True),
+        "no-such-tokenizer": ([e, "--tokenizer", f"{t}/nope"], f"--tokenizer '{t}/nope': no such folder", True),
+        "tokenizer-without-one": ([e, "--tokenizer", f"{t}/dir"], f"no usable tokenizer in '{t}/dir'", False),
+        "max-new-tokens": ([e, "--max-new-tokens", "0"], "--max-new-tokens must be ≥ 1, got 0", True),
+        "temperature": ([e, "--temperature", "-0.5"], "--temperature must be ≥ 0, got -0.5", True),
+        "top-k": ([e, "--top-k", "-1"], "--top-k must be ≥ 0, got -1", True),
+        "num-samples": ([e, "--num-samples", "0"], "--num-samples must be ≥ 1, got 0", True),
+        "empty-prompt": ([e, "--prompt", ""], "--prompt is empty", True),
+        "empty-prompt-file": ([e, "--prompt-file", f"{t}/empty.txt"], f"--prompt-file {t}/empty.txt is empty", True),
+        "missing-prompt-file": ([e, "--prompt-file", f"{t}/no.txt"], f"--prompt-file {t}/no.txt: cannot be read", True),
+        "prompt-file-is-a-folder": ([e, "--prompt-file", t], f"--prompt-file {t}: cannot be read", True),
+        "device": ([e, "--device", "cuda"], "--device cuda: torch sees no CUDA GPU here", True),
+    }
+
+
+def _make_bad_files(folder: Path) -> None:
+    (folder / "dir").mkdir()
+    (folder / "garbage.ckpt").write_text("garbage\n")
+    (folder / "weights.bin").write_bytes(b"")
+    (folder / "empty.txt").write_text("\n")
+
+
+REFUSALS = list(_refusal_cases("t", "e"))
+
+
+@pytest.mark.parametrize("case", REFUSALS)
+def test_bad_input_is_refused_in_one_line(case, tiny_checkpoints, tmp_path, monkeypatch):
+    if case == "device" and torch.cuda.is_available():
+        pytest.skip("a CUDA GPU is here")
+    _make_bad_files(tmp_path)
+    argv, line, before_load = _refusal_cases(str(tmp_path), str(tiny_checkpoints[0]))[case]
+    if before_load:  # refused from the flags and files alone
+        monkeypatch.setattr(generate_module, "load_checkpoint", lambda *a, **k: pytest.fail("weights loaded"))
+    with pytest.raises(SystemExit) as info:
+        generate(argv)
+    message = str(info.value.code)
+    assert message.startswith(f"klalm-generate: {line}") and "\n" not in message
+
+
+def test_a_prompt_that_encodes_to_no_token_is_refused(tiny_checkpoints, monkeypatch):
+    monkeypatch.setattr(generate_module, "encode_texts", lambda tokenizer, texts: [[] for _ in texts])
+    with pytest.raises(SystemExit, match=r"^klalm-generate: --prompt: 'x' encodes to no token$"):
+        generate([str(tiny_checkpoints[0]), "--prompt", "x"])
+
+
+def test_the_installed_command_answers_help():
+    import importlib.metadata
+
+    assert importlib.metadata.entry_points(group="console_scripts")["klalm-generate"].value == "klalm.cli:generate"
+    script = Path(sys.executable).parent / "klalm-generate"
+    proc = subprocess.run([str(script), "--help"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and proc.stdout.startswith("usage: klalm-generate")
+    assert "klalm-generate outputs/kla_45m/" in proc.stdout and "--max-new-tokens" in proc.stdout
