@@ -168,6 +168,16 @@ def test_group_options_that_exist_and_other_overrides_pass_to_hydra(override):
     check_overrides([override])
 
 
+@pytest.mark.parametrize(
+    "arguments",
+    [["--config-dir", "/tmp/mine", "experiment=mine"], ["-cd=/tmp/mine", "experiment=mine"],
+     ["experiment=mine", "hydra.searchpath=[file:///tmp/mine]"], ["+hydra.searchpath=[pkg://x]", "model=mine"]],
+)  # fmt: skip
+def test_options_from_folders_added_to_the_search_path_are_left_to_hydra(arguments):
+    """A user's own config folder may hold `experiment/mine.yaml`: only Hydra knows its search path."""
+    check_overrides(arguments)
+
+
 def test_the_triton_backend_on_the_cpu_passes_under_the_interpreter(compose_config, monkeypatch):
     """The kernel tests run Triton on the CPU through its interpreter: the check lets that through."""
     monkeypatch.setenv("TRITON_INTERPRET", "1")
@@ -279,9 +289,14 @@ def test_params_into_a_pipe_closed_early_exits_quietly(tmp_path, buffered):
     assert stderr == ""
 
 
-def test_a_command_ending_in_sys_exit_into_a_closed_pipe_exits_quietly(tmp_path):
-    """As `klalm-study` ends (`sys.exit(main())`): its rows still in Python's buffer when the reader has gone are
-    flushed by the wrapper of every console script that prints, not at interpreter exit ("Exception ignored")."""
+@pytest.mark.parametrize(
+    ("ending", "rc", "stderr_is"),
+    [("sys.exit(0)", 1, ""),  # as `klalm-study` ends: `sys.exit(main())`
+     ("sys.exit('klalm-x: a refusal')", 1, "klalm-x: a refusal\n")],  # its message still reaches stderr
+)  # fmt: skip
+def test_a_command_ending_in_sys_exit_into_a_closed_pipe_exits_quietly(tmp_path, ending, rc, stderr_is):
+    """Rows still in Python's buffer when the reader has gone are flushed by the wrapper of every console script
+    that prints, not at interpreter exit ("Exception ignored")."""
     closed = tmp_path / "closed"
     code = textwrap.dedent(f"""
         import os, sys, time
@@ -292,7 +307,7 @@ def test_a_command_ending_in_sys_exit_into_a_closed_pipe_exits_quietly(tmp_path)
             while not os.path.exists({str(closed)!r}) and time.monotonic() < deadline:
                 time.sleep(0.01)
             print("| a | table |")
-            sys.exit(0)
+            {ending}
         command()
     """)
     env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
@@ -301,5 +316,22 @@ def test_a_command_ending_in_sys_exit_into_a_closed_pipe_exits_quietly(tmp_path)
     proc.stdout.close()
     closed.touch()
     stderr = proc.stderr.read()
-    assert proc.wait(timeout=120) == 1
-    assert stderr == ""
+    assert proc.wait(timeout=120) == rc
+    assert stderr == stderr_is
+
+
+def test_a_broken_pipe_that_is_not_stdout_is_not_hidden(tmp_path):
+    """A command that writes into a subprocess that has exited gets its BrokenPipeError, stdout being fine."""
+    code = textwrap.dedent("""
+        import subprocess
+        from klalm.cli import quiet_when_the_reader_stops
+        @quiet_when_the_reader_stops
+        def command():
+            child = subprocess.Popen(["true"], stdin=subprocess.PIPE)
+            child.wait()
+            child.stdin.write(b"x" * 200_000)
+            child.stdin.flush()
+        command()
+    """)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    assert proc.returncode == 1 and "BrokenPipeError" in proc.stderr

@@ -180,18 +180,30 @@ def renamed_option_message(key: str) -> str | None:
     return f"{key} was renamed: use {head}.{RENAMED_MIXER_OPTIONS[leaf]}"
 
 
+# Command-line arguments that add config folders to Hydra's search path: their options are not klalm's to list.
+SEARCH_PATH_ARGUMENTS = ("--config-dir", "-cd", "--config-path", "-cp", "--config-name", "-cn", "hydra.searchpath")
+
+
 def check_overrides(overrides: list[str]) -> None:
     """Refuses a command-line override of a renamed key (Hydra would only say the key is not in the config), or one
     that picks a config group option that does not exist (`model=kla_45`: Hydra prints every option, private ones and
-    its search path included, over 30 lines; this names the nearest option in one)."""
+    its search path included, over 30 lines; this names the nearest option in one). Options are looked for only in
+    klalm's configs, so the second check is left to Hydra when the command line adds folders to the search path."""
+    own_configs_only = not any(arg.lstrip("+").startswith(SEARCH_PATH_ARGUMENTS) for arg in overrides)
     for override in overrides:
         if override.startswith("-") or "=" not in override:
             continue
         message = renamed_option_message(override.split("=", 1)[0].lstrip("+~"))
-        if message is None:
+        if message is None and own_configs_only:
             message = unknown_group_option_message(override)
         if message is not None:
             raise ConfigError(message)
+
+
+def config_group_options(group: str) -> list[str]:
+    """The options of a config group of klalm's configs (configs/<group>/*.yaml), private ones (`_kla`) included."""
+    folder = files("klalm.configs").joinpath(group)
+    return sorted(p.name[: -len(".yaml")] for p in folder.iterdir() if p.name.endswith(".yaml"))
 
 
 def unknown_group_option_message(override: str) -> str | None:
@@ -206,7 +218,7 @@ def unknown_group_option_message(override: str) -> str | None:
         return None
     if value == "null":  # Hydra 1.3 ends `logger=null` with a ValueError traceback
         return f"{override}: a config group cannot be set to null; leave it out with ~{group}"
-    options = sorted(p.name[: -len(".yaml")] for p in folder.iterdir() if p.name.endswith(".yaml"))
+    options = config_group_options(group)
     for option in value.split(","):
         if option not in options:
             public = [name for name in options if not name.startswith("_")]

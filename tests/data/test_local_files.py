@@ -16,8 +16,9 @@ import zstandard
 from hydra import compose, initialize_config_module
 from hydra.utils import instantiate
 
+from klalm.config_checks import config_group_options
 from klalm.data import TextDataModule, local_files
-from klalm.data.prepare import data_config_names, load_data_config
+from klalm.data.prepare import load_data_config
 from klalm.data.prepare import main as prepare_main
 from klalm.data.shards import TokenShards
 
@@ -94,7 +95,7 @@ def test_files_config_keys_are_arguments():
 
 
 def test_prepare_data_accepts_every_data_config_name(tmp_path):
-    for name in data_config_names():
+    for name in config_group_options("data"):
         assert load_data_config(name, []) is not None
     with pytest.raises(FileNotFoundError, match=r"--data 'enwik': no configs/data/enwik.yaml; data configs: \["):
         load_data_config("enwik", [])

@@ -11,6 +11,7 @@ import argparse
 import functools
 import logging
 import os
+import select
 import sys
 import time
 from collections.abc import Callable
@@ -115,22 +116,42 @@ def _refuse_eval(err: BaseException) -> NoReturn:
 def quiet_when_the_reader_stops(command: Callable[[], None]) -> Callable[[], None]:
     """A console script that prints to stdout, made to stop quietly with exit code 1, as Unix tools do, when its reader
     closes the pipe early (`klalm-params | head -1`), instead of a BrokenPipeError traceback, or an "Exception ignored"
-    when Python flushes stdout at exit."""
+    when Python flushes stdout at exit. A BrokenPipeError from any other pipe (a subprocess's, a socket) is raised as
+    it is, and a message the command was exiting with still reaches stderr."""
 
     @functools.wraps(command)
     def run(*args: Any, **kwargs: Any) -> None:
+        exiting = None
         try:
             try:
                 command(*args, **kwargs)
-            finally:  # also on sys.exit: a closed pipe raises here, not at interpreter exit
-                sys.stdout.flush()
+            except SystemExit as exit_:
+                exiting = exit_
+            sys.stdout.flush()  # also before sys.exit: a closed pipe raises here, not at interpreter exit
         except BrokenPipeError:
+            if not _reader_gone():
+                raise
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nothing more to flush at exit
+            if exiting is not None and isinstance(exiting.code, str):
+                print(exiting.code, file=sys.stderr)
             sys.exit(1)
+        if exiting is not None:
+            raise exiting
 
     return run
 
 
+def _reader_gone() -> bool:
+    """Whether stdout is a pipe whose reader has closed it (poll reports an error on it)."""
+    try:
+        poller = select.poll()
+        poller.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(events & select.POLLERR for _, events in poller.poll(0))
+    except (OSError, ValueError, AttributeError):  # no file descriptor (stdout replaced), or no poll here
+        return False
+
+
+@quiet_when_the_reader_stops
 def train() -> None:
     """`klalm-train`: pretrain a model (`klalm-train --help` lists the groups and keys)."""
     try:

@@ -20,6 +20,8 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from klalm.config_checks import config_group_options
+
 HIDDEN_GROUPS = ("hydra",)
 INTERNAL_PREFIX = "_"  # option files (experiment/_pretrain_45m) and keys (_target_) a user does not pick
 WIDTH = 120
@@ -82,11 +84,6 @@ def key_comments(text: str, package: str) -> dict[str, str]:
     return comments
 
 
-def _group_files(group: str) -> list[str]:
-    folder = _configs().joinpath(group)
-    return sorted(p.name[: -len(".yaml")] for p in folder.iterdir() if p.name.endswith(".yaml"))
-
-
 def _is_overlay(text: str) -> bool:
     """An option file that writes into the root config (`# @package _global_`), e.g. an experiment."""
     return _GLOBAL_PACKAGE in text.splitlines()[:3]
@@ -105,7 +102,7 @@ def comment_index(root: str, choices: dict[str, Any]) -> dict[str, str]:
         if group.startswith("hydra") or not _configs().joinpath(group).is_dir():
             continue
         chosen = choices[group]
-        for name in sorted(_group_files(group), key=lambda n: n != chosen):  # the chosen option first
+        for name in sorted(config_group_options(group), key=lambda n: n != chosen):  # the chosen option first
             text = _read(f"{group}/{name}.yaml")
             if not _is_overlay(text):
                 layers.append(key_comments(text, group))
@@ -158,7 +155,7 @@ def _group_lines(root: str, choices: dict[str, Any]) -> list[str]:
         if group in HIDDEN_GROUPS:
             continue
         lines.append(f"  {group}:" + ("" if choices.get(group) else "  (none chosen)"))
-        for name in _group_files(group):
+        for name in config_group_options(group):
             if name.startswith(INTERNAL_PREFIX):
                 continue
             mark = "*" if choices.get(group) == name else " "
