@@ -54,11 +54,36 @@ def test_a_file_that_fails_midway_is_named(gpt2, tmp_path):
 
 def test_a_killed_runs_staging_folder_is_removed_and_a_live_ones_kept(files_args, tmp_path):
     out = tmp_path / "out"
-    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
-    stale = out / f".partial-{int(dead.stdout)}-abc123"  # what a SIGKILLed run leaves behind
-    live = out / f".partial-{os.getpid()}-def456"
-    other = out / ".partial-notapid"
-    for folder in (stale, live, other):
+    stale, live, unlocked = out / ".partial-killed", out / ".partial-live", out / ".partial-new"
+    for folder in (stale, live, unlocked):
         (folder / "train").mkdir(parents=True)
+    # a killed run's lock file: left behind, held by no process
+    (stale / prepare.STAGING_LOCK).touch()
+    # a live run's, held by another process (flock locks belong to the open file, so a child holds its own)
+    hold = ("import fcntl, os, sys, time; fd = os.open(sys.argv[1], os.O_CREAT | os.O_WRONLY); "
+            "fcntl.flock(fd, fcntl.LOCK_EX); print('locked', flush=True); time.sleep(120)")  # fmt: skip
+    holder = subprocess.Popen([sys.executable, "-c", hold, str(live / prepare.STAGING_LOCK)], stdout=subprocess.PIPE,
+                              text=True)  # fmt: skip
+    try:
+        assert holder.stdout.readline() == "locked\n"
+        prepare.main([*files_args, "--splits", "train", "--out", str(out), "--no-progress"])
+    finally:
+        holder.kill()
+        holder.wait()
+    # a folder without a lock file may be one another run is making this instant: left alone too
+    assert sorted(p.name for p in out.iterdir()) == sorted(["tokenizer", "train", live.name, unlocked.name])
+
+
+def test_the_writing_run_holds_its_staging_lock(files_args, tmp_path, monkeypatch):
+    out, seen = tmp_path / "out", []
+    real_swap_in = prepare._swap_in
+
+    def swap_in(staging, out_dir, names):
+        with pytest.raises(BlockingIOError):  # what a second run's clean-up would meet
+            os.close(prepare._hold_lock(staging / prepare.STAGING_LOCK))
+        seen.append(staging)
+        real_swap_in(staging, out_dir, names)
+
+    monkeypatch.setattr(prepare, "_swap_in", swap_in)
     prepare.main([*files_args, "--splits", "train", "--out", str(out), "--no-progress"])
-    assert sorted(p.name for p in out.iterdir()) == sorted(["tokenizer", "train", live.name, other.name])
+    assert seen and not seen[0].exists()

@@ -15,6 +15,7 @@ Train afterwards with ``KLALM_SHARDS=<out> klalm-train data=shards``.
 from __future__ import annotations
 
 import argparse
+import fcntl
 import itertools
 import json
 import os
@@ -34,6 +35,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue
 from tqdm import tqdm
 
+from klalm.config_checks import config_group_options
 from klalm.data.records import BadRecordPolicy
 from klalm.data.shards import DTYPES, FORMAT, INDEX_FILE
 from klalm.data.sources import build_source
@@ -276,7 +278,8 @@ def write_dataset(
     made_out_dir = not out_dir.exists()
     out_dir.mkdir(parents=True, exist_ok=True)
     _remove_stale_staging(out_dir)
-    staging = Path(tempfile.mkdtemp(prefix=f"{STAGING_PREFIX}{os.getpid()}-", dir=out_dir))
+    staging = Path(tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=out_dir))
+    lock = _hold_lock(staging / STAGING_LOCK)
     try:
         tok = load_tokenizer(data_config["tokenizer"])
         results = {}
@@ -296,29 +299,41 @@ def write_dataset(
         raise
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+        os.close(lock)
     return results
 
 
-STAGING_PREFIX = ".partial-"  # write_dataset's temporary folder in --out: .partial-<pid>-<random>
+STAGING_PREFIX = ".partial-"  # write_dataset's temporary folder in --out
+STAGING_LOCK = ".lock"  # in it: locked (flock) by the run writing it for as long as it runs
 
 
 def _remove_stale_staging(out_dir: Path) -> None:
     """Removes the temporary folders in ``out_dir`` of runs that were killed (SIGKILL, a lost machine) before they
-    could clean up: those whose process no longer runs. A live run's folder is left alone."""
+    could clean up: those whose lock no process holds any more. A live run's folder, on this machine or another
+    sharing the file system, is left alone; so is a folder without a lock file (one being made this instant)."""
     for folder in out_dir.glob(f"{STAGING_PREFIX}*"):
-        pid = folder.name[len(STAGING_PREFIX) :].split("-")[0]
-        if folder.is_dir() and pid.isdigit() and not _process_runs(int(pid)):
+        if not (folder / STAGING_LOCK).is_file():
+            continue
+        try:
+            lock = _hold_lock(folder / STAGING_LOCK)
+        except BlockingIOError:  # its run is alive
+            continue
+        try:
             shutil.rmtree(folder, ignore_errors=True)
+        finally:
+            os.close(lock)
 
 
-def _process_runs(pid: int) -> bool:
+def _hold_lock(path: Path) -> int:
+    """An open descriptor of `path` (created if missing) holding an exclusive flock on it; BlockingIOError when
+    another process holds it. The lock ends when the descriptor is closed or the process ends, however it ends."""
+    descriptor = os.open(path, os.O_CREAT | os.O_WRONLY, 0o644)
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # runs, as another user
-        return True
-    return True
+        fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BaseException:
+        os.close(descriptor)
+        raise
+    return descriptor
 
 
 def _swap_in(staging: Path, out_dir: Path, names: list[str]) -> None:
@@ -341,21 +356,15 @@ def _swap_in(staging: Path, out_dir: Path, names: list[str]) -> None:
         raise
 
 
-def data_config_names() -> list[str]:
-    """The options of the `data` config group (configs/data/*.yaml)."""
-    return sorted(
-        p.name[: -len(".yaml")] for p in files("klalm.configs").joinpath("data").iterdir() if p.name.endswith(".yaml")
-    )
-
-
 def load_data_config(name: str, overrides: list[str]) -> DictConfig:
     """configs/data/<name>.yaml with Hydra overrides of its keys (unresolved; instantiate it to build the module).
 
     Raises:
         FileNotFoundError: no such data config (the message lists them).
     """
-    if name not in data_config_names():
-        raise FileNotFoundError(f"--data {name!r}: no configs/data/{name}.yaml; data configs: {data_config_names()}")
+    names = config_group_options("data")
+    if name not in names:
+        raise FileNotFoundError(f"--data {name!r}: no configs/data/{name}.yaml; data configs: {names}")
     with initialize_config_dir(config_dir=str(files("klalm.configs").joinpath("data")), version_base="1.3"):
         return compose(config_name=name, overrides=overrides)
 
