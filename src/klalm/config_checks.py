@@ -264,9 +264,13 @@ def _check_kernel_backends(cfg: DictConfig) -> None:
             )
 
 
-def check_train_config(cfg: DictConfig) -> None:
+def check_train_config(cfg: DictConfig, *, check_paths: bool = True) -> None:
     """The `klalm-train` checks: known keys, TRAIN_RULES, no renamed mixer option, Triton only on a GPU, and that an
-    explicit `resume` path exists."""
+    explicit `resume` path exists.
+
+    `check_paths=False` leaves out that last check, the only one of a file the run reads (`resume` is still
+    type-checked): for a sweep's check of every job before the first one starts (`klalm.train.sweep`), since an
+    earlier job of the sweep may create that path. Each job runs every check again as it starts."""
     check_known_keys(cfg)
     check(cfg, TRAIN_RULES)
     _check_kernel_backends(cfg)
@@ -276,7 +280,7 @@ def check_train_config(cfg: DictConfig) -> None:
             message = renamed_option_message(f"model.mixer_options.{mixer}.{option}")
             if message is not None:
                 raise ConfigError(message)
-    if cfg.resume not in (None, "auto") and not Path(cfg.resume).exists():
+    if check_paths and cfg.resume not in (None, "auto") and not Path(cfg.resume).exists():
         raise ConfigError(f"resume={cfg.resume!r}: no such checkpoint file or run directory")
 
 

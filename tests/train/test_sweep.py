@@ -2,6 +2,8 @@
 
 import contextlib
 import json
+import logging
+import os
 import subprocess
 import sys
 import textwrap
@@ -12,9 +14,10 @@ from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 
-from klalm.train.sweep import check_sweep_jobs, summary_table, sweep_jobs
+from klalm.config_checks import ConfigError, check_train_config
+from klalm.train.sweep import _job_config, check_sweep_jobs, summary_table, sweep_jobs
 
-from .conftest import RUN_ENV, TINY
+from .conftest import RUN_ENV, TINY, compose_train
 
 # TINY at its cheapest: one optimiser step, no evaluation, export or plot.
 ONE_STEP = [*TINY, "train.global_batch_tokens=32", "train.max_tokens=32", "train.final_eval=false",
@@ -110,6 +113,74 @@ def test_check_sweep_jobs_refuses_a_grid_with_one_bad_job_naming_it(monkeypatch,
         check_sweep_jobs(ok)  # a good grid passes (an interpolation of the job's Hydra config included)
     with _multirun_config(["experiment=smoke", "optim.lr=abc", "hydra.sweeper._target_=some.OtherSweeper"]) as other:
         check_sweep_jobs(other)  # another sweeper plugin picks its jobs itself: each is checked as it starts
+
+
+def _checked_in_advance(config, caplog):
+    """`check_sweep_jobs(config)` passes, and did check every job (it did not step aside, as for a config it cannot
+    compose, which it logs at debug level)."""
+    caplog.clear()
+    with caplog.at_level(logging.DEBUG, logger="klalm.train.sweep"):
+        check_sweep_jobs(config)
+    assert [r.getMessage() for r in caplog.records if r.name == "klalm.train.sweep"] == [
+        "sweep: the configs of 2 jobs passed the checks"
+    ]
+
+
+def test_check_sweep_jobs_sets_each_jobs_env_set_meanwhile(monkeypatch, caplog):
+    """`hydra.job.env_set` is in the environment while the job runs (`run_job`), so also while it is checked."""
+    monkeypatch.delenv("CORPUS", raising=False)
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)  # (tests/conftest.py sets it for the kernel tests)
+    env_set = ["data=files", "data.train=${oc.env:CORPUS}", "+hydra.job.env_set.CORPUS=/x/c.jsonl"]
+    with _multirun_config([*env_set, "optim.lr=1e-3,2e-3"]) as config:
+        _checked_in_advance(config, caplog)
+        assert "CORPUS" not in os.environ  # restored after
+    with _multirun_config([*env_set, "data.batch_size=2,0"]) as config, pytest.raises(SystemExit) as exit_info:
+        check_sweep_jobs(config)  # and the jobs are still checked
+    assert (
+        exit_info.value.code
+        == "klalm-train: sweep job #1 (data.batch_size=0): data.batch_size=0 is invalid: must be > 0"
+    )
+    triton = ["model.mixer_options.kla.backend=triton", "trainer=cpu", "optim.lr=1e-3,2e-3"]
+    with _multirun_config(["+hydra.job.env_set.TRITON_INTERPRET=1", *triton]) as config:
+        _checked_in_advance(config, caplog)  # config_checks reads $TRITON_INTERPRET
+        assert "TRITON_INTERPRET" not in os.environ
+    with _multirun_config(triton) as config, pytest.raises(SystemExit, match="backend=triton needs a CUDA GPU"):
+        check_sweep_jobs(config)
+
+
+def test_check_sweep_jobs_leaves_a_resume_path_an_earlier_job_creates_to_the_job(caplog):
+    """Job #1 resumes job #0's run folder, which does not exist before the sweep: its existence is checked as job #1
+    starts (a single run's check still refuses a missing path: tests/test_cli.py), but its type still up front."""
+    with _multirun_config(["experiment=smoke", "resume=null,${hydra:sweep.dir}/0_smoke"]) as config:
+        _checked_in_advance(config, caplog)
+    with _multirun_config(["experiment=smoke", "resume=null,5"]) as config, pytest.raises(SystemExit) as exit_info:
+        check_sweep_jobs(config)
+    assert exit_info.value.code == "klalm-train: sweep job #1 (resume=5): resume=5 is invalid: must be a string"
+    with pytest.raises(ConfigError, match="resume='/no/such/run': no such checkpoint file or run directory"):
+        check_train_config(compose_train(["experiment=smoke", "resume=/no/such/run"]))  # a single run's: checked
+
+
+def test_check_sweep_jobs_names_job_folders_from_the_jobs_hydra_config(caplog):
+    """`hydra.sweep.subdir=${hydra:job.override_dirname}` resolves with the job's config in HydraConfig, as in
+    `run_job`: the check neither steps aside nor lets a bad job through."""
+    subdir = "hydra.sweep.subdir=${hydra:job.override_dirname}"
+    with _multirun_config(["experiment=smoke", subdir, "data.batch_size=2,4"]) as config:
+        assert HydraConfig.instance().cfg is None  # as at on_multirun_start
+        _checked_in_advance(config, caplog)
+        assert HydraConfig.instance().cfg is None
+        cfg = _job_config(GlobalHydra.instance().config_loader(), config, ["experiment=smoke", "data.batch_size=4"], 1)
+        assert cfg.hydra.runtime.output_dir == os.path.abspath(
+            os.path.join(cfg.hydra.sweep.dir, "data.batch_size=4,experiment=smoke")
+        )
+    with (
+        _multirun_config(["experiment=smoke", subdir, "data.batch_size=2,0"]) as config,
+        pytest.raises(SystemExit) as exit_info,
+    ):
+        check_sweep_jobs(config)
+    assert (
+        exit_info.value.code
+        == "klalm-train: sweep job #1 (data.batch_size=0): data.batch_size=0 is invalid: must be > 0"
+    )
 
 
 def _fresh_python_train(argv, cwd):

@@ -9,19 +9,21 @@ a job `klalm.config_checks` refuses is refused as a whole, in one line naming th
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import logging
 import os
 import sys
 import traceback
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.core.utils import env_override
 from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
@@ -111,36 +113,60 @@ def _varied(jobs: list[list[str]]) -> list[int]:
     return varied or list(range(len(jobs[0]) if jobs else 0))
 
 
+@contextlib.contextmanager
+def _as_job(cfg: DictConfig) -> Iterator[None]:
+    """`HydraConfig` holds the job's Hydra config meanwhile (for `${hydra:...}` interpolations), as it does while
+    `hydra.core.utils.run_job` names the job's folder and runs the job; what it held before is restored after (at
+    `on_multirun_start`: nothing)."""
+    hydra_config = HydraConfig.instance()
+    saved = hydra_config.cfg
+    hydra_config.set_config(cfg)
+    try:
+        yield
+    finally:
+        hydra_config.cfg = saved
+
+
 def _job_config(config_loader: Any, master: DictConfig, overrides: list[str], num: int) -> DictConfig:
     """Job `num`'s config (with its `hydra` node) as Hydra's basic launcher composes it, and its output folder as
-    `hydra.core.utils.run_job` names it (not created)."""
+    `hydra.core.utils.run_job` names it (not created): with the job's config in `HydraConfig`, since the folder's name
+    may interpolate it (`hydra.sweep.subdir=${hydra:job.override_dirname}`; the composed config already holds the
+    job's `hydra.job.override_dirname`, `hydra.job.name` and `hydra.runtime.choices`)."""
     cfg = config_loader.load_sweep_config(master, list(overrides))
     with open_dict(cfg):
         cfg.hydra.job.id = num
         cfg.hydra.job.num = num
-    with read_write(cfg.hydra.runtime), open_dict(cfg.hydra.runtime):
-        cfg.hydra.runtime.output_dir = os.path.abspath(os.path.join(cfg.hydra.sweep.dir, str(cfg.hydra.sweep.subdir)))
+    with _as_job(cfg):
+        output_dir = os.path.join(str(cfg.hydra.sweep.dir), str(cfg.hydra.sweep.subdir))
+        with read_write(cfg.hydra.runtime), open_dict(cfg.hydra.runtime):
+            cfg.hydra.runtime.output_dir = os.path.abspath(output_dir)
     return cfg
 
 
 def _check_job(cfg: DictConfig) -> None:
     """`check_train_config` on the job's config as the job's task function will get it (without the `hydra` node),
-    with `HydraConfig` holding the job's for `${hydra:...}` interpolations meanwhile, as while the job runs."""
-    hydra_config = HydraConfig.instance()
-    saved = hydra_config.cfg
-    hydra_config.set_config(cfg)
-    try:
+    in the job's surroundings as `run_job` sets them up: `HydraConfig` holding the job's config, and the environment
+    variables of `hydra.job.env_set` set (`${oc.env:...}` values, and `TRITON_INTERPRET`, which the checks read);
+    both are restored after.
+
+    Whatever is on disk is left to each job's own check as it starts, since an earlier job of the sweep may create it
+    (`resume=${hydra:sweep.dir}/0_smoke`): `check_paths=False` skips the existence of `resume`, the only check of
+    `check_train_config` that looks at a file a run reads. Nothing else there needs such care: the known keys come
+    from klalm's own configs/train.yaml, the data paths (`data.train`, `data.val`) are only type-checked and the
+    tokenizer, the checkpoint folders and `paths.*` not at all; the job opens those files itself."""
+    with _as_job(cfg), env_override(HydraConfig.get().job.env_set):
         task_cfg = copy.deepcopy(cfg)
         with read_write(task_cfg), open_dict(task_cfg):
             del task_cfg["hydra"]
-        check_train_config(task_cfg)
-    finally:
-        hydra_config.cfg = saved
+        check_train_config(task_cfg, check_paths=False)
 
 
 def check_sweep_jobs(config: DictConfig) -> None:
     """Before a multirun's first job: composes every job's config and runs `check_train_config` on each (nothing
-    heavier than omegaconf is imported), so that a grid holding a bad value is refused before any job trains.
+    heavier than omegaconf is imported), so that a grid holding a bad value is refused before any job trains. Each
+    job is checked as `run_job` will run it: its folder named and `${hydra:...}` resolved from its own Hydra config,
+    with its `hydra.job.env_set` in the environment; only what an earlier job may create on disk (a `resume` path) is
+    left to the job's own check as it starts.
 
     Only the basic sweeper's sweeps are expanded. Another sweeper plugin (optuna, nevergrad, ax: none is installed
     or configured by klalm today) chooses its jobs as it goes, so there is no grid to check: the check is skipped and
@@ -168,6 +194,7 @@ def check_sweep_jobs(config: DictConfig) -> None:
         try:
             cfg = _job_config(config_loader, config, overrides, num)
         except Exception as err:  # Hydra's own composition check of the batch refuses it before any job runs
+            # (only what Hydra itself refuses gets here: `${hydra:...}` in the folder's name resolves, see _job_config)
             log.debug("sweep: job #%d not checked in advance (%s)", num, one_line(err))
             return
         try:
