@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 from hydra import initialize_config_module
@@ -15,7 +16,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 
 from klalm.config_checks import ConfigError, check_train_config
-from klalm.train.sweep import _job_config, check_sweep_jobs, summary_table, sweep_jobs
+from klalm.train.sweep import _job_config, check_sweep_jobs, main, summary_plot, summary_table, sweep_jobs
 
 from .conftest import RUN_ENV, TINY, compose_train
 
@@ -43,6 +44,34 @@ def test_summary_table_has_one_row_per_job_and_shows_failures(tmp_path):
 
 
 @pytest.mark.slow
+def test_summary_plot_draws_the_jobs_that_logged_a_loss_labelled_by_what_they_vary(tmp_path, monkeypatch, capsys):
+    drawn = {}
+
+    def plot_losses(curves, out_png, *, title):
+        drawn.update(curves)
+        Path(out_png).write_bytes(b"png")
+        return Path(out_png)
+
+    for name, lr, rows in (("0_a", "1e-3", "step,train/loss\n1,3.5\n"), ("1_a", "3e-3", None)):
+        _fake_job(tmp_path / "runs" / name, None, ["experiment=x", f"optim.lr={lr}"])
+        if rows is not None:
+            (tmp_path / "runs" / name / "csv").mkdir()
+            (tmp_path / "runs" / name / "csv" / "metrics.csv").write_text(rows)
+    assert summary_plot(tmp_path / "runs", tmp_path / "real.png") == tmp_path / "real.png"  # the real plot
+    assert (tmp_path / "real.png").read_bytes().startswith(b"\x89PNG")
+    monkeypatch.setattr("klalm.train.sweep.plot_losses", plot_losses)
+    main([str(tmp_path / "runs"), "--plot", str(tmp_path / "curves.png")])
+    assert drawn == {"0_a optim.lr=1e-3": tmp_path / "runs" / "0_a" / "csv" / "metrics.csv"}
+    assert "| 1_a | no summary.json" in capsys.readouterr().out and (tmp_path / "curves.png").is_file()
+
+
+def test_summary_plot_writes_nothing_before_any_loss_and_the_command_says_so(tmp_path):
+    _fake_job(tmp_path / "runs" / "0_a", None, ["optim.lr=1e-3"])
+    assert summary_plot(tmp_path / "runs", tmp_path / "curves.png") is None and not (tmp_path / "curves.png").exists()
+    with pytest.raises(SystemExit, match="no run under .* has logged a training loss"):
+        main([str(tmp_path / "runs"), "--plot", str(tmp_path / "curves.png")])
+
+
 def test_two_config_multirun_writes_job_dirs_and_summary(tmp_path):
     sweep_dir = tmp_path / "sweep"
     cmd = [sys.executable, "-m", "klalm.train", "-m", *TINY, "optim.lr=0.001,0.003", f"hydra.sweep.dir={sweep_dir}"]
@@ -56,6 +85,7 @@ def test_two_config_multirun_writes_job_dirs_and_summary(tmp_path):
         assert f"optim.lr={lr}" in (job / ".hydra" / "overrides.yaml").read_text()
     table = (sweep_dir / "summary.md").read_text().splitlines()
     assert len(table) == 4 and table[2].endswith("| optim.lr=0.001 |") and table[3].endswith("| optim.lr=0.003 |")
+    assert (sweep_dir / "summary.png").read_bytes().startswith(b"\x89PNG")
 
 
 @pytest.mark.slow

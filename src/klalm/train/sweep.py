@@ -1,7 +1,8 @@
-"""Summary table across the runs of a sweep (a Hydra multirun), from each job's `summary.json`.
+"""Summary table across the runs of a sweep (a Hydra multirun), from each job's `summary.json`, and their loss curves.
 
-Written automatically at the end of `klalm-train -m ...` by the Hydra callback `SweepSummary` (configs/hydra), and
-available for any folder of runs:  python -m klalm.train.sweep outputs/multirun/2026-11-29_14-00-00
+Written automatically after every job of `klalm-train -m ...` by the Hydra callback `SweepSummary` (configs/hydra):
+`summary.md` and `summary.png` in the sweep's folder. Available for any folder of runs:
+    python -m klalm.train.sweep outputs/multirun/2026-11-29_14-00-00_3fa2c1 --plot curves.png
 
 The same callback checks every job's config before the first job starts (`check_sweep_jobs`): a sweep whose grid holds
 a job `klalm.config_checks` refuses is refused as a whole, in one line naming that job, before anything trains.
@@ -30,6 +31,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 from klalm.config_checks import ConfigError, check_train_config
 from klalm.errors import one_line
+from klalm.train.plots import plot_losses
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +76,24 @@ def summary_table(sweep_dir: str | Path) -> str:
         varied = " ".join(o for o in overrides[job] if o not in shared)
         lines.append(f"| {job.name} | " + " | ".join(cells) + f" | {varied} |")
     return "\n".join(lines) + "\n"
+
+
+def summary_plot(sweep_dir: str | Path, out_png: str | Path) -> Path | None:
+    """Every job's loss curves (train, and validation where logged) in one plot, labelled with the job's folder and
+    the overrides it varies; None (nothing written) while no job has logged a training loss."""
+    sweep_dir = Path(sweep_dir)
+    jobs = sorted(p for p in sweep_dir.iterdir() if p.is_dir() and not p.name.startswith("."))
+    overrides = {job: _overrides(job) for job in jobs}
+    shared = set.intersection(*(set(o) for o in overrides.values())) if jobs else set()
+    curves = {
+        " ".join([job.name, *(o for o in overrides[job] if o not in shared)]): job / "csv" / "metrics.csv"
+        for job in jobs
+        if (job / "csv" / "metrics.csv").is_file()
+    }
+    try:
+        return plot_losses(curves, out_png, title=f"sweep {sweep_dir.name}: loss") if curves else None
+    except ValueError:  # no job has a train/loss value yet
+        return None
 
 
 def _overrides(job: Path) -> list[str]:
@@ -215,7 +235,7 @@ def _refuse_sweep(num: int, overrides: list[str], err: ConfigError) -> NoReturn:
 
 class SweepSummary(Callback):
     """Hydra callback: checks every job's config before the first one starts (`check_sweep_jobs`), writes
-    `<sweep dir>/summary.md` after every job of a multirun and logs it at the end.
+    `<sweep dir>/summary.md` and `summary.png` after every job of a multirun and logs the table at the end.
 
     After every job, because Hydra ends a sweep in which a job failed by raising that job's error once the batch has
     run, and then never reaches `on_multirun_end`: the table, whose failed rows say so, is there anyway.
@@ -226,23 +246,38 @@ class SweepSummary(Callback):
 
     def on_job_end(self, config: DictConfig, **kwargs: Any) -> None:
         if config.hydra.mode == RunMode.MULTIRUN and Path(config.hydra.sweep.dir).is_dir():
-            (Path(config.hydra.sweep.dir) / "summary.md").write_text(summary_table(Path(config.hydra.sweep.dir)))
+            _write_summary(Path(config.hydra.sweep.dir))
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         sweep_dir = Path(config.hydra.sweep.dir)
         if not sweep_dir.is_dir():
             return
-        table = summary_table(sweep_dir)
-        (sweep_dir / "summary.md").write_text(table)
-        log.info("sweep summary (%s):\n%s", sweep_dir / "summary.md", table)
+        table = _write_summary(sweep_dir)
+        log.info("sweep summary (%s, curves in summary.png):\n%s", sweep_dir / "summary.md", table)
+
+
+def _write_summary(sweep_dir: Path) -> str:
+    """Writes `summary.md` (the table, returned) and `summary.png` (every job's loss curves) into `sweep_dir`."""
+    table = summary_table(sweep_dir)
+    (sweep_dir / "summary.md").write_text(table)
+    summary_plot(sweep_dir, sweep_dir / "summary.png")
+    return table
 
 
 def main(argv: list[str] | None = None) -> None:
-    """`python -m klalm.train.sweep DIR`: prints the summary table of the runs under DIR."""
-    args = sys.argv[1:] if argv is None else argv
-    if len(args) != 1 or not Path(args[0]).is_dir():
-        raise SystemExit("usage: python -m klalm.train.sweep <sweep dir>")
-    print(summary_table(args[0]), end="")
+    """`python -m klalm.train.sweep DIR [--plot PNG]`: prints the summary table of the runs under DIR (and plots
+    their loss curves)."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m klalm.train.sweep", description=main.__doc__.split(": ", 1)[1])
+    parser.add_argument("sweep_dir", type=Path, help="a folder of run folders, e.g. outputs/multirun/<time>_<hex>")
+    parser.add_argument("--plot", type=Path, metavar="PNG", help="also write every run's loss curves into PNG")
+    args = parser.parse_args(argv)
+    if not args.sweep_dir.is_dir():
+        parser.error(f"{args.sweep_dir} is not a folder")
+    print(summary_table(args.sweep_dir), end="")
+    if args.plot is not None and summary_plot(args.sweep_dir, args.plot) is None:
+        sys.exit(f"no run under {args.sweep_dir} has logged a training loss (csv/metrics.csv): nothing plotted")
 
 
 if __name__ == "__main__":
