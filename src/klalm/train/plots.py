@@ -42,12 +42,13 @@ def plot_losses(csv_paths: dict[str, Path], out_png: str | Path, *, title: str =
             raise FileNotFoundError(f"metrics file {path} does not exist")
         steps, losses = read_metric(path, "train/loss")
         finite = [(s, v) for s, v in zip(steps, losses) if math.isfinite(v)]
+        colour = f"C{plotted % 10}"  # a run's train and validation curves in one colour
         if finite:
-            ax.plot(*zip(*finite), label=f"{label} train")
+            ax.plot(*zip(*finite), color=colour, label=f"{label} train")
             plotted += 1
         val_steps, val_losses = read_metric(path, "val/loss")
         if val_steps:
-            ax.plot(val_steps, val_losses, "o--", label=f"{label} val")
+            ax.plot(val_steps, val_losses, "o--", color=colour, label=f"{label} val")
     if not plotted:
         raise ValueError(f"no train/loss values in {sorted(map(str, csv_paths.values()))}")
     ax.set_xlabel("optimiser step")
