@@ -6,6 +6,8 @@ Importing it costs nothing (no klalm module, no third-party package), so any lay
 from __future__ import annotations
 
 import re
+import sys
+from typing import NoReturn
 
 
 def one_line(err: BaseException) -> str:
@@ -17,3 +19,9 @@ def one_line(err: BaseException) -> str:
     if lines[0].startswith("Caught ") and len(lines) > 1:  # "klalm.data.records.BadRecordError: bad record at ..."
         return re.sub(r"^[\w.]*(Error|Exception): ", "", lines[-1])
     return lines[0]
+
+
+def refuse(command: str, message: str) -> NoReturn:
+    """Ends a console script with `<command>: <message>` on one line of stderr (the message's lines joined) and exit
+    status 1: how every klalm command refuses bad input."""
+    sys.exit(f"{command}: " + " ".join(line.strip() for line in message.splitlines() if line.strip()))

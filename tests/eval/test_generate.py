@@ -70,10 +70,10 @@ def test_greedy_output_is_the_full_forward_argmax(arch, tiny_checkpoints, kla_ex
     expected = _greedy_oracle(load_export_model(export).eval(), gpt2_tokenizer, PROMPT, 24)
     assert len(gpt2_tokenizer(expected).input_ids) > 10  # a real continuation, not an immediate EOS
     assert out == expected + "\n"
-    assert f"(hf_export): {arch}, " in err and "on cpu in float32" in err
+    assert f"(HF export): {arch}, " in err and "on cpu in float32" in err
     n = len(gpt2_tokenizer(PROMPT).input_ids)
     assert re.search(rf"sample 1 \(seed 0\): {n} prompt tokens, \d+ new tokens.*, [\d.]+ s, [\d,.]+ tokens/s", err)
-    beyond = f"{n} prompt tokens + --max-new-tokens 24 = {n + 24} tokens, beyond the 16 the tokenizer gives"
+    beyond = f"{n} prompt tokens + --max-new-tokens 24 = {n + 24} tokens, beyond the 16-token context the checkpoint"
     assert (beyond in err) == (arch == "kla")
 
 
@@ -106,10 +106,13 @@ def test_unconditional_sample_starts_from_the_eos_token(tiny_checkpoints, gpt2_t
 
 def test_training_checkpoint_and_run_folder(tiny_checkpoints, gpt2_tokenizer, tmp_path, capsys):
     """A Lightning .ckpt (here written by hand in klalm-train's layout: `klalm` entry with the model config, the
-    LightningModule's `model.`-prefixed state dict, the run's tokenizer/ beside checkpoints/) and its run folder
-    give the export's greedy text for the same weights."""
+    LightningModule's `model.`-prefixed state dict, the run's config as its hyper-parameters, the run's tokenizer/
+    beside checkpoints/) and its run folder give the export's greedy text for the same weights. The provenance line
+    says what of a run folder loaded (its newest checkpoint, then its hf/ export once there is one); the note on the
+    trained context takes the checkpoint's own length (the .ckpt's data.seq_len, the export's model_max_length), not
+    the 1024 of the GPT-2 tokenizer in tokenizer/, even when that folder is given as --tokenizer."""
     from klalm.models.checkpoint import MODEL_BUILDER
-    from klalm.models.export import load_export_model
+    from klalm.models.export import load_export_model, save_export
 
     model = load_export_model(tiny_checkpoints[0])
     run = tmp_path / "run"
@@ -118,13 +121,39 @@ def test_training_checkpoint_and_run_folder(tiny_checkpoints, gpt2_tokenizer, tm
     checkpoint = {
         "klalm": {"model_config": {"_target_": MODEL_BUILDER, "arch": "gpt", "preset": "tiny"}, "vocab_size": 50257},
         "state_dict": {f"model.{name}": tensor for name, tensor in model.state_dict().items()},
+        "hyper_parameters": {"data": {"seq_len": 8, "batch_size": 4}, "seed": 0},
     }
-    torch.save(checkpoint, run / "checkpoints" / "step-00000010.ckpt")
+    ckpt = run / "checkpoints" / "step-00000010.ckpt"
+    torch.save(checkpoint, ckpt)
     greedy = ["--prompt", PROMPT, "--temperature", "0", "--max-new-tokens", "16", "--no-stream"]
-    expected = _run(capsys, tiny_checkpoints[0], *greedy)[0]
-    for path in (run / "checkpoints" / "step-00000010.ckpt", run):
+    expected, err = _run(capsys, tiny_checkpoints[0], *greedy)
+    assert "beyond" not in err  # that export was saved without a max_length: GPT-2's 1024
+    n = len(gpt2_tokenizer(PROMPT).input_ids)
+    note = f"{n} prompt tokens + --max-new-tokens 16 = {n + 16} tokens, beyond the 8-token context the checkpoint"
+    for path, label in (
+        (ckpt, "Lightning checkpoint"),
+        (run, "run folder, its newest valid checkpoint checkpoints/step-00000010.ckpt"),
+    ):
         out, err = _run(capsys, path, *greedy)
-        assert out == expected and "(training): gpt, " in err
+        assert out == expected and f"{path} ({label}): gpt, " in err and note in err
+    save_export(model, run / "hf", gpt2_tokenizer, max_length=8)  # as klalm-train exports it: data.seq_len
+    out, err = _run(capsys, run, *greedy, "--tokenizer", run / "tokenizer")
+    assert out == expected and f"{run} (run folder, its hf/ export): gpt, " in err and note in err
+
+
+def test_trained_context_without_hyper_parameters(tmp_path, gpt2_tokenizer):
+    """A .ckpt without hyper-parameters: its resume settings' data.seq_len; with neither, or an export whose tokenizer
+    has transformers' placeholder length, or none: unknown (no note)."""
+    from klalm.eval.generate import trained_context
+
+    torch.save({"klalm": {"resume_settings": {"data.seq_len": 32}}, "state_dict": {}}, tmp_path / "a.ckpt")
+    torch.save({"klalm": {}, "state_dict": {}, "hyper_parameters": {"data": None}}, tmp_path / "b.ckpt")
+    (tmp_path / "export").mkdir()
+    (tmp_path / "export" / "tokenizer_config.json").write_text('{"model_max_length": 1000000000000000019884624838656}')
+    assert trained_context(tmp_path / "a.ckpt") == 32
+    assert trained_context(tmp_path / "b.ckpt") is None
+    assert trained_context(tmp_path / "export") is None
+    assert trained_context(tmp_path) is None  # a folder without a tokenizer_config.json
 
 
 def test_a_non_finite_step_is_neither_returned_nor_streamed(tiny_checkpoints, gpt2_tokenizer):
@@ -166,6 +195,13 @@ def _refusal_cases(t: str, e: str) -> dict[str, tuple[list[str], str, bool]]:
         "not-a-ckpt": ([f"{t}/weights.bin"], f"checkpoint '{t}/weights.bin' is a file but not a Lightning .ckpt", True),
         "garbage-ckpt": ([f"{t}/garbage.ckpt"], f"{t}/garbage.ckpt cannot be read as a checkpoint", True),
         "no-such-tokenizer": ([e, "--tokenizer", f"{t}/nope"], f"--tokenizer '{t}/nope': no such folder", True),
+        "tokenizer-hub-id": (
+            [e, "--tokenizer", "tok_dir_typo"],
+            "--tokenizer 'tok_dir_typo': no such folder (name a tokenizer folder, e.g. a run's hf/ or tokenizer/; "
+            "hub ids are not accepted)",
+            True,
+        ),
+        "tokenizer-a-file": ([e, "--tokenizer", f"{t}/empty.txt"], f"--tokenizer '{t}/empty.txt': not a folder", True),
         "tokenizer-without-one": ([e, "--tokenizer", f"{t}/dir"], f"no usable tokenizer in '{t}/dir'", False),
         "max-new-tokens": ([e, "--max-new-tokens", "0"], "--max-new-tokens must be ≥ 1, got 0", True),
         "temperature": ([e, "--temperature", "-0.5"], "--temperature must be ≥ 0, got -0.5", True),
@@ -176,6 +212,7 @@ def _refusal_cases(t: str, e: str) -> dict[str, tuple[list[str], str, bool]]:
         "missing-prompt-file": ([e, "--prompt-file", f"{t}/no.txt"], f"--prompt-file {t}/no.txt: cannot be read", True),
         "prompt-file-is-a-folder": ([e, "--prompt-file", t], f"--prompt-file {t}: cannot be read", True),
         "device": ([e, "--device", "cuda"], "--device cuda: torch sees no CUDA GPU here", True),
+        "device-unparsable": ([e, "--device", "gpu"], "--device gpu: not a device torch knows", True),
     }
 
 
@@ -194,6 +231,7 @@ def test_bad_input_is_refused_in_one_line(case, tiny_checkpoints, tmp_path, monk
     if case == "device" and torch.cuda.is_available():
         pytest.skip("a CUDA GPU is here")
     _make_bad_files(tmp_path)
+    monkeypatch.chdir(tmp_path)  # (where a bare --tokenizer name would be a folder)
     argv, line, before_load = _refusal_cases(str(tmp_path), str(tiny_checkpoints[0]))[case]
     if before_load:  # refused from the flags and files alone
         monkeypatch.setattr(generate_module, "load_checkpoint", lambda *a, **k: pytest.fail("weights loaded"))
@@ -203,9 +241,53 @@ def test_bad_input_is_refused_in_one_line(case, tiny_checkpoints, tmp_path, monk
     assert message.startswith(f"klalm-generate: {line}") and "\n" not in message
 
 
+@pytest.mark.parametrize(
+    ("device", "gpus", "line"),
+    [
+        ("xla", 0, "--device xla: klalm-generate runs on cpu, cuda or mps, not xla"),
+        ("meta", 0, "--device meta: klalm-generate runs on cpu, cuda or mps, not meta"),
+        ("mps", 0, "--device mps: torch's MPS backend (Apple GPU) is not available here"),
+        ("cuda:3", 2, "--device cuda:3: torch sees 2 CUDA GPU(s) here, cuda:0 to cuda:1"),
+    ],
+)
+def test_a_device_torch_cannot_use_here_is_refused_before_the_load(device, gpus, line, monkeypatch):
+    """Every device torch cannot use here is one line, not a traceback from moving the weights."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: gpus > 0)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: False)
+    monkeypatch.setattr(generate_module, "load_checkpoint", lambda *a, **k: pytest.fail("weights loaded"))
+    with pytest.raises(SystemExit) as info:
+        generate(["unchecked", "--device", device])
+    message = str(info.value.code)
+    assert message.startswith(f"klalm-generate: {line}") and "\n" not in message
+
+
+def test_devices_torch_can_use_pass(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: True)
+    for device in ("auto", "cpu", "cuda", "cuda:0", "cuda:1", "mps"):
+        generate_module.check_device(device)
+
+
+def test_a_tokenizer_with_more_tokens_than_the_embedding_is_refused_naming_the_flag(tiny_checkpoints, tmp_path):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_checkpoints[0])
+    tokenizer.add_tokens([f"<extra_{i}>" for i in range(64)])  # 50,321 tokens; the embedding has 50,304 rows
+    tokenizer.save_pretrained(tmp_path / "big")
+    with pytest.raises(SystemExit) as info:
+        generate([str(tiny_checkpoints[0]), "--tokenizer", str(tmp_path / "big")])
+    assert str(info.value.code) == (
+        f"klalm-generate: --tokenizer {tmp_path / 'big'} has 50,321 tokens but the model's embedding has 50,304 rows: "
+        "not the model's tokenizer"
+    )
+
+
 def test_a_prompt_that_encodes_to_no_token_is_refused(tiny_checkpoints, monkeypatch):
     monkeypatch.setattr(generate_module, "encode_texts", lambda tokenizer, texts: [[] for _ in texts])
-    with pytest.raises(SystemExit, match=r"^klalm-generate: --prompt: 'x' encodes to no token$"):
+    line = "klalm-generate: --prompt: 'x' encodes to no token (encoded as the training data was, no special tokens)"
+    with pytest.raises(SystemExit, match=f"^{re.escape(line)}$"):
         generate([str(tiny_checkpoints[0]), "--prompt", "x"])
 
 
@@ -217,3 +299,4 @@ def test_the_installed_command_answers_help():
     proc = subprocess.run([str(script), "--help"], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0 and proc.stdout.startswith("usage: klalm-generate")
     assert "klalm-generate outputs/kla_45m/" in proc.stdout and "--max-new-tokens" in proc.stdout
+    assert "(not a hub id: offline)" in " ".join(proc.stdout.split())  # --tokenizer's help

@@ -20,7 +20,6 @@ import itertools
 import json
 import os
 import shutil
-import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -40,7 +39,7 @@ from klalm.data.records import BadRecordPolicy
 from klalm.data.shards import DTYPES, FORMAT, INDEX_FILE
 from klalm.data.sources import build_source
 from klalm.data.tokenizer import encode_texts, load_tokenizer
-from klalm.errors import one_line
+from klalm.errors import one_line, refuse
 
 
 def choose_dtype(vocab_size: int) -> str:
@@ -394,8 +393,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def _fail(message: str) -> NoReturn:
-    """Ends the command with ``klalm-prepare-data: <message>`` on one line of stderr (exit code 1)."""
-    sys.exit("klalm-prepare-data: " + " ".join(line.strip() for line in message.splitlines() if line.strip()))
+    refuse("klalm-prepare-data", message)
 
 
 def _unknown_key(name: str, overrides: list[str]) -> str | None:

@@ -7,16 +7,19 @@
 
 Prints each sample (prompt and continuation) on stdout as it is generated (--no-stream: when it is complete);
 several samples are separated by a line `--- sample <i> (seed <s>) ---`, and sample i (from 1) uses seed
---seed + i - 1. On stderr: the checkpoint's provenance once, then for each sample its prompt tokens, new tokens,
-seconds and tokens/s. Without --prompt or --prompt-file a sample starts from the tokenizer's BOS token (its EOS
-where it has no BOS: the token that separates the documents a model is trained on), an unconditional sample as
-nanoGPT's sample.py draws. --temperature 0 decodes greedily. A sample ends after --max-new-tokens tokens or at the
-tokenizer's EOS; special tokens are not printed.
+--seed + i - 1. On stderr: the checkpoint's provenance once (for a run folder, whether its hf/ export or its newest
+checkpoint loaded), then for each sample its prompt tokens, new tokens, seconds and tokens/s. Without --prompt or
+--prompt-file a sample starts from the tokenizer's BOS token (its EOS where it has no BOS: the token that separates
+the documents a model is trained on), an unconditional sample as nanoGPT's sample.py draws. --temperature 0 decodes
+greedily. A sample ends after --max-new-tokens tokens or at the tokenizer's EOS; special tokens are not printed.
+A sample longer than the context the checkpoint was trained on gets a note on stderr. --tokenizer names a folder:
+the command is offline-first, and a hub id (a name that is not a folder) is refused.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from pathlib import Path
@@ -26,9 +29,9 @@ import torch
 
 from klalm.config_checks import ConfigError
 from klalm.data.tokenizer import encode_texts
-from klalm.errors import one_line
-from klalm.eval.checkpoint import DTYPES, check_checkpoint, check_tokenizer, load_checkpoint, resolve_device
-from klalm.models.checkpoint import CheckpointError
+from klalm.errors import one_line, refuse
+from klalm.eval.checkpoint import DTYPES, check_checkpoint, checkpoint_kind, load_checkpoint
+from klalm.models.checkpoint import HF_DIR, CheckpointError, load_checkpoint_file, newest_valid
 from klalm.models.export import ExportIntegrityError
 from klalm.models.sampling import sample_ids
 
@@ -36,6 +39,8 @@ PROG = "klalm-generate"
 # How the samples are decoded, streamed or not: special tokens (the BOS / EOS a sample starts or ends with) left out,
 # the text otherwise exactly as the tokens spell it (no whitespace clean-up).
 DECODE = {"skip_special_tokens": True, "clean_up_tokenization_spaces": False}
+# A tokenizer's model_max_length at or above this is transformers' placeholder for "unknown", not a context length.
+UNKNOWN_LENGTH = 10**9
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -54,9 +59,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--top-k", type=int, default=50, help="sample among the k most likely tokens; 0: all (50)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the first sample; sample i gets seed + i - 1")
     parser.add_argument("--num-samples", type=int, default=1, help="samples to draw (default 1)")
-    parser.add_argument("--device", default="auto", help="auto (CUDA when there is one), cpu, cuda, cuda:1, ...")
+    parser.add_argument("--device", default="auto", help="auto (CUDA when there is one), cpu, cuda, cuda:N or mps")
     parser.add_argument("--dtype", default="float32", choices=list(DTYPES), help="weight dtype (default float32)")
-    parser.add_argument("--tokenizer", metavar="FOLDER", help="tokenizer folder instead of the checkpoint's own")
+    parser.add_argument(
+        "--tokenizer", metavar="FOLDER", help="tokenizer folder instead of the checkpoint's own (not a hub id: offline)"
+    )
     parser.add_argument("--no-stream", action="store_true", help="print each sample when it is complete")
     args = parser.parse_args(argv)
     for flag, value, least in (
@@ -71,8 +78,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def _fail(message: str) -> NoReturn:
-    """Ends the command with ``klalm-generate: <message>`` on one line of stderr (exit code 1)."""
-    sys.exit(f"{PROG}: " + " ".join(line.strip() for line in message.splitlines() if line.strip()))
+    refuse(PROG, message)
 
 
 def read_prompt(args: argparse.Namespace) -> str | None:
@@ -101,8 +107,8 @@ def read_prompt(args: argparse.Namespace) -> str | None:
 
 
 def prompt_ids(tokenizer: Any, prompt: str | None, flag: str) -> list[int]:
-    """The prompt's token ids, encoded as the training data was (no special tokens added); without a prompt the
-    tokenizer's BOS token, else its EOS."""
+    """The prompt's token ids, encoded as the training data was (`encode_texts`: no special tokens added); without a
+    prompt the tokenizer's BOS token, else its EOS."""
     if prompt is None:
         start = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id
         if start is None:
@@ -110,48 +116,136 @@ def prompt_ids(tokenizer: Any, prompt: str | None, flag: str) -> list[int]:
         return [start]
     ids = encode_texts(tokenizer, [prompt])[0]
     if not ids:
-        _fail(f"{flag}: {prompt[:40]!r} encodes to no token")
+        _fail(f"{flag}: {prompt[:40]!r} encodes to no token (encoded as the training data was, no special tokens)")
     return ids
 
 
-def trained_context(tokenizer: Any) -> int | None:
-    """The context the model was trained on, which a klalm export saves as its tokenizer's `model_max_length`
-    (a tokenizer that does not know it has transformers' huge placeholder there: None)."""
-    value = getattr(tokenizer, "model_max_length", None)
-    return value if isinstance(value, int) and 0 < value < 10**9 else None
+def check_device(device: str) -> None:
+    """Refuses (one line) a --device that torch cannot use here, before any weights load: one torch cannot parse, a
+    type other than cpu, cuda and mps, `cuda` / `cuda:N` beyond the GPUs torch sees, `mps` without the MPS backend.
+    "auto" (CUDA when there is one, else the CPU) always passes."""
+    if device == "auto":
+        return
+    try:
+        parsed = torch.device(device)
+    except (RuntimeError, ValueError) as err:
+        _fail(f"--device {device}: not a device torch knows ({one_line(err)}); use auto, cpu, cuda, cuda:N or mps")
+    if parsed.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0:
+            _fail(f"--device {device}: torch sees no CUDA GPU here; use --device auto or cpu")
+        if parsed.index is not None and parsed.index >= count:
+            _fail(f"--device {device}: torch sees {count} CUDA GPU(s) here, cuda:0 to cuda:{count - 1}")
+    elif parsed.type == "mps":
+        if not torch.backends.mps.is_available():
+            _fail(f"--device {device}: torch's MPS backend (Apple GPU) is not available here; use --device auto or cpu")
+    elif parsed.type != "cpu":
+        _fail(f"--device {device}: {PROG} runs on cpu, cuda or mps, not {parsed.type}; use --device auto or cpu")
 
 
-def _describe(provenance: dict[str, Any]) -> str:
+def check_tokenizer_folder(tokenizer: str | None) -> None:
+    """Refuses (one line) a --tokenizer that is not an existing folder, before any weights load: klalm-generate is
+    offline-first, so a bare name is a mistyped folder, never a hub id to download."""
+    if tokenizer is None:
+        return
+    path = Path(tokenizer).expanduser()
+    if not path.is_dir():
+        what = "not a folder" if path.exists() else "no such folder"
+        _fail(
+            f"--tokenizer {tokenizer!r}: {what} (name a tokenizer folder, e.g. a run's hf/ or tokenizer/; "
+            "hub ids are not accepted)"
+        )
+
+
+def resolve_source(path: Path) -> tuple[Path, str]:
+    """What `load_checkpoint` is given for the checkpoint argument, checked as `check_checkpoint` checks it, and how
+    the provenance line labels it: an HF export, a Lightning checkpoint, or for a run folder what of it loads (its
+    hf/ export when that has config.json, else its newest valid checkpoint, as `klalm.models.checkpoint.load_model`
+    picks them; that checkpoint is verified once here and then loaded by its own path).
+
+    Raises:
+        FileNotFoundError, CheckpointError, ExportIntegrityError: as `check_checkpoint`.
+    """
+    if checkpoint_kind(path) == "hf_export":
+        check_checkpoint(path)
+        return path, "HF export"
+    if path.is_file():
+        check_checkpoint(path)
+        return path, "Lightning checkpoint"
+    if (path / HF_DIR / "config.json").is_file():
+        check_checkpoint(path)
+        return path, f"run folder, its {HF_DIR}/ export"
+    latest, skipped = newest_valid([path])
+    for reason in skipped:
+        print(f"{PROG}: note: skipped {reason}", file=sys.stderr, flush=True)
+    if latest is None:
+        check_checkpoint(path)  # raises, naming the skipped checkpoints
+    return latest, f"run folder, its newest valid checkpoint {latest.relative_to(path)}"
+
+
+def trained_context(source: Path) -> int | None:
+    """The context length the model was trained on, from the checkpoint itself (not from a --tokenizer's or the run's
+    `tokenizer/`, which carries the hub tokenizer's value): an export's saved `model_max_length` (save_export writes
+    the run's data.seq_len there), a Lightning checkpoint's saved hyper-parameters `data.seq_len` (its tensors mapped,
+    not read). None where it cannot be known: an export without a tokenizer or with transformers' placeholder, a
+    checkpoint without the hyper-parameters (or unreadable)."""
+    export = source / HF_DIR if (source / HF_DIR / "config.json").is_file() else source
+    if export.is_dir():
+        try:
+            value = json.loads((export / "tokenizer_config.json").read_text(encoding="utf-8")).get("model_max_length")
+        except (OSError, ValueError, AttributeError):
+            return None
+    else:
+        try:
+            checkpoint = load_checkpoint_file(source, mmap=True)
+        except CheckpointError:
+            return None
+        value = _entry(checkpoint, "hyper_parameters", "data", "seq_len")  # klalm-train's save_hyperparameters(cfg)
+        if value is None:  # (it also records it among the settings a resume must keep)
+            value = _entry(checkpoint, "klalm", "resume_settings", "data.seq_len")
+    return value if isinstance(value, int) and not isinstance(value, bool) and 0 < value < UNKNOWN_LENGTH else None
+
+
+def _entry(tree: Any, *keys: str) -> Any:
+    """tree[keys[0]][keys[1]]...; None where a level is missing or not a dict."""
+    for key in keys:
+        if not isinstance(tree, dict):
+            return None
+        tree = tree.get(key)
+    return tree
+
+
+def _describe(path: Path, label: str, provenance: dict[str, Any]) -> str:
     return (
-        f"{PROG}: {provenance['checkpoint']} ({provenance['kind']}): {provenance['arch']}, "
+        f"{PROG}: {path.resolve()} ({label}): {provenance['arch']}, "
         f"{provenance['n_params']:,} parameters, on {provenance['device']} in {provenance['dtype']}"
     )
 
 
-def main(argv: list[str] | None = None) -> list[str]:
-    """Entry point of `klalm-generate` (see the module docstring); returns the samples' text.
+def main(argv: list[str] | None = None) -> None:
+    """Entry point of `klalm-generate` (see the module docstring).
 
     Args:
         argv: the command's arguments (None: sys.argv[1:]).
 
-    Bad input ends it with one line on stderr (exit code 1): flags, the prompt and the checkpoint's files are checked
-    before any weights load; a prompt that encodes to no token once the tokenizer has loaded.
+    Bad input ends it with one line on stderr (exit code 1): flags, --device, --tokenizer, the prompt and the
+    checkpoint's files are checked before any weights load; a tokenizer that does not fit the model and a prompt that
+    encodes to no token once they have loaded.
     """
     args = parse_args(argv)
     prompt = read_prompt(args)
+    check_device(args.device)
+    check_tokenizer_folder(args.tokenizer)
+    path = Path(args.checkpoint).expanduser()
     try:
-        resolve_device(args.device)
-    except (ConfigError, RuntimeError) as err:  # no CUDA here, or a device torch cannot parse
-        _fail(f"--device {args.device}: {one_line(err).removeprefix(f'device={args.device!r}: ')}")
-    try:
-        check_tokenizer(args.tokenizer)
-    except FileNotFoundError as err:
-        _fail(f"--tokenizer {one_line(err).removeprefix('tokenizer=')}")
-    try:
-        check_checkpoint(args.checkpoint)
-        loaded = load_checkpoint(args.checkpoint, tokenizer=args.tokenizer, device=args.device, dtype=args.dtype)
+        source, label = resolve_source(path)
+        loaded = load_checkpoint(source, tokenizer=args.tokenizer, device=args.device, dtype=args.dtype)
     except (FileNotFoundError, CheckpointError, ExportIntegrityError, ConfigError) as err:
-        _fail(one_line(err))
+        # (load_checkpoint is klalm-eval's: its messages spell the flag tokenizer=)
+        message = one_line(err).replace("tokenizer=FOLDER", "--tokenizer FOLDER")
+        if args.tokenizer is not None:
+            message = message.replace(f"tokenizer={args.tokenizer} ", f"--tokenizer {args.tokenizer} ", 1)
+        _fail(message)
     except (OSError, ValueError) as err:  # a --tokenizer folder without a usable tokenizer (a .ckpt's loader)
         if args.tokenizer is None:
             raise
@@ -161,19 +255,17 @@ def main(argv: list[str] | None = None) -> list[str]:
     # No length is refused: the klalm configs have no max_position_embeddings, attention's RoPE table is computed for
     # any position (klalm.models.mixers.attention.rope_table) and its KV cache grows, and the recurrent mixers keep a
     # fixed-size state. Past the context the model was trained on its text degrades, which is said, not refused.
-    total, context = len(ids) + args.max_new_tokens, trained_context(tokenizer)
-    print(_describe(loaded.provenance), file=sys.stderr, flush=True)
+    total, context = len(ids) + args.max_new_tokens, trained_context(source)
+    print(_describe(path, label, loaded.provenance), file=sys.stderr, flush=True)
     if context is not None and total > context:
         print(
             f"{PROG}: note: {len(ids)} prompt tokens + --max-new-tokens {args.max_new_tokens} = {total} tokens, beyond "
-            f"the {context} the tokenizer gives as the model's context (its model_max_length): positions past it "
-            "were not trained",
+            f"the {context}-token context the checkpoint was trained on: positions past it were not trained",
             file=sys.stderr,
             flush=True,
         )
     device = next(model.parameters()).device
     input_ids = torch.tensor([ids], dtype=torch.long, device=device)  # [1, T0]
-    samples = []
     for index in range(args.num_samples):
         seed = args.seed + index
         if args.num_samples > 1:
@@ -194,7 +286,6 @@ def main(argv: list[str] | None = None) -> list[str]:
         text = tokenizer.decode(out[0].tolist(), **DECODE)
         if streamer is None:
             print(text, flush=True)
-        samples.append(text)
         new = out.shape[1] - len(ids)
         ended = ", ended at EOS" if new and out[0, -1].item() == tokenizer.eos_token_id else ""
         print(
@@ -203,7 +294,6 @@ def main(argv: list[str] | None = None) -> list[str]:
             file=sys.stderr,
             flush=True,
         )
-    return samples
 
 
 def _text_streamer(tokenizer: Any) -> Any:

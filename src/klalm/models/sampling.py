@@ -83,7 +83,6 @@ class _NonFiniteGuard:
     `sample_ids` drops that step's token."""
 
     def __init__(self) -> None:
-        self.hit = False
         self.hit_at: int | None = None  # the position of the token drawn from the neutralised scores
         guard = self
 
@@ -92,7 +91,7 @@ class _NonFiniteGuard:
                 if torch.isfinite(scores).all():
                     return scores
                 if not guard.hit:
-                    guard.hit, guard.hit_at = True, input_ids.shape[1]
+                    guard.hit_at = input_ids.shape[1]
                 return torch.zeros_like(scores)
 
         class Stop(StoppingCriteria):
@@ -100,6 +99,11 @@ class _NonFiniteGuard:
                 return torch.full((input_ids.shape[0],), guard.hit, dtype=torch.bool, device=input_ids.device)
 
         self.processor, self.stop = Scores(), Stop()
+
+    @property
+    def hit(self) -> bool:
+        """Whether a step's logits were not finite."""
+        return self.hit_at is not None
 
 
 class _GuardedStreamer:

@@ -51,7 +51,7 @@ from typing import Any, NoReturn
 
 import torch
 
-from klalm.errors import one_line
+from klalm.errors import one_line, refuse
 from klalm.provenance import git_commit
 from klalm.tasks.plans import RunPlan, add_plan_args, apply_args, int_list, load_plan, name_list, plan_units
 from klalm.tasks.results import Results, estimate_s, merge
@@ -686,8 +686,8 @@ PREFIX = "klalm-synthetic"
 
 
 def _refuse(message: str) -> NoReturn:
-    """End the command with `klalm-synthetic: <message>` on one line of stderr (exit code 1), before it writes."""
-    sys.exit(f"{PREFIX}: {message}")
+    """End the command in one line of stderr (exit code 1), before it writes."""
+    refuse(PREFIX, message)
 
 
 def _mib(paths) -> float:
