@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -54,13 +55,17 @@ def test_a_file_that_fails_midway_is_named(gpt2, tmp_path):
 
 def test_a_killed_runs_staging_folder_is_removed_and_a_live_ones_kept(files_args, tmp_path):
     out = tmp_path / "out"
-    stale, live, unlocked = out / ".partial-killed", out / ".partial-live", out / ".partial-new"
-    for folder in (stale, live, unlocked):
+    stale, live, young = out / ".partial-killed", out / ".partial-live", out / ".partial-young"
+    unlocked = out / ".partial-new"
+    for folder in (stale, live, young, unlocked):
         (folder / "train").mkdir(parents=True)
-    # a killed run's lock file: left behind, held by no process
-    (stale / prepare.STAGING_LOCK).touch()
+    for folder in (stale, live, young):  # lock files held by no process yet
+        (folder / prepare.STAGING_LOCK).touch()
+    an_hour_ago = time.time() - 3600
+    for folder in (stale, live):
+        os.utime(folder / prepare.STAGING_LOCK, (an_hour_ago, an_hour_ago))
     # a live run's, held by another process (flock locks belong to the open file, so a child holds its own)
-    hold = ("import fcntl, os, sys, time; fd = os.open(sys.argv[1], os.O_CREAT | os.O_WRONLY); "
+    hold = ("import fcntl, os, sys, time; fd = os.open(sys.argv[1], os.O_WRONLY); "
             "fcntl.flock(fd, fcntl.LOCK_EX); print('locked', flush=True); time.sleep(120)")  # fmt: skip
     holder = subprocess.Popen([sys.executable, "-c", hold, str(live / prepare.STAGING_LOCK)], stdout=subprocess.PIPE,
                               text=True)  # fmt: skip
@@ -70,8 +75,9 @@ def test_a_killed_runs_staging_folder_is_removed_and_a_live_ones_kept(files_args
     finally:
         holder.kill()
         holder.wait()
-    # a folder without a lock file may be one another run is making this instant: left alone too
-    assert sorted(p.name for p in out.iterdir()) == sorted(["tokenizer", "train", live.name, unlocked.name])
+    # left alone too: a folder without a lock file, or whose lock file is under a minute old (its run may be taking
+    # the lock this instant)
+    assert sorted(p.name for p in out.iterdir()) == sorted(["tokenizer", "train", live.name, young.name, unlocked.name])
 
 
 def test_the_writing_run_holds_its_staging_lock(files_args, tmp_path, monkeypatch):
@@ -80,10 +86,41 @@ def test_the_writing_run_holds_its_staging_lock(files_args, tmp_path, monkeypatc
 
     def swap_in(staging, out_dir, names):
         with pytest.raises(BlockingIOError):  # what a second run's clean-up would meet
-            os.close(prepare._hold_lock(staging / prepare.STAGING_LOCK))
+            os.close(prepare._lock(staging / prepare.STAGING_LOCK))
         seen.append(staging)
         real_swap_in(staging, out_dir, names)
 
     monkeypatch.setattr(prepare, "_swap_in", swap_in)
     prepare.main([*files_args, "--splits", "train", "--out", str(out), "--no-progress"])
     assert seen and not seen[0].exists()
+
+
+def test_a_file_system_without_locks_writes_without_one_and_leaves_nothing(files_args, tmp_path, monkeypatch):
+    """NFS without its lock service, some FUSE or Lustre mounts: flock fails with ENOLCK and the like. The run
+    writes unlocked (and cleans up no other folder: it cannot tell a live run's from a dead one)."""
+    import errno
+    import fcntl
+
+    def flock(descriptor, operation):
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(fcntl, "flock", flock)
+    out = tmp_path / "out"
+    (out / ".partial-other").mkdir(parents=True)
+    (out / ".partial-other" / prepare.STAGING_LOCK).touch()
+    os.utime(out / ".partial-other" / prepare.STAGING_LOCK, (time.time() - 3600,) * 2)
+    prepare.main([*files_args, "--splits", "train", "--out", str(out), "--no-progress"])
+    assert sorted(p.name for p in out.iterdir()) == [".partial-other", "tokenizer", "train"]
+
+
+def test_a_failure_to_lock_leaves_no_new_output_folder(files_args, tmp_path, monkeypatch):
+    import errno
+    import fcntl
+
+    def flock(descriptor, operation):
+        raise OSError(errno.EBADF, "Bad file descriptor")
+
+    monkeypatch.setattr(fcntl, "flock", flock)
+    with pytest.raises(SystemExit, match="Bad file descriptor"):
+        prepare.main([*files_args, "--splits", "train", "--out", str(tmp_path / "out"), "--no-progress"])
+    assert not (tmp_path / "out").exists()

@@ -15,7 +15,7 @@ Train afterwards with ``KLALM_SHARDS=<out> klalm-train data=shards``.
 from __future__ import annotations
 
 import argparse
-import fcntl
+import errno
 import itertools
 import json
 import os
@@ -276,10 +276,11 @@ def write_dataset(
     out_dir = Path(out_dir)
     made_out_dir = not out_dir.exists()
     out_dir.mkdir(parents=True, exist_ok=True)
-    _remove_stale_staging(out_dir)
-    staging = Path(tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=out_dir))
-    lock = _hold_lock(staging / STAGING_LOCK)
+    staging, lock = None, None
     try:
+        _remove_stale_staging(out_dir)
+        staging = Path(tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=out_dir))
+        lock = _lock(staging / STAGING_LOCK)
         tok = load_tokenizer(data_config["tokenizer"])
         results = {}
         for split, (source, src) in plan.items():
@@ -297,38 +298,56 @@ def write_dataset(
             shutil.rmtree(out_dir, ignore_errors=True)
         raise
     finally:
-        shutil.rmtree(staging, ignore_errors=True)
-        os.close(lock)
+        if lock is not None:  # closed first: NFS keeps an open file that is removed, and its folder with it
+            os.close(lock)
+        if staging is not None:
+            shutil.rmtree(staging, ignore_errors=True)
     return results
 
 
 STAGING_PREFIX = ".partial-"  # write_dataset's temporary folder in --out
 STAGING_LOCK = ".lock"  # in it: locked (flock) by the run writing it for as long as it runs
+STALE_AFTER_S = 60  # a folder younger than this may be one whose run is taking its lock this instant: left alone
+# flock's errors where a file system has no working locks (NFS without its lock service, some FUSE and Lustre mounts)
+NO_LOCKS = frozenset({errno.ENOLCK, errno.ENOSYS, errno.EOPNOTSUPP, errno.EINVAL})
 
 
 def _remove_stale_staging(out_dir: Path) -> None:
     """Removes the temporary folders in ``out_dir`` of runs that were killed (SIGKILL, a lost machine) before they
-    could clean up: those whose lock no process holds any more. A live run's folder, on this machine or another
-    sharing the file system, is left alone; so is a folder without a lock file (one being made this instant)."""
+    could clean up: those whose lock no process holds any more. Left alone: a live run's folder (on this machine, or
+    on another sharing a file system whose locks work across machines), one without a lock file or made in the last
+    `STALE_AFTER_S` seconds (its run may be starting), and any this process cannot lock (another user's, a file
+    system without locks: no way to tell a live run from a dead one)."""
     for folder in out_dir.glob(f"{STAGING_PREFIX}*"):
-        if not (folder / STAGING_LOCK).is_file():
-            continue
         try:
-            lock = _hold_lock(folder / STAGING_LOCK)
-        except BlockingIOError:  # its run is alive
+            if time.time() - (folder / STAGING_LOCK).stat().st_mtime < STALE_AFTER_S:
+                continue
+            lock = _lock(folder / STAGING_LOCK)
+        except OSError:  # no lock file, another user's folder, its run alive (BlockingIOError), gone meanwhile
             continue
-        try:
-            shutil.rmtree(folder, ignore_errors=True)
-        finally:
-            os.close(lock)
+        if lock is None:  # no locks on this file system
+            continue
+        os.close(lock)  # (closed first, as in write_dataset; a run that takes it now finds its folder gone and fails)
+        shutil.rmtree(folder, ignore_errors=True)
 
 
-def _hold_lock(path: Path) -> int:
-    """An open descriptor of `path` (created if missing) holding an exclusive flock on it; BlockingIOError when
-    another process holds it. The lock ends when the descriptor is closed or the process ends, however it ends."""
+def _lock(path: Path) -> int | None:
+    """An open descriptor of `path` (created if missing) holding an exclusive flock on it, or None where the file
+    system has no locks; BlockingIOError when another process holds it. The lock ends when the descriptor is closed
+    or the process ends, however it ends."""
+    import fcntl  # (Unix only, as flock; imported here so that klalm.data imports everywhere)
+
     descriptor = os.open(path, os.O_CREAT | os.O_WRONLY, 0o644)
     try:
         fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(descriptor)
+        raise
+    except OSError as err:
+        os.close(descriptor)
+        if err.errno in NO_LOCKS:
+            return None
+        raise
     except BaseException:
         os.close(descriptor)
         raise
