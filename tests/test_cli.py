@@ -335,3 +335,11 @@ def test_a_broken_pipe_that_is_not_stdout_is_not_hidden(tmp_path):
     """)
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, timeout=120)
     assert proc.returncode == 1 and "BrokenPipeError" in proc.stderr
+
+
+def test_a_command_started_with_stdout_closed_ends_as_it_would_otherwise(tmp_path):
+    """`klalm-params >&-`: Python's sys.stdout is None; the wrapper's flush must not turn that into a traceback."""
+    code = "from klalm.cli import params; params(['--preset', 'kla_tiny'])"
+    proc = subprocess.run(["bash", "-c", f'exec "{sys.executable}" -c "{code}" >&-'], capture_output=True, text=True,
+                          cwd=tmp_path, timeout=120)  # fmt: skip
+    assert proc.returncode == 0 and proc.stderr == ""

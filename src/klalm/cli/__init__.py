@@ -123,18 +123,21 @@ def quiet_when_the_reader_stops(command: Callable[[], None]) -> Callable[[], Non
     def run(*args: Any, **kwargs: Any) -> None:
         exiting = None
         try:
-            try:
-                command(*args, **kwargs)
-            except SystemExit as exit_:
-                exiting = exit_
-            sys.stdout.flush()  # also before sys.exit: a closed pipe raises here, not at interpreter exit
+            command(*args, **kwargs)
+        except SystemExit as exit_:
+            exiting = exit_
         except BrokenPipeError:
             if not _reader_gone():
                 raise
-            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nothing more to flush at exit
-            if exiting is not None and isinstance(exiting.code, str):
-                print(exiting.code, file=sys.stderr)
-            sys.exit(1)
+            _exit_quietly(None)
+        try:
+            if sys.stdout is not None:  # (None where the command was started with stdout closed)
+                sys.stdout.flush()  # also before sys.exit: a closed pipe raises here, not at interpreter exit
+        except BrokenPipeError:  # the flush writes only to stdout
+            _exit_quietly(exiting)
+        except OSError:
+            if exiting is None:
+                raise
         if exiting is not None:
             raise exiting
 
@@ -142,13 +145,22 @@ def quiet_when_the_reader_stops(command: Callable[[], None]) -> Callable[[], Non
 
 
 def _reader_gone() -> bool:
-    """Whether stdout is a pipe whose reader has closed it (poll reports an error on it)."""
+    """Whether stdout is a pipe whose reader has closed it (poll reports an error or a hang-up on it)."""
     try:
         poller = select.poll()
         poller.register(sys.stdout.fileno(), select.POLLOUT)
-        return any(events & select.POLLERR for _, events in poller.poll(0))
-    except (OSError, ValueError, AttributeError):  # no file descriptor (stdout replaced), or no poll here
+        return any(events & (select.POLLERR | select.POLLHUP) for _, events in poller.poll(0))
+    except (OSError, ValueError, AttributeError):  # no file descriptor (stdout replaced or closed), or no poll here
         return False
+
+
+def _exit_quietly(exiting: SystemExit | None) -> NoReturn:
+    """Exit status 1, stdout pointed at /dev/null so that nothing more is written into the closed pipe at exit, and
+    the message a refusal was exiting with on stderr."""
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    if exiting is not None and isinstance(exiting.code, str):
+        print(exiting.code, file=sys.stderr)
+    sys.exit(1)
 
 
 @quiet_when_the_reader_stops
