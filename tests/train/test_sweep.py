@@ -65,6 +65,19 @@ def test_summary_plot_draws_the_jobs_that_logged_a_loss_labelled_by_what_they_va
     assert "| 1_a | no summary.json" in capsys.readouterr().out and (tmp_path / "curves.png").is_file()
 
 
+def test_a_damaged_metrics_file_leaves_its_job_out_of_the_plot_not_the_others(tmp_path, caplog):
+    for name, rows in (("0_a", "step,train/loss\n1,3.5\n"), ("1_a", "step,train/loss\n0,x\n"), ("2_a", b"\xff\xfe")):
+        _fake_job(tmp_path / "runs" / name, None, [f"seed={name[0]}"])
+        (tmp_path / "runs" / name / "csv").mkdir()
+        write = (tmp_path / "runs" / name / "csv" / "metrics.csv").write_bytes
+        write(rows if isinstance(rows, bytes) else rows.encode())
+    with caplog.at_level(logging.WARNING):
+        assert summary_plot(tmp_path / "runs", tmp_path / "curves.png") == tmp_path / "curves.png"
+    assert [r.getMessage().split(" left out")[0] for r in caplog.records] == [
+        f"sweep plot: {tmp_path / 'runs' / name / 'csv' / 'metrics.csv'}" for name in ("1_a", "2_a")
+    ]
+
+
 def test_summary_plot_writes_nothing_before_any_loss_and_the_command_says_so(tmp_path):
     _fake_job(tmp_path / "runs" / "0_a", None, ["optim.lr=1e-3"])
     assert summary_plot(tmp_path / "runs", tmp_path / "curves.png") is None and not (tmp_path / "curves.png").exists()

@@ -37,12 +37,12 @@ def plot_losses(csv_paths: dict[str, Path], out_png: str | Path, *, title: str =
 
     fig, ax = plt.subplots(figsize=(7, 4))
     plotted = 0
-    for label, path in csv_paths.items():
+    for index, (label, path) in enumerate(csv_paths.items()):
         if not Path(path).is_file():
             raise FileNotFoundError(f"metrics file {path} does not exist")
         steps, losses = read_metric(path, "train/loss")
         finite = [(s, v) for s, v in zip(steps, losses) if math.isfinite(v)]
-        colour = f"C{plotted % 10}"  # a run's train and validation curves in one colour
+        colour = f"C{index % 10}"  # a run's train and validation curves in one colour
         if finite:
             ax.plot(*zip(*finite), color=colour, label=f"{label} train")
             plotted += 1

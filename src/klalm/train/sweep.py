@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import csv
 import json
 import logging
 import os
@@ -31,7 +32,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 from klalm.config_checks import ConfigError, check_train_config
 from klalm.errors import one_line
-from klalm.train.plots import plot_losses
+from klalm.train.plots import plot_losses, read_metric
 
 log = logging.getLogger(__name__)
 
@@ -85,15 +86,17 @@ def summary_plot(sweep_dir: str | Path, out_png: str | Path) -> Path | None:
     jobs = sorted(p for p in sweep_dir.iterdir() if p.is_dir() and not p.name.startswith("."))
     overrides = {job: _overrides(job) for job in jobs}
     shared = set.intersection(*(set(o) for o in overrides.values())) if jobs else set()
-    curves = {
-        " ".join([job.name, *(o for o in overrides[job] if o not in shared)]): job / "csv" / "metrics.csv"
-        for job in jobs
-        if (job / "csv" / "metrics.csv").is_file()
-    }
-    try:
-        return plot_losses(curves, out_png, title=f"sweep {sweep_dir.name}: loss") if curves else None
-    except ValueError:  # no job has a train/loss value yet
-        return None
+    curves = {}
+    for job in jobs:
+        path = job / "csv" / "metrics.csv"
+        try:
+            if not path.is_file() or not read_metric(path, "train/loss")[0]:
+                continue  # no training loss yet (a job that failed early, or is running)
+        except (OSError, ValueError, csv.Error) as err:  # damaged: the other jobs are still plotted
+            log.warning("sweep plot: %s left out: %s", path, one_line(err))
+            continue
+        curves[" ".join([job.name, *(o for o in overrides[job] if o not in shared)])] = path
+    return plot_losses(curves, out_png, title=f"sweep {sweep_dir.name}: loss") if curves else None
 
 
 def _overrides(job: Path) -> list[str]:
