@@ -6,7 +6,7 @@ STAMP := $(VENV)/.klalm-installed
 # CPU machines (no nvidia-smi) get the CPU build of torch; GPU machines keep whatever torch they have.
 TORCH_CPU ?= torch==2.13.0
 HAS_GPU := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo 1)
-# pytest worker processes (pytest-xdist; 0: none): the suite took 9 minutes with 2 on a 2-core machine, 14 without
+# pytest worker processes (pytest-xdist; 0: none): 7.4 minutes with 2 on a 2-core machine (2026-12-05, README)
 TEST_WORKERS ?= 2
 
 .PHONY: install train test test-full lint bench clean
