@@ -136,6 +136,10 @@ def test_training_checkpoint_and_run_folder(tiny_checkpoints, gpt2_tokenizer, tm
     ):
         out, err = _run(capsys, path, *greedy)
         assert out == expected and f"{path} ({label}): gpt, " in err and note in err
+    (tmp_path / "empty").mkdir()  # a .ckpt with a --tokenizer folder that holds none: one line (was a traceback)
+    with pytest.raises(SystemExit, match=f"^klalm-generate: no usable tokenizer in '{tmp_path / 'empty'}' .*"
+                                         "pass --tokenizer FOLDER to name one$"):  # fmt: skip
+        _run(capsys, ckpt, *greedy, "--tokenizer", tmp_path / "empty")
     save_export(model, run / "hf", gpt2_tokenizer, max_length=8)  # as klalm-train exports it: data.seq_len
     out, err = _run(capsys, run, *greedy, "--tokenizer", run / "tokenizer")
     assert out == expected and f"{run} (run folder, its hf/ export): gpt, " in err and note in err

@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from klalm.config_checks import ConfigError
+from klalm.errors import one_line
 from klalm.models.checkpoint import HF_DIR, load_model, newest_valid, verify_checkpoint
 from klalm.models.export import (  # (klalm.models registers the klalm classes with the Auto classes)
     MANIFEST,
@@ -127,26 +128,28 @@ def check_tokenizer(tokenizer: str | Path | None) -> None:
         raise FileNotFoundError(f"tokenizer={value!r}: {what} (name a tokenizer folder, e.g. a run's hf/)")
 
 
-def _load_hf_export(path: Path, tokenizer: str | Path | None) -> tuple[Any, Any]:
+def _tokenizer_from(folder: Path) -> Any:
+    """`AutoTokenizer.from_pretrained(folder)`; a folder without a usable tokenizer raises FileNotFoundError naming
+    it."""
     from transformers import AutoTokenizer
 
-    model = load_export_model(path)
-    tok_source = Path(tokenizer).expanduser() if tokenizer is not None else path
     try:
-        tok = AutoTokenizer.from_pretrained(tok_source)
+        return AutoTokenizer.from_pretrained(folder)
     except (OSError, ValueError) as err:
         raise FileNotFoundError(
-            f"no usable tokenizer in {str(tok_source)!r} ({err}); pass tokenizer=FOLDER to name one"
+            f"no usable tokenizer in {str(folder)!r} ({one_line(err)}); pass tokenizer=FOLDER to name one"
         ) from err
-    return model, tok
+
+
+def _load_hf_export(path: Path, tokenizer: str | Path | None) -> tuple[Any, Any]:
+    model = load_export_model(path)
+    return model, _tokenizer_from(Path(tokenizer).expanduser() if tokenizer is not None else path)
 
 
 def _load_training(path: Path, tokenizer: str | Path | None) -> tuple[Any, Any]:
     model, tok = load_model(path)
     if tokenizer is not None:
-        from transformers import AutoTokenizer
-
-        tok = AutoTokenizer.from_pretrained(Path(tokenizer).expanduser())
+        tok = _tokenizer_from(Path(tokenizer).expanduser())
     if tok is None:
         raise FileNotFoundError(f"training checkpoint {str(path)!r} has no tokenizer; pass tokenizer=FOLDER")
     return model, tok

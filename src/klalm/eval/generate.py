@@ -246,10 +246,6 @@ def main(argv: list[str] | None = None) -> None:
         if args.tokenizer is not None:
             message = message.replace(f"tokenizer={args.tokenizer} ", f"--tokenizer {args.tokenizer} ", 1)
         _fail(message)
-    except (OSError, ValueError) as err:  # a --tokenizer folder without a usable tokenizer (a .ckpt's loader)
-        if args.tokenizer is None:
-            raise
-        _fail(f"--tokenizer {args.tokenizer}: {one_line(err)}")
     model, tokenizer = loaded.model, loaded.tokenizer
     ids = prompt_ids(tokenizer, prompt, "--prompt" if args.prompt is not None else f"--prompt-file {args.prompt_file}")
     # No length is refused: the klalm configs have no max_position_embeddings, attention's RoPE table is computed for
