@@ -61,33 +61,24 @@ def summary_table(sweep_dir: str | Path) -> str:
     The last column lists each job's overrides that not every job shares (what the sweep varied). Jobs without a
     summary (failed or still running) get a row saying so, so a sweep's failures stay visible.
     """
-    sweep_dir = Path(sweep_dir)
-    jobs = sorted(p for p in sweep_dir.iterdir() if p.is_dir() and not p.name.startswith("."))
-    overrides = {job: _overrides(job) for job in jobs}
-    shared = set.intersection(*(set(o) for o in overrides.values())) if jobs else set()
     header = "| job | " + " | ".join(title for _, title, _ in COLUMNS) + " | overrides |"
     lines = [header, "|" + " --- |" * (len(COLUMNS) + 2)]
-    for job in jobs:
+    for job, varied in _jobs(sweep_dir):
         summary_path = job / "summary.json"
         if summary_path.is_file():
             summary = json.loads(summary_path.read_text())
             cells = [_cell(summary.get(key), fmt) for key, _, fmt in COLUMNS]
         else:
             cells = ["no summary.json (failed or unfinished)"] + ["—"] * (len(COLUMNS) - 1)
-        varied = " ".join(o for o in overrides[job] if o not in shared)
-        lines.append(f"| {job.name} | " + " | ".join(cells) + f" | {varied} |")
+        lines.append(f"| {job.name} | " + " | ".join(cells) + f" | {' '.join(varied)} |")
     return "\n".join(lines) + "\n"
 
 
 def summary_plot(sweep_dir: str | Path, out_png: str | Path) -> Path | None:
     """Every job's loss curves (train, and validation where logged) in one plot, labelled with the job's folder and
     the overrides it varies; None (nothing written) while no job has logged a training loss."""
-    sweep_dir = Path(sweep_dir)
-    jobs = sorted(p for p in sweep_dir.iterdir() if p.is_dir() and not p.name.startswith("."))
-    overrides = {job: _overrides(job) for job in jobs}
-    shared = set.intersection(*(set(o) for o in overrides.values())) if jobs else set()
     curves = {}
-    for job in jobs:
+    for job, varied in _jobs(sweep_dir):
         path = job / "csv" / "metrics.csv"
         try:
             if not path.is_file() or not read_metric(path, "train/loss")[0]:
@@ -95,8 +86,17 @@ def summary_plot(sweep_dir: str | Path, out_png: str | Path) -> Path | None:
         except (OSError, ValueError, csv.Error) as err:  # damaged: the other jobs are still plotted
             log.warning("sweep plot: %s left out: %s", path, one_line(err))
             continue
-        curves[" ".join([job.name, *(o for o in overrides[job] if o not in shared)])] = path
-    return plot_losses(curves, out_png, title=f"sweep {sweep_dir.name}: loss") if curves else None
+        curves[" ".join([job.name, *varied])] = path
+    return plot_losses(curves, out_png, title=f"sweep {Path(sweep_dir).name}: loss") if curves else None
+
+
+def _jobs(sweep_dir: str | Path) -> list[tuple[Path, list[str]]]:
+    """The job folders under `sweep_dir` in name order, each with its overrides that not every job shares (what the
+    sweep varied)."""
+    jobs = sorted(p for p in Path(sweep_dir).iterdir() if p.is_dir() and not p.name.startswith("."))
+    overrides = {job: _overrides(job) for job in jobs}
+    shared = set.intersection(*(set(o) for o in overrides.values())) if jobs else set()
+    return [(job, [o for o in overrides[job] if o not in shared]) for job in jobs]
 
 
 def _overrides(job: Path) -> list[str]:
