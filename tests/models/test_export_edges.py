@@ -219,3 +219,16 @@ def test_mending_treats_an_empty_target_as_missing_and_keeps_leftovers_beside_a_
     (tmp_path / "hf").write_text("a file")
     _put_back(tmp_path / "hf")
     assert _leftovers(tmp_path) == [".hf.old-5"]
+
+
+def test_exporting_and_loading_print_no_transformers_chatter(tmp_path, tokenizer, capfd):
+    """No per-shard progress bars and no "layers were not sharded" warning (transformers checks a tensor-parallel
+    plan when its loader's logger is quieted by level); the progress-bar setting is the caller's again afterwards."""
+    from transformers.utils import logging as hf_logging
+
+    capfd.readouterr()
+    export = save_export(_model("kla"), tmp_path / "hf", tokenizer)
+    load_export_model(export)
+    printed = "".join(capfd.readouterr())
+    assert "shards" not in printed and "Loading weights" not in printed and "not sharded" not in printed, printed
+    assert hf_logging.is_progress_bar_enabled()

@@ -147,7 +147,7 @@ def save_export(
             tokenizer.pad_token = tokenizer.eos_token
         if max_length is not None:
             tokenizer.model_max_length = max_length
-    with _staged(out_dir) as staging:
+    with _staged(out_dir) as staging, _transformers_quiet():
         model.save_pretrained(staging, state_dict=state_dict)
         if tokenizer is not None:
             tokenizer.save_pretrained(staging)
@@ -277,6 +277,33 @@ def weight_mismatch(missing: Any, unexpected: Any, shaped: Any) -> list[str]:
     return problems
 
 
+@contextlib.contextmanager
+def _transformers_quiet() -> Iterator[None]:
+    """Writes and reads an export without transformers' chatter: no per-shard progress bars (an export is one small
+    file) and no load report (`load_export_model` says what does not fit in one line of its own).
+
+    The report is dropped by a filter on its logger, not by raising the logger's level: transformers checks a
+    tensor-parallel plan only when that level is WARNING or above, and warns on every klalm model that "the following
+    layers were not sharded".
+    """
+    from transformers.utils import logging as hf_logging
+
+    report = logging.getLogger("transformers.modeling_utils")
+
+    def errors_only(record: logging.LogRecord) -> bool:
+        return record.levelno >= logging.ERROR
+
+    bars = hf_logging.is_progress_bar_enabled()
+    report.addFilter(errors_only)
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        report.removeFilter(errors_only)
+        if bars:
+            hf_logging.enable_progress_bar()
+
+
 def load_export_model(folder: str | Path, **kwargs: Any) -> Any:
     """Loads an export's model with `AutoModelForCausalLM.from_pretrained`, after `verify_export`, refusing weights
     that do not fit its config.json.
@@ -295,18 +322,14 @@ def load_export_model(folder: str | Path, **kwargs: Any) -> Any:
 
     folder = Path(folder)
     verify_export(folder)
-    quiet = logging.getLogger("transformers.modeling_utils")  # its load report: the error below says it in a line
-    level = quiet.level
-    quiet.setLevel(logging.ERROR)
     try:
         options = {**kwargs, "output_loading_info": True, "ignore_mismatched_sizes": True}  # read, then refused below
-        model, info = AutoModelForCausalLM.from_pretrained(folder, **options)
+        with _transformers_quiet():
+            model, info = AutoModelForCausalLM.from_pretrained(folder, **options)
     except (OSError, ValueError, KeyError, SafetensorError) as err:  # unreadable config or weights, unknown model_type
         if isinstance(err, FileNotFoundError):
             raise
         raise ExportIntegrityError(f"{folder} cannot be loaded as a Hugging Face export: {one_line(err)}") from err
-    finally:
-        quiet.setLevel(level)
     problems = weight_mismatch(info.get("missing_keys") or (), info.get("unexpected_keys") or (),
                                info.get("mismatched_keys") or ())  # fmt: skip
     if problems:
