@@ -13,7 +13,14 @@ from hydra import compose, initialize_config_module
 from omegaconf import OmegaConf
 
 from klalm.cli.helptext import key_comments
-from klalm.config_checks import TRAIN_RULES, ConfigError, check_eval_config, check_overrides, check_train_config
+from klalm.config_checks import (
+    TRAIN_RULES,
+    ConfigError,
+    check_eval_config,
+    check_overrides,
+    check_train_config,
+    unknown_key_message,
+)
 from klalm.errors import one_line
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
@@ -70,8 +77,13 @@ def test_cfg_job_and_a_bad_value_answer_before_torch(tmp_path):
 
 @pytest.fixture(scope="module")
 def compose_config():
-    with initialize_config_module("klalm.configs", version_base="1.3"):
-        yield lambda name, overrides: compose(name, overrides=overrides)
+    """Composes a config; Hydra is initialised only for the call (`unknown_key_message` initialises it itself)."""
+
+    def composed(name: str, overrides: list[str]):
+        with initialize_config_module("klalm.configs", version_base="1.3"):
+            return compose(name, overrides=overrides)
+
+    return composed
 
 
 @pytest.mark.parametrize(
@@ -162,7 +174,7 @@ def test_an_unknown_group_option_is_refused_in_one_line_naming_the_nearest(overr
 
 
 @pytest.mark.parametrize(
-    "override", ["model=kla_45m", "-m", "model.d_model=64", "hydra/launcher=basic", "~logger", "data=glob(*)", "x=y"]
+    "override", ["model=kla_45m", "-m", "model.d_model=64", "hydra/launcher=basic", "~logger", "data=glob(*)", "+x=y"]
 )
 def test_group_options_that_exist_and_other_overrides_pass_to_hydra(override):
     check_overrides([override])
@@ -176,6 +188,48 @@ def test_group_options_that_exist_and_other_overrides_pass_to_hydra(override):
 def test_options_from_folders_added_to_the_search_path_are_left_to_hydra(arguments):
     """A user's own config folder may hold `experiment/mine.yaml`: only Hydra knows its search path."""
     check_overrides(arguments)
+
+
+@pytest.mark.parametrize(
+    ("config", "arguments", "message"),
+    [
+        ("train", ["model.d_modle=64"], "model.d_modle=64: model has no key 'd_modle' (did you mean model.d_model?)"),
+        ("train", ["experiment=smoke", "model=kla_45m", "model.mixer_options.kla.blok=plain"],
+         "model.mixer_options.kla.blok=plain: model.mixer_options.kla has no key 'blok' (did you mean "
+         "model.mixer_options.kla.block?)"),
+        ("train", ["resum=auto"], "resum=auto: the config has no key 'resum' (did you mean resume?)"),
+        ("train", ["modle.d_model=3"], "modle.d_model=3: the config has no key 'modle' (did you mean model?)"),
+        ("train", ["x=y"], "x=y: the config has no key 'x'; `klalm-train --help` lists the keys"),
+        ("train", ["optim.lr.x=1"], "optim.lr.x=1: optim.lr is a value (0.001), not a group of keys"),
+        ("eval", ["checkpoint=x", "limt=3"], "limt=3: the config has no key 'limt' (did you mean limit?)"),
+    ],
+)  # fmt: skip
+def test_an_unknown_key_is_refused_in_one_line_naming_the_nearest(config, arguments, message):
+    """Hydra says it in six lines and suggests adding the key with `+`, which nothing would read."""
+    refusal = unknown_key_message(config, arguments)
+    assert refusal is not None and refusal.startswith(message) and "\n" not in refusal
+    if config == "train":
+        with pytest.raises(ConfigError, match=r"has no key|not a group"):
+            check_overrides(arguments)
+
+
+@pytest.mark.parametrize(
+    "arguments",
+    [["model.d_model=64", "resume=auto"], ["experiment=smoke", "train.max_tokens=5"], ["model.d_model=["],
+     ["model.d_modle=1", "--cfg", "job"], ["-m", "model.d_modle=1,2"], ["+model.d_modle=1"]],
+)  # fmt: skip
+def test_known_keys_flags_and_other_errors_are_left_to_hydra(arguments):
+    assert unknown_key_message("train", arguments) is None
+
+
+def test_an_unknown_key_stops_both_commands_before_torch(tmp_path):
+    proc = _in_fresh_python("train", ["model.d_modle=64"], tmp_path)
+    assert proc.returncode == 1 and proc.stdout.strip() == "LIGHT"
+    assert proc.stderr.strip().startswith("klalm-train: model.d_modle=64: model has no key 'd_modle'")
+    proc = _in_fresh_python("evaluate", ["checkpoint=x", "limt=3"], tmp_path)
+    assert proc.returncode == 1 and proc.stdout.strip() == "LIGHT"
+    assert proc.stderr.strip() == ("klalm-eval: limt=3: the config has no key 'limt' (did you mean limit?); "
+                                   "`klalm-eval --help` lists the keys")  # fmt: skip
 
 
 def test_the_triton_backend_on_the_cpu_passes_under_the_interpreter(compose_config, monkeypatch):

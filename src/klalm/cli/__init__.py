@@ -22,7 +22,13 @@ import hydra
 from omegaconf import DictConfig
 
 import klalm.cli.helptext  # noqa: F401  (registers the ${klalm_help:...} resolver of the help templates)
-from klalm.config_checks import ConfigError, check_eval_config, check_overrides, check_train_config
+from klalm.config_checks import (
+    ConfigError,
+    check_eval_config,
+    check_overrides,
+    check_train_config,
+    unknown_key_message,
+)
 from klalm.errors import one_line
 
 CONFIG_PATH = "pkg://klalm.configs"
@@ -181,6 +187,9 @@ def evaluate() -> None:
 
         print(TASKS_DIR)
         return
+    message = unknown_key_message("eval", sys.argv[1:])
+    if message is not None:
+        sys.exit(f"klalm-eval: {message}")
     _eval_app()
 
 
