@@ -2,9 +2,10 @@
 
 Hydra's struct mode already rejects unknown keys (`unknown_key_message` says so in one line, with the nearest key).
 This module adds the rest, in one table per app: the type of every key klalm itself reads (`optim.lr=abc` is an
-error naming `optim.lr`, not a TypeError deep inside torch) and the values that cannot work (`optim.lr=-1`). Keys a group option does not have (`scheduler.decay_frac` under the cosine
-schedule) or whose parent is switched off (`callbacks.checkpoint=null`) are not checked. Arguments that go straight
-to Lightning's Trainer (`trainer.devices=auto`, `trainer.limit_val_batches=0.5`) are Lightning's to check.
+error naming `optim.lr`, not a TypeError deep inside torch) and the values that cannot work (`optim.lr=-1`). Keys a
+group option does not have (`scheduler.decay_frac` under the cosine schedule) or whose parent is switched off
+(`callbacks.checkpoint=null`) are not checked. Arguments that go straight to Lightning's Trainer
+(`trainer.devices=auto`, `trainer.limit_val_batches=0.5`) are Lightning's to check.
 
 Importing it costs only omegaconf: the console scripts (`klalm.cli`) run these checks first.
 """
