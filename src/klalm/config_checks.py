@@ -129,6 +129,9 @@ EVAL_DEVICE = (
     "auto, cpu, cuda, cuda:N (or mps, xpu, xpu:N)",
 )
 
+# The weight dtypes klalm-eval and klalm-generate load a checkpoint in (klalm.eval.checkpoint.DTYPES: as torch dtypes).
+EVAL_DTYPES = ("float32", "bfloat16", "float16", "float64")
+
 EVAL_RULES: tuple[Rule, ...] = (
     Rule("checkpoint", STR_OR_LIST),
     Rule("tasks", (lambda v: isinstance(v, str) or _is_str_list(v), "a task name or a list of them")),

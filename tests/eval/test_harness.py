@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
+import subprocess
 import sys
 from pathlib import Path
 
@@ -15,9 +16,10 @@ import torch
 from lm_eval.tasks.hellaswag.utils import preprocess as upstream_preprocess
 from transformers import AutoModelForCausalLM
 
+from klalm.cli import lm_eval as klalm_lm_eval
 from klalm.config_checks import ConfigError
 from klalm.eval import evaluate_checkpoints
-from klalm.eval.harness import check_run_args, cli_main
+from klalm.eval.harness import check_run_args
 
 LIMIT = 10
 
@@ -196,7 +198,7 @@ def _cli_refusal(monkeypatch, *args: str) -> str:
         sys, "argv", ["klalm-lm-eval", "run", "--model", "hf", "--model_args", "pretrained=gpt2", *args]
     )
     with pytest.raises(SystemExit) as info:
-        cli_main()
+        klalm_lm_eval()
     return info.value.code
 
 
@@ -217,3 +219,17 @@ def test_klalm_lm_eval_turns_lm_eval_refusals_into_one_line(monkeypatch):
 
     monkeypatch.setattr("lm_eval.tasks.TaskManager", NoTasks)
     assert _cli_refusal(monkeypatch, "--tasks", "hellaswag_locl") == "klalm-lm-eval: Tasks not found: hellaswag_locl"
+
+
+def test_klalm_lm_eval_help_answers_before_torch_is_imported():
+    """lm-eval's own parser answers `--help` and usage errors before klalm.eval imports torch and transformers (it
+    took 6 s)."""
+    script = (
+        "import sys; from klalm.cli import lm_eval; sys.argv[0] = 'klalm-lm-eval'\n"
+        "try:\n    lm_eval()\nexcept SystemExit as exit_:\n    print('exit', exit_.code)\n"
+        "print('heavy', [name for name in ('torch', 'transformers') if name in sys.modules])"
+    )
+    for argv, status, stream in ((["--help"], 0, "stdout"), (["run", "--nope"], 2, "stderr")):
+        proc = subprocess.run([sys.executable, "-c", script, *argv], capture_output=True, text=True, timeout=120)
+        assert getattr(proc, stream).startswith("usage: lm-eval"), proc.stderr[-2000:]
+        assert proc.stdout.splitlines()[-2:] == [f"exit {status}", "heavy []"]

@@ -3,6 +3,11 @@
 `klalm-train` and `klalm-eval` are Hydra apps over `pkg://klalm.configs`. They compose the config, answer `--help`
 and `--cfg job`, and check every value (`klalm.config_checks`) with nothing heavier than omegaconf loaded; torch,
 Lightning and lm-eval are imported when the run starts. A bad value ends the command with one line naming the key.
+
+The argparse commands answer `--help` and usage errors before torch is imported too: `klalm-params` and
+`klalm-lm-eval` (lm-eval's own parser) parse here, `klalm-generate` in `klalm.cli.generate_args` (whose docstring is
+its help), `klalm-study` in `klalm.study.cli`. `klalm-prepare-data` and `klalm-synthetic` still parse in the modules
+that do their work, once their packages (klalm.data, klalm.tasks) have imported torch.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ import os
 import select
 import sys
 import time
+import traceback
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NoReturn
@@ -218,10 +224,36 @@ def params(argv: list[str] | None = None) -> None:
 
 @quiet_when_the_reader_stops
 def lm_eval() -> None:
-    """`klalm-lm-eval`: the lm-eval CLI with klalm's model classes registered."""
+    """`klalm-lm-eval`: the lm-eval CLI with klalm's model classes registered.
+
+    lm-eval's own parser answers `--help` and usage errors before klalm.eval (torch, transformers) is imported.
+    """
+    try:
+        from lm_eval._cli import HarnessCLI
+        from lm_eval.utils import setup_logging
+    except ImportError:  # an lm-eval without the `run` subcommand CLI: run it unchecked
+        from lm_eval.__main__ import cli_evaluate
+
+        cli_evaluate()
+        return
+    setup_logging()
+    parser = HarnessCLI()
+    args = _parse_lm_eval_args(parser)
     from klalm.eval.harness import cli_main
 
-    cli_main()
+    cli_main(parser, args)
+
+
+def _parse_lm_eval_args(parser: Any) -> argparse.Namespace:
+    """lm-eval's JSON-valued options (`--metadata`, `--model_args`, ...) raise a ValueError from inside argparse,
+    which argparse does not turn into a usage error: one line naming the option (the `argparse.Action` that raised)."""
+    try:
+        return parser.parse_args()
+    except ValueError as err:
+        actions = [frame.f_locals.get("self") for frame, _ in traceback.walk_tb(err.__traceback__)]
+        flags = [act.option_strings[0] for act in actions if isinstance(act, argparse.Action) and act.option_strings]
+        prefix = f"{flags[-1]}: " if flags else ""  # the innermost: the subcommand's action calls the option's
+        sys.exit(f"klalm-lm-eval: {prefix}{one_line(err)}")
 
 
 @quiet_when_the_reader_stops
@@ -243,9 +275,12 @@ def prepare_data() -> None:
 @quiet_when_the_reader_stops
 def generate(argv: list[str] | None = None) -> None:
     """`klalm-generate`: sample text from a checkpoint (HF export, Lightning .ckpt or run folder) to stdout."""
-    from klalm.eval.generate import main
+    from klalm.cli.generate_args import parse_args
 
-    main(argv)
+    args = parse_args(argv)
+    from klalm.eval.generate import run
+
+    run(args)
 
 
 @quiet_when_the_reader_stops

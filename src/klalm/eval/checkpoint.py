@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from klalm.config_checks import ConfigError
+from klalm.config_checks import EVAL_DTYPES, ConfigError
 from klalm.errors import one_line
 from klalm.models.checkpoint import HF_DIR, load_model, newest_valid, verify_checkpoint
 from klalm.models.export import (  # (klalm.models registers the klalm classes with the Auto classes)
@@ -36,12 +36,7 @@ from klalm.models.params import count_parameters
 
 log = logging.getLogger(__name__)
 
-DTYPES: dict[str, torch.dtype] = {
-    "float32": torch.float32,
-    "bfloat16": torch.bfloat16,
-    "float16": torch.float16,
-    "float64": torch.float64,
-}
+DTYPES: dict[str, torch.dtype] = {name: getattr(torch, name) for name in EVAL_DTYPES}
 
 
 @dataclass

@@ -5,9 +5,10 @@ which read the original files and reproduce the upstream preprocessing and metri
 then not loaded at all (offline, and ~7 s faster). Without a `data_dir`, names are lm-eval's upstream tasks,
 used unchanged (they download from the hub).
 
-`cli_main` is the `klalm-lm-eval` console script: lm-eval's own CLI with klalm imported first, so
-`--model hf --model_args pretrained=<klalm export>` loads klalm models. Before lm-eval runs, it checks what klalm
-knows about (`check_run_args`): a local `pretrained=` path must be an export folder whose SHA256SUMS holds, and
+`cli_main` is the `klalm-lm-eval` console script once `klalm.cli.lm_eval` has parsed its arguments with lm-eval's own
+CLI (`--help` and usage errors before this module, torch and transformers load): lm-eval's CLI with klalm imported
+first, so `--model hf --model_args pretrained=<klalm export>` loads klalm models. Before lm-eval runs, it checks what
+klalm knows about (`check_run_args`): a local `pretrained=` path must be an export folder whose SHA256SUMS holds, and
 klalm's local tasks need `--include_path` and a `data_dir` holding their files; `--model`, `--limit`, `--batch_size`
 and `--output_path` are checked too (lm-eval fails on them with a traceback, some only after loading the model, or
 for an unwritable output path only logs a warning after the run). Each refusal is one line, as are lm-eval's own
@@ -348,37 +349,16 @@ def _raised_in(err: BaseException, module: str) -> bool:
     return bool(frames) and frames[-1][0].f_globals.get("__name__") == module
 
 
-def _parse_args(parser: Any) -> argparse.Namespace:
-    """lm-eval's JSON-valued options (`--metadata`, `--model_args`, ...) raise a ValueError from inside argparse,
-    which argparse does not turn into a usage error: one line naming the option (the `argparse.Action` that raised)."""
-    try:
-        return parser.parse_args()
-    except ValueError as err:
-        actions = [frame.f_locals.get("self") for frame, _ in traceback.walk_tb(err.__traceback__)]
-        flags = [act.option_strings[0] for act in actions if isinstance(act, argparse.Action) and act.option_strings]
-        prefix = f"{flags[-1]}: " if flags else ""  # the innermost: the subcommand's action calls the option's
-        sys.exit(f"klalm-lm-eval: {prefix}{one_line(err)}")
-
-
-def cli_main() -> None:
-    """`klalm-lm-eval`: lm-eval's CLI (same arguments) with klalm's model classes registered first, and a one-line
-    refusal (`klalm-lm-eval: ...`, exit code 1) of a bad `pretrained=` path, export, local task setup, model name,
-    limit, batch size or output path, and of what lm-eval itself refuses while parsing or checking its arguments."""
-    # Importing this module already ran klalm/__init__.py, which registers klalm's config and model classes with
-    # transformers' Auto classes, so lm-eval's `--model hf --model_args pretrained=<klalm export>` finds them.
-    try:
-        from lm_eval._cli import HarnessCLI
-        from lm_eval.utils import setup_logging
-    except ImportError:  # an lm-eval without the `run` subcommand CLI: run it unchecked
-        from lm_eval.__main__ import cli_evaluate
-
-        cli_evaluate()
-        return
+def cli_main(parser: Any, args: argparse.Namespace) -> None:
+    """`klalm-lm-eval` once lm-eval's CLI (`parser`, its HarnessCLI) has parsed the arguments (`klalm.cli.lm_eval`):
+    lm-eval runs them (same arguments) with klalm's model classes registered, after a one-line refusal
+    (`klalm-lm-eval: ...`, exit code 1) of a bad `pretrained=` path, export, local task setup, model name, limit,
+    batch size or output path, and of what lm-eval itself refuses while checking its arguments."""
+    # Importing this module imported transformers, and with it klalm registered its config and model classes with
+    # transformers' Auto classes (klalm/__init__.py), so lm-eval's `--model hf --model_args pretrained=<klalm export>`
+    # finds them.
     from klalm.models.export import ExportIntegrityError
 
-    setup_logging()
-    parser = HarnessCLI()
-    args = _parse_args(parser)
     if getattr(args, "command", None) == "run":
         try:
             check_run_args(args)
