@@ -343,6 +343,24 @@ def test_params_into_a_pipe_closed_early_exits_quietly(tmp_path, buffered):
     assert stderr == ""
 
 
+def test_a_training_run_into_a_pipe_closed_early_stops_quietly(tmp_path):
+    """`klalm-train ... | head -1`: the log's console handler meets the closed pipe and ends the run with exit code 1,
+    instead of a "--- Logging error ---" traceback on stderr for every later line and Hydra's report at the end."""
+    code = textwrap.dedent(f"""
+        import sys
+        sys.argv = ["klalm-train", "experiment=smoke", "paths.log_dir={tmp_path / "out"}"]
+        from klalm.cli import train
+        train()
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=tmp_path,
+                            text=True)  # fmt: skip
+    assert proc.stdout.readline()
+    proc.stdout.close()
+    stderr = proc.stderr.read()
+    assert proc.wait(timeout=300) == 1
+    assert "Logging error" not in stderr and "Traceback" not in stderr and "HYDRA_FULL_ERROR" not in stderr, stderr
+
+
 @pytest.mark.parametrize(
     ("ending", "rc", "stderr_is"),
     [("sys.exit(0)", 1, ""),  # as `klalm-study` ends: `sys.exit(main())`

@@ -156,6 +156,18 @@ def quiet_when_the_reader_stops(command: Callable[[], None]) -> Callable[[], Non
     return run
 
 
+class ConsoleHandler(logging.StreamHandler):
+    """The console handler of `klalm-train`'s and `klalm-eval`'s logs (Hydra's `job_logging`, set in
+    configs/hydra/default.yaml and configs/eval.yaml): once stdout's reader has closed the pipe
+    (`klalm-train ... | head`), the command ends quietly with exit code 1, as `quiet_when_the_reader_stops` ends the
+    others, instead of printing a "--- Logging error ---" traceback on stderr for every later line."""
+
+    def handleError(self, record: logging.LogRecord) -> None:
+        if isinstance(sys.exc_info()[1], BrokenPipeError) and self.stream is sys.stdout and _reader_gone():
+            _exit_quietly(None)
+        super().handleError(record)
+
+
 def _reader_gone() -> bool:
     """Whether stdout is a pipe whose reader has closed it (poll reports an error or a hang-up on it)."""
     try:
