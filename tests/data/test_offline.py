@@ -1,17 +1,25 @@
-"""The offline corpus (Python docs) and the tokenizer paths: trained BPE, HF folder, HF `datasets` streaming."""
+"""The offline corpus (Python docs), the tokenizer paths (trained BPE, HF folder, HF `datasets` streaming) and the
+refusal, at once, of what needs a Hugging Face hub that cannot be reached (`klalm.data.hub`)."""
 
 from __future__ import annotations
 
 import json
 import os
+import socket
+from types import SimpleNamespace
 
+import datasets
+import datasets.config
 import pytest
 import torch
+from huggingface_hub import constants as hf_constants
 
 from klalm.data import PackedTextDataset, ResumableLoader, build_source, load_tokenizer, train_bpe_tokenizer
 from klalm.data import tokenizer as tokenizer_module
+from klalm.data.hub import PROXY_VARIABLES, HubUnreachableError, check_hub, hub_unreachable
 from klalm.data.python_docs import python_docs_corpus
 from klalm.data.tokenizer import decode_tokens, encode_texts
+from klalm.errors import one_line
 
 from .conftest import oracle_windows, read_texts
 
@@ -95,7 +103,37 @@ def test_python_docs_batches_use_the_whole_vocab_range(cache_dir):
     assert batch["input_ids"].shape == (2, 64) and batch["input_ids"].max() < len(tokenizer)
 
 
-def test_tokenizer_config_errors(tmp_path, monkeypatch):
+@pytest.fixture
+def hub(monkeypatch):
+    """The hub as `klalm.data.hub` sees it, without a real lookup: no proxy, no offline mode, huggingface.co, and
+    `hub.resolves` (default False) decides what `socket.getaddrinfo` answers; `hub.lookups` lists the names asked."""
+    state = SimpleNamespace(resolves=False, lookups=[])
+
+    def getaddrinfo(host, *args, **kwargs):
+        state.lookups.append(host)
+        if not state.resolves:
+            raise socket.gaierror(-2, "Name or service not known")
+        return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", ("192.0.2.1", 443))]
+
+    for name in PROXY_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(hf_constants, "ENDPOINT", "https://huggingface.co")
+    monkeypatch.setattr(hf_constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_OFFLINE", False)
+    monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
+    return state
+
+
+def _go_offline(monkeypatch, how: str) -> str:
+    """Sets offline mode `how` (the hub fixture's failing lookup is the "dns" case); returns the reason it gives."""
+    if how in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"):
+        monkeypatch.setenv(how, "1")  # for a spawned process; this one read the variables when the libraries loaded
+        monkeypatch.setattr(hf_constants if how == "HF_HUB_OFFLINE" else datasets.config, how, True)
+        return f"{how} is set"
+    return "huggingface.co does not resolve: Name or service not known"
+
+
+def test_tokenizer_config_errors(tmp_path, monkeypatch, hub):
     with pytest.raises(KeyError, match="valid kinds"):
         load_tokenizer({"kind": "sentencepiece"})
     with pytest.raises(KeyError, match="kind"):
@@ -108,10 +146,97 @@ def test_tokenizer_config_errors(tmp_path, monkeypatch):
         calls.append(kwargs)
         raise OSError("We couldn't connect to 'https://huggingface.co' to load the files.\nCheck your connection.")
 
+    hub.resolves = True  # the host resolves, the download fails anyway
     monkeypatch.setattr(tokenizer_module.AutoTokenizer, "from_pretrained", offline)
     with pytest.raises(FileNotFoundError, match="'gpt2' is not a local folder.*data.tokenizer=bpe") as err:
         load_tokenizer({"kind": "hf", "name_or_path": "gpt2"})
     assert "\n" not in str(err.value) and calls == [{"local_files_only": True}, {}]  # the cache first, then the hub
+    assert "(We couldn't connect to 'https://huggingface.co' to load the files.)" in str(err.value)
+
+
+@pytest.mark.parametrize("how", ["dns", "HF_HUB_OFFLINE"])
+def test_an_unreachable_hub_refuses_a_hub_tokenizer_before_the_download(monkeypatch, hub, how):
+    """The cache is still tried; the download (huggingface_hub's ~50 s of retries offline) is not."""
+    reason = _go_offline(monkeypatch, how)
+    calls = []
+
+    def not_cached(name, **kwargs):
+        calls.append(kwargs)
+        if not kwargs.get("local_files_only"):
+            raise AssertionError("the hub was asked although it cannot be reached")
+        raise OSError("not in the cache")
+
+    monkeypatch.setattr(tokenizer_module.AutoTokenizer, "from_pretrained", not_cached)
+    with pytest.raises(FileNotFoundError) as err:
+        load_tokenizer({"kind": "hf", "name_or_path": "gpt2"})
+    assert str(err.value) == (
+        f"tokenizer 'gpt2' is not a local folder, not in the Hugging Face cache and not available from the hub "
+        f"({reason}): name a local tokenizer folder (with data=files, data.tokenizer=bpe trains one)"
+    )
+    assert calls == [{"local_files_only": True}]
+
+
+def _fineweb() -> dict:
+    return {"kind": "hf", "path": "HuggingFaceFW/fineweb-edu", "name": "sample-10BT", "split": "train"}
+
+
+@pytest.mark.parametrize("how", ["dns", "HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"])
+def test_an_unreachable_hub_refuses_a_hub_dataset_before_streaming(monkeypatch, hub, how):
+    reason = _go_offline(monkeypatch, how)
+
+    def no_load(*args, **kwargs):
+        raise AssertionError("datasets.load_dataset was called although the hub cannot be reached")
+
+    monkeypatch.setattr(datasets, "load_dataset", no_load)
+    source = build_source(_fineweb())  # building it asks nothing: only a stream needs the hub
+    with pytest.raises(HubUnreachableError) as err:
+        source.stream(0, 1)
+    assert isinstance(err.value, FileNotFoundError)  # what klalm-train and klalm-prepare-data refuse on one line
+    assert str(err.value) == (
+        f"streaming the hub dataset 'HuggingFaceFW/fineweb-edu' needs the Hugging Face hub, which cannot be reached "
+        f"({reason}): use local files (data=files, or kind: hf with a local builder such as json and data_files)"
+    )
+
+
+def test_a_dataloader_worker_refusal_reads_as_one_line(monkeypatch, hub, gpt2):
+    """In a worker the refusal comes back as the same error type, whose one line is the refusal itself."""
+    reason = _go_offline(monkeypatch, "HF_HUB_OFFLINE")  # set in the environment too: holds in a spawned worker
+    dataset = PackedTextDataset(build_source(_fineweb()), gpt2, seq_len=63, batch_size=1)
+    with pytest.raises(FileNotFoundError) as err:
+        next(iter(ResumableLoader(dataset, batch_size=None, num_workers=1)))
+    assert one_line(err.value).startswith("streaming the hub dataset 'HuggingFaceFW/fineweb-edu' needs the Hugging")
+    assert reason in one_line(err.value)
+
+
+def test_local_builders_and_folders_are_not_looked_up(tmp_path, hub):
+    (tmp_path / "a.jsonl").write_text(json.dumps({"text": "a local document"}) + "\n")
+    for config in ({"path": "json", "data_files": str(tmp_path / "a.jsonl")}, {"path": str(tmp_path)}):
+        records = list(build_source({"kind": "hf", **config}).stream(0, 1))
+        assert [r.text for r in records] == ["a local document"]
+    assert "huggingface.co" not in hub.lookups  # (a library may look other names up: s3.amazonaws.com)
+
+
+@pytest.mark.parametrize("variable", PROXY_VARIABLES)
+def test_a_proxy_leaves_the_hub_to_the_libraries(monkeypatch, hub, variable):
+    """Behind a proxy the proxy resolves the hub's name: a local lookup that fails says nothing, so none is made."""
+    monkeypatch.setenv(variable, "http://proxy.example:3128")
+    check_hub("this test", "nothing", streaming=True)
+    assert hub.lookups == []
+    _go_offline(monkeypatch, "HF_HUB_OFFLINE")  # an offline mode still counts
+    with pytest.raises(HubUnreachableError, match=r"^this test needs .*\(HF_HUB_OFFLINE is set\): nothing$"):
+        check_hub("this test", "nothing")
+
+
+def test_what_datasets_may_take_from_its_cache_is_refused_only_when_the_host_does_not_resolve(monkeypatch, hub):
+    """lm-eval's task datasets load from the `datasets` cache in offline mode: a mode set is left to it."""
+    assert hub_unreachable(from_cache=True) == "huggingface.co does not resolve: Name or service not known"
+    hub.resolves = True
+    assert hub_unreachable(from_cache=True) is None and hub.lookups == ["huggingface.co"] * 2
+    hub.resolves = False
+    for how in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"):
+        monkeypatch.setattr(hf_constants if how == "HF_HUB_OFFLINE" else datasets.config, how, True)
+        assert hub_unreachable(from_cache=True) is None and hub_unreachable() is not None
+    assert hub.lookups == ["huggingface.co"] * 2
 
 
 def test_gpt2_from_the_local_folder(gpt2):

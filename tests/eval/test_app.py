@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -57,6 +58,39 @@ def test_main_parses_command_line(tmp_path, monkeypatch, capsys):
     with pytest.raises(SystemExit) as exit_info:
         evaluate()
     assert exit_info.value.code == f"klalm-eval: checkpoint {str(missing)!r} does not exist"
+
+
+def test_main_refuses_the_hub_tasks_at_once_when_the_hub_cannot_be_reached(tiny_checkpoints, tmp_path, monkeypatch):
+    """No data_dir and a hub name that does not resolve: one line before any model loads, not lm-eval's retries and
+    traceback after the first one."""
+    import datasets.config
+    from huggingface_hub import constants
+
+    import klalm.eval.runner as runner
+    from klalm.data.hub import PROXY_VARIABLES
+
+    def no_dns(host, *args, **kwargs):  # no real lookup
+        raise socket.gaierror(-2, "Name or service not known")
+
+    def no_load(*args, **kwargs):
+        raise AssertionError("a model was loaded before the hub was found unreachable")
+
+    for name in PROXY_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(constants, "ENDPOINT", "https://huggingface.co")
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)  # an offline mode set would leave it to lm-eval
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_OFFLINE", False)
+    monkeypatch.setattr(socket, "getaddrinfo", no_dns)
+    monkeypatch.setattr(runner, "load_checkpoint", no_load)
+    argv = ["klalm-eval", f"checkpoint={tiny_checkpoints[0]}", "tasks=[piqa]", "limit=2", f"hydra.run.dir={tmp_path}"]
+    monkeypatch.setattr(sys, "argv", argv)
+    with pytest.raises(SystemExit) as exit_info:
+        evaluate()
+    assert exit_info.value.code == (
+        "klalm-eval: evaluating the hub tasks ['piqa'] needs the Hugging Face hub, which cannot be reached "
+        "(huggingface.co does not resolve: Name or service not known): give data_dir (a local data folder) for the "
+        "offline local tasks, or set HF_HUB_OFFLINE=1 to use their datasets from the Hugging Face cache"
+    )
 
 
 def test_main_refuses_an_export_whose_weights_changed(tiny_checkpoints, tmp_path, monkeypatch, capsys):

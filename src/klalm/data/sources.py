@@ -21,6 +21,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any, Protocol
 
+from klalm.data.hub import check_hub
 from klalm.data.records import Record, expand_paths, iter_raw_records
 from klalm.data.shards import ShardSource
 
@@ -122,8 +123,21 @@ class _HFStream:
         return {"hf": self._dataset.state_dict(), "seen": self._seen}
 
 
+def _is_hub_dataset(path: str) -> bool:
+    """Whether `datasets.load_dataset(path)` reads a hub dataset: not one of its packaged builders (json, parquet,
+    ...), not a local folder, and "name" or "org/name" (as `datasets` tells them apart)."""
+    from datasets.packaged_modules import _PACKAGED_DATASETS_MODULES
+
+    if path in _PACKAGED_DATASETS_MODULES or Path(path).expanduser().is_dir():
+        return False
+    return not path.startswith((".", "/", "~")) and path.count("/") <= 1
+
+
 class HFSource:
     """A Hugging Face ``datasets`` stream: a hub dataset (needs network) or a local builder such as ``json``.
+
+    A stream of a hub dataset is refused at once, before `datasets` asks the hub, when the hub cannot be reached
+    (`klalm.data.hub`); building the source asks nothing.
 
     Partitioning across the N consumers (both modes are disjoint and exhaustive):
     1. with at least N data files, the files are split into N contiguous groups: each consumer downloads only
@@ -162,6 +176,12 @@ class HFSource:
         import datasets
         from datasets.distributed import split_dataset_by_node
 
+        if _is_hub_dataset(self.path):  # before `datasets` retries each file; in a worker, re-raised as it is
+            check_hub(
+                f"streaming the hub dataset {self.path!r}",
+                "use local files (data=files, or kind: hf with a local builder such as json and data_files)",
+                streaming=True,
+            )
         dataset = datasets.load_dataset(
             self.path, self.name, split=self.split, streaming=True, data_files=self.data_files, revision=self.revision
         )

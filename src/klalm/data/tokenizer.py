@@ -23,6 +23,7 @@ from typing import Any
 
 from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
+from klalm.data.hub import hub_unreachable
 from klalm.data.sources import build_source
 from klalm.errors import one_line
 
@@ -36,7 +37,8 @@ def load_hf_tokenizer(name_or_path: str) -> PreTrainedTokenizerBase:
 
     A hub id is taken from the local Hugging Face cache when it is there (no network: offline runs start at once)
     and only otherwise downloaded; a hub that cannot provide it (offline, unknown id) is a FileNotFoundError on one
-    line, the error `klalm-train` and `klalm-prepare-data` refuse with, instead of a wrapped multi-line OSError.
+    line, the error `klalm-train` and `klalm-prepare-data` refuse with, instead of a wrapped multi-line OSError. A hub
+    that cannot be reached (`klalm.data.hub`) is refused before the download, not after its retries.
     """
     folder = Path(name_or_path).expanduser()
     if folder.is_dir():
@@ -47,13 +49,16 @@ def load_hf_tokenizer(name_or_path: str) -> PreTrainedTokenizerBase:
         return AutoTokenizer.from_pretrained(name_or_path, local_files_only=True)
     except OSError:
         pass  # not cached yet
-    try:
-        return AutoTokenizer.from_pretrained(name_or_path)
-    except OSError as err:
-        raise FileNotFoundError(
-            f"tokenizer {name_or_path!r} is not a local folder, not in the Hugging Face cache and not available from "
-            f"the hub ({one_line(err)}): name a local tokenizer folder (with data=files, data.tokenizer=bpe trains one)"
-        ) from err
+    reason = hub_unreachable()  # asked first: offline, huggingface_hub would retry each file for ~50 s
+    if reason is None:
+        try:
+            return AutoTokenizer.from_pretrained(name_or_path)
+        except OSError as err:
+            reason = one_line(err)
+    raise FileNotFoundError(
+        f"tokenizer {name_or_path!r} is not a local folder, not in the Hugging Face cache and not available from "
+        f"the hub ({reason}): name a local tokenizer folder (with data=files, data.tokenizer=bpe trains one)"
+    )
 
 
 def train_bpe_tokenizer(

@@ -16,6 +16,7 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from klalm.config_checks import ConfigError
+from klalm.data.hub import check_hub
 from klalm.eval.checkpoint import check_checkpoint, check_tokenizer, load_checkpoint, resolve_device, resolve_dtype
 from klalm.eval.harness import evaluate_model, resolve_tasks
 from klalm.eval.report import build_report, checkpoint_labels, write_report, write_samples
@@ -79,7 +80,8 @@ def evaluate_checkpoints(
 
     Raises:
         ValueError: empty checkpoint or task list, or non-positive sizes.
-        FileNotFoundError: a missing checkpoint or tokenizer folder, or data_dir without a file a task needs.
+        FileNotFoundError: a missing checkpoint or tokenizer folder, data_dir without a file a task needs, or no
+            data_dir on a machine that cannot reach the Hugging Face hub (`klalm.data.hub.HubUnreachableError`).
         CheckpointError, ExportIntegrityError: a checkpoint that cannot be read or whose files changed.
         ConfigError: an output_dir that cannot be created.
         KeyError: an unknown task or dtype (valid names listed).
@@ -91,6 +93,13 @@ def evaluate_checkpoints(
     resolve_dtype(dtype)
     kinds = [check_checkpoint(c) for c in checkpoints]
     check_tokenizer(tokenizer)
+    if data_dir is None:  # lm-eval's hub tasks download their datasets after the model loads, retrying each file
+        check_hub(
+            f"evaluating the hub tasks {list(tasks)}",
+            "give data_dir (a local data folder) for the offline local tasks, or set HF_HUB_OFFLINE=1 to use their "
+            "datasets from the Hugging Face cache",
+            from_cache=True,
+        )
     specs, task_manager = resolve_tasks(list(tasks), data_dir)
     labels = checkpoint_labels(checkpoints)
     target = str(resolve_device(device))
