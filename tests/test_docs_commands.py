@@ -22,8 +22,9 @@ from hydra import compose, initialize_config_module
 from hydra.core.override_parser.overrides_parser import OverridesParser
 
 from klalm.cli import PRINT_TASKS_PATH
+from klalm.cli.prepare_data_args import parse_args
 from klalm.config_checks import EVAL_RULES, TRAIN_RULES, check
-from klalm.data.prepare import load_data_config, parse_args
+from klalm.data.prepare import load_data_config
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]

@@ -145,6 +145,10 @@ EVAL_RULES: tuple[Rule, ...] = (
     Rule("log_samples", BOOL),
 )
 
+# The splits klalm-prepare-data writes -> the key of a data config (configs/data/*.yaml) holding each one's source
+# (klalm.data.prepare).
+SPLIT_KEYS = {"train": "source", "val": "val_source"}
+
 _ABSENT = object()
 
 

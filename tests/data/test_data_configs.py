@@ -9,8 +9,8 @@ import torch
 from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 
+from klalm.cli import prepare_data
 from klalm.data import HFSource, TextDataModule, build_source
-from klalm.data.prepare import main as prepare_main
 
 CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs" / "data"
 OWN = ["python_docs", "enwiki_local", "fineweb_edu", "shards"]
@@ -58,7 +58,7 @@ def test_enwiki_local_config(shared_data, monkeypatch):
 
 
 def test_shards_config_from_klalm_prepare_data(shared_data, tmp_path, monkeypatch):
-    prepare_main(
+    prepare_data(
         [
             "--data",
             "enwiki_local",

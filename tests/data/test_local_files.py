@@ -16,10 +16,10 @@ import zstandard
 from hydra import compose, initialize_config_module
 from hydra.utils import instantiate
 
+from klalm.cli.prepare_data_args import parse_args
 from klalm.config_checks import config_group_options
 from klalm.data import TextDataModule, local_files
-from klalm.data.prepare import load_data_config
-from klalm.data.prepare import main as prepare_main
+from klalm.data.prepare import load_data_config, run
 from klalm.data.shards import TokenShards
 
 from .conftest import read_texts
@@ -102,11 +102,11 @@ def test_prepare_data_accepts_every_data_config_name(tmp_path):
 
 
 def test_prepare_data_shards_local_files(corpus, shared_data, tmp_path):
-    results = prepare_main(
+    results = run(parse_args(
         ["--data", "files", "--out", str(tmp_path / "shards"), "--no-progress", "--override",
          f"train={corpus['train']}", f"val={corpus['val']}", "field=body",
          f"tokenizer={shared_data / 'gpt2_tokenizer'}"]
-    )  # fmt: skip
+    ))  # fmt: skip
     assert results["train"]["documents"] == 16 and results["val"]["documents"] == 8
     assert TokenShards(tmp_path / "shards" / "train").index["vocab_size"] == 50257
     assert (tmp_path / "shards" / "tokenizer" / "tokenizer_config.json").is_file()

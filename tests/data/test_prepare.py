@@ -9,6 +9,7 @@ import time
 
 import pytest
 
+from klalm.cli.prepare_data_args import parse_args
 from klalm.data import prepare
 from klalm.data.records import BadRecordPolicy, Record
 
@@ -71,7 +72,7 @@ def test_a_killed_runs_staging_folder_is_removed_and_a_live_ones_kept(files_args
                               text=True)  # fmt: skip
     try:
         assert holder.stdout.readline() == "locked\n"
-        prepare.main([*files_args, "--splits", "train", "--out", str(out), "--no-progress"])
+        prepare.run(parse_args([*files_args, "--splits", "train", "--out", str(out), "--no-progress"]))
     finally:
         holder.kill()
         holder.wait()
@@ -91,7 +92,7 @@ def test_the_writing_run_holds_its_staging_lock(files_args, tmp_path, monkeypatc
         real_swap_in(staging, out_dir, names)
 
     monkeypatch.setattr(prepare, "_swap_in", swap_in)
-    prepare.main([*files_args, "--splits", "train", "--out", str(out), "--no-progress"])
+    prepare.run(parse_args([*files_args, "--splits", "train", "--out", str(out), "--no-progress"]))
     assert seen and not seen[0].exists()
 
 
@@ -109,7 +110,7 @@ def test_a_file_system_without_locks_writes_without_one_and_leaves_nothing(files
     (out / ".partial-other").mkdir(parents=True)
     (out / ".partial-other" / prepare.STAGING_LOCK).touch()
     os.utime(out / ".partial-other" / prepare.STAGING_LOCK, (time.time() - 3600,) * 2)
-    prepare.main([*files_args, "--splits", "train", "--out", str(out), "--no-progress"])
+    prepare.run(parse_args([*files_args, "--splits", "train", "--out", str(out), "--no-progress"]))
     assert sorted(p.name for p in out.iterdir()) == [".partial-other", "tokenizer", "train"]
 
 
@@ -122,5 +123,5 @@ def test_a_failure_to_lock_leaves_no_new_output_folder(files_args, tmp_path, mon
 
     monkeypatch.setattr(fcntl, "flock", flock)
     with pytest.raises(SystemExit, match="Bad file descriptor"):
-        prepare.main([*files_args, "--splits", "train", "--out", str(tmp_path / "out"), "--no-progress"])
+        prepare.run(parse_args([*files_args, "--splits", "train", "--out", str(tmp_path / "out"), "--no-progress"]))
     assert not (tmp_path / "out").exists()

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from klalm.data.prepare import ShardWriter, parse_args, prepare_dataset
-from klalm.data.prepare import main as prepare_main
+from klalm.cli.prepare_data_args import parse_args
+from klalm.data.prepare import ShardWriter, prepare_dataset, run
 
 REQUIRED = ["--data", "enwiki_local", "--out"]
 
@@ -31,6 +33,20 @@ def test_bad_flag_values_are_refused_by_the_parser(flags, message, tmp_path, cap
     assert capsys.readouterr().err.splitlines()[-1] == f"klalm-prepare-data: error: {message}"
 
 
+def test_help_and_usage_errors_answer_before_torch_is_imported():
+    """The parser ran after klalm.data's imports of torch, transformers and Lightning: `--help` took 7.5 s."""
+    script = (
+        "import sys; from klalm.cli import prepare_data; sys.argv[0] = 'klalm-prepare-data'\n"
+        "try:\n    prepare_data()\nexcept SystemExit as exit_:\n    print('exit', exit_.code)\n"
+        "print('heavy', [m for m in ('torch', 'transformers', 'datasets', 'lightning') if m in sys.modules])"
+    )
+    for argv, status, stream in ((["--data", "files"], 2, "stderr"), (["--help"], 0, "stdout")):
+        proc = subprocess.run([sys.executable, "-c", script, *argv], capture_output=True, text=True, timeout=120)
+        assert getattr(proc, stream).startswith("usage: klalm-prepare-data"), proc.stderr[-2000:]
+        assert proc.stdout.splitlines()[-2:] == [f"exit {status}", "heavy []"]
+    assert "--override [OVERRIDE ...]" in proc.stdout and "KLALM_SHARDS=<out> klalm-train data=shards" in proc.stdout
+
+
 def test_out_that_is_a_file_is_refused(tmp_path, capsys):
     (tmp_path / "out").write_text("")
     with pytest.raises(SystemExit):
@@ -52,7 +68,7 @@ def test_library_refuses_sizes_that_cannot_work_before_writing(tmp_path):
 def _refused(argv: list[str], out: Path) -> str:
     """Runs the command, expecting one line of error and no --out folder; returns the line."""
     with pytest.raises(SystemExit) as err:
-        prepare_main([*argv, "--out", str(out), "--no-progress"])
+        run(parse_args([*argv, "--out", str(out), "--no-progress"]))
     message = err.value.code
     assert isinstance(message, str) and message.startswith("klalm-prepare-data: ") and "\n" not in message
     assert not out.exists()
@@ -109,7 +125,7 @@ def test_bad_config_values_are_named(files_args, tmp_path):
 
 
 def test_good_input_still_writes_shards(files_args, tmp_path):
-    results = prepare_main([*files_args, "--splits", "train", "--out", str(tmp_path / "out"), "--no-progress"])
+    results = run(parse_args([*files_args, "--splits", "train", "--out", str(tmp_path / "out"), "--no-progress"]))
     assert results["train"]["documents"] == 1 and (tmp_path / "out" / "tokenizer").is_dir()
 
 
@@ -134,10 +150,10 @@ def test_bad_data_is_refused_and_leaves_the_output_as_it_was(name, files_args, t
     message = _refused(bad, tmp_path / "new")  # was a traceback (or exit 0 with 0 documents) and a train/ left behind
     assert message.startswith("klalm-prepare-data: --data files: split 'train': ") and says in message
     out = tmp_path / "out"
-    prepare_main([*files_args, "--splits", "train", "--out", str(out), "--no-progress"])
+    run(parse_args([*files_args, "--splits", "train", "--out", str(out), "--no-progress"]))
     before = _files(out)
     with pytest.raises(SystemExit, match="split 'train': "):
-        prepare_main([*bad, "--out", str(out)])
+        run(parse_args([*bad, "--out", str(out)]))
     assert _files(out) == before  # the rerun used to truncate tokens-00000.bin under the old index.json
 
 

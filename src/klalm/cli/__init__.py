@@ -5,9 +5,10 @@ and `--cfg job`, and check every value (`klalm.config_checks`) with nothing heav
 Lightning and lm-eval are imported when the run starts. A bad value ends the command with one line naming the key.
 
 The argparse commands answer `--help` and usage errors before torch is imported too: `klalm-params` and
-`klalm-lm-eval` (lm-eval's own parser) parse here, `klalm-generate` in `klalm.cli.generate_args` (whose docstring is
-its help), `klalm-study` in `klalm.study.cli`. `klalm-prepare-data` and `klalm-synthetic` still parse in the modules
-that do their work, once their packages (klalm.data, klalm.tasks) have imported torch.
+`klalm-lm-eval` (lm-eval's own parser) parse here, `klalm-generate` and `klalm-prepare-data` in
+`klalm.cli.generate_args` and `klalm.cli.prepare_data_args` (whose docstrings are their help), `klalm-study` in
+`klalm.study.cli`. `klalm-synthetic` still parses in the module that does its work, once its package (klalm.tasks)
+has imported torch.
 """
 
 from __future__ import annotations
@@ -277,11 +278,14 @@ def synthetic() -> None:
 
 
 @quiet_when_the_reader_stops
-def prepare_data() -> None:
+def prepare_data(argv: list[str] | None = None) -> None:
     """`klalm-prepare-data`: pre-tokenise a data config's splits into memory-mapped token shards."""
-    from klalm.data.prepare import main
+    from klalm.cli.prepare_data_args import parse_args
 
-    main()
+    args = parse_args(argv)
+    from klalm.data.prepare import run
+
+    run(args)
 
 
 @quiet_when_the_reader_stops

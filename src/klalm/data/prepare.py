@@ -1,15 +1,9 @@
-"""`klalm-prepare-data`: pre-tokenise a data config's splits into memory-mapped token shards for full-speed runs.
+"""The work of `klalm-prepare-data`: pre-tokenise a data config's splits into memory-mapped token shards.
 
-    klalm-prepare-data --data enwiki_local --out data/shards/enwiki_gpt2
-    klalm-prepare-data --data enwiki_local --out data/shards/sample --splits val --max-documents 100 \\
-        --override tokenizer.name_or_path=gpt2
-    klalm-prepare-data --data files --override train='corpus/*.jsonl.gz' val=held_out.jsonl tokenizer=bpe \\
-        --out data/shards/corpus
-
-Reads configs/data/<data>.yaml (Hydra overrides of its keys allowed), writes <out>/train, <out>/val (uint16/uint32
-shards + index.json, in the layout `klalm.data.shards` reads) and <out>/tokenizer, and prints a Markdown table of
-tokens, documents, seconds and tokens/s.
-Train afterwards with ``KLALM_SHARDS=<out> klalm-train data=shards``.
+`prepare_dataset` writes <out>/train, <out>/val (uint16/uint32 shards + index.json, in the layout `klalm.data.shards`
+reads) and <out>/tokenizer, which ``KLALM_SHARDS=<out> klalm-train data=shards`` trains from; `prepare_shards` shards
+one source. `run` is the command (it also prints a Markdown table of tokens, documents, seconds and tokens/s); its
+command line and --help are `klalm.cli.prepare_data_args`, parsed before this module, and torch with it, is imported.
 """
 
 from __future__ import annotations
@@ -34,7 +28,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue
 from tqdm import tqdm
 
-from klalm.config_checks import config_group_options
+from klalm.config_checks import SPLIT_KEYS, config_group_options
 from klalm.data.records import BadRecordPolicy
 from klalm.data.shards import DTYPES, FORMAT, INDEX_FILE
 from klalm.data.sources import build_source
@@ -185,9 +179,6 @@ def _read(src: Any) -> Iterator[Any]:
             yield record
     except (OSError, EOFError, KeyError) as err:  # e.g. a fake or truncated .gz: gzip names neither file nor source
         raise ValueError(f"cannot read {src.describe()}: {one_line(err)}") from err
-
-
-SPLIT_KEYS = {"train": "source", "val": "val_source"}  # split name -> key of the data config holding its source
 
 
 def plan_dataset(
@@ -387,30 +378,6 @@ def load_data_config(name: str, overrides: list[str]) -> DictConfig:
         return compose(config_name=name, overrides=overrides)
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        prog="klalm-prepare-data",
-        description=__doc__.splitlines()[0].split(": ", 1)[1],
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="\n".join(__doc__.splitlines()[2:]),
-    )
-    parser.add_argument("--data", required=True, help="a data config (configs/data/<name>.yaml), e.g. enwiki_local")
-    parser.add_argument("--out", required=True, type=Path, help="output folder")
-    parser.add_argument("--splits", nargs="+", default=list(SPLIT_KEYS), choices=sorted(SPLIT_KEYS))
-    parser.add_argument("--shard-tokens", type=int, default=100_000_000, help="tokens per shard file")
-    parser.add_argument("--max-documents", type=int, default=None, help="records per split (quick runs)")
-    parser.add_argument("--override", nargs="*", default=[], help="Hydra overrides of the data config's keys")
-    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
-    args = parser.parse_args(argv)
-    if args.shard_tokens < 1:
-        parser.error(f"--shard-tokens must be > 0, got {args.shard_tokens}")
-    if args.max_documents is not None and args.max_documents < 1:
-        parser.error(f"--max-documents must be > 0 (leave it out for every record), got {args.max_documents}")
-    if args.out.exists() and not args.out.is_dir():
-        parser.error(f"--out {args.out} is a file, not a folder")
-    return args
-
-
 def _fail(message: str) -> NoReturn:
     refuse("klalm-prepare-data", message)
 
@@ -433,8 +400,9 @@ def _unknown_key(name: str, overrides: list[str]) -> str | None:
     return None
 
 
-def main(argv: list[str] | None = None) -> dict[str, Any]:
-    """Entry point of `klalm-prepare-data`; returns split -> shard index (with seconds and tokens/s).
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    """`klalm-prepare-data` with its parsed arguments (`klalm.cli.prepare_data_args.parse_args`); returns split ->
+    shard index (with seconds and tokens/s).
 
     Bad input (flags, data config, overrides, missing files or folders) ends it with one line on stderr before
     anything is written to ``--out``; bad data found while writing (a bad record, an unreadable file, an empty split)
@@ -442,7 +410,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     """
     import hydra
 
-    args = parse_args(argv)
     try:
         config = load_data_config(args.data, args.override)
     except FileNotFoundError as err:  # no such data config (the message lists them)
