@@ -200,7 +200,9 @@ def test_options_from_folders_added_to_the_search_path_are_left_to_hydra(argumen
         ("train", ["resum=auto"], "resum=auto: the config has no key 'resum' (did you mean resume?)"),
         ("train", ["modle.d_model=3"], "modle.d_model=3: the config has no key 'modle' (did you mean model?)"),
         ("train", ["x=y"], "x=y: the config has no key 'x'; `klalm-train --help` lists the keys"),
-        ("train", ["optim.lr.x=1"], "optim.lr.x=1: optim.lr is a value (0.001), not a group of keys"),
+        ("train", ["optim.lr.x=1"], "optim.lr.x=1: optim.lr is a value, not a group of keys"),
+        ("train", ["paths.run_dir.x=1"], "paths.run_dir.x=1: paths.run_dir is a value"),  # ${hydra:...}: not resolved
+        ("train", ["train.max_tokns=5", "model.d_modle=3"], "train.max_tokns=5: train has no key 'max_tokns'"),
         ("eval", ["checkpoint=x", "limt=3"], "limt=3: the config has no key 'limt' (did you mean limit?)"),
     ],
 )  # fmt: skip

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 # One name per knob across the mixers: an old option name -> its name now. Old names are refused with the new one.
 RENAMED_MIXER_OPTIONS = {"conv_kernel": "d_conv", "scan_backend": "backend", "impl": "backend", "num_heads": "n_heads"}
@@ -180,7 +181,7 @@ def check(cfg: DictConfig, rules: tuple[Rule, ...]) -> None:
 
 
 def renamed_option_message(key: str) -> str | None:
-    """For a candidates key whose last part is an old mixer option name (`model.mixer_options.kla.conv_kernel`), the
+    """For a dotted key whose last part is an old mixer option name (`model.mixer_options.kla.conv_kernel`), the
     one-line refusal that names the new key; None for any other key."""
     head, _, leaf = key.rpartition(".")
     if "mixer_options" not in key.split(".") or leaf not in RENAMED_MIXER_OPTIONS:
@@ -195,9 +196,10 @@ SEARCH_PATH_ARGUMENTS = ("--config-dir", "-cd", "--config-path", "-cp", "--confi
 def check_overrides(overrides: list[str]) -> None:
     """Refuses a command-line override of a renamed key (Hydra would only say the key is not in the config), or one
     that picks a config group option that does not exist (`model=kla_45`: Hydra prints every option, private ones and
-    its search path included, over 30 lines; this names the nearest option in one). Options are looked for only in
-    klalm's configs, so the second check is left to Hydra when the command line adds folders to the search path."""
-    own_configs_only = not any(arg.lstrip("+").startswith(SEARCH_PATH_ARGUMENTS) for arg in overrides)
+    its search path included, over 30 lines; this names the nearest option in one), or one that sets a key the
+    composed config lacks (`unknown_key_message`). Options and keys are looked for only in klalm's configs, so the
+    last two checks are left to Hydra when the command line adds folders to the search path."""
+    own_configs_only = not _adds_config_folders(overrides)
     for override in overrides:
         if override.startswith("-") or "=" not in override:
             continue
@@ -212,6 +214,11 @@ def check_overrides(overrides: list[str]) -> None:
             raise ConfigError(message)
 
 
+def _adds_config_folders(arguments: list[str]) -> bool:
+    """Whether the command line adds config folders (`--config-dir`, `hydra.searchpath=...`) or names another config."""
+    return any(arg.lstrip("+").startswith(SEARCH_PATH_ARGUMENTS) for arg in arguments)
+
+
 def unknown_key_message(config_name: str, arguments: list[str]) -> str | None:
     """For a command line whose `key=value` override names a key the composed config lacks (`model.d_modle=64`), the
     one-line refusal naming the nearest key there: Hydra says it in six lines and suggests `+model.d_modle=64`, which
@@ -220,7 +227,7 @@ def unknown_key_message(config_name: str, arguments: list[str]) -> str | None:
     only when some override sets a key, not a config group's option."""
     keys = {a: a.split("=", 1)[0] for a in arguments if "=" in a and re.fullmatch(r"[\w.]+", a.split("=", 1)[0])}
     candidates = [a for a, key in keys.items() if "." in key or not files("klalm.configs").joinpath(key).is_dir()]
-    if not candidates or any(a.startswith("-") or a.lstrip("+").startswith(SEARCH_PATH_ARGUMENTS) for a in arguments):
+    if not candidates or _adds_config_folders(arguments) or any(a.startswith("-") for a in arguments):
         return None
     from hydra import compose, initialize_config_module
     from hydra.errors import HydraException
@@ -237,14 +244,17 @@ def unknown_key_message(config_name: str, arguments: list[str]) -> str | None:
         bad = next((a for a in candidates if f"{keys[a]}.".startswith(f"{missing.full_key}.")), None)
         if bad is None:
             return None
-        try:
-            config = compose(config_name, overrides=[a for a in arguments if a != bad])
+        try:  # without every key it sets: another unknown one would fail this too
+            config = compose(config_name, overrides=[a for a in arguments if a not in candidates])
         except HydraException:
             return None
     parent, _, key = missing.full_key.rpartition(".")
-    node = OmegaConf.select(config, parent) if parent else config
+    try:
+        node = OmegaConf.select(config, parent) if parent else config
+    except OmegaConfBaseException:  # a value that resolves only in a run (`${hydra:runtime.output_dir}`)
+        node = None
     if not isinstance(node, DictConfig):
-        return f"{bad}: {parent} is a value ({node!r}), not a group of keys"
+        return f"{bad}: {parent} is a value, not a group of keys"
     near = difflib.get_close_matches(key, [str(k) for k in node], n=1)
     hint = f" (did you mean {parent + '.' if parent else ''}{near[0]}?)" if near else ""
     return f"{bad}: {parent or 'the config'} has no key {key!r}{hint}; `klalm-{config_name} --help` lists the keys"
@@ -259,7 +269,7 @@ def config_group_options(group: str) -> list[str]:
 def unknown_group_option_message(override: str) -> str | None:
     """For `group=option` (or a sweep `group=a,b`) naming a group of configs/ with no such option, the one-line
     refusal with the nearest option and the public ones (names not starting with `_`), and for `group=null` the way to
-    leave a group out (`~group`); None for anything else, which Hydra checks (a candidates key, a function such as
+    leave a group out (`~group`); None for anything else, which Hydra checks (a dotted key, a function such as
     `glob(...)`, a quoted value)."""
     key, value = override.split("=", 1)
     group = key.lstrip("+").split("@")[0]  # (`~group=value` deletes; Hydra checks the value)
