@@ -345,9 +345,11 @@ def test_params_into_a_pipe_closed_early_exits_quietly(tmp_path, buffered):
     assert stderr == ""
 
 
-def test_a_training_run_into_a_pipe_closed_early_stops_quietly(tmp_path):
-    """`klalm-train ... | head -1`: the log's console handler meets the closed pipe and ends the run with exit code 1,
-    instead of a "--- Logging error ---" traceback on stderr for every later line and Hydra's report at the end."""
+@pytest.mark.parametrize("closed_at", ["the first log line", "the progress bar"])
+def test_a_training_run_into_a_pipe_closed_early_stops_quietly(tmp_path, closed_at):
+    """`klalm-train ... | head -1`: whichever write meets the closed pipe first (a log record, through the console
+    handler, or the progress bar) ends the run with exit code 1 and nothing on stderr, instead of a "--- Logging
+    error ---" traceback per later line, or Hydra's report of the BrokenPipeError; the run's log says why it stopped."""
     code = textwrap.dedent(f"""
         import sys
         sys.argv = ["klalm-train", "experiment=smoke", "paths.log_dir={tmp_path / "out"}"]
@@ -356,11 +358,20 @@ def test_a_training_run_into_a_pipe_closed_early_stops_quietly(tmp_path):
     """)
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=tmp_path,
                             text=True)  # fmt: skip
-    assert proc.stdout.readline()
+    if closed_at == "the first log line":
+        assert proc.stdout.readline()
+    else:
+        seen = ""
+        while "train:" not in seen:  # the bar's first frame (it draws with carriage returns, no newline)
+            char = proc.stdout.read(1)
+            assert char, f"stdout ended before the progress bar: {seen[-300:]}"
+            seen += char
     proc.stdout.close()
     stderr = proc.stderr.read()
     assert proc.wait(timeout=300) == 1
     assert "Logging error" not in stderr and "Traceback" not in stderr and "HYDRA_FULL_ERROR" not in stderr, stderr
+    (log,) = (tmp_path / "out").glob("*/*/train.log")
+    assert "stopped: stdout's reader closed it" in log.read_text()
 
 
 @pytest.mark.parametrize(

@@ -14,6 +14,7 @@ has imported torch.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import logging
 import os
@@ -21,7 +22,7 @@ import select
 import sys
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -52,7 +53,8 @@ def _train_app(cfg: DictConfig) -> float | None:
     from klalm.train.app import USER_ERRORS, run
 
     try:
-        return run(cfg).get("val_loss")  # what a sweeper that optimises would read
+        with _stopped_by_a_closed_stdout():
+            return run(cfg).get("val_loss")  # what a sweeper that optimises would read
     except (ConfigError, *USER_ERRORS) as err:
         _refuse_run(err, started)
 
@@ -98,11 +100,12 @@ def _eval_app(cfg: DictConfig) -> None:
     from klalm.models.checkpoint import CheckpointError
     from klalm.models.export import ExportIntegrityError
 
-    try:
-        report = run(cfg)
-    except (ConfigError, FileNotFoundError, CheckpointError, ExportIntegrityError) as err:  # input that cannot be used
-        _refuse_eval(err)
-    print(markdown_table(report))
+    with _stopped_by_a_closed_stdout():
+        try:
+            report = run(cfg)
+        except (ConfigError, FileNotFoundError, CheckpointError, ExportIntegrityError) as err:  # unusable input
+            _refuse_eval(err)
+        print(markdown_table(report))
 
 
 EVAL_STARTUP_FILES = frozenset({".hydra", "eval.log"})  # what Hydra writes into an evaluation's folder at its start
@@ -165,8 +168,29 @@ class ConsoleHandler(logging.StreamHandler):
 
     def handleError(self, record: logging.LogRecord) -> None:
         if isinstance(sys.exc_info()[1], BrokenPipeError) and self.stream is sys.stdout and _reader_gone():
-            _exit_quietly(None)
+            _stop_for_a_closed_stdout()
         super().handleError(record)
+
+
+@contextlib.contextmanager
+def _stopped_by_a_closed_stdout() -> Iterator[None]:
+    """Inside a Hydra app, whose errors Hydra reports with a traceback: a write into stdout after its reader has gone
+    (the progress bar, the results table) ends the command as `ConsoleHandler` does."""
+    try:
+        yield
+    except BrokenPipeError:
+        if not _reader_gone():
+            raise
+        _stop_for_a_closed_stdout()
+
+
+def _stop_for_a_closed_stdout() -> NoReturn:
+    """Exit code 1, quietly, with a line in the run's log file saying why it stopped."""
+    record = logging.LogRecord(__name__, logging.WARNING, __file__, 0, "stopped: stdout's reader closed it", None, None)
+    for handler in logging.getLogger().handlers:
+        if isinstance(handler, logging.FileHandler):
+            handler.handle(record)
+    _exit_quietly(None)
 
 
 def _reader_gone() -> bool:
