@@ -16,7 +16,7 @@ from huggingface_hub import constants as hf_constants
 
 from klalm.data import PackedTextDataset, ResumableLoader, build_source, load_tokenizer, train_bpe_tokenizer
 from klalm.data import tokenizer as tokenizer_module
-from klalm.data.hub import PROXY_VARIABLES, HubUnreachableError, check_hub, hub_unreachable
+from klalm.data.hub import HubUnreachableError, check_hub, hub_unreachable
 from klalm.data.python_docs import python_docs_corpus
 from klalm.data.tokenizer import decode_tokens, encode_texts
 from klalm.errors import one_line
@@ -115,8 +115,8 @@ def hub(monkeypatch):
             raise socket.gaierror(-2, "Name or service not known")
         return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", ("192.0.2.1", 443))]
 
-    for name in PROXY_VARIABLES:
-        monkeypatch.delenv(name, raising=False)
+    for name in [name for name in os.environ if name.lower().endswith("_proxy")]:
+        monkeypatch.delenv(name)
     monkeypatch.setattr(hf_constants, "ENDPOINT", "https://huggingface.co")
     monkeypatch.setattr(hf_constants, "HF_HUB_OFFLINE", False)
     monkeypatch.setattr(datasets.config, "HF_DATASETS_OFFLINE", False)
@@ -196,6 +196,8 @@ def test_an_unreachable_hub_refuses_a_hub_dataset_before_streaming(monkeypatch, 
         f"streaming the hub dataset 'HuggingFaceFW/fineweb-edu' needs the Hugging Face hub, which cannot be reached "
         f"({reason}): use local files (data=files, or kind: hf with a local builder such as json and data_files)"
     )
+    with pytest.raises(HubUnreachableError, match="^streaming the hub dataset 'hf://datasets/org/name' needs"):
+        build_source({**_fineweb(), "path": "hf://datasets/org/name"}).stream(0, 1)  # the hub's own URL form
 
 
 def test_a_dataloader_worker_refusal_reads_as_one_line(monkeypatch, hub, gpt2):
@@ -216,12 +218,17 @@ def test_local_builders_and_folders_are_not_looked_up(tmp_path, hub):
     assert "huggingface.co" not in hub.lookups  # (a library may look other names up: s3.amazonaws.com)
 
 
-@pytest.mark.parametrize("variable", PROXY_VARIABLES)
+@pytest.mark.parametrize("variable", ["HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy"])
 def test_a_proxy_leaves_the_hub_to_the_libraries(monkeypatch, hub, variable):
-    """Behind a proxy the proxy resolves the hub's name: a local lookup that fails says nothing, so none is made."""
+    """Behind a proxy the proxy resolves the hub's name: a local lookup that fails says nothing, so none is made
+    (unless NO_PROXY names the hub's host)."""
     monkeypatch.setenv(variable, "http://proxy.example:3128")
     check_hub("this test", "nothing", streaming=True)
     assert hub.lookups == []
+    monkeypatch.setenv("NO_PROXY", "huggingface.co")
+    with pytest.raises(HubUnreachableError, match="huggingface.co does not resolve"):
+        check_hub("this test", "nothing")
+    monkeypatch.delenv("NO_PROXY")
     _go_offline(monkeypatch, "HF_HUB_OFFLINE")  # an offline mode still counts
     with pytest.raises(HubUnreachableError, match=r"^this test needs .*\(HF_HUB_OFFLINE is set\): nothing$"):
         check_hub("this test", "nothing")

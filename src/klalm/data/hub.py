@@ -9,18 +9,16 @@ DataLoader worker raises it: the main process re-raises it as the same type).
 
 The hub cannot be reached when an offline mode is set (`HF_HUB_OFFLINE`, and for streaming `HF_DATASETS_OFFLINE`) or
 its host name does not resolve. Only the name is looked up (no connection is opened), and not at all behind a proxy
-(`HTTPS_PROXY`, `ALL_PROXY`): there the proxy resolves it, and the libraries are left to find out. What `datasets`
-can take from its cache (lm-eval's task datasets) is refused only for the name: an offline mode set means "use the
-cache".
+for the hub's scheme (`HTTPS_PROXY`, `ALL_PROXY`, ..., unless `NO_PROXY` names the host): there the proxy resolves
+it, and the libraries are left to find out. What `datasets` can take from its cache (lm-eval's task datasets) is
+refused only for the name: an offline mode set means "use the cache".
 """
 
 from __future__ import annotations
 
-import os
 import socket
 from urllib.parse import urlsplit
-
-PROXY_VARIABLES = ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy")
+from urllib.request import getproxies, proxy_bypass
 
 
 class HubUnreachableError(FileNotFoundError):
@@ -45,9 +43,11 @@ def hub_unreachable(*, streaming: bool = False, from_cache: bool = False) -> str
         offline = "HF_DATASETS_OFFLINE" if datasets.config.HF_DATASETS_OFFLINE else None
     if offline is not None:
         return None if from_cache else f"{offline} is set"
-    if any(os.environ.get(name) for name in PROXY_VARIABLES):
+    endpoint = urlsplit(constants.ENDPOINT)
+    host = endpoint.hostname or constants.ENDPOINT
+    proxies = getproxies()  # (the environment's *_proxy variables, as requests reads them)
+    if (proxies.get(endpoint.scheme) or proxies.get("all")) and not proxy_bypass(host):
         return None
-    host = urlsplit(constants.ENDPOINT).hostname or constants.ENDPOINT
     try:
         socket.getaddrinfo(host, None)
     except socket.gaierror as err:

@@ -125,9 +125,11 @@ class _HFStream:
 
 def _is_hub_dataset(path: str) -> bool:
     """Whether `datasets.load_dataset(path)` reads a hub dataset: not one of its packaged builders (json, parquet,
-    ...), not a local folder, and "name" or "org/name" (as `datasets` tells them apart)."""
+    ...), not a local folder, and "name" or "org/name" (as `datasets` tells them apart), or an `hf://` path."""
     from datasets.packaged_modules import _PACKAGED_DATASETS_MODULES
 
+    if path.startswith("hf://"):
+        return True
     if path in _PACKAGED_DATASETS_MODULES or Path(path).expanduser().is_dir():
         return False
     return not path.startswith((".", "/", "~")) and path.count("/") <= 1
