@@ -34,7 +34,8 @@ from pathlib import Path
 
 import torch
 
-from klalm.tasks.plans import int_list, load_plan, name_list
+from klalm.cli.synthetic_args import int_list, name_list
+from klalm.tasks.plans import load_plan
 from klalm.tasks.train import GroupTrainer
 from klalm.tasks.units import Execution, Unit, build_member, rate_record, run_record
 

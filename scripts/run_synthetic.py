@@ -5,10 +5,10 @@
     python scripts/run_synthetic.py report --plan full --results results/synthetic --doc docs/synthetic.md
     python scripts/run_synthetic.py --help
 
-Same as `klalm-synthetic`; see klalm.tasks.runner and docs/synthetic.md.
+Same as `klalm-synthetic`; see klalm.cli.synthetic_args (its command line), klalm.tasks.runner and docs/synthetic.md.
 """
 
-from klalm.tasks.runner import main
+from klalm.cli import synthetic
 
 if __name__ == "__main__":
-    main()
+    synthetic()

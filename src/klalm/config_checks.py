@@ -150,6 +150,20 @@ EVAL_RULES: tuple[Rule, ...] = (
 # (klalm.data.prepare).
 SPLIT_KEYS = {"train": "source", "val": "val_source"}
 
+# The six MAD-Lab tasks of klalm-synthetic, as its plans (klalm.tasks.plans) and command line name them; the registry
+# klalm.tasks.TASKS pairs them, in this order, with their classes.
+MAD_TASKS = (
+    "mad_in_context_recall",
+    "mad_noisy_recall",
+    "mad_fuzzy_recall",
+    "mad_selective_copy",
+    "mad_compression",
+    "mad_memorization",
+)
+
+# klalm-synthetic's A5 "solved" criterion (a plan's a5.criterion) -> the key of the evaluation it reads.
+A5_CRITERIA = {"token": "token_acc", "sequence": "seq_acc"}
+
 _ABSENT = object()
 
 

@@ -15,6 +15,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from klalm.cli import synthetic
+from klalm.cli.synthetic_args import parse_args
 from klalm.models import build_model
 from klalm.tasks import MAD_TASKS, materialize, runner, units
 from klalm.tasks.plans import (
@@ -31,7 +33,7 @@ from klalm.tasks.plans import (
     plan_units,
 )
 from klalm.tasks.results import Results, estimate_s, merge, read_jsonl
-from klalm.tasks.runner import MARGIN_S, MIN_TRAIN_S, GridBlock, main, parse_args, plan_table, solved_depths
+from klalm.tasks.runner import MARGIN_S, MIN_TRAIN_S, GridBlock, plan_table, solved_depths
 from klalm.tasks.train import TrainSettings
 from klalm.tasks.units import (
     Execution,
@@ -426,20 +428,20 @@ def test_paused_units_leave_progress_rows_once(tmp_path, capsys):
     assert [e[0] for e in rows[0]["evals"]] == [10] and rows[0]["token_acc"] == rows[0]["evals"][-1][2]
     assert block.results.record_progress(rows) == 2 and block.results.record_progress(rows) == 0  # once per step
     args = ["progress", "--state", str(block.state), "--results", str(tmp_path / "other")]
-    main(args)
+    synthetic(args)
     assert json.loads(capsys.readouterr().out) == {"progress.jsonl": 2}
     assert merge(tmp_path / "other", tmp_path, "abc")["progress.jsonl"] == 0  # the same pause, not twice
     with pytest.raises(SystemExit, match="state folder .*nowhere does not exist"):
-        main(["progress", "--state", str(tmp_path / "nowhere"), "--results", str(tmp_path)])
+        synthetic(["progress", "--state", str(tmp_path / "nowhere"), "--results", str(tmp_path)])
     saved = evaluate_saved(block.state, torch.device("cpu"))  # the weights reloaded score what training recorded
     assert [(r["seed"], r["steps"]) for r in saved] == [(0, 10), (1, 10)]
     assert all(r["token_acc"] == r["recorded_token_acc"] and len(r["position_acc"]) == 3 for r in saved)
-    main(["evaluate", "--state", str(block.state), "--plot", str(tmp_path / "positions.png")])
+    synthetic(["evaluate", "--state", str(block.state), "--plot", str(tmp_path / "positions.png")])
     table = capsys.readouterr().out
     assert "| a5 length=3 kla depth=1" in table and "| token acc (recorded) |" in table
     assert (tmp_path / "positions.png").stat().st_size > 1000
     with pytest.raises(SystemExit, match="no paused unit in"):
-        main(["evaluate", "--state", str(tmp_path / "nowhere")])
+        synthetic(["evaluate", "--state", str(tmp_path / "nowhere")])
 
 
 def test_a_paused_unit_whose_state_is_lost_is_named_before_it_restarts(tmp_path, caplog):
@@ -573,7 +575,7 @@ def test_failed_units_are_reported_not_fatal(tmp_path, capsys):
                              "seeds": [0]}]},
     }))  # fmt: skip
     with pytest.raises(SystemExit, match="1 unit\\(s\\) failed"):
-        main(
+        synthetic(
             [
                 "run",
                 "--plan",
@@ -675,7 +677,7 @@ def test_merge_restores_the_state_that_came_back_and_keeps_the_old_one_otherwise
     _state_parts(back, files, part_bytes=40_000)
     assert len(list(back.glob("state.tar.*"))) > 1
     args = ["merge", "--from", str(back / "synthetic"), "--results", str(mine), "--state", str(state)]
-    main(args)
+    synthetic(args)
     added = json.loads(capsys.readouterr().out)
     assert added["a5.jsonl"] == 1 and added["state"]["units"] == 1
     assert sorted(p.name for p in state.iterdir()) == sorted(name[2:] for name in files)  # replaced, not added to
@@ -683,16 +685,16 @@ def test_merge_restores_the_state_that_came_back_and_keeps_the_old_one_otherwise
     assert added["progress.jsonl from the state"] == 2
     assert [(r["seed"], r["steps"], r["ended"]) for r in read_jsonl(mine / "progress.jsonl")] == [
         (0, 10, "paused"), (1, 10, "paused")]  # fmt: skip
-    main(args)
+    synthetic(args)
     assert json.loads(capsys.readouterr().out)["progress.jsonl from the state"] == 0  # the same pause, not twice
     for part in back.glob("state.tar.*"):
         part.unlink()
-    main(args)
+    synthetic(args)
     assert json.loads(capsys.readouterr().out) == {"a5.jsonl": 0, "state": f"none came back: kept {state}"}
     assert sorted(p.name for p in state.iterdir()) == sorted(name[2:] for name in files)
     _state_parts(back, {"../outside.json": b"{}"})  # a member outside the folder: refused, the state kept
     with pytest.raises(SystemExit, match="cannot be unpacked"):
-        main(args)
+        synthetic(args)
     assert not (tmp_path / "outside.json").exists()
     assert sorted(p.name for p in state.iterdir()) == sorted(name[2:] for name in files)
     # a new row beside an archive cut short, or whole but holding a state cut short: the archive is checked first,
@@ -709,12 +711,12 @@ def test_merge_restores_the_state_that_came_back_and_keeps_the_old_one_otherwise
             _state_parts(back, {**files, pt: files[pt][:-100]}, part_bytes=40_000)
         why = "cannot be unpacked" if cut_short == "archive" else f"holds a damaged state: state file {pt[2:]} is not"
         with pytest.raises(SystemExit, match=why):
-            main(args)
+            synthetic(args)
         assert (mine / "a5.jsonl").read_text() == rows
         assert sorted(p.name for p in state.iterdir()) == sorted(name[2:] for name in files)
         assert not state.with_name("state.restoring").exists()
     with pytest.raises(SystemExit, match="does not exist"):
-        main(["merge", "--from", str(tmp_path / "nowhere"), "--results", str(mine)])
+        synthetic(["merge", "--from", str(tmp_path / "nowhere"), "--results", str(mine)])
 
 
 def _info(step: int = 3) -> bytes:
@@ -754,12 +756,12 @@ def test_pack_writes_the_pieces_merge_restores_and_drops_stale_ones(tmp_path, ca
             _restore(units.state_parts(out), back)
     assert {p.name: p.read_bytes() for p in back.iterdir()} == files
     (state / "abc.pt").write_bytes(_saved(noise[:10].clone()))
-    main(["pack", "--state", str(state), "--out", str(out)])
+    synthetic(["pack", "--state", str(state), "--out", str(out)])
     assert json.loads(capsys.readouterr().out) == {"parts": ["state.tar.00"], "units": 2, "state_mib": 0.0,
                                                    "packed_mib": 0.0}  # fmt: skip
     assert units.state_parts(out) == [out / "state.tar.00"]  # the larger pack's other pieces are gone
     with pytest.raises(SystemExit, match="state folder .*nowhere does not exist"):
-        main(["pack", "--state", str(tmp_path / "nowhere"), "--out", str(out)])
+        synthetic(["pack", "--state", str(tmp_path / "nowhere"), "--out", str(out)])
 
 
 def test_state_folders_work_where_there_is_no_flock(tmp_path, monkeypatch):
@@ -805,7 +807,7 @@ def test_damaged_states_are_refused_in_one_line_naming_the_file_before_anything_
                          (bad / f"{name}.json", "is not JSON: Invalid control character")):  # fmt: skip
         for verb in verbs:
             with pytest.raises(SystemExit) as refused:
-                main([*verb, "--state", str(damaged.parent)])
+                synthetic([*verb, "--state", str(damaged.parent)])
             assert re.fullmatch(f"klalm-synthetic: state file {re.escape(str(damaged))} ({why}).*", refused.value.code)
     assert not results.exists() and not out.exists()
 
@@ -868,7 +870,7 @@ def test_a_block_with_checkpoints_saves_them_in_its_child_processes_and_removes_
 
 
 def test_plan_verb_lists_units_with_estimates(tmp_path, capsys):
-    main(["plan", "--plan", "full", "--families", "a5", "--archs", "kla", "--results", str(tmp_path)])
+    synthetic(["plan", "--plan", "full", "--families", "a5", "--archs", "kla", "--results", str(tmp_path)])
     out = capsys.readouterr().out
     assert "| a5 length=4 kla depth=1 d=128 lr=0.001 wd=0.01 seeds=0,1,2 | ready |" in out
     assert "| a5 length=4 kla depth=2 d=128 lr=0.001 wd=0.01 seeds=0,1,2 | waits |" in out
@@ -882,18 +884,18 @@ def test_plan_verb_estimates_for_a_named_gpu_and_bad_input_is_one_line(tmp_path,
     rate = _rate(device="NVIDIA H200", d_model=128, members=3, tokens_per_step=256 * 4 + 25 * 2, step_s=0.004)
     (tmp_path / "rates.jsonl").write_text(json.dumps(rate) + "\n")
     args = ["plan", "--plan", "full", "--families", "a5", "--archs", "kla", "--results", str(tmp_path)]
-    main([*args, "--gpu-name", "NVIDIA H200", "--compile", "none"])
+    synthetic([*args, "--gpu-name", "NVIDIA H200", "--compile", "none"])
     assert "seeds=0,1,2 | ready | 471 | 4.00 ms/step from rates.jsonl lines 1;" in capsys.readouterr().out  # x 1.15
-    main([*args, "--gpu-name", "NVIDIA H200"])  # as that GPU runs the full plan: compiled, no compiled run yet
+    synthetic([*args, "--gpu-name", "NVIDIA H200"])  # as that GPU runs the full plan: compiled, no compiled run yet
     out = capsys.readouterr().out  # (60 s prior overhead + 100,000 x 4 ms) x 1.15
     assert "seeds=0,1,2 | ready | 529 | 4.00 ms/step from eager rates.jsonl lines 1; overhead 60 s (prior)" in out
-    main(args)  # this machine's device has no rows: the plan's prior
+    synthetic(args)  # this machine's device has no rows: the plan's prior
     assert "| prior |" in capsys.readouterr().out
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(SystemExit, match="^klalm-synthetic: device='cuda' but torch sees no CUDA device"):
-        main([*args, "--device", "cuda"])
+        synthetic([*args, "--device", "cuda"])
     with pytest.raises(SystemExit, match="^klalm-synthetic: device='tpu'"):
-        main([*args, "--device", "tpu"])
+        synthetic([*args, "--device", "tpu"])
 
 
 def _documented_commands() -> list[list[str]]:
@@ -935,19 +937,19 @@ def test_positions_of_finished_runs_filter_table_and_plot(tmp_path, capsys):
                                    _row(kla1, 1, 0.4, position_acc=[1.0, 0.25, None]),
                                    _row(gpt2, 0, 0.7, position_acc=[1.0, 1.0, 0.125]),
                                    _row(gpt1, 0, 0.5)]))  # fmt: skip  # a row from before position_acc
-    main(["positions", "--results", str(tmp_path), "--plot", str(tmp_path / "positions.png")])
+    synthetic(["positions", "--results", str(tmp_path), "--plot", str(tmp_path / "positions.png")])
     lines = capsys.readouterr().out.splitlines()
     assert lines[0] == "| unit | seed | step | token acc | seq acc | 0 | 1 | 2 |"  # no "recorded" column here
     assert lines[2:] == ["| gpt L=3 depth=2 | 0 | 20 | 70.0 | 0.0 | 100 | 100 | 12 |",
                          "| kla L=3 depth=1 | 0 | 20 | 90.0 | 0.0 | 100 | 88 | 50 |",
                          "| kla L=3 depth=1 | 1 | 20 | 40.0 | 0.0 | 100 | 25 |  |"]  # fmt: skip
     assert (tmp_path / "positions.png").stat().st_size > 1000
-    main(["positions", "--results", str(tmp_path), "--archs", "kla", "--depths", "1", "--lengths", "3"])
+    synthetic(["positions", "--results", str(tmp_path), "--archs", "kla", "--depths", "1", "--lengths", "3"])
     assert len(capsys.readouterr().out.splitlines()) == 4
     with pytest.raises(SystemExit, match="no A5 row with accuracy by position in .* matches"):
-        main(["positions", "--results", str(tmp_path), "--depths", "4"])
+        synthetic(["positions", "--results", str(tmp_path), "--depths", "4"])
     with pytest.raises(SystemExit, match="results folder .*nowhere does not exist"):
-        main(["positions", "--results", str(tmp_path / "nowhere")])
+        synthetic(["positions", "--results", str(tmp_path / "nowhere")])
     assert not (tmp_path / "nowhere").exists()  # a mistyped folder is not created
 
 
@@ -958,14 +960,14 @@ def test_mqar_positions_by_span_table_and_plot(tmp_path, capsys):
     first = block.units[0]  # gpt, L 16, K 2, depth 1, d 16, lr 1e-3
     acc = [None] * 4 + [1.0, None, 0.5, None, 0.25, None, None, None, 0.0, None, None, 0.5]
     block.results.record(_outcome([_row(first, 0, 0.5, position_acc=acc)]))
-    main(["positions", "--family", "mqar", "--results", str(tmp_path), "--plot", str(tmp_path / "mqar.png")])
+    synthetic(["positions", "--family", "mqar", "--results", str(tmp_path), "--plot", str(tmp_path / "mqar.png")])
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].startswith("MQAR L=16 K=2, held-out accuracy (%) by query position")
     assert lines[2] == "| unit | seed | step | token acc | 4–5 | 6–7 | 8–9 | 12–13 | 14–15 |"  # 10–11: no query
     assert lines[4:] == ["| gpt L=16 K=2 depth=1 d=16 lr=0.001 | 0 | 20 | 50.0 | 100.0 | 50.0 | 25.0 | 0.0 | 50.0 |"]
     assert (tmp_path / "mqar.png").stat().st_size > 1000
     with pytest.raises(SystemExit, match="no MQAR row with accuracy by position in .* matches"):
-        main(["positions", "--family", "mqar", "--results", str(tmp_path), "--lengths", "64"])
+        synthetic(["positions", "--family", "mqar", "--results", str(tmp_path), "--lengths", "64"])
 
 
 def test_positions_show_a_paused_run_at_its_last_evaluation(tmp_path, capsys):
@@ -984,7 +986,7 @@ def test_positions_show_a_paused_run_at_its_last_evaluation(tmp_path, capsys):
     block.results.record(_outcome([_row(done, 0, 1.0, steps=20, planned_steps=20, position_acc=acc, evals=evals)]))
     block.results.record_progress([pause(paused, 10, 0.25)])
     block.results.record_progress([pause(paused, 12, 0.5)])
-    main(["positions", "--family", "mqar", "--results", str(tmp_path), "--plot", str(tmp_path / "p.png")])
+    synthetic(["positions", "--family", "mqar", "--results", str(tmp_path), "--plot", str(tmp_path / "p.png")])
     lines = capsys.readouterr().out.splitlines()
     cells = [line.split(" | ")[1:4] for line in lines[4:]]
     assert cells == [["0", "20", "100.0"], ["0", "12 (paused)", "50.0"]], lines  # finished, then the latest pause
@@ -1005,21 +1007,21 @@ def test_curves_show_finished_and_paused_runs_by_step(tmp_path, capsys):
         block.results.record_progress(
             [_row(paused, 0, acc, steps=steps, ended="paused", planned_steps=20, evals=so_far)]
         )
-    main(["curves", "--family", "mqar", "--results", str(tmp_path), "--plot", str(tmp_path / "curves.png")])
+    synthetic(["curves", "--family", "mqar", "--results", str(tmp_path), "--plot", str(tmp_path / "curves.png")])
     lines = capsys.readouterr().out.splitlines()
     assert lines[0] == "| unit | seed | ended | step 4 | step 8 | step 12 | step 16 | step 20 | last (step) |"
     assert lines[2:] == [
         "| gpt L=16 K=2 depth=1 d=16 lr=0.001 | 0 | steps at 20 |  |  | 25.0 | 25.0 | 75.0 | 75.0 (20) |",
         "| gpt L=16 K=2 depth=1 d=16 lr=0.003 | 0 | paused at 12 |  |  | 62.5 |  |  | 62.5 (12) |"]  # fmt: skip
     assert (tmp_path / "curves.png").stat().st_size > 1000
-    main(["curves", "--family", "mqar", "--results", str(tmp_path), "--steps", "15"])
+    synthetic(["curves", "--family", "mqar", "--results", str(tmp_path), "--steps", "15"])
     assert capsys.readouterr().out.splitlines()[2:] == [
         "| gpt L=16 K=2 depth=1 d=16 lr=0.001 | 0 | steps at 20 | 25.0 | 75.0 (20) |",
         "| gpt L=16 K=2 depth=1 d=16 lr=0.003 | 0 | paused at 12 |  | 62.5 (12) |"]  # fmt: skip
     with pytest.raises(SystemExit, match="no MQAR run with evaluations in .* matches"):
-        main(["curves", "--family", "mqar", "--results", str(tmp_path), "--lengths", "64"])
+        synthetic(["curves", "--family", "mqar", "--results", str(tmp_path), "--lengths", "64"])
     with pytest.raises(SystemExit, match="no A5 run"):  # another family's paused runs are not this one's
-        main(["curves", "--family", "a5", "--results", str(tmp_path)])
+        synthetic(["curves", "--family", "a5", "--results", str(tmp_path)])
 
 
 def test_a_run_has_one_colour_in_the_positions_and_curves_plots(tmp_path, monkeypatch):
@@ -1040,10 +1042,10 @@ def test_a_run_has_one_colour_in_the_positions_and_curves_plots(tmp_path, monkey
     assert list(report.run_colours(rows).values()) == ["C0", "C1"] and rows[0]["ended"] == "paused"
     drawn = {}
     monkeypatch.setattr(report, "plot_positions", lambda rows, path, colours=None: drawn.update(colours=colours))
-    main(["positions", "--family", "mqar", "--results", str(tmp_path), "--plot", str(tmp_path / "p.png")])
+    synthetic(["positions", "--family", "mqar", "--results", str(tmp_path), "--plot", str(tmp_path / "p.png")])
     assert drawn["colours"][rows[1]["unit"], 0] == "C1"
     monkeypatch.undo()
-    main(["positions", "--family", "mqar", "--results", str(tmp_path), "--plot", str(tmp_path / "p.png")])
+    synthetic(["positions", "--family", "mqar", "--results", str(tmp_path), "--plot", str(tmp_path / "p.png")])
     assert (tmp_path / "p.png").stat().st_size > 1000
 
 

@@ -14,9 +14,10 @@ from pathlib import Path
 
 import pytest
 
+from klalm.cli import synthetic
 from klalm.tasks.plans import A5Plan, A5Stage, Estimate, RunPlan
 from klalm.tasks.results import Results, read_jsonl
-from klalm.tasks.runner import GridBlock, main
+from klalm.tasks.runner import GridBlock
 from klalm.tasks.train import TrainSettings
 
 COMMITTED = Path(__file__).resolve().parents[2] / "results" / "synthetic"
@@ -24,9 +25,9 @@ CPU_A5 = ["--plan", "cpu", "--families", "a5", "--archs", "gpt", "--a5-lengths",
 
 
 def _refused(argv: list[str], message: str) -> str:
-    """Runs main(argv), which must end with one line `klalm-synthetic: ...` matching `message`; returns it."""
+    """Runs synthetic(argv), which must end with one line `klalm-synthetic: ...` matching `message`; returns it."""
     with pytest.raises((SystemExit, KeyError, ValueError, TypeError, OSError)) as info:  # a traceback fails below
-        main(argv)
+        synthetic(argv)
     assert info.type is SystemExit, f"{info.type.__name__}: {info.value}"
     text = str(info.value.code)
     assert text.startswith("klalm-synthetic: ") and "\n" not in text, text
@@ -36,6 +37,32 @@ def _refused(argv: list[str], message: str) -> str:
 
 def _files(folder: Path) -> dict[str, bytes]:
     return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_help_and_usage_errors_answer_before_torch_is_imported():
+    """The parser ran in klalm.tasks.runner, after klalm.tasks had imported torch: `klalm-synthetic --help` took 6 s."""
+    import subprocess
+    import sys
+
+    script = (
+        "import sys; from klalm.cli import synthetic\n"
+        "try:\n    synthetic()\nexcept SystemExit as exit_:\n    print('exit', exit_.code)\n"
+        "print('heavy', [name for name in ('torch', 'matplotlib') if name in sys.modules])"
+    )
+    said = []
+    for argv, status, stream in (
+        (["--help"], 0, "stdout"),
+        (["run", "--help"], 0, "stdout"),
+        (["run", "--results", "x", "--lrs", "1e-3,fast"], 2, "stderr"),
+    ):
+        proc = subprocess.run([sys.executable, "-c", script, *argv], capture_output=True, text=True, timeout=120)
+        said.append(getattr(proc, stream))
+        assert said[-1].startswith("usage: klalm-synthetic "), proc.stderr[-2000:]
+        assert proc.stdout.splitlines()[-2:] == [f"exit {status}", "heavy []"], proc.stdout[-2000:]
+    top, run, refused = said
+    assert "Run a synthetic plan in blocks" in top and "klalm-synthetic curves --family mqar" in top
+    assert "subsetofmad_in_context_recall,mad_noisy_recall," in "".join(run.split())  # --mad-tasks: MAD_TASKS
+    assert refused.splitlines()[-1].endswith("argument --lrs: invalid float_list value: '1e-3,fast'")
 
 
 @pytest.mark.parametrize(
@@ -123,7 +150,7 @@ def test_an_arch_with_neither_rates_nor_a_prior_is_refused_before_the_block_star
 
 def test_plan_lists_without_a_state_folder_and_writes_nothing(tmp_path, capsys):
     """The cpu plan has a time budget, which a block needs --state for; `plan` runs no block and makes no folder."""
-    main(["plan", *CPU_A5, "--results", str(tmp_path / "new" / "results")])
+    synthetic(["plan", *CPU_A5, "--results", str(tmp_path / "new" / "results")])
     assert "| a5 length=3 gpt depth=1 d=32" in capsys.readouterr().out
     assert list(tmp_path.iterdir()) == []
 
@@ -262,7 +289,7 @@ def test_ctrl_c_ends_a_run_with_one_line_and_exit_code_130(tmp_path, monkeypatch
 
     monkeypatch.setattr(GridBlock, "run", interrupted)
     with pytest.raises((SystemExit, KeyboardInterrupt)) as info:
-        main(["run", *CPU_A5, "--results", str(tmp_path / "r"), "--state", str(tmp_path / "s")])
+        synthetic(["run", *CPU_A5, "--results", str(tmp_path / "r"), "--state", str(tmp_path / "s")])
     assert info.type is SystemExit and info.value.code == 130
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith("klalm-synthetic: interrupted: 0 row(s) written in this block are kept in")
@@ -310,8 +337,8 @@ def test_evaluate_refuses_a_device_it_cannot_use_and_curves_a_negative_step(tmp_
 
 
 def _cpu_a5_plan() -> RunPlan:
+    from klalm.cli.synthetic_args import parse_args
     from klalm.tasks.plans import apply_args, load_plan
-    from klalm.tasks.runner import parse_args
 
     args = parse_args(["run", *CPU_A5, "--results", "x"])
     return apply_args(load_plan(args.plan), args)
@@ -348,7 +375,7 @@ def test_plan_keeps_the_state_of_a_unit_finished_meanwhile(tmp_path, capsys):
     (tmp_path / "r" / "a5.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
     _saved_state(tmp_path / "s", unit)
     before = _files(tmp_path)
-    main(["plan", *CPU_A5, "--results", str(tmp_path / "r"), "--state", str(tmp_path / "s")])
+    synthetic(["plan", *CPU_A5, "--results", str(tmp_path / "r"), "--state", str(tmp_path / "s")])
     assert "| done |" in capsys.readouterr().out
     assert _files(tmp_path) == before
     block = GridBlock(_cpu_a5_plan(), Results(tmp_path / "r", ["a5"]), tmp_path / "s", "cpu", 0, True, None, "abc")
@@ -365,19 +392,19 @@ def test_a_time_budget_of_0_or_below_starts_nothing_and_exits_0(tmp_path, monkey
 
     monkeypatch.setattr(GridBlock, "_execute", execute)
     with caplog.at_level("INFO", logger="klalm.synthetic"):
-        main(["run", *CPU_A5, "--results", str(tmp_path / "r"), "--state", str(tmp_path / "s"), "--time-budget-s",
+        synthetic(["run", *CPU_A5, "--results", str(tmp_path / "r"), "--state", str(tmp_path / "s"), "--time-budget-s",
               budget])  # fmt: skip
     assert "deadline in none" not in caplog.text
     assert "no time left" in caplog.text and "block done: 0 rows written" in caplog.text
     assert not (tmp_path / "r" / "a5.jsonl").exists()
-    main(["plan", *CPU_A5, "--results", str(tmp_path / "r"), "--time-budget-s", budget])  # plan has no deadline
+    synthetic(["plan", *CPU_A5, "--results", str(tmp_path / "r"), "--time-budget-s", budget])  # plan has no deadline
 
 
 def test_a_time_budget_of_inf_is_no_deadline_and_needs_no_state(tmp_path, monkeypatch):
     """The cpu plan's time_budget_s (720) needs --state; `--time-budget-s inf` runs it without a deadline."""
     deadlines = []
     monkeypatch.setattr(GridBlock, "run", lambda self: deadlines.append(self.deadline))
-    main(["run", *CPU_A5, "--results", str(tmp_path / "r"), "--time-budget-s", "inf"])
+    synthetic(["run", *CPU_A5, "--results", str(tmp_path / "r"), "--time-budget-s", "inf"])
     assert deadlines == [None]
 
 
@@ -388,7 +415,7 @@ def test_ctrl_c_names_the_units_that_failed_before_it(tmp_path, monkeypatch, cap
 
     monkeypatch.setattr(GridBlock, "run", fails_then_interrupted)
     with pytest.raises(SystemExit) as info:
-        main(["run", *CPU_A5, "--results", str(tmp_path / "r"), "--state", str(tmp_path / "s")])
+        synthetic(["run", *CPU_A5, "--results", str(tmp_path / "r"), "--state", str(tmp_path / "s")])
     assert info.value.code == 130
     err = capsys.readouterr().err.strip().splitlines()
     failure = f"  {_cpu_a5_unit().label()}: RuntimeError: the unit's process exited with code 1"
@@ -406,7 +433,7 @@ def test_merge_restores_the_states_of_a_call_whose_results_did_not_come_back(tmp
     (call / "synthetic").mkdir()  # (or none at all: the next test)
     (tmp_path / "dest").mkdir()
     state = tmp_path / "state"
-    main(["merge", "--from", str(call / "synthetic"), "--results", str(tmp_path / "dest"), "--state", str(state)])
+    synthetic(["merge", "--from", str(call / "synthetic"), "--results", str(tmp_path / "dest"), "--state", str(state)])
     assert json.loads(capsys.readouterr().out)["state"] == {"units": 1, "mib": 0.0}
     assert list(saved_states(state)) == list(saved_states(tmp_path / "paused"))
     merge = ["merge", "--from", str(call / "synthetic"), "--results", str(tmp_path / "dest")]
@@ -432,7 +459,7 @@ def test_merge_of_a_missing_synthetic_folder_restores_the_parts_beside_it_and_re
     _refused(["merge", "--from", str(typo), "--results", str(tmp_path / "dest"), "--state", str(tmp_path / "state")],
              f"--from folder {typo} does not exist")  # fmt: skip
     assert not (tmp_path / "state").exists() and _files(tmp_path / "dest") == {} and not typo.exists()
-    main(["merge", "--from", str(call / "synthetic"), "--results", str(tmp_path / "dest"), "--state",
+    synthetic(["merge", "--from", str(call / "synthetic"), "--results", str(tmp_path / "dest"), "--state",
           str(tmp_path / "state")])  # fmt: skip
     assert json.loads(capsys.readouterr().out)["state"] == {"units": 1, "mib": 0.0}
     assert not (call / "synthetic").exists() and list(_files(tmp_path / "dest")) == ["progress.jsonl"]  # the pause
@@ -464,6 +491,7 @@ RUNNER = """
 import signal, subprocess, sys, types
 from pathlib import Path
 signal.signal(signal.SIGINT, signal.default_int_handler)  # also when the tests run with SIGINT ignored
+from klalm.cli import synthetic
 from klalm.tasks import runner
 from klalm.tasks.plans import A5Plan, A5Stage, Estimate, RunPlan
 from klalm.tasks.train import TrainSettings
@@ -477,7 +505,7 @@ plan = RunPlan(archs=["gpt", "kla"], families=["a5"], device="cpu", procs_per_gp
                a5=A5Plan(d_model=16, num_test=8, eval_every=10, train=train,
                          stages=[A5Stage(lengths=[3, 4, 5], depths=[1], seeds=[0])]))
 runner.load_plan = lambda name: plan
-runner.main(["run", "--plan", "tiny", "--results", str(folder / "r"), "--state", str(folder / "s")])
+synthetic(["run", "--plan", "tiny", "--results", str(folder / "r"), "--state", str(folder / "s")])
 """
 
 

@@ -5,10 +5,9 @@ and `--cfg job`, and check every value (`klalm.config_checks`) with nothing heav
 Lightning and lm-eval are imported when the run starts. A bad value ends the command with one line naming the key.
 
 The argparse commands answer `--help` and usage errors before torch is imported too: `klalm-params` and
-`klalm-lm-eval` (lm-eval's own parser) parse here, `klalm-generate` and `klalm-prepare-data` in
-`klalm.cli.generate_args` and `klalm.cli.prepare_data_args` (whose docstrings are their help), `klalm-study` in
-`klalm.study.cli`. `klalm-synthetic` still parses in the module that does its work, once its package (klalm.tasks)
-has imported torch.
+`klalm-lm-eval` (lm-eval's own parser) parse here, `klalm-generate`, `klalm-prepare-data` and `klalm-synthetic` in
+`klalm.cli.generate_args`, `klalm.cli.prepare_data_args` and `klalm.cli.synthetic_args` (whose docstrings are their
+help), `klalm-study` in `klalm.study.cli`.
 """
 
 from __future__ import annotations
@@ -294,11 +293,14 @@ def _parse_lm_eval_args(parser: Any) -> argparse.Namespace:
 
 
 @quiet_when_the_reader_stops
-def synthetic() -> None:
+def synthetic(argv: list[str] | None = None) -> None:
     """`klalm-synthetic`: run the synthetic benchmarks (A5, MQAR, MAD) block by block; report tables and plots."""
-    from klalm.tasks.runner import main
+    from klalm.cli.synthetic_args import parse_args
 
-    main()
+    args = parse_args(argv)
+    from klalm.tasks.runner import run
+
+    run(args)
 
 
 @quiet_when_the_reader_stops

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from klalm.config_checks import MAD_TASKS
 from klalm.loss import IGNORE_INDEX
 from klalm.tasks.a5 import A5Task
 from klalm.tasks.base import SyntheticTask, TaskDataset, TaskStream, materialize
@@ -25,17 +26,21 @@ from klalm.tasks.mad import (
 )
 from klalm.tasks.mqar import MQARTask
 
+# The MAD-Lab tasks in the order of their names, MAD_TASKS (in klalm.config_checks: a command line reads them there,
+# without torch).
+_MAD_CLASSES = (
+    InContextRecallTask,
+    NoisyRecallTask,
+    FuzzyRecallTask,
+    SelectiveCopyTask,
+    CompressionTask,
+    MemorizationTask,
+)
 TASKS: dict[str, type[SyntheticTask]] = {
     "a5": A5Task,
     "mqar": MQARTask,
-    "mad_in_context_recall": InContextRecallTask,
-    "mad_noisy_recall": NoisyRecallTask,
-    "mad_fuzzy_recall": FuzzyRecallTask,
-    "mad_selective_copy": SelectiveCopyTask,
-    "mad_compression": CompressionTask,
-    "mad_memorization": MemorizationTask,
+    **dict(zip(MAD_TASKS, _MAD_CLASSES, strict=True)),
 }
-MAD_TASKS = tuple(name for name in TASKS if name.startswith("mad_"))
 
 
 def make_task(name: str, **settings) -> SyntheticTask:

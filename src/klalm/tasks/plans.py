@@ -1,5 +1,5 @@
-"""Plans of the synthetic benchmarks: the dataclasses a plan YAML fills, the command-line knobs, and the ordered list
-of units (klalm.tasks.units.Unit) a plan asks for.
+"""Plans of the synthetic benchmarks: the dataclasses a plan YAML fills, the command-line knobs (parsed by
+klalm.cli.synthetic_args) applied to one, and the ordered list of units (klalm.tasks.units.Unit) a plan asks for.
 
 A plan is a YAML file in configs/synthetic/ (`full`, `quick`, `cpu`) or a path; every key is checked against these
 dataclasses (an unknown key raises KeyError naming it and the valid ones). A5 and MQAR list their work in stages,
@@ -25,6 +25,7 @@ import yaml
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from klalm.config_checks import A5_CRITERIA
 from klalm.errors import one_line
 from klalm.tasks import MAD_TASKS, make_task
 from klalm.tasks.train import TrainSettings
@@ -32,7 +33,6 @@ from klalm.tasks.units import Unit
 
 FAMILY_NAMES = ("a5", "mqar", "mad")
 A5_AUX_LENGTH = 2  # SLiCE: a batch of length-2 sequences joins every A5 step
-CRITERIA = {"token": "token_acc", "sequence": "seq_acc"}  # A5 "solved" metric -> evaluate()'s key
 
 
 @dataclasses.dataclass
@@ -236,7 +236,7 @@ def a5_units(plan: RunPlan) -> list[Unit]:
     """Stage by stage; within a stage length by length, depth by depth, arch by arch."""
     a5, units = plan.a5, []
     aux = {"name": "a5", "length": A5_AUX_LENGTH} if a5.train.aux_batch_size > 0 else None
-    stop = {"metric": CRITERIA[a5.criterion], "threshold": a5.threshold}
+    stop = {"metric": A5_CRITERIA[a5.criterion], "threshold": a5.threshold}
     for stage in a5.stages:
         for length, depth, arch in itertools.product(stage.lengths, stage.depths, plan.archs):
             for seeds in _seed_groups(stage.seeds, plan.members):
@@ -319,59 +319,6 @@ def plan_units(plan: RunPlan) -> list[Unit]:
 # ------------------------------------------------------------------------------------------------- command line
 
 
-def name_list(text: str) -> list[str]:
-    """ "kla,gpt" -> ["kla", "gpt"] (a command-line list)."""
-    return [x for x in text.split(",") if x]
-
-
-def int_list(text: str) -> list[int]:
-    """ "0,1,2" -> [0, 1, 2] (a command-line list)."""
-    return [int(x) for x in name_list(text)]
-
-
-def float_list(text: str) -> list[float]:
-    """ "1e-3,3e-3" -> [0.001, 0.003] (a command-line list)."""
-    return [float(x) for x in name_list(text)]
-
-
-def _cells(text: str) -> list[list[int]]:
-    """ "64x4,128x8" -> [[64, 4], [128, 8]]."""
-    try:
-        return [[int(v) for v in cell.split("x")] for cell in text.split(",") if cell]
-    except ValueError as err:
-        raise argparse.ArgumentTypeError(f"wants LENGTHxPAIRS items like 64x4,128x8; got {text!r}") from err
-
-
-def add_plan_args(p: argparse.ArgumentParser) -> None:
-    """The knobs that change a plan (each replaces the value in every stage of the plan)."""
-    p.add_argument("--plan", default="full", help="configs/synthetic/<name>.yaml (full, quick, cpu) or a YAML path "
-                   "(default: full, the GPU grid)")  # fmt: skip
-    p.add_argument("--archs", type=name_list, help="comma-separated archs, e.g. kla,gpt,mamba,gdn,gpt_kla")
-    p.add_argument("--families", type=name_list, help="comma-separated subset of a5,mqar,mad")
-    p.add_argument("--steps", type=int, help="optimiser steps of every run (MAD: replaces epochs)")
-    p.add_argument("--seeds", type=int_list, help="seeds of every stage, e.g. 0,1,2")
-    p.add_argument("--lrs", type=float_list, help="learning rates of mqar and mad, e.g. 1e-3,3e-3")
-    p.add_argument("--device", help="auto, cpu, cuda")
-    p.add_argument("--members", type=int, help="seeds trained side by side in one process (one CUDA graph)")
-    p.add_argument("--procs-per-gpu", type=int, help="units running at once on each GPU, one process each")
-    p.add_argument("--units-per-process", type=int, help="units differing only in task, lr or weight decay "
-                   "trained side by side in one process (a pack)")  # fmt: skip
-    p.add_argument("--max-state-mib", type=float, help="a pack's paused states stay under this many MiB")
-    p.add_argument("--compile", dest="compile_backend", help="torch.compile backend of the training step on CUDA, "
-                   "e.g. inductor; none: eager")  # fmt: skip
-    p.add_argument("--deterministic", action="store_true", default=None, help="deterministic kernels only "
-                   "(torch.use_deterministic_algorithms): a unit run twice gives the same rows, slower")  # fmt: skip
-    p.add_argument("--a5-lengths", type=int_list, help="A5 sequence lengths, e.g. 4,8,16")
-    p.add_argument("--a5-depths", type=int_list, help="A5 depths, e.g. 1,2")
-    p.add_argument("--a5-criterion", choices=sorted(CRITERIA), help="A5 'solved' metric")
-    p.add_argument("--mqar-cells", type=_cells, help="MQAR LENGTHxPAIRS cells, e.g. 64x4,128x8,256x16")
-    p.add_argument("--mqar-depths", type=int_list, help="MQAR depths (blocks), e.g. 1")
-    p.add_argument("--mqar-d-models", type=int_list, help="MQAR widths, e.g. 128")
-    p.add_argument("--mqar-d-states", type=int_list, help="MQAR: the KLA archs' d_state, e.g. 64")
-    p.add_argument("--mad-tasks", type=name_list, help=f"comma-separated subset of {','.join(MAD_TASKS)}")
-    p.add_argument("--mad-weight-decays", type=float_list, help="MAD weight decays, e.g. 0 (with --lrs: one setting)")
-
-
 def apply_args(plan: RunPlan, args: argparse.Namespace) -> RunPlan:
     """Command-line knobs on top of a plan; then `validate`. A list knob that names nothing (`--archs ""`: an unset
     shell variable, say) raises ValueError naming it, instead of planning no units."""
@@ -435,7 +382,7 @@ def validate(plan: RunPlan) -> None:
         "families": (plan.families, FAMILY_NAMES),
         "mad.tasks": (plan.mad.tasks, MAD_TASKS),
         "mad.task_settings": (list(plan.mad.task_settings), MAD_TASKS),
-        "a5.criterion": ([plan.a5.criterion], CRITERIA),
+        "a5.criterion": ([plan.a5.criterion], A5_CRITERIA),
         "model_overrides": (list(plan.model_overrides), ARCH_LAYOUTS),
         "estimate.tokens_per_s": (list(plan.estimate.tokens_per_s), ARCH_LAYOUTS),
     }

@@ -19,8 +19,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from klalm.config_checks import A5_CRITERIA
 from klalm.markdown import fill_sections
-from klalm.tasks.plans import CRITERIA, RunPlan, plan_units
+from klalm.tasks.plans import RunPlan, plan_units
 from klalm.tasks.results import Results
 from klalm.tasks.units import EVAL_COLUMNS, Unit, kla_d_state, row_key
 
@@ -90,7 +91,7 @@ def min_depth(depths: dict[int, tuple[int, list[Row]]], metric: str, threshold: 
 
 def a5_section(plan: RunPlan, rows: list[Row], figure: Figure | None, progress: list[Row] = ()) -> str:
     """The minimum-depth table, the runs table (with the paused units of `progress`) and the figure."""
-    metric, threshold = CRITERIA[plan.a5.criterion], plan.a5.threshold
+    metric, threshold = A5_CRITERIA[plan.a5.criterion], plan.a5.threshold
     grid = a5_grid(plan, rows)
     lengths = sorted({length for per_arch in grid.values() for length in per_arch})
     paused = paused_runs(plan, rows, progress, "a5")

@@ -1,16 +1,5 @@
-"""Run a synthetic plan in blocks of GPU time, resuming from the results folder and the paused units' states.
-
-    klalm-synthetic run --plan full --families a5 --results results/synthetic --state .carry/synthetic_state \
-        --time-budget-s 500
-    klalm-synthetic plan --plan full --families a5 --results results/synthetic     # what is done, what is left
-    klalm-synthetic report --plan full --results results/synthetic --doc docs/synthetic.md
-    klalm-synthetic merge --from <copy of a results folder> --results results/synthetic
-    klalm-synthetic progress --state .carry/synthetic_state --results results/synthetic   # paused units' evaluations
-    klalm-synthetic pack --state .carry/synthetic_state --out $OUT --every-s 20 &   # ship checkpoints as they come
-    klalm-synthetic evaluate --state .carry/synthetic_state --plot positions.png        # their accuracy by position
-    klalm-synthetic positions --results results/synthetic --archs kla --plot positions.png  # recorded runs' too
-    klalm-synthetic positions --family mqar --results results/synthetic --lengths 2048     # MQAR's, by spans
-    klalm-synthetic curves --family mqar --results results/synthetic --lengths 2048 --plot curves.png  # by step
+"""Run a synthetic plan in blocks of GPU time, resuming from the results folder and the paused units' states: the
+work of `klalm-synthetic`, whose command line (its --help, with examples of every verb) is klalm.cli.synthetic_args.
 
 A block first resumes the units paused in the state folder (plan order), then walks the plan's other units in
 order (klalm.tasks.plans) and starts each that is ready: its (cell, seed)s have no row yet; for A5, every shallower
@@ -38,7 +27,6 @@ import json
 import logging
 import math
 import os
-import re
 import shutil
 import signal
 import subprocess
@@ -53,7 +41,7 @@ import torch
 
 from klalm.errors import one_line, refuse
 from klalm.provenance import git_commit
-from klalm.tasks.plans import RunPlan, add_plan_args, apply_args, int_list, load_plan, name_list, plan_units
+from klalm.tasks.plans import RunPlan, apply_args, load_plan, plan_units
 from klalm.tasks.results import Results, estimate_s, merge
 from klalm.tasks.units import (
     CELL_FIELDS,
@@ -567,100 +555,6 @@ def _resolve_device(plan: RunPlan) -> str:
     return plan.device
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    examples = __doc__.split("\n\n")[1]  # the module doc's commands
-    more = '`klalm-synthetic VERB --help` lists its options; docs/synthetic.md ("Running the grid in blocks") says more'
-    p = argparse.ArgumentParser(prog="klalm-synthetic", description=__doc__.split("\n\n")[0], allow_abbrev=False,
-                                formatter_class=argparse.RawDescriptionHelpFormatter,
-                                epilog=f"{examples}\n\n{more}")  # fmt: skip
-    verbs = p.add_subparsers(dest="verb", required=True)
-
-    def add_verb(name: str, text: str) -> argparse.ArgumentParser:  # its line in the list: also its --help description
-        return verbs.add_parser(name, help=text, description=text)
-
-    for verb, text in (("run", "run one block of the plan"), ("plan", "list the plan's units: state, estimate")):
-        cmd = add_verb(verb, text)
-        add_plan_args(cmd)
-        cmd.add_argument("--results", type=Path, required=True, help="results folder (a5.jsonl, rates.jsonl, ...)")
-        budget_help = {
-            "run": "this block's wall-clock seconds; 0 or less: start nothing; inf: no deadline (default: "
-            "the plan's time_budget_s)",
-            "plan": "accepted and ignored (plan has no deadline)",
-        }
-        cmd.add_argument("--time-budget-s", type=float, help=budget_help[verb])
-        cmd.add_argument("--gpus", type=int, help="GPUs to use (default: every visible one)")
-        cmd.add_argument("--state", type=Path, help="folder of paused units' states: resumed from, paused into "
-                         "(needed by a run with a time budget)")  # fmt: skip
-        if verb == "run":
-            cmd.add_argument("--in-process", action="store_true", help="run units in this process (one slot)")
-            cmd.add_argument("--finish-only", action="store_true", help="start only units estimated to end before "
-                             "the deadline (the last block before the states would be lost)")  # fmt: skip
-            cmd.add_argument("--checkpoint-every-s", type=float, help="also save running units' states this often "
-                             "(at an evaluation), so a block killed early resumes from there")  # fmt: skip
-        else:
-            cmd.add_argument("--gpu-name", help="estimate from this GPU model's rows of rates.jsonl (e.g. 'NVIDIA "
-                             "H200') instead of this machine's device")  # fmt: skip
-    report = add_verb("report", "tables and plots from a results folder")
-    add_plan_args(report)
-    report.add_argument("--results", type=Path, required=True, help="results folder")
-    where = report.add_mutually_exclusive_group(required=True)
-    where.add_argument("--doc", type=Path, help="Markdown file whose <!-- synthetic:NAME --> sections are rewritten")
-    where.add_argument("--out", type=Path, help="folder for results.md and the plots")
-    merged = add_verb("merge", "append another results folder's new rows to this one")
-    merged.add_argument("--from", dest="source", type=Path, required=True, help="the folder that came back")
-    merged.add_argument("--results", type=Path, required=True, help="the committed results folder")
-    merged.add_argument("--commit", default=None, help="commit recorded where rows say 'unknown' (default: HEAD)")
-    merged.add_argument("--state", type=Path, default=None, help="state folder to replace by the state.tar.* parts "
-                        "beside --from (kept as it is when none came back); the progress of the units paused in "
-                        "them is recorded too")  # fmt: skip
-    packed = add_verb("pack", "pack a state folder into the state.tar.* pieces `merge --state` reads")
-    packed.add_argument("--state", type=Path, required=True, help="the state folder")
-    packed.add_argument("--out", type=Path, required=True, help="the folder the pieces are written to")
-    packed.add_argument("--every-s", type=float, default=None, help="look again this often and pack whenever the "
-                        "states changed, until killed (default: pack once)")  # fmt: skip
-    progress = add_verb("progress", "record the evaluations of the units paused in a state folder")
-    progress.add_argument("--state", type=Path, required=True, help="the state folder (e.g. one that came back)")
-    progress.add_argument("--results", type=Path, required=True, help="the results folder (progress.jsonl)")
-    progress.add_argument("--commit", default=None, help="the commit that ran the paused units (default: HEAD)")
-    assess = add_verb("evaluate", "evaluate the units paused in a state folder, by position")
-    assess.add_argument("--state", type=Path, required=True, help="the state folder")
-    assess.add_argument("--device", default="cpu", help="torch device to evaluate on (default: cpu)")
-    assess.add_argument("--plot", type=Path, default=None, help="also plot accuracy by position to this PNG")
-    shown = add_verb("positions", "A5 or MQAR runs' held-out accuracy by position (paused runs: at "
-                             "their last evaluation)")  # fmt: skip
-    shown.add_argument("--results", type=Path, required=True, help="the results folder (a5.jsonl, mqar.jsonl)")
-    _add_run_filters(shown, "by position")
-    curves = add_verb("curves", "held-out accuracy by step of finished and paused runs")
-    curves.add_argument("--results", type=Path, required=True, help="the results folder (and its progress.jsonl)")
-    _add_run_filters(curves, "against step")
-    curves.add_argument("--steps", type=int_list, default=[], help="the table's steps (default: 5 evenly spaced)")
-    for verb in verbs.choices.values():  # a misspelt option fails, not taken as the option it begins
-        verb.allow_abbrev = False
-    return p.parse_args(_joined_negatives(sys.argv[1:] if argv is None else argv))
-
-
-def _joined_negatives(argv: list[str]) -> list[str]:
-    """`--lrs -1e-3` as `--lrs=-1e-3`: argparse (Python 3.11) reads a value that starts with '-' as an option unless
-    it is -N or -N.N, and then says only "argument --lrs: expected one argument"."""
-    joined: list[str] = []
-    for arg in argv:
-        negative = re.match(r"-(\.?\d|inf|nan)", arg, re.IGNORECASE)
-        if joined and joined[-1].startswith("--") and "=" not in joined[-1] and negative:
-            joined[-1] += "=" + arg
-        else:
-            joined.append(arg)
-    return joined
-
-
-def _add_run_filters(verb: argparse.ArgumentParser, plotted: str) -> None:
-    """The options of the verbs that show A5 or MQAR runs: which runs, and a plot of their accuracy `plotted`."""
-    verb.add_argument("--family", choices=["a5", "mqar"], default="a5", help="which runs (default: a5)")
-    verb.add_argument("--archs", type=name_list, default=[], help="comma-separated archs (default: all)")
-    verb.add_argument("--lengths", type=int_list, default=[], help="comma-separated lengths (default: all)")
-    verb.add_argument("--depths", type=int_list, default=[], help="comma-separated depths (default: all)")
-    verb.add_argument("--plot", type=Path, default=None, help=f"also plot accuracy {plotted} to this PNG")
-
-
 def _block(args: argparse.Namespace, plan: RunPlan) -> GridBlock:
     """The block of `run` or `plan`; raises KeyError, ValueError or OSError on input it cannot use. The results folder
     is not created here (`run` creates it once the block is set up; `plan` writes nothing)."""
@@ -777,8 +671,8 @@ def _merge(args: argparse.Namespace) -> None:
     print(json.dumps(added))
 
 
-def main(argv: list[str] | None = None) -> None:
-    """Entry point of `klalm-synthetic` and scripts/run_synthetic.py.
+def run(args: argparse.Namespace) -> None:
+    """`klalm-synthetic` (and scripts/run_synthetic.py) with its arguments parsed (`klalm.cli.synthetic_args`).
 
     Input it cannot use (flags, plan, folders, files) ends it with one line on stderr before anything is written;
     Ctrl-C ends a block with one line too (exit code 130; SIGTERM: 143), after the units that failed before it,
@@ -787,7 +681,6 @@ def main(argv: list[str] | None = None) -> None:
     from klalm.tasks.report import write_doc, write_folder  # lazy: matplotlib
 
     logging.basicConfig(level=logging.INFO, format="[synthetic %(asctime)s] %(message)s", datefmt="%H:%M:%S")
-    args = parse_args(argv)
     if args.verb == "merge":
         _merge(args)
         return
