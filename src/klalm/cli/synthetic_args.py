@@ -1,6 +1,6 @@
 """Run a synthetic plan in blocks of GPU time, resuming from the results folder and the paused units' states.
 
-    klalm-synthetic run --plan full --families a5 --results results/synthetic --state .carry/synthetic_state \
+    klalm-synthetic run --plan full --families a5 --results results/synthetic --state .carry/synthetic_state \\
         --time-budget-s 500
     klalm-synthetic plan --plan full --families a5 --results results/synthetic     # what is done, what is left
     klalm-synthetic report --plan full --results results/synthetic --doc docs/synthetic.md
