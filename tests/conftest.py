@@ -8,6 +8,8 @@ package code they import, e.g. fla or klalm.kernels) imports Triton.
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -82,3 +84,19 @@ def shared_data() -> Path:
     if not SHARED_DATA.is_dir():
         pytest.skip(f"real data folder {SHARED_DATA} is absent (set KLALM_SHARED_DATA)")
     return SHARED_DATA
+
+
+@pytest.fixture
+def console_in_fresh_python():
+    """Runs `klalm.cli.<entry>()` with `argv` in a new interpreter, as its console script `prog` would; the process's
+    stdout ends with `exit <code>` and `heavy [...]`, the modules of `heavy` it imported."""
+
+    def run(entry: str, prog: str, argv: list[str], heavy: tuple[str, ...]) -> subprocess.CompletedProcess:
+        script = (
+            f"import sys; from klalm.cli import {entry}; sys.argv[0] = {prog!r}\n"
+            f"try:\n    {entry}()\nexcept SystemExit as exit_:\n    print('exit', exit_.code)\n"
+            f"print('heavy', [name for name in {heavy!r} if name in sys.modules])"
+        )
+        return subprocess.run([sys.executable, "-c", script, *argv], capture_output=True, text=True, timeout=120)
+
+    return run

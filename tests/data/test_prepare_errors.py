@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -33,15 +31,11 @@ def test_bad_flag_values_are_refused_by_the_parser(flags, message, tmp_path, cap
     assert capsys.readouterr().err.splitlines()[-1] == f"klalm-prepare-data: error: {message}"
 
 
-def test_help_and_usage_errors_answer_before_torch_is_imported():
+def test_help_and_usage_errors_answer_before_torch_is_imported(console_in_fresh_python):
     """The parser ran after klalm.data's imports of torch, transformers and Lightning: `--help` took 7.5 s."""
-    script = (
-        "import sys; from klalm.cli import prepare_data; sys.argv[0] = 'klalm-prepare-data'\n"
-        "try:\n    prepare_data()\nexcept SystemExit as exit_:\n    print('exit', exit_.code)\n"
-        "print('heavy', [m for m in ('torch', 'transformers', 'datasets', 'lightning') if m in sys.modules])"
-    )
+    heavy = ("torch", "transformers", "datasets", "lightning")
     for argv, status, stream in ((["--data", "files"], 2, "stderr"), (["--help"], 0, "stdout")):
-        proc = subprocess.run([sys.executable, "-c", script, *argv], capture_output=True, text=True, timeout=120)
+        proc = console_in_fresh_python("prepare_data", "klalm-prepare-data", argv, heavy)
         assert getattr(proc, stream).startswith("usage: klalm-prepare-data"), proc.stderr[-2000:]
         assert proc.stdout.splitlines()[-2:] == [f"exit {status}", "heavy []"]
     assert "--override [OVERRIDE ...]" in proc.stdout and "KLALM_SHARDS=<out> klalm-train data=shards" in proc.stdout

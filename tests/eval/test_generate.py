@@ -306,14 +306,9 @@ def test_the_installed_command_answers_help():
     assert "(not a hub id: offline)" in " ".join(proc.stdout.split())  # --tokenizer's help
 
 
-def test_help_and_usage_errors_answer_before_torch_is_imported():
+def test_help_and_usage_errors_answer_before_torch_is_imported(console_in_fresh_python):
     """The parser ran after klalm.eval's imports of torch and transformers: `klalm-generate --help` took 9 s."""
-    script = (
-        "import sys; from klalm.cli import generate; sys.argv[0] = 'klalm-generate'\n"
-        "try:\n    generate()\nexcept SystemExit as exit_:\n    print('exit', exit_.code)\n"
-        "print('heavy', [name for name in ('torch', 'transformers') if name in sys.modules])"
-    )
     for argv, status, stream in ((["outputs/run", "--dtype", "float8"], 2, "stderr"), (["--help"], 0, "stdout")):
-        proc = subprocess.run([sys.executable, "-c", script, *argv], capture_output=True, text=True, timeout=120)
+        proc = console_in_fresh_python("generate", "klalm-generate", argv, ("torch", "transformers"))
         assert getattr(proc, stream).startswith("usage: klalm-generate"), proc.stderr[-2000:]
         assert proc.stdout.splitlines()[-2:] == [f"exit {status}", "heavy []"]

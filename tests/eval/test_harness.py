@@ -6,7 +6,6 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
-import subprocess
 import sys
 from pathlib import Path
 
@@ -221,15 +220,10 @@ def test_klalm_lm_eval_turns_lm_eval_refusals_into_one_line(monkeypatch):
     assert _cli_refusal(monkeypatch, "--tasks", "hellaswag_locl") == "klalm-lm-eval: Tasks not found: hellaswag_locl"
 
 
-def test_klalm_lm_eval_help_answers_before_torch_is_imported():
+def test_klalm_lm_eval_help_answers_before_torch_is_imported(console_in_fresh_python):
     """lm-eval's own parser answers `--help` and usage errors before klalm.eval imports torch and transformers (it
     took 6 s)."""
-    script = (
-        "import sys; from klalm.cli import lm_eval; sys.argv[0] = 'klalm-lm-eval'\n"
-        "try:\n    lm_eval()\nexcept SystemExit as exit_:\n    print('exit', exit_.code)\n"
-        "print('heavy', [name for name in ('torch', 'transformers') if name in sys.modules])"
-    )
     for argv, status, stream in ((["--help"], 0, "stdout"), (["run", "--nope"], 2, "stderr")):
-        proc = subprocess.run([sys.executable, "-c", script, *argv], capture_output=True, text=True, timeout=120)
+        proc = console_in_fresh_python("lm_eval", "klalm-lm-eval", argv, ("torch", "transformers"))
         assert getattr(proc, stream).startswith("usage: lm-eval"), proc.stderr[-2000:]
         assert proc.stdout.splitlines()[-2:] == [f"exit {status}", "heavy []"]

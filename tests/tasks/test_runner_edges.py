@@ -39,23 +39,15 @@ def _files(folder: Path) -> dict[str, bytes]:
     return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
-def test_help_and_usage_errors_answer_before_torch_is_imported():
+def test_help_and_usage_errors_answer_before_torch_is_imported(console_in_fresh_python):
     """The parser ran in klalm.tasks.runner, after klalm.tasks had imported torch: `klalm-synthetic --help` took 6 s."""
-    import subprocess
-    import sys
-
-    script = (
-        "import sys; from klalm.cli import synthetic\n"
-        "try:\n    synthetic()\nexcept SystemExit as exit_:\n    print('exit', exit_.code)\n"
-        "print('heavy', [name for name in ('torch', 'matplotlib') if name in sys.modules])"
-    )
     said = []
     for argv, status, stream in (
         (["--help"], 0, "stdout"),
         (["run", "--help"], 0, "stdout"),
         (["run", "--results", "x", "--lrs", "1e-3,fast"], 2, "stderr"),
     ):
-        proc = subprocess.run([sys.executable, "-c", script, *argv], capture_output=True, text=True, timeout=120)
+        proc = console_in_fresh_python("synthetic", "klalm-synthetic", argv, ("torch", "matplotlib"))
         said.append(getattr(proc, stream))
         assert said[-1].startswith("usage: klalm-synthetic "), proc.stderr[-2000:]
         assert proc.stdout.splitlines()[-2:] == [f"exit {status}", "heavy []"], proc.stdout[-2000:]
