@@ -223,12 +223,19 @@ def test_mending_treats_an_empty_target_as_missing_and_keeps_leftovers_beside_a_
 
 def test_exporting_and_loading_print_no_transformers_chatter(tmp_path, tokenizer, capfd):
     """No per-shard progress bars and no "layers were not sharded" warning (transformers checks a tensor-parallel
-    plan when its loader's logger is quieted by level); the progress-bar setting is the caller's again afterwards."""
+    plan when its loader's logger is quieted by level); the progress-bar settings are the caller's again afterwards,
+    the hub's per group included."""
+    from huggingface_hub.utils import are_progress_bars_disabled, disable_progress_bars, enable_progress_bars
     from transformers.utils import logging as hf_logging
 
-    capfd.readouterr()
-    export = save_export(_model("kla"), tmp_path / "hf", tokenizer)
-    load_export_model(export)
-    printed = "".join(capfd.readouterr())
-    assert "shards" not in printed and "Loading weights" not in printed and "not sharded" not in printed, printed
-    assert hf_logging.is_progress_bar_enabled()
+    disable_progress_bars("huggingface_hub.http_get")  # the caller's: one group's bars off, the rest on
+    try:
+        capfd.readouterr()
+        export = save_export(_model("kla"), tmp_path / "hf", tokenizer)
+        load_export_model(export)
+        printed = "".join(capfd.readouterr())
+        assert "shards" not in printed and "Loading weights" not in printed and "not sharded" not in printed, printed
+        assert hf_logging.is_progress_bar_enabled() and not are_progress_bars_disabled()
+        assert are_progress_bars_disabled("huggingface_hub.http_get")
+    finally:
+        enable_progress_bars()

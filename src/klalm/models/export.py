@@ -29,6 +29,7 @@ import copy
 import fnmatch
 import glob
 import hashlib
+import importlib
 import json
 import logging
 import os
@@ -288,12 +289,13 @@ def _transformers_quiet() -> Iterator[None]:
     """
     from transformers.utils import logging as hf_logging
 
+    hub_bars = importlib.import_module("huggingface_hub.utils.tqdm")  # the module; its package exports a class so named
     report = logging.getLogger("transformers.modeling_utils")
 
     def errors_only(record: logging.LogRecord) -> bool:
         return record.levelno >= logging.ERROR
 
-    bars = hf_logging.is_progress_bar_enabled()
+    bars, hub_states = hf_logging.is_progress_bar_enabled(), dict(hub_bars.progress_bar_states)
     report.addFilter(errors_only)
     hf_logging.disable_progress_bar()
     try:
@@ -302,6 +304,8 @@ def _transformers_quiet() -> Iterator[None]:
         report.removeFilter(errors_only)
         if bars:
             hf_logging.enable_progress_bar()
+        hub_bars.progress_bar_states.clear()  # the hub's settings per group too, which enable/disable overwrite
+        hub_bars.progress_bar_states.update(hub_states)
 
 
 def load_export_model(folder: str | Path, **kwargs: Any) -> Any:
