@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import re
 
 import numpy as np
 import pytest
@@ -192,8 +193,16 @@ def test_materialize_does_not_depend_on_its_thread_count(monkeypatch):
     assert all(torch.equal(u, v) for u, v in zip(one, three)) and one[0].shape == (1300, 32)
 
 
+def test_each_mad_name_is_paired_with_the_class_it_names():
+    """The registry pairs MAD_TASKS (klalm.config_checks, read without torch) with the classes by order: a name added,
+    moved or renamed in one list and not the other would build another task under that name."""
+    assert len(MAD_TASKS) == 6
+    for name in MAD_TASKS:
+        words = re.findall("[A-Z][a-z]*", TASKS[name].__name__.removesuffix("Task"))
+        assert name == "mad_" + "_".join(word.lower() for word in words), (name, TASKS[name].__name__)
+
+
 def test_registry_errors():
-    assert set(MAD_TASKS) <= set(TASKS) and len(MAD_TASKS) == 6
     with pytest.raises(KeyError, match="mad_compression"):
         make_task("mad_compress")
     with pytest.raises(ValueError, match="split"):
