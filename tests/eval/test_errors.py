@@ -146,7 +146,7 @@ def test_training_checkpoint_without_tokenizer(tmp_path, monkeypatch):
 )
 def test_klalm_eval_refuses_bad_input_in_one_line(tiny_checkpoints, tmp_path, shared_data, override, line):
     """The console script's refusals: one line naming the key (or file), exit code 1, no traceback, and no run
-    folder left behind (outputs/eval/<time>_<hex>, Hydra's .hydra/ and eval.log)."""
+    folder left behind (outputs/eval/<time>_<hex>, Hydra's .hydra/ and eval.log; nor outputs/, which it created)."""
     import subprocess
     import sys
     from pathlib import Path
@@ -161,7 +161,7 @@ def test_klalm_eval_refuses_bad_input_in_one_line(tiny_checkpoints, tmp_path, sh
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert proc.returncode == 1 and "Traceback" not in proc.stderr
     assert proc.stderr.strip().splitlines()[-1].startswith(line)
-    assert not (tmp_path / "outputs" / "eval").exists()
+    assert not (tmp_path / "outputs").exists()
 
 
 def test_a_checkpoint_that_fails_to_load_keeps_the_results_of_those_before_it(

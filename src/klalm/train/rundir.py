@@ -14,7 +14,6 @@ A clean exit empties the file. Other ranks take no lock: they write nothing but 
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import fcntl
 import functools
@@ -37,6 +36,7 @@ LOCK_FILE = ".klalm.lock"
 # Environment variables that give a process's rank under torchrun, SLURM or Lightning's own launcher.
 _RANK_VARIABLES = ("RANK", "SLURM_PROCID", "NODE_RANK", "LOCAL_RANK")
 _held: dict[Path, int] = {}  # run folders this process holds: resolved path -> file descriptor of the lock file
+_new_folders: set[Path] = set()  # folders of new run folders' paths that did not exist when this process named them
 
 
 class RunDirInUseError(RuntimeError):
@@ -52,6 +52,14 @@ def fresh_run_name() -> str:
     """`<time>_<6 hex digits>`, e.g. `2026-11-30_14-00-00_3fa2c1`; one value per process, so that every resolution of
     `hydra.run.dir` in this process (Hydra's, Lightning's launcher's) names the same folder."""
     return f"{time.strftime('%Y-%m-%d_%H-%M-%S')}_{secrets.token_hex(3)}"
+
+
+def new_folder(path: str) -> str:
+    """Returns `path`, a new run folder this process names (resolver `klalm_new_folder`, and `run_dir_for`), noting
+    which of its folders do not exist yet: `remove_run_folder` removes those it leaves empty, and no others."""
+    resolved = Path(path).resolve()
+    _new_folders.update(p for p in (resolved, *resolved.parents) if not p.exists())
+    return path
 
 
 def is_global_rank_zero() -> bool:
@@ -149,13 +157,20 @@ def _startup_file(path: Path, run_dir: Path) -> bool:
 
 def remove_run_folder(run_dir: Path) -> None:
     """Removes a run folder this process named and left unused (`klalm-train`'s and `klalm-eval`'s refusals): closes
-    the log file Hydra's handler holds open in it, removes it, and its parent (outputs/<name>) if that is now empty."""
+    the log file Hydra's handler holds open in it, removes it, and then its parent (outputs/<name>) and the folders
+    above that this process created (`new_folder`: e.g. outputs/) while they are empty."""
+    run_dir = run_dir.resolve()
     for handler in logging.getLogger().handlers:
-        if isinstance(handler, logging.FileHandler) and Path(handler.baseFilename).parent == run_dir.resolve():
+        if isinstance(handler, logging.FileHandler) and Path(handler.baseFilename).parent == run_dir:
             handler.close()
     shutil.rmtree(run_dir, ignore_errors=True)
-    with contextlib.suppress(OSError):
-        run_dir.parent.rmdir()
+    for folder in run_dir.parents:
+        if folder != run_dir.parent and folder not in _new_folders:
+            break
+        try:
+            folder.rmdir()
+        except OSError:  # not empty (or not ours to remove)
+            break
 
 
 def discard_unused_run_dir(since: float) -> bool:
@@ -241,7 +256,7 @@ def run_dir_for(base: str, resume: str | None, search_glob: str, run_id: str | N
 
         if list_checkpoints(Path(resume)):  # else not a run folder (the run then stops, naming it): write nothing there
             return str(resume)
-    return f"{base}/{run_id or fresh_run_name()}"
+    return new_folder(f"{base}/{run_id or fresh_run_name()}")
 
 
 def config_subdir(resume: str | None) -> str:
