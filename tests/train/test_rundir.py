@@ -135,6 +135,22 @@ def test_a_folder_holding_what_a_refused_start_wrote_is_free_and_other_ranks_do_
     check_run_dir_free(tmp_path, None)
 
 
+@pytest.mark.parametrize("resume", [[], ["resume=auto"]], ids=["fresh", "resume"])
+def test_only_global_rank_zero_records_the_config(tmp_path, resume):
+    """Every rank under torchrun composes the config; only rank 0 writes `.hydra/` (or `.hydra/resume-*`), as
+    Lightning's own launcher has its ranks do. Another rank once wrote its record into the folder too: `.hydra/` over
+    an earlier run's, which rank 0 was about to refuse to overwrite, or one more `resume-*` folder per rank."""
+    record = tmp_path / ".hydra" / "config.yaml"
+    record.parent.mkdir()
+    record.write_text("the first run's config\n")
+    proc = subprocess.run(train_cmd([*TINY, "model.d_model=-3", *resume], tmp_path), env={**RUN_ENV, "RANK": "1"},
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert proc.returncode == 1 and proc.stderr.strip().splitlines()[-1].endswith(
+        "model.d_model=-3 is invalid: must be > 0"
+    )
+    assert _files(tmp_path / ".hydra") == {"config.yaml": b"the first run's config\n"}
+
+
 def test_a_resume_of_the_folder_is_free_also_through_a_symlinked_checkpoints_folder(tmp_path):
     run, scratch = tmp_path / "run", tmp_path / "scratch"
     (scratch / "ck").mkdir(parents=True)

@@ -259,7 +259,13 @@ def run_dir_for(base: str, resume: str | None, search_glob: str, run_id: str | N
     return new_folder(f"{base}/{run_id or fresh_run_name()}")
 
 
-def config_subdir(resume: str | None) -> str:
+def config_subdir(resume: str | None) -> str | None:
     """Where Hydra writes this start's config inside the run folder (`hydra.output_subdir`, resolver
-    `klalm_config_subdir`): `.hydra` for a fresh run; a resume (maybe into the same folder) must not overwrite it."""
+    `klalm_config_subdir`): `.hydra` for a fresh run; a resume (maybe into the same folder) must not overwrite it.
+
+    None (no record) on every rank but global rank 0, as Lightning's own launcher sets for the ranks it starts: under
+    torchrun every rank composes the config, and each would write its own `.hydra/resume-*` into the one folder, or
+    `.hydra/` into a folder whose earlier run rank 0 is about to refuse to overwrite."""
+    if not is_global_rank_zero():
+        return None
     return ".hydra" if resume is None else f".hydra/resume-{fresh_run_name()}"
