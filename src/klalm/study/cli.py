@@ -18,12 +18,11 @@ import argparse
 import json
 import logging
 import os
-import sys
 from dataclasses import replace
 from pathlib import Path
 from typing import NoReturn
 
-from klalm.errors import one_line
+from klalm.errors import one_line, refuse
 from klalm.study.results import RUN_FILE
 from klalm.study.spec import DEFAULT_SPEC, Spec, load_spec
 from klalm.study.staging import INDEX_FILE, SPLITS, TOKENIZER_DIR, pack, stage
@@ -68,8 +67,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def _refuse(message: str) -> NoReturn:
     """One line on stderr and exit status 1, before anything is written."""
-    print(f"klalm-study: {message}", file=sys.stderr)
-    raise SystemExit(1)
+    refuse("klalm-study", message)
 
 
 def _check_folder(flag: str, path: Path) -> None:
