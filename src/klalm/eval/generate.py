@@ -14,7 +14,6 @@ from typing import Any, NoReturn
 
 import torch
 
-from klalm.cli.generate_args import PROG
 from klalm.config_checks import ConfigError
 from klalm.data.tokenizer import encode_texts
 from klalm.errors import one_line, refuse
@@ -23,6 +22,7 @@ from klalm.models.checkpoint import HF_DIR, CheckpointError, load_checkpoint_fil
 from klalm.models.export import ExportIntegrityError
 from klalm.models.sampling import sample_ids
 
+PROG = "klalm-generate"
 # How the samples are decoded, streamed or not: special tokens (the BOS / EOS a sample starts or ends with) left out,
 # the text otherwise exactly as the tokens spell it (no whitespace clean-up).
 DECODE = {"skip_special_tokens": True, "clean_up_tokenization_spaces": False}
