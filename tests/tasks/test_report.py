@@ -175,3 +175,14 @@ def test_a5_positions_plot_counts_a_units_paused_seeds_in_its_legend(tmp_path, m
     report.plot_positions([row(0, "steps"), row(1, "paused"), row(2, "paused")], tmp_path / "p.png")
     report.plot_positions([row(0, "steps")], tmp_path / "p.png")
     assert legends == [["kla, 1 block (3 seeds, 2 paused)"], ["kla, 1 block (1 seeds)"]]
+
+
+def test_a_line_of_the_grid_plots_breaks_where_a_column_has_no_finished_run():
+    """MQAR and MAD plots: a column without a finished run is a gap (NaN), not a segment drawn across it; cells
+    hold (finished rows, planned runs, paused rows), as `best_runs` makes them."""
+    import math
+
+    cells = {("kla", "a"): ([{"token_acc": 0.5}, {"token_acc": 0.75}], 2, []), ("kla", "b"): ([], 1, []),
+             ("kla", "d"): ([{"token_acc": 1.0}], 1, []), ("gpt", "c"): ([{"token_acc": 0.25}], 1, [])}  # fmt: skip
+    points = report.line_points(cells, "kla", ["a", "b", "c", "d"])
+    assert points[0] == 75.0 and points[3] == 100.0 and math.isnan(points[1]) and math.isnan(points[2])

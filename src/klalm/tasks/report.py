@@ -16,6 +16,7 @@ unfinished, never as a result:
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -287,6 +288,13 @@ def mqar_section(plan: RunPlan, rows: list[Row], figure: Figure | None, progress
     return _grid_section(cells, heading, "model", True, "MQAR", figure if rows else None)
 
 
+def line_points(cells: dict, label: str, columns: list[str]) -> list[float]:
+    """A row label's best accuracy % in each column, NaN where it has no finished run: a gap the line breaks at
+    rather than a segment drawn across columns that never ran."""
+    return [100 * max(r["token_acc"] for r in cells[label, c][0]) if cells.get((label, c), [[]])[0] else math.nan
+            for c in columns]  # fmt: skip
+
+
 def plot_lines(cells: dict, title: str, path: Path) -> None:
     """Accuracy per column (x, categorical) for each row label that has a finished run."""
     import matplotlib
@@ -297,10 +305,9 @@ def plot_lines(cells: dict, title: str, path: Path) -> None:
     labels, columns = list(dict.fromkeys(r for r, _ in cells)), list(dict.fromkeys(c for _, c in cells))
     fig, ax = plt.subplots(figsize=(7, 4))
     for label in labels:
-        points = [(i, max(r["token_acc"] for r in cells[label, c][0])) for i, c in enumerate(columns)
-                  if (label, c) in cells and cells[label, c][0]]  # fmt: skip
-        if points:
-            ax.plot([p[0] for p in points], [100 * p[1] for p in points], marker="o", label=label)
+        points = line_points(cells, label, columns)
+        if not all(math.isnan(p) for p in points):
+            ax.plot(range(len(columns)), points, marker="o", label=label)
     ax.set_xticks(range(len(columns)), columns, rotation=20)
     ax.set(ylabel="accuracy (%)", ylim=(0, 101), title=title)
     ax.legend(fontsize=7)
