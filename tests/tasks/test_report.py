@@ -177,12 +177,25 @@ def test_a5_positions_plot_counts_a_units_paused_seeds_in_its_legend(tmp_path, m
     assert legends == [["kla, 1 block (3 seeds, 2 paused)"], ["kla, 1 block (1 seeds)"]]
 
 
-def test_a_line_of_the_grid_plots_breaks_where_a_column_has_no_finished_run():
-    """MQAR and MAD plots: a column without a finished run is a gap (NaN), not a segment drawn across it; cells
-    hold (finished rows, planned runs, paused rows), as `best_runs` makes them."""
+def test_a_line_of_the_grid_plots_breaks_where_a_column_has_no_finished_run(tmp_path, monkeypatch):
+    """MQAR and MAD plots: a column without a finished run is a gap (NaN) in its line, not a segment drawn across it
+    (MAD's plot once joined in-context recall to compression over three tasks that never ran); cells hold (finished
+    rows, planned runs, paused rows), as `best_runs` makes them."""
     import math
+
+    lines = {}
+
+    def capture(fig, path):  # instead of writing the figure: each line's points
+        import matplotlib.pyplot as plt
+
+        lines.update({line.get_label(): (list(line.get_xdata()), list(line.get_ydata())) for line in fig.axes[0].lines})
+        plt.close(fig)
 
     cells = {("kla", "a"): ([{"token_acc": 0.5}, {"token_acc": 0.75}], 2, []), ("kla", "b"): ([], 1, []),
              ("kla", "d"): ([{"token_acc": 1.0}], 1, []), ("gpt", "c"): ([{"token_acc": 0.25}], 1, [])}  # fmt: skip
-    points = report.line_points(cells, "kla", ["a", "b", "c", "d"])
-    assert points[0] == 75.0 and points[3] == 100.0 and math.isnan(points[1]) and math.isnan(points[2])
+    monkeypatch.setattr(report, "_save", capture)
+    report.plot_lines(cells, "MAD-Lab", tmp_path / "p.png")
+    xs, ys = lines["kla"]
+    assert xs == [0, 1, 2, 3]  # the columns in the order they first appear: a, b, d, c
+    assert ys[0] == 75.0 and math.isnan(ys[1]) and ys[2] == 100.0 and math.isnan(ys[3])
+    assert [math.isnan(y) for y in lines["gpt"][1]] == [True, True, True, False] and lines["gpt"][1][3] == 25.0

@@ -23,6 +23,8 @@ from klalm.train.rundir import (
     RunDirTakenError,
     check_run_dir_free,
     lock_run_dir,
+    new_folder,
+    remove_run_folder,
     unlock_run_dir,
 )
 
@@ -186,6 +188,32 @@ def test_a_run_refused_once_it_had_begun_leaves_no_folder(tmp_path):
     assert proc.returncode == 1 and "Traceback" not in proc.stderr
     assert proc.stderr.strip().splitlines()[-1].startswith(f"klalm-train: bad record at {tmp_path / 'bad.txt'}")
     assert not (tmp_path / "out" / "r").exists()
+
+
+def test_an_unused_run_folder_goes_with_the_folders_its_start_created_and_no_other(tmp_path):
+    """`remove_run_folder` (a refused start) removes the folders above the run folder that this process created,
+    while empty; a folder that was there stays, and so does a link and what it points to (a log folder on another
+    disk), which a first version resolved and removed, breaking every later run."""
+    fresh = tmp_path / "new" / "name" / "run"
+    new_folder(str(fresh))
+    fresh.mkdir(parents=True)
+    (fresh / "train.log").write_text("")
+    remove_run_folder(fresh)
+    assert not (tmp_path / "new").exists()
+    (tmp_path / "there").mkdir()
+    inside = tmp_path / "there" / "name" / "run"
+    new_folder(str(inside))
+    inside.mkdir(parents=True)
+    remove_run_folder(inside)
+    assert (tmp_path / "there").is_dir() and not (tmp_path / "there" / "name").exists()
+    (tmp_path / "scratch").mkdir()
+    (tmp_path / "logs").mkdir()
+    (tmp_path / "logs" / "eval").symlink_to(tmp_path / "scratch")
+    linked = tmp_path / "logs" / "eval" / "run"
+    new_folder(str(linked))
+    linked.mkdir()
+    remove_run_folder(linked)
+    assert not linked.exists() and (tmp_path / "logs" / "eval").is_symlink() and (tmp_path / "scratch").is_dir()
 
 
 def test_the_lock_is_reentrant_in_one_process(tmp_path):

@@ -56,9 +56,10 @@ def fresh_run_name() -> str:
 
 def new_folder(path: str) -> str:
     """Returns `path`, a new run folder this process names (resolver `klalm_new_folder`, and `run_dir_for`), noting
-    which of its folders do not exist yet: `remove_run_folder` removes those it leaves empty, and no others."""
-    resolved = Path(path).resolve()
-    _new_folders.update(p for p in (resolved, *resolved.parents) if not p.exists())
+    which of its folders do not exist yet: `remove_run_folder` removes those it leaves empty, and no others. Paths
+    are made absolute without following links, so a folder reached through a link is never taken for its target."""
+    absolute = Path(os.path.abspath(path))
+    _new_folders.update(p for p in (absolute, *absolute.parents) if not p.exists() and not p.is_symlink())
     return path
 
 
@@ -157,19 +158,18 @@ def _startup_file(path: Path, run_dir: Path) -> bool:
 
 def remove_run_folder(run_dir: Path) -> None:
     """Removes a run folder this process named and left unused (`klalm-train`'s and `klalm-eval`'s refusals): closes
-    the log file Hydra's handler holds open in it, removes it, and then its parent (outputs/<name>) and the folders
-    above that this process created (`new_folder`: e.g. outputs/) while they are empty."""
-    run_dir = run_dir.resolve()
+    the log file Hydra's handler holds open in it, removes it, and then the folders above it that this process
+    created (`new_folder`: outputs/<name>, outputs/) while they are empty. A folder that was there, or a link, stays."""
     for handler in logging.getLogger().handlers:
-        if isinstance(handler, logging.FileHandler) and Path(handler.baseFilename).parent == run_dir:
+        if isinstance(handler, logging.FileHandler) and Path(handler.baseFilename).parent == run_dir.resolve():
             handler.close()
     shutil.rmtree(run_dir, ignore_errors=True)
-    for folder in run_dir.parents:
-        if folder != run_dir.parent and folder not in _new_folders:
+    for folder in Path(os.path.abspath(run_dir)).parents:
+        if folder not in _new_folders or folder.is_symlink():
             break
         try:
             folder.rmdir()
-        except OSError:  # not empty (or not ours to remove)
+        except OSError:  # not empty: another run's folder is in it
             break
 
 
