@@ -288,7 +288,7 @@ def mqar_section(plan: RunPlan, rows: list[Row], figure: Figure | None, progress
     return _grid_section(cells, heading, "model", True, "MQAR", figure if rows else None)
 
 
-def line_points(cells: dict, label: str, columns: list[str]) -> list[float]:
+def _line_points(cells: dict, label: str, columns: list[str]) -> list[float]:
     """A row label's best accuracy % in each column, NaN where it has no finished run: a gap the line breaks at
     rather than a segment drawn across columns that never ran."""
     return [100 * max(r["token_acc"] for r in cells[label, c][0]) if cells.get((label, c), [[]])[0] else math.nan
@@ -305,7 +305,7 @@ def plot_lines(cells: dict, title: str, path: Path) -> None:
     labels, columns = list(dict.fromkeys(r for r, _ in cells)), list(dict.fromkeys(c for _, c in cells))
     fig, ax = plt.subplots(figsize=(7, 4))
     for label in labels:
-        points = line_points(cells, label, columns)
+        points = _line_points(cells, label, columns)
         if not all(math.isnan(p) for p in points):
             ax.plot(range(len(columns)), points, marker="o", label=label)
     ax.set_xticks(range(len(columns)), columns, rotation=20)
