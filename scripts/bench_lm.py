@@ -33,8 +33,9 @@ CUDA memory in that window. `--profile` profiles the second-to-last step (klalm.
 `--out` is rewritten after every (T, compile) setting, so a command stopped by a time limit keeps the settings it
 finished (on the device, where a call ends at 600 s, also run each slow-compiling model in its own command). SIGTERM
 (`timeout`, a scheduler) stops the command at once, even inside a compile that takes minutes (Lightning alone would
-wait for the step to end): the setting in progress keeps the rows of the models that ran, the stopped model's row
-says so, and the exit code is 143.
+wait for the step to end, and torch's compiler may catch the exception or wrap it in its own: it is raised again every
+2 s): the setting in progress keeps the rows of the models that ran, the stopped model's row says "Stopped", and the
+exit code is 143.
 Every row records how it ran (`ran_with`: the optimiser as configured, the extra overrides and the klalm commit); a
 table ends with a line naming them, or, where its rows differ in them (a merged table), a line for each way.
 """
@@ -67,13 +68,26 @@ COMPILE_NAMES = {False: "off", True: "on", "blocks": "blocks"}  # a setting's co
 STOPPED_EXIT_CODE = 143  # 128 + SIGTERM
 
 
+RESTOP_S = 2.0  # after SIGTERM, Stopped is raised again this often until the bench has stopped
+
+
 class Stopped(Exception):
     """SIGTERM arrived: raised wherever the main thread is, so a model stops inside its compile too."""
 
 
+_stop: dict = {}  # "by": what stopped this command, once SIGTERM came; "alarm", "timer": the SIGALRM it replaced
+
+
 def _raise_stopped(signum: int, frame: object) -> None:
-    # Lightning's own handler, installed for each fit, calls this one after its own (it keeps the handler it finds)
-    raise Stopped(f"stopped by {signal.Signals(signum).name}")
+    # Lightning's own handler, installed for each fit, calls this one after its own (it keeps the handler it finds).
+    # torch's compiler may catch the exception (it logs it and goes on) or wrap it in its own: so the first SIGTERM
+    # is remembered and SIGALRM raises Stopped again every RESTOP_S seconds until main() disarms it.
+    if "by" not in _stop:
+        _stop["by"] = f"stopped by {signal.Signals(signum).name}"
+        if hasattr(signal, "setitimer"):
+            _stop["alarm"] = signal.signal(signal.SIGALRM, _raise_stopped)
+            _stop["timer"] = signal.setitimer(signal.ITIMER_REAL, RESTOP_S, RESTOP_S)
+    raise Stopped(_stop["by"])
 
 
 class Setting(NamedTuple):
@@ -182,11 +196,10 @@ def bench_one(model: str, args: argparse.Namespace, setting: Setting, root: Path
     except Exception as err:  # one failing model must not stop the table: report it in its row
         logging.getLogger("bench_lm").error("%s failed:\n%s", model, traceback.format_exc())
         message = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"[:160]
-        row = {"model": model, "setting": setting, "error": message.replace("|", "/"), "wall_s": time.time() - started,
-               "ran_with": ran_with}  # fmt: skip
-        if isinstance(err, Stopped):
-            row["stopped"] = True  # SIGTERM: bench_setting ends the command after this row
-        return row
+        if "by" in _stop:  # whatever torch wrapped it in (BackendCompilerFailed, InductorError), SIGTERM stopped it
+            message = f"Stopped: {_stop['by']}"
+        return {"model": model, "setting": setting, "error": message.replace("|", "/"), "wall_s": time.time() - started,
+                "ran_with": ran_with}  # fmt: skip
     finally:
         gc.collect()
         if torch.cuda.is_available():
@@ -203,8 +216,8 @@ def bench_setting(models: list[str], args: argparse.Namespace, setting: Setting,
             runs[model].append(row)
             status = row.get("error", "ok")
             print(f"[bench_lm] {model} {setting} run {repeat + 1}: {status}", file=sys.stderr, flush=True)
-            if row.get("stopped"):
-                return [median_row(r) for r in runs.values() if r], row["error"]
+            if "by" in _stop:  # SIGTERM: end the command after this row (finished, if the signal came too late)
+                return [median_row(r) for r in runs.values() if r], f"Stopped: {_stop['by']}"
     return [median_row(runs[model]) for model in models], ""
 
 
@@ -426,6 +439,10 @@ def main(argv: list[str] | None = None) -> int:
         return STOPPED_EXIT_CODE
     finally:
         signal.signal(signal.SIGTERM, previous)
+        if "alarm" in _stop:  # the timer it replaced (e.g. pytest-timeout's) restarts with the time it had left then
+            signal.signal(signal.SIGALRM, _stop["alarm"])
+            signal.setitimer(signal.ITIMER_REAL, *_stop["timer"])
+        _stop.clear()
     if len(settings(args)) > 1:
         texts.append(sweep_table(rows, models))
         print(texts[-1])
