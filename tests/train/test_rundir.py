@@ -138,10 +138,11 @@ def test_a_folder_holding_what_a_refused_start_wrote_is_free_and_other_ranks_do_
 
 
 @pytest.mark.parametrize("resume", [[], ["resume=auto"]], ids=["fresh", "resume"])
-def test_only_global_rank_zero_records_the_config(tmp_path, resume):
+def test_only_global_rank_zero_records_the_config_and_the_log(tmp_path, resume):
     """Every rank under torchrun composes the config; only rank 0 writes `.hydra/` (or `.hydra/resume-*`), as
-    Lightning's own launcher has its ranks do. Another rank once wrote its record into the folder too: `.hydra/` over
-    an earlier run's, which rank 0 was about to refuse to overwrite, or one more `resume-*` folder per rank."""
+    Lightning's own launcher has its ranks do, and train.log. Another rank once wrote its record into the folder too:
+    `.hydra/` over an earlier run's, which rank 0 was about to refuse to overwrite, or one more `resume-*` folder per
+    rank; and appended its log lines (here the refusal and its traceback) to the folder's train.log."""
     record = tmp_path / ".hydra" / "config.yaml"
     record.parent.mkdir()
     record.write_text("the first run's config\n")
@@ -151,6 +152,7 @@ def test_only_global_rank_zero_records_the_config(tmp_path, resume):
         "model.d_model=-3 is invalid: must be > 0"
     )
     assert _files(tmp_path / ".hydra") == {"config.yaml": b"the first run's config\n"}
+    assert not (tmp_path / "train.log").exists()
 
 
 def test_a_resume_of_the_folder_is_free_also_through_a_symlinked_checkpoints_folder(tmp_path):

@@ -9,7 +9,7 @@ One writer: global rank 0 holds an exclusive `flock` on `<run_dir>/.klalm.lock` 
 start). Two writers would interleave metrics.csv, app.log and samples.txt, overwrite each other's checkpoints and
 prune each other's files. The kernel drops the lock when its process dies, however it dies, so a lock left by a
 killed run is no obstacle; the next run finds the dead holder's record in the file and logs that it took over.
-A clean exit empties the file. Other ranks take no lock: they write nothing but their own log lines.
+A clean exit empties the file. Other ranks take no lock and write nothing there: they log to their console.
 """
 
 from __future__ import annotations
@@ -257,6 +257,14 @@ def run_dir_for(base: str, resume: str | None, search_glob: str, run_id: str | N
         if list_checkpoints(Path(resume)):  # else not a run folder (the run then stops, naming it): write nothing there
             return str(resume)
     return new_folder(f"{base}/{run_id or fresh_run_name()}")
+
+
+def log_file(path: str) -> str:
+    """The run's log file (Hydra's file handler, resolver `klalm_log_file`): `path` on global rank 0, `os.devnull` on
+    every other rank. Under torchrun every rank configures Hydra's logging, and each appended its lines to the one
+    train.log, in a folder rank 0 may be about to refuse as an earlier run's; the other ranks log to their console,
+    which the launcher keeps per rank."""
+    return path if is_global_rank_zero() else os.devnull
 
 
 def config_subdir(resume: str | None) -> str | None:
