@@ -391,10 +391,31 @@ def load_rows(paths: list[Path]) -> list[dict]:
     return [{**r, "setting": Setting(**r["setting"])} for path in paths for r in json.loads(path.read_text())]
 
 
-def merge(paths: list[Path]) -> str:
-    """The sweep table of rows saved by earlier runs (models in their first-seen order)."""
-    rows = load_rows(paths)
-    return sweep_table(rows, list(dict.fromkeys(r["model"] for r in rows)))
+def one_row_each(rows: list[dict]) -> tuple[list[dict], list[str]]:
+    """One row per (setting, model) of rows merged from several runs: the last measured one, or where none was
+    measured the last failed one (a run stopped in one call and repeated in the next leaves both); and the
+    `model@T` of those measured more than once, whose earlier rows are dropped."""
+    kept: dict[tuple, dict] = {}
+    again = []
+    for row in rows:
+        key = (row["setting"], row["model"])
+        if key in kept and kept[key].get("perf/tokens_per_s"):
+            if not row.get("perf/tokens_per_s"):
+                continue  # a failed row never hides a measured one
+            again.append(f"{row['model']}@{row['setting'].seq_len}")
+        kept.pop(key, None)
+        kept[key] = row  # in the order of the row kept
+    return list(kept.values()), again
+
+
+def merge(paths: list[Path]) -> tuple[str, list[dict]]:
+    """The sweep table of rows saved by earlier runs (models in their first-seen order; `one_row_each`), and the
+    rows it shows."""
+    rows, again = one_row_each(load_rows(paths))
+    text = sweep_table(rows, list(dict.fromkeys(r["model"] for r in rows)))
+    if again:
+        text += f"\nMeasured more than once, the last file's row kept: {', '.join(again)}.\n"
+    return text, rows
 
 
 def write_out(out: Path, texts: list[str], rows: list[dict]) -> None:
@@ -409,11 +430,10 @@ def write_out(out: Path, texts: list[str], rows: list[dict]) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.merge:
-        rows = load_rows(args.merge)
-        models = list(dict.fromkeys(r["model"] for r in rows))
-        print(sweep_table(rows, models))
+        text, rows = merge(args.merge)
+        print(text)
         if args.plot is not None:
-            print(f"[bench_lm] wrote {plot_sweep(rows, models, args.plot)}")
+            print(f"[bench_lm] wrote {plot_sweep(rows, list(dict.fromkeys(r['model'] for r in rows)), args.plot)}")
         return 0
     models = [m.strip() for m in args.models.split(",") if m.strip()]
     rows, texts = [], []

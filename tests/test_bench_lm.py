@@ -64,8 +64,35 @@ def test_rows_saved_by_two_runs_merge_into_one_table(tmp_path):
     assert "profile" not in (text := (tmp_path / "a.json").read_text()) and "kernels" not in text
     assert bench_lm.kernels_path(tmp_path / "lm.md", profiled) == tmp_path / "lm_gpt_45m_B16_T2048_eager_kernels.md"
     bench_lm.save_rows([{"setting": long, "model": "kla_45m", "perf/tokens_per_s": 2.0}], tmp_path / "b.json")
-    text = bench_lm.merge([tmp_path / "a.json", tmp_path / "b.json"])
+    text, _ = bench_lm.merge([tmp_path / "a.json", tmp_path / "b.json"])
     assert "| 2048 | 16 | off | 4 | — | — |" in text and "| 32768 | 1 | off | — | 2 | — |" in text
+
+
+def test_a_merge_keeps_one_row_per_model_and_setting(tmp_path):
+    """A run stopped in one call and repeated in the next: the measured row is shown, whichever file comes first, and
+    the provenance note names the rows shown, once (it listed the failed row and the repeat both)."""
+    short, long = Setting(16, 2048, True), Setting(4, 8192, True)
+    call1 = {"optimizer": "AdamW (fused)", "overrides": [], "commit": "abc1234"}
+    call2 = {**call1, "commit": "abc1234-dirty"}
+    first = [{"setting": short, "model": "kla_45m", "perf/tokens_per_s": 3.0, "ran_with": call1},
+             {"setting": long, "model": "kla_45m", "error": "Stopped: by SIGTERM", "ran_with": call1}]  # fmt: skip
+    second = [{"setting": long, "model": "kla_45m", "perf/tokens_per_s": 2.0, "ran_with": call2}]
+    for order in ([first, second], [second, first]):
+        paths = []
+        for i, rows in enumerate(order):
+            bench_lm.save_rows(rows, path := tmp_path / f"{i}.json")
+            paths.append(path)
+        text, shown = bench_lm.merge(paths)
+        assert "| 8192 | 4 | on | 2 |" in text and len(shown) == 2
+        assert "- AdamW (fused), overrides: none, commit abc1234: kla_45m@2048\n" in text
+        assert "- AdamW (fused), overrides: none, commit abc1234-dirty: kla_45m@8192\n" in text
+        assert "Measured more than once" not in text
+    again = [{**second[0], "perf/tokens_per_s": 5.0}]
+    bench_lm.save_rows(again, tmp_path / "again.json")
+    text, _ = bench_lm.merge([tmp_path / "0.json", tmp_path / "1.json", tmp_path / "again.json"])
+    assert (
+        "| 8192 | 4 | on | 5 |" in text and "Measured more than once, the last file's row kept: kla_45m@8192." in text
+    )
 
 
 def test_sweep_plot_draws_the_measured_rows_and_refuses_none(tmp_path):
