@@ -184,6 +184,10 @@ def bench_one(model: str, args: argparse.Namespace, setting: Setting, root: Path
     compiled = run_label(setting)
     run_dir = root / f"{model}-B{setting.batch_size}-T{setting.seq_len}-{compiled}-run{repeat}"
     ran_with = {"optimizer": None, "overrides": list(args.override), "commit": git_commit()}
+    # Each run compiles afresh, as a training run of one shape does: dynamo would otherwise take the model of the next
+    # T for a recompile and mark the sizes that changed dynamic (automatic dynamic shapes), so every row after a
+    # process's first T ran a dynamic-shape graph.
+    torch.compiler.reset()
     try:
         cfg = compose("train", overrides=overrides_for(model, args, setting, run_dir))
         ran_with["optimizer"] = optimizer_name(cfg.optim)

@@ -202,6 +202,21 @@ def test_out_keeps_the_settings_finished_before_a_stop(tmp_path, monkeypatch):
     assert "1,234" in out.read_text()
 
 
+def test_every_run_compiles_afresh(monkeypatch):
+    """A process timing several T once compiled the second T as a recompile, with its batch and length dynamic
+    (TORCH_LOGS=recompiles: "size mismatch at index 0"), and the third reused that dynamic graph. Each run now
+    starts from a reset compiler, as a training run of one shape does."""
+    import torch
+
+    events = []
+    monkeypatch.setattr(torch.compiler, "reset", lambda: events.append("reset"))
+    monkeypatch.setattr(bench_lm, "run", lambda cfg: events.append(cfg.data.seq_len) or {"perf/tokens_per_s": 1.0})
+    argv = ["--models", "gpt_tiny", "--trainer", "cpu", "--seq-lens", "32,64", "--batch-size", "2", "--steps", "4",
+            "--log-every", "2"]  # fmt: skip
+    assert bench_lm.main(argv) == 0
+    assert events == ["reset", 32, "reset", 64]
+
+
 def test_sigterm_stops_a_model_inside_its_step(tmp_path, monkeypatch):
     """SIGTERM during a long step (a compile of minutes on the GPU; here a sleep in the first training step) stops
     the command at once: without bench_lm's handler Lightning only notes the signal and ends the run after the step,
