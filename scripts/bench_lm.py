@@ -33,9 +33,9 @@ CUDA memory in that window. `--profile` profiles the second-to-last step (klalm.
 `--out` is rewritten after every (T, compile) setting, so a command stopped by a time limit keeps the settings it
 finished (on the device, where a call ends at 600 s, also run each slow-compiling model in its own command). SIGTERM
 (`timeout`, a scheduler) stops the command at once, even inside a compile that takes minutes (Lightning alone would
-wait for the step to end, and torch's compiler may catch the exception or wrap it in its own: it is raised again every
-2 s): the setting in progress keeps the rows of the models that ran, the stopped model's row says "Stopped", and the
-exit code is 143.
+wait for the step to end, and torch's compiler may catch the exception or wrap it in its own: SIGTERM is sent again
+every 2 s): the setting in progress keeps the rows of the models that ran, the stopped model's row says "Stopped",
+and the exit code is 143.
 Every row records how it ran (`ran_with`: the optimiser as configured, the extra overrides and the klalm commit); a
 table ends with a line naming them, or, where its rows differ in them (a merged table), a line for each way.
 """
@@ -47,9 +47,11 @@ import gc
 import json
 import logging
 import math
+import os
 import signal
 import sys
 import tempfile
+import threading
 import time
 import traceback
 from pathlib import Path
@@ -68,26 +70,45 @@ COMPILE_NAMES = {False: "off", True: "on", "blocks": "blocks"}  # a setting's co
 STOPPED_EXIT_CODE = 143  # 128 + SIGTERM
 
 
-RESTOP_S = 2.0  # after SIGTERM, Stopped is raised again this often until the bench has stopped
+RESTOP_S = 2.0  # after SIGTERM, SIGTERM is sent again this often until the bench has caught the stop
 
 
 class Stopped(Exception):
     """SIGTERM arrived: raised wherever the main thread is, so a model stops inside its compile too."""
 
 
-_stop: dict = {}  # "by": what stopped this command, once SIGTERM came; "alarm", "timer": the SIGALRM it replaced
+# "by": what stopped this command, once SIGTERM came; "held": the bench has caught the stop (no more Stopped raised
+# while it writes the stopped row and the table); "again": the thread that repeats the stop, and "done", its end
+_stop: dict = {}
 
 
 def _raise_stopped(signum: int, frame: object) -> None:
     # Lightning's own handler, installed for each fit, calls this one after its own (it keeps the handler it finds).
     # torch's compiler may catch the exception (it logs it and goes on) or wrap it in its own: so the first SIGTERM
-    # is remembered and SIGALRM raises Stopped again every RESTOP_S seconds until main() disarms it.
+    # is remembered and a thread sends SIGTERM again every RESTOP_S seconds until the bench has caught the stop.
+    if _stop.get("held"):
+        return
     if "by" not in _stop:
         _stop["by"] = f"stopped by {signal.Signals(signum).name}"
-        if hasattr(signal, "setitimer"):
-            _stop["alarm"] = signal.signal(signal.SIGALRM, _raise_stopped)
-            _stop["timer"] = signal.setitimer(signal.ITIMER_REAL, RESTOP_S, RESTOP_S)
+        _stop["done"] = threading.Event()
+        _stop["again"] = threading.Thread(target=_stop_again, args=(signum, _stop["done"]), daemon=True)
+        _stop["again"].start()
     raise Stopped(_stop["by"])
+
+
+def _stop_again(signum: int, done: threading.Event) -> None:
+    while not done.wait(RESTOP_S):
+        if not _stop.get("held"):
+            os.kill(os.getpid(), signum)  # handled in the main thread, wherever it is
+
+
+def _end_stops() -> None:
+    """Ends the repeated stops before main() gives SIGTERM back to the handler it found."""
+    if "again" in _stop:
+        _stop["held"] = True
+        _stop["done"].set()
+        _stop["again"].join()
+    _stop.clear()
 
 
 class Setting(NamedTuple):
@@ -198,6 +219,7 @@ def bench_one(model: str, args: argparse.Namespace, setting: Setting, root: Path
             row["kernels"] = (run_dir / "kernels.md").read_text()
         return row
     except Exception as err:  # one failing model must not stop the table: report it in its row
+        _hold_stops()
         logging.getLogger("bench_lm").error("%s failed:\n%s", model, traceback.format_exc())
         message = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"[:160]
         if "by" in _stop:  # whatever torch wrapped it in (BackendCompilerFailed, InductorError), SIGTERM stopped it
@@ -205,9 +227,16 @@ def bench_one(model: str, args: argparse.Namespace, setting: Setting, root: Path
         return {"model": model, "setting": setting, "error": message.replace("|", "/"), "wall_s": time.time() - started,
                 "ran_with": ran_with}  # fmt: skip
     finally:
+        _hold_stops()  # a run that finished although SIGTERM came (torch swallowed the stop) is the last one too
         gc.collect()
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
+
+
+def _hold_stops() -> None:
+    """After SIGTERM, once the bench holds the stopped (or finished) run's row: no more Stopped raised."""
+    if "by" in _stop:
+        _stop["held"] = True
 
 
 def bench_setting(models: list[str], args: argparse.Namespace, setting: Setting, root: Path) -> tuple[list[dict], str]:
@@ -462,11 +491,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[bench_lm] {err}: the rows written so far are all this command measured", file=sys.stderr)
         return STOPPED_EXIT_CODE
     finally:
+        _end_stops()
         signal.signal(signal.SIGTERM, previous)
-        if "alarm" in _stop:  # the timer it replaced (e.g. pytest-timeout's) restarts with the time it had left then
-            signal.signal(signal.SIGALRM, _stop["alarm"])
-            signal.setitimer(signal.ITIMER_REAL, *_stop["timer"])
-        _stop.clear()
     if len(settings(args)) > 1:
         texts.append(sweep_table(rows, models))
         print(texts[-1])
