@@ -47,7 +47,6 @@ import gc
 import json
 import logging
 import math
-import os
 import signal
 import sys
 import tempfile
@@ -70,45 +69,31 @@ COMPILE_NAMES = {False: "off", True: "on", "blocks": "blocks"}  # a setting's co
 STOPPED_EXIT_CODE = 143  # 128 + SIGTERM
 
 
-RESTOP_S = 2.0  # after SIGTERM, SIGTERM is sent again this often until the bench has caught the stop
+RESTOP_S = 2.0  # while a run goes on after SIGTERM, SIGTERM is sent to it again this often
 
 
 class Stopped(Exception):
-    """SIGTERM arrived: raised wherever the main thread is, so a model stops inside its compile too."""
+    """SIGTERM arrived during a run: raised wherever the main thread is, so a model stops inside its compile too."""
 
 
-# "by": what stopped this command, once SIGTERM came; "held": the bench has caught the stop (no more Stopped raised
-# while it writes the stopped row and the table); "again": the thread that repeats the stop, and "done", its end
+# "by": what stopped this command, once SIGTERM came; "armed": a model's run is in progress, where SIGTERM raises
+# Stopped (elsewhere, between runs or while a row is written, it is noted and the bench stops before the next run)
 _stop: dict = {}
 
 
-def _raise_stopped(signum: int, frame: object) -> None:
+def _on_sigterm(signum: int, frame: object) -> None:
     # Lightning's own handler, installed for each fit, calls this one after its own (it keeps the handler it finds).
-    # torch's compiler may catch the exception (it logs it and goes on) or wrap it in its own: so the first SIGTERM
-    # is remembered and a thread sends SIGTERM again every RESTOP_S seconds until the bench has caught the stop.
-    if _stop.get("held"):
-        return
-    if "by" not in _stop:
-        _stop["by"] = f"stopped by {signal.Signals(signum).name}"
-        _stop["done"] = threading.Event()
-        _stop["again"] = threading.Thread(target=_stop_again, args=(signum, _stop["done"]), daemon=True)
-        _stop["again"].start()
-    raise Stopped(_stop["by"])
+    _stop.setdefault("by", f"stopped by {signal.Signals(signum).name}")
+    if _stop.get("armed"):
+        raise Stopped(_stop["by"])
 
 
-def _stop_again(signum: int, done: threading.Event) -> None:
+def _stop_again(done: threading.Event) -> None:
+    """torch's compiler may catch Stopped (it logs it and goes on) or wrap it in its own exception: while a run goes on
+    after SIGTERM, SIGTERM is sent to the main thread again every RESTOP_S seconds (a thread of main()'s)."""
     while not done.wait(RESTOP_S):
-        if not _stop.get("held"):
-            os.kill(os.getpid(), signum)  # handled in the main thread, wherever it is
-
-
-def _end_stops() -> None:
-    """Ends the repeated stops before main() gives SIGTERM back to the handler it found."""
-    if "again" in _stop:
-        _stop["held"] = True
-        _stop["done"].set()
-        _stop["again"].join()
-    _stop.clear()
+        if "by" in _stop and _stop.get("armed"):
+            signal.pthread_kill(threading.main_thread().ident, signal.SIGTERM)
 
 
 class Setting(NamedTuple):
@@ -212,46 +197,49 @@ def bench_one(model: str, args: argparse.Namespace, setting: Setting, root: Path
     try:
         cfg = compose("train", overrides=overrides_for(model, args, setting, run_dir))
         ran_with["optimizer"] = optimizer_name(cfg.optim)
-        summary = run(cfg)
+        summary = _run_armed(cfg)
         row = {"model": model, "setting": setting, **summary, "wall_s": time.time() - started, "ran_with": ran_with}
         if args.profile:
             row["profile"] = (run_dir / "profile.md").read_text()
             row["kernels"] = (run_dir / "kernels.md").read_text()
         return row
-    except Exception as err:  # one failing model must not stop the table: report it in its row
-        _hold_stops()
+    except (Exception, SystemExit) as err:  # one failing model must not stop the table: report it in its row
+        if isinstance(err, SystemExit) and "by" not in _stop:
+            raise
         logging.getLogger("bench_lm").error("%s failed:\n%s", model, traceback.format_exc())
         message = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"[:160]
-        if "by" in _stop:  # whatever torch wrapped it in (BackendCompilerFailed, InductorError), SIGTERM stopped it
+        if "by" in _stop:  # whatever torch wrapped it in (BackendCompilerFailed, InductorError; Lightning's exit 143)
             message = f"Stopped: {_stop['by']}"
         return {"model": model, "setting": setting, "error": message.replace("|", "/"), "wall_s": time.time() - started,
                 "ran_with": ran_with}  # fmt: skip
     finally:
-        _hold_stops()  # a run that finished although SIGTERM came (torch swallowed the stop) is the last one too
         gc.collect()
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
 
 
-def _hold_stops() -> None:
-    """After SIGTERM, once the bench holds the stopped (or finished) run's row: no more Stopped raised."""
-    if "by" in _stop:
-        _stop["held"] = True
+def _run_armed(cfg: DictConfig) -> dict:
+    """`run(cfg)` with SIGTERM raising Stopped inside it (a SIGTERM that came before it stops it at once)."""
+    _stop["armed"] = True
+    try:
+        if "by" in _stop:
+            raise Stopped(_stop["by"])
+        return run(cfg)
+    finally:
+        _stop["armed"] = False
 
 
 def bench_setting(models: list[str], args: argparse.Namespace, setting: Setting, root: Path) -> tuple[list[dict], str]:
     """Each model's row for one setting (the median of its --repeats runs, the models in turn so that drift over time
     hits each alike), and "" or, when SIGTERM stopped a run, its message (then the rows of the models that ran)."""
     runs: dict[str, list[dict]] = {model: [] for model in models}
-    for repeat in range(args.repeats):
-        for model in models:
-            row = bench_one(model, args, setting, root, repeat)
-            runs[model].append(row)
-            status = row.get("error", "ok")
-            print(f"[bench_lm] {model} {setting} run {repeat + 1}: {status}", file=sys.stderr, flush=True)
-            if "by" in _stop:  # SIGTERM: end the command after this row (finished, if the signal came too late)
-                return [median_row(r) for r in runs.values() if r], f"Stopped: {_stop['by']}"
-    return [median_row(runs[model]) for model in models], ""
+    for repeat, model in ((repeat, model) for repeat in range(args.repeats) for model in models):
+        if "by" in _stop:  # SIGTERM stopped a run, or came between runs: no run starts after it
+            break
+        row = bench_one(model, args, setting, root, repeat)
+        runs[model].append(row)
+        print(f"[bench_lm] {model} {setting} run {repeat + 1}: {row.get('error', 'ok')}", file=sys.stderr, flush=True)
+    return [median_row(r) for r in runs.values() if r], f"Stopped: {_stop['by']}" if "by" in _stop else ""
 
 
 def median_row(runs: list[dict]) -> dict:
@@ -428,17 +416,16 @@ def one_row_each(rows: list[dict]) -> tuple[list[dict], list[str]]:
     """One row per (setting, model) of rows merged from several runs: the last measured one, or where none was
     measured the last failed one (a run stopped in one call and repeated in the next leaves both); and the
     `model@T` of those measured more than once, whose earlier rows are dropped."""
-    kept: dict[tuple, dict] = {}
-    again = []
+    kept: dict[tuple, dict] = {}  # in the order each (setting, model) first appears, as the table reads them
+    again: dict[str, None] = {}
     for row in rows:
         key = (row["setting"], row["model"])
         if key in kept and kept[key].get("perf/tokens_per_s"):
             if not row.get("perf/tokens_per_s"):
                 continue  # a failed row never hides a measured one
-            again.append(f"{row['model']}@{row['setting'].seq_len}")
-        kept.pop(key, None)
-        kept[key] = row  # in the order of the row kept
-    return list(kept.values()), again
+            again[f"{row['model']}@{row['setting'].seq_len}"] = None
+        kept[key] = row
+    return list(kept.values()), list(again)
 
 
 def merge(paths: list[Path]) -> tuple[str, list[dict]]:
@@ -470,7 +457,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     models = [m.strip() for m in args.models.split(",") if m.strip()]
     rows, texts = [], []
-    previous = signal.signal(signal.SIGTERM, _raise_stopped)
+    previous = signal.signal(signal.SIGTERM, _on_sigterm)
+    done = threading.Event()
+    again = threading.Thread(target=_stop_again, args=(done,), daemon=True)
+    again.start()
     try:
         with (
             tempfile.TemporaryDirectory(prefix="klalm-bench-") as tmp,
@@ -487,12 +477,11 @@ def main(argv: list[str] | None = None) -> int:
                 if stopped:
                     print(f"[bench_lm] {stopped}: the rows above are all this command measured", file=sys.stderr)
                     return STOPPED_EXIT_CODE
-    except Stopped as err:  # between two models' runs
-        print(f"[bench_lm] {err}: the rows written so far are all this command measured", file=sys.stderr)
-        return STOPPED_EXIT_CODE
     finally:
-        _end_stops()
+        done.set()
+        again.join()  # before SIGTERM's handler is given back: no SIGTERM of its own reaches that one
         signal.signal(signal.SIGTERM, previous)
+        _stop.clear()
     if len(settings(args)) > 1:
         texts.append(sweep_table(rows, models))
         print(texts[-1])

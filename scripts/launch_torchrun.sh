@@ -11,7 +11,9 @@
 # (29500), TRAINER (ddp | fsdp), KLALM_RUN_ID (run folder name shared by all ranks; default: launch time and PID),
 # PYTHON (default .venv/bin/python, else python), TORCH_ELASTIC_SHUTDOWN_TIMEOUT (120: the seconds torchrun gives the
 # ranks, after it forwards a SIGTERM, to finish their step and save before it SIGKILLs them; torch >= 2.12 reads it,
-# older torchrun keeps 30). Every other argument is a Hydra override for klalm-train.
+# older torchrun keeps 30), TORCHRUN_ARGS (more torchrun options, e.g. "--log-dir logs/ranks --tee 3": each rank's
+# output also in its own files; only global rank 0 writes the run folder's train.log). Every other argument is a
+# Hydra override for klalm-train.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -37,5 +39,6 @@ export NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0}
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-4}
 export TORCH_ELASTIC_SHUTDOWN_TIMEOUT=${TORCH_ELASTIC_SHUTDOWN_TIMEOUT:-120}
 
-exec "$PYTHON" -m torch.distributed.run "${RDZV[@]}" --nproc_per_node "$NPROC_PER_NODE" -m klalm.train \
+# shellcheck disable=SC2086  # TORCHRUN_ARGS: several options, split on spaces
+exec "$PYTHON" -m torch.distributed.run "${RDZV[@]}" ${TORCHRUN_ARGS:-} --nproc_per_node "$NPROC_PER_NODE" -m klalm.train \
   "trainer=$TRAINER" "trainer.devices=$NPROC_PER_NODE" "trainer.num_nodes=$NNODES" "$@"

@@ -93,6 +93,9 @@ def test_a_merge_keeps_one_row_per_model_and_setting(tmp_path):
     assert (
         "| 8192 | 4 | on | 5 |" in text and "Measured more than once, the last file's row kept: kla_45m@8192." in text
     )
+    bench_lm.save_rows([second[0], first[0]], tmp_path / "long_first.json")
+    text, _ = bench_lm.merge([tmp_path / "long_first.json", tmp_path / "again.json"])
+    assert text.index("| 8192 | 4 | on | 5 |") < text.index("| 2048 | 16 | on | 3 |")  # a repeat keeps its place
 
 
 def test_sweep_plot_draws_the_measured_rows_and_refuses_none(tmp_path):
@@ -249,13 +252,13 @@ def test_sigterm_stops_a_model_inside_its_step(tmp_path, monkeypatch):
     assert kla["model"] == "kla_tiny" and kla["error"] == "Stopped: stopped by SIGTERM"
 
 
-@pytest.mark.parametrize("caught", ["swallowed", "wrapped"])
+@pytest.mark.parametrize("caught", ["swallowed", "swallowed-then-done", "wrapped"])
 def test_sigterm_stops_a_model_whose_compiler_catches_the_stop(tmp_path, monkeypatch, caught):
     """torch's compiler catches what is raised inside it: on the GPU one Stopped was logged as a warning and the
     compile went on until `timeout -k` killed the process (no row written), another came out as
     "BackendCompilerFailed: backend='inductor' raised:" and the command went on to the next setting. SIGTERM is sent
-    again every RESTOP_S seconds until the bench holds the stopped row, and any failure after SIGTERM is reported as
-    the stop."""
+    again every RESTOP_S seconds while the run goes on, and any failure after SIGTERM is reported as the stop, also
+    Lightning's exit 143 when the step ends before the next SIGTERM ("swallowed-then-done")."""
     import os
     import signal
     import time
@@ -274,7 +277,8 @@ def test_sigterm_stops_a_model_whose_compiler_catches_the_stop(tmp_path, monkeyp
         except bench_lm.Stopped as err:
             if caught == "wrapped":
                 raise RuntimeError("backend='inductor' raised:\nStopped") from err
-        time.sleep(20)  # swallowed: the compile goes on, until the next Stopped
+        if caught == "swallowed":
+            time.sleep(20)  # the compile goes on, until the next SIGTERM
         return step(self, dataloader_iter)
 
     monkeypatch.setattr(LMModule, "training_step", catching_step)
@@ -287,3 +291,26 @@ def test_sigterm_stops_a_model_whose_compiler_catches_the_stop(tmp_path, monkeyp
     assert not bench_lm._stop  # the thread repeating the stop has ended (joined)
     (row,) = json.loads(out.with_suffix(".json").read_text())  # T 64 never started
     assert row["setting"]["seq_len"] == 32 and row["error"] == "Stopped: stopped by SIGTERM"
+
+
+def test_sigterm_between_two_runs_keeps_the_finished_row(tmp_path, monkeypatch):
+    """SIGTERM after a model's run, while the bench frees it: its row is kept and written, no other run starts (the
+    Stopped this raised outside the run once lost every row of the setting)."""
+    import os
+    import signal
+    import time
+
+    collect = bench_lm.gc.collect
+
+    def collect_then_stop():
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.3)
+        collect()
+
+    monkeypatch.setattr(bench_lm.gc, "collect", collect_then_stop)
+    out = tmp_path / "lm.md"
+    argv = ["--models", "gpt_tiny,kla_tiny", "--trainer", "cpu", "--seq-len", "32", "--batch-size", "2", "--steps",
+            "4", "--log-every", "2", "--out", str(out)]  # fmt: skip
+    assert bench_lm.main(argv) == bench_lm.STOPPED_EXIT_CODE
+    (row,) = json.loads(out.with_suffix(".json").read_text())
+    assert row["model"] == "gpt_tiny" and "error" not in row and row["perf/tokens_per_s"] > 0

@@ -86,7 +86,9 @@ def test_sigterm_under_ddp_saves_once_and_resumes_on_one_process(tmp_path):
     """torchrun forwards SIGTERM to every rank; they agree, write one checkpoint and stop; a single process resumes."""
     overrides = [*OVERRIDES, "train.max_tokens=1280000", "callbacks.checkpoint.every_n_steps=0", "run_name=pre",
                  f"paths.log_dir={tmp_path}", "logger.csv.flush_logs_every_n_steps=1"]  # fmt: skip
-    env = {**RUN_ENV, "NPROC_PER_NODE": "2", "TRAINER": "ddp", "KLALM_RUN_ID": "two"}
+    ranks = tmp_path / "ranks"  # torchrun's own per-rank output files, through the launcher's TORCHRUN_ARGS
+    env = {**RUN_ENV, "NPROC_PER_NODE": "2", "TRAINER": "ddp", "KLALM_RUN_ID": "two",
+           "TORCHRUN_ARGS": f"--log-dir {ranks} --tee 3"}  # fmt: skip
     cmd = [os.path.join(REPO, "scripts", "launch_torchrun.sh"), *overrides, "trainer.accelerator=cpu",
            "trainer.precision=32-true"]  # fmt: skip
     console = tmp_path / "console.txt"  # a file, not a pipe: nothing reads a pipe until the run ends
@@ -100,6 +102,9 @@ def test_sigterm_under_ddp_saves_once_and_resumes_on_one_process(tmp_path):
     proc.send_signal(signal.SIGTERM)  # to the torchrun agent (exec'd by the launcher), which forwards it
     proc.communicate(timeout=120)
     assert console.read_text().count("stopped by SIGTERM") == 2  # each rank logs to its console
+    (rank0,) = ranks.glob("*/attempt_0/0/stdout.log")
+    (rank1,) = ranks.glob("*/attempt_0/1/stdout.log")
+    assert "stopped by SIGTERM" in rank0.read_text() and "stopped by SIGTERM" in rank1.read_text()
     app_log = (tmp_path / "pre" / "two" / "train.log").read_text()  # global rank 0 only
     assert app_log.count("stopped by SIGTERM") == 1, app_log[-4000:]
     saved = list_checkpoints(tmp_path / "pre" / "two")

@@ -262,8 +262,8 @@ def run_dir_for(base: str, resume: str | None, search_glob: str, run_id: str | N
 def log_file(path: str) -> str:
     """The run's log file (Hydra's file handler, resolver `klalm_log_file`): `path` on global rank 0, `os.devnull` on
     every other rank. Under torchrun every rank configures Hydra's logging, and each appended its lines to the one
-    train.log, in a folder rank 0 may be about to refuse as an earlier run's; the other ranks log to their console,
-    which the launcher keeps per rank."""
+    train.log, in a folder rank 0 may be about to refuse as an earlier run's; the other ranks log to their console
+    (torchrun merges them; `--log-dir` keeps them apart)."""
     return path if is_global_rank_zero() else os.devnull
 
 
