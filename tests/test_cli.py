@@ -69,7 +69,7 @@ def test_cfg_job_and_a_bad_value_answer_before_torch(tmp_path):
     assert "d_state: 8" in proc.stdout and proc.stdout.rstrip().endswith("LIGHT")
     proc = _in_fresh_python("train", ["optim.lr=abc"], tmp_path)
     assert proc.returncode == 1
-    assert proc.stderr.strip() == "klalm-train: optim.lr='abc' is invalid: must be a number"
+    assert proc.stderr.strip() == "klalm-train: optim.lr='abc' is invalid: must be a finite number"
     assert proc.stdout.strip() == "LIGHT"
     proc = _in_fresh_python("evaluate", ["checkpoint=x", "limit=many"], tmp_path)
     assert proc.returncode == 1 and proc.stderr.strip().startswith("klalm-eval: limit='many' is invalid")
@@ -89,7 +89,9 @@ def compose_config():
 @pytest.mark.parametrize(
     ("override", "message"),
     [
-        ("optim.lr=abc", "optim.lr='abc' is invalid: must be a number"),
+        ("optim.lr=abc", "optim.lr='abc' is invalid: must be a finite number"),
+        ("optim.lr=inf", "optim.lr=inf is invalid: must be a finite number"),
+        ("optim.weight_decay=nan", "optim.weight_decay=nan is invalid: must be a finite number"),
         ("optim.lr=0", "optim.lr=0 is invalid: must be > 0"),
         ("train.max_tokens=1e6", "train.max_tokens=1000000.0 is invalid: must be an integer"),
         ("train.compile=yes", "train.compile='yes' is invalid: must be true, false or blocks"),

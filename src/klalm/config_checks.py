@@ -13,6 +13,7 @@ Importing it costs only omegaconf: the console scripts (`klalm.cli`) run these c
 from __future__ import annotations
 
 import difflib
+import math
 import os
 import re
 from collections.abc import Callable
@@ -38,7 +39,8 @@ def _is_int(v: Any) -> bool:
 
 
 def _is_number(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool)
+    """A finite int or float (`optim.lr=inf` once trained a run to NaN weights and checkpointed them)."""
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
 def _is_str_list(v: Any) -> bool:
@@ -47,7 +49,7 @@ def _is_str_list(v: Any) -> bool:
 
 # A type: (test, how the message names it).
 INT = (_is_int, "an integer")
-NUMBER = (_is_number, "a number")
+NUMBER = (_is_number, "a finite number")
 BOOL = (lambda v: isinstance(v, bool), "true or false")
 COMPILE = (lambda v: isinstance(v, bool) or v == "blocks", "true, false or blocks")  # train.compile
 STR = (lambda v: isinstance(v, str), "a string")

@@ -245,7 +245,7 @@ def test_a_sweep_with_one_bad_job_is_refused_before_any_job_trains(tmp_path):
     """The good first job does not run (torch is never imported), and no sweep folder is left behind."""
     proc = _fresh_python_train(["-m", *ONE_STEP, "optim.lr=1e-3,abc", f"paths.log_dir={tmp_path / 'out'}"], tmp_path)
     assert proc.returncode == 1
-    refusal = "klalm-train: sweep job #1 (optim.lr=abc): optim.lr='abc' is invalid: must be a number"
+    refusal = "klalm-train: sweep job #1 (optim.lr=abc): optim.lr='abc' is invalid: must be a finite number"
     assert proc.stderr.strip() == refusal
     assert proc.stdout.strip() == "LIGHT"
     assert list(tmp_path.iterdir()) == []  # no outputs/multirun/<name>/, no job folder, summary or checkpoint
