@@ -57,7 +57,9 @@ def test_killed_and_resumed_run_matches_uninterrupted(tmp_path, uninterrupted, s
     stopped_at = checkpoint_step(find_latest([killed_dir]))
     if sig in STOPPED:
         assert code == STOPPED[sig][0], stderr[-3000:]
-        assert STOPPED[sig][1] in (killed_dir / "train.log").read_text()
+        log = (killed_dir / "train.log").read_text()
+        assert STOPPED[sig][1] in log
+        assert f"resume with resume={killed_dir}" in log  # the folder: resume=auto misses one set by hydra.run.dir
         assert stopped_at >= 8  # the handler wrote a checkpoint at the step where it stopped
     else:
         assert code == -signal.SIGKILL

@@ -276,7 +276,9 @@ def train(cfg: DictConfig, run_dir: Path, ckpt_path: Path | None) -> dict[str, A
     except SIGTERMException:  # a stop signal on some rank (RollingCheckpoint saved at the step it stopped after)
         stop = next((c.stop_signal for c in trainer.callbacks if isinstance(c, RollingCheckpoint)), None)
         stop = stop or signal.SIGTERM  # another rank's signal, or Lightning's own handler (no checkpoint callback)
-        log.warning("stopped by %s after step %d; resume with resume=auto", STOP_SIGNALS[stop], trainer.global_step)
+        log.warning(
+            "stopped by %s after step %d; resume with resume=%s", STOP_SIGNALS[stop], trainer.global_step, run_dir
+        )
         sys.exit(STOP_EXIT_CODES[stop])
     return finish(cfg, trainer, module, datamodule, started)
 
