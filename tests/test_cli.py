@@ -75,6 +75,18 @@ def test_cfg_job_and_a_bad_value_answer_before_torch(tmp_path):
     assert proc.returncode == 1 and proc.stderr.strip().startswith("klalm-eval: limit='many' is invalid")
 
 
+def test_a_run_folder_given_as_paths_run_dir_is_refused(tmp_path):
+    """paths.run_dir follows hydra.run.dir: given alone, the checkpoints and export went to it and train.log and the
+    config record to a second folder. One line, and neither folder stays."""
+    proc = _in_fresh_python("train", ["experiment=smoke", "paths.run_dir=elsewhere"], tmp_path)
+    assert proc.returncode == 1 and proc.stdout.strip() == "LIGHT"
+    assert proc.stderr.strip() == (
+        "klalm-train: paths.run_dir=elsewhere is not the run folder: set hydra.run.dir=elsewhere instead "
+        "(paths.run_dir follows it)"
+    )
+    assert list(tmp_path.iterdir()) == []
+
+
 @pytest.fixture(scope="module")
 def compose_config():
     """Composes a config; Hydra is initialised only for the call (`unknown_key_message` initialises it itself)."""

@@ -4,7 +4,8 @@
 # the repo root:  bash results/cpu_2026-12-05c/generate_offline.sh > results/cpu_2026-12-05c/generate_offline.txt
 set -euo pipefail
 RUN=${RUN:-outputs/generate_offline}   # inside the repository's ignored outputs/
-[ -f "$RUN/summary.json" ] || .venv/bin/klalm-train experiment=offline paths.run_dir="$RUN" > /dev/null 2>&1
+# (run with paths.run_dir="$RUN" on 2026-12-05; klalm-train refuses that since, as it split the run over two folders)
+[ -f "$RUN/summary.json" ] || .venv/bin/klalm-train experiment=offline hydra.run.dir="$RUN" > /dev/null 2>&1
 echo "# $(date -u +%F), $(nproc) cores, klalm $(git rev-parse --short HEAD)$(git diff --quiet HEAD -- src || echo "+changes"); the run's summary.json:"
 python3 -c "import json,sys; s=json.load(open('$RUN/summary.json')); print({k: s[k] for k in ('params','steps','tokens_seen','val_loss','val_ppl','wall_s')})"
 echo

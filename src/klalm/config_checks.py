@@ -360,6 +360,16 @@ def check_train_config(cfg: DictConfig, *, check_paths: bool = True) -> None:
         raise ConfigError(f"resume={cfg.resume!r}: no such checkpoint file or run directory")
 
 
+def check_run_dir(cfg: DictConfig, output_dir: str) -> None:
+    """`paths.run_dir` must be the folder Hydra runs in (`output_dir`, from hydra.run.dir), where it writes train.log
+    and the config record: a run given another wrote its checkpoints, export and summary there and the rest to a
+    second folder, each with its own lock."""
+    run_dir = cfg.paths.run_dir
+    if os.path.abspath(run_dir) != os.path.abspath(output_dir):
+        raise ConfigError(f"paths.run_dir={run_dir} is not the run folder: set hydra.run.dir={run_dir} instead "
+                          f"(paths.run_dir follows it)")  # fmt: skip
+
+
 def check_known_eval_keys(cfg: DictConfig) -> None:
     """Refuses a top-level key that configs/eval.yaml lacks (added with `+`, which Hydra accepts and nothing reads),
     naming the nearest known key."""

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 import hydra
+from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 import klalm.cli.helptext  # noqa: F401  (registers the ${klalm_help:...} resolver of the help templates)
@@ -33,6 +34,7 @@ from klalm.config_checks import (
     ConfigError,
     check_eval_config,
     check_overrides,
+    check_run_dir,
     check_train_config,
     unknown_key_message,
 )
@@ -47,6 +49,7 @@ def _train_app(cfg: DictConfig) -> float | None:
     started = time.time()
     try:
         check_train_config(cfg)  # before torch and Lightning are imported
+        check_run_dir(cfg, HydraConfig.get().runtime.output_dir)
     except ConfigError as err:
         _refuse_run(err, started)
     from klalm.train.app import USER_ERRORS, run
@@ -67,7 +70,6 @@ def _refuse_run(err: BaseException, started: float) -> NoReturn:
     `check_train_config` refuses never gets that far in a sweep (`klalm.train.sweep.check_sweep_jobs` checks every
     job before the first starts), so this is for what is found once a job runs (missing data, the token budget).
     """
-    from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
     from klalm.train.rundir import discard_unused_run_dir
@@ -114,8 +116,6 @@ def _refuse_eval(err: BaseException) -> NoReturn:
     """Ends a `klalm-eval` refused for its input with one line on stderr, removing its run folder when this process
     named it (`outputs/eval/<fresh name>`, not a `hydra.run.dir` given) and it holds only what Hydra wrote at the start:
     a refusal leaves no empty evaluation behind."""
-    from hydra.core.hydra_config import HydraConfig
-
     from klalm.train.rundir import fresh_run_name, remove_run_folder
 
     run_dir = Path(HydraConfig.get().runtime.output_dir)
