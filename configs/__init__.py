@@ -4,6 +4,7 @@ Importing the package registers the resolvers the configs use, so every way of c
 `initialize_config_module("klalm.configs")`) finds them.
 """
 
+import glob
 import math
 
 from omegaconf import OmegaConf
@@ -20,3 +21,5 @@ OmegaConf.register_new_resolver("klalm_run_dir", run_dir_for, use_cache=True, re
 OmegaConf.register_new_resolver("klalm_new_folder", new_folder, replace=True)  # a new folder given by its path
 OmegaConf.register_new_resolver("klalm_config_subdir", config_subdir, replace=True)
 OmegaConf.register_new_resolver("klalm_log_file", log_file, replace=True)
+# `${klalm_glob_escape:path}`: a path matched literally in a glob (paths.resume_glob: a run_name like "g[1]")
+OmegaConf.register_new_resolver("klalm_glob_escape", glob.escape, replace=True)

@@ -4,6 +4,7 @@ logged once), one loss.png; metrics are flushed at every checkpoint, so a kill l
 import csv
 import json
 import signal
+from glob import glob
 
 from klalm.train.app import run
 from klalm.train.checkpoint import RollingCheckpoint
@@ -49,6 +50,16 @@ def test_a_killed_run_resumes_in_its_own_folder_with_one_metrics_table(tmp_path)
     assert "resume: null" in (run_dir / ".hydra" / "config.yaml").read_text()  # the first start's record is kept
     (restart,) = (run_dir / ".hydra").glob("resume-*")
     assert "resume: auto" in (restart / "config.yaml").read_text()
+
+
+def test_resume_auto_reads_the_run_name_literally(tmp_path):
+    """paths.resume_glob escapes the log folder and run_name: run_name "g[1]" once searched outputs/g1/* (and missed
+    its own checkpoints, starting afresh in a second folder), run_name "*" every run's."""
+    own, other = tmp_path / "g[1]" / "a", tmp_path / "g1" / "b"
+    own.mkdir(parents=True)
+    other.mkdir(parents=True)
+    cfg = compose_train([*TINY, 'run_name="g[1]"', f"paths.log_dir={tmp_path}"])
+    assert glob(cfg.paths.resume_glob) == [str(own)]
 
 
 def test_a_resumed_finished_run_keeps_its_summary(tmp_path):
