@@ -15,7 +15,7 @@ import pytest
 import zstandard
 
 from klalm.data import BadRecordError, PackedTextDataset, build_source
-from klalm.data.packing import NoDocumentsError
+from klalm.data.loader import NoDocumentsError
 from klalm.data.records import BadRecordPolicy, expand_paths
 
 DOCS = ["first document, with some words", "second document\nspans lines", "third: ünïcödé ✓"]

@@ -45,6 +45,20 @@ def test_shard_reader_errors(tmp_path, shard_dir):
         shards.read(len(shards) - 2, 5)
 
 
+def test_too_few_windows_or_another_vocabulary_are_refused_as_user_errors(shard_dir, gpt2):
+    """Both were plain ValueErrors, which klalm-train reported with Hydra's traceback, leaving the run folder."""
+    from klalm.config_checks import ConfigError
+    from klalm.data.datamodule import _shard_dataset
+    from klalm.data.loader import NoDocumentsError
+
+    source = ShardSource(str(shard_dir))
+    dataset = ShardDataset(source=source, seq_len=len(source.shards), batch_size=2, shuffle=False, loop=False)
+    with pytest.raises(NoDocumentsError, match="gets 0 windows of .* fewer than one batch of 2"):
+        next(iter(dataset))
+    with pytest.raises(ConfigError, match=r"were tokenised with vocab 50257 \(.*\), the tokenizer config has 4"):
+        _shard_dataset(source, ["a", "b", "c", "d"], "raise", 1, seq_len=8, batch_size=1)
+
+
 def _windows(dataset_kwargs, rank, world, workers):
     dataset = ShardDataset(**dataset_kwargs, rank=rank, world_size=world)
     out = []

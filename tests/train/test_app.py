@@ -6,6 +6,7 @@ import logging
 import math
 import os
 import shutil
+import subprocess
 import time
 
 import pytest
@@ -19,7 +20,7 @@ from klalm.train import module as module_lib
 from klalm.train.app import run
 from klalm.train.module import NonFiniteLossError
 
-from .conftest import TINY, compose_train
+from .conftest import RUN_ENV, TINY, compose_train, train_cmd
 
 WITH_CKPT = ["callbacks=default", "callbacks.sampler=null", "callbacks.progress=null"]
 
@@ -96,6 +97,17 @@ def test_a_folder_as_data_file_is_refused_naming_the_key(tmp_path):
     overrides = ["experiment=smoke", "data=files", f"data.train={tmp_path}", "data.tokenizer=bpe"]
     with pytest.raises(ConfigError, match=rf"^data: data path '{tmp_path}' names a directory .*\(IsADirectoryError;"):
         run(compose_train(overrides, tmp_path / "run"))
+
+
+def test_a_warmup_longer_than_the_run_is_refused_in_one_line_and_leaves_no_folder(tmp_path):
+    """Found once the run knows its length (inside fit): it ended in Hydra's traceback and left the run folder."""
+    cmd = train_cmd(["experiment=smoke", "scheduler.warmup=50", "run_name=r", f"paths.log_dir={tmp_path}"], None)
+    proc = subprocess.run(cmd, env=RUN_ENV, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert proc.stderr.strip().splitlines()[-1] == (
+        "klalm-train: scheduler.warmup gives 50 warmup steps: must be fewer than the run's 20 steps"
+    )
+    assert not (tmp_path / "r").exists()
 
 
 def test_wsd_bad_shape_fails_naming_the_key(tmp_path):

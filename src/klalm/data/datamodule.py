@@ -19,6 +19,7 @@ import lightning as L
 import torch
 from torch.utils.data import DataLoader
 
+from klalm.config_checks import ConfigError
 from klalm.data.loader import ResumableLoader, resolve_pin_memory
 from klalm.data.packing import PackedTextDataset
 from klalm.data.records import expand_paths
@@ -61,7 +62,7 @@ def _packed_dataset(source: Any, tokenizer: Any, on_bad_record: str, block_docs:
 
 def _shard_dataset(source: Any, tokenizer: Any, on_bad_record: str, block_docs: int, **common: Any) -> Any:
     if source.shards.index["vocab_size"] != len(tokenizer):
-        raise ValueError(
+        raise ConfigError(
             f"shards {source.shards.path} were tokenised with vocab {source.shards.index['vocab_size']}"
             f" ({source.shards.index.get('tokenizer')}), the tokenizer config has {len(tokenizer)}"
         )

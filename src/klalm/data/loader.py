@@ -26,6 +26,12 @@ warnings.filterwarnings("ignore", message=r"'set_vital' is deprecated", category
 MAX_LAG_BATCHES = 8  # snapshots kept: consumption may trail yielding by at most this many batches
 
 
+class NoDocumentsError(ValueError):
+    """A whole pass over the source gave a consumer no usable document: an empty file, every record bad, fewer
+    documents than ranks x workers, or from shards fewer windows than one batch (`klalm-train` refuses it in one
+    line)."""
+
+
 def resolve_pin_memory(pin_memory: bool | None) -> bool:
     """A data module's `pin_memory` setting: None pins when CUDA is available. A pinned batch moves to the GPU
     asynchronously (Lightning copies with non_blocking=True); a pageable one is staged through the driver, and the

@@ -26,16 +26,11 @@ from typing import Any, Literal
 import torch
 from torch.utils.data import IterableDataset
 
-from klalm.data.loader import consumer_split, windows_to_batch
+from klalm.data.loader import NoDocumentsError, consumer_split, windows_to_batch
 from klalm.data.records import BadRecordPolicy
 from klalm.data.tokenizer import encode_texts
 
 log = logging.getLogger(__name__)
-
-
-class NoDocumentsError(ValueError):
-    """A whole pass over the source gave a consumer no usable document: an empty file, every record bad, or fewer
-    documents than ranks x workers (`klalm-train` refuses it in one line)."""
 
 
 def _copy_state(state: dict[str, Any]) -> dict[str, Any]:

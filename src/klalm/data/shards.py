@@ -24,7 +24,7 @@ import numpy as np
 import torch
 from torch.utils.data import IterableDataset
 
-from klalm.data.loader import consumer_split, windows_to_batch
+from klalm.data.loader import NoDocumentsError, consumer_split, windows_to_batch
 
 log = logging.getLogger(__name__)
 
@@ -142,7 +142,7 @@ class ShardDataset(IterableDataset):
         self._state, width = state, self.seq_len + 1
         order = self._order(state["epoch"], consumer, n)
         if len(order) < self.batch_size:
-            raise ValueError(
+            raise NoDocumentsError(
                 f"consumer {consumer}/{n} gets {len(order)} windows of {width} tokens from "
                 f"{self.shards.path}, fewer than one batch of {self.batch_size}"
             )

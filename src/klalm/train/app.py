@@ -32,7 +32,7 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 from omegaconf import DictConfig, OmegaConf
 
 from klalm.config_checks import ConfigError, check_train_config
-from klalm.data.packing import NoDocumentsError
+from klalm.data.loader import NoDocumentsError
 from klalm.data.records import BadRecordError
 from klalm.models.checkpoint import HF_DIR, TOKENIZER_DIR, CheckpointError, load_checkpoint_file
 from klalm.models.export import ExportTargetError, check_export_target

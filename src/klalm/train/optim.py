@@ -24,6 +24,7 @@ import torch
 from torch import Tensor, nn
 from torch.optim.lr_scheduler import LambdaLR
 
+from klalm.config_checks import ConfigError
 from klalm.param_names import clean_name
 
 
@@ -95,13 +96,15 @@ def warmup_steps_of(warmup: float, total_steps: int) -> int:
 
 
 def check_schedule(total_steps: int, warmup_steps: int, min_lr_ratio: float) -> None:
-    """Raise ValueError naming the scheduler key that is out of range."""
+    """Raise ConfigError (a ValueError; `klalm-train` refuses it in one line) naming the scheduler key that is out of
+    range: found once the run knows its length, after the config checks."""
     if total_steps <= 0:
-        raise ValueError(f"scheduler total_steps must be positive, got {total_steps}")
+        raise ConfigError(f"scheduler total_steps must be positive, got {total_steps}")
     if not 0 <= warmup_steps < total_steps:
-        raise ValueError(f"scheduler.warmup_steps={warmup_steps} must be in [0, total_steps={total_steps})")
+        raise ConfigError(f"scheduler.warmup gives {warmup_steps} warmup steps: must be fewer than the run's "
+                          f"{total_steps} steps")  # fmt: skip
     if not 0.0 <= min_lr_ratio <= 1.0:
-        raise ValueError(f"scheduler.min_lr_ratio={min_lr_ratio} must be in [0, 1]")
+        raise ConfigError(f"scheduler.min_lr_ratio={min_lr_ratio} must be in [0, 1]")
 
 
 def cosine_multiplier(step: int, *, warmup_steps: int, total_steps: int, min_lr_ratio: float) -> float:
