@@ -145,6 +145,9 @@ def test_eval_checks_name_the_key(compose_config):
         check_eval_config(compose_config("eval", []))
     with pytest.raises(ConfigError, match=r"^batch_size=0 is invalid: must be > 0$"):
         check_eval_config(compose_config("eval", ["checkpoint=a", "batch_size=0"]))
+    for bad in ("[]", "[run/hf,./run/hf/]", "''"):  # an empty list and a repeat once ended in a traceback
+        with pytest.raises(ConfigError, match=r"^checkpoint=.* is invalid: must be one path or a list of distinct"):
+            check_eval_config(compose_config("eval", [f"checkpoint={bad}"]))
 
 
 def test_every_key_of_train_yaml_has_a_rule():

@@ -135,8 +135,16 @@ EVAL_DEVICE = (
 # The weight dtypes klalm-eval and klalm-generate load a checkpoint in (klalm.eval.checkpoint.DTYPES: as torch dtypes).
 EVAL_DTYPES = ("float32", "bfloat16", "float16", "float64")
 
+
+def distinct_paths(v: str | list[str]) -> bool:
+    """One non-empty path, or a non-empty list of them naming distinct files or folders (`a/` and `./a` are one)."""
+    paths = [v] if isinstance(v, str) else list(v)
+    resolved = [os.path.realpath(os.path.expanduser(p)) for p in paths if p]
+    return len(resolved) == len(paths) > 0 and len(set(resolved)) == len(resolved)
+
+
 EVAL_RULES: tuple[Rule, ...] = (
-    Rule("checkpoint", STR_OR_LIST),
+    Rule("checkpoint", STR_OR_LIST, check=distinct_paths, demand="one path or a list of distinct paths"),
     Rule("tasks", (lambda v: isinstance(v, str) or _is_str_list(v), "a task name or a list of them")),
     Rule("data_dir", STR, nullable=True),
     Rule("limit", INT, nullable=True, check=positive, demand="> 0 (null: every example)"),
