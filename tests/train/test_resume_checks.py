@@ -140,6 +140,16 @@ def test_a_resume_that_builds_another_model_is_refused_naming_the_setting(finish
             run(cfg)
 
 
+def test_a_refused_model_names_the_presets_size_where_the_config_leaves_it_null(tmp_path):
+    """A preset's size is null in the stored config: the refusal once read `model.d_model None -> 48`."""
+    from klalm.train.resume import check_model
+
+    saved = {"arch": "kla", "preset": "tiny", "d_model": None, "n_layers": None}
+    checkpoint = {"state_dict": {"w": torch.empty(64)}, "klalm": {"model_config": saved}}
+    with pytest.raises(ConfigError, match=r"\(model.d_model 64 -> 48\)"):
+        check_model(tmp_path / "x.ckpt", checkpoint, {**saved, "d_model": 48}, {"w": (48,)})
+
+
 def test_a_refused_model_the_stored_config_does_not_explain_names_the_first_weights():
     """When the stored model config equals the run's, the refusal names the first tensors that do not fit (one of
     each kind), not only how many there are."""

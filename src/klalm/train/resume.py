@@ -34,7 +34,9 @@ from omegaconf import DictConfig, OmegaConf
 
 from klalm.config_checks import ConfigError
 from klalm.models.checkpoint import TOKENIZER_DIR, CheckpointError, newest_valid, verify_checkpoint
+from klalm.models.config import ARCH_LAYOUTS
 from klalm.models.export import weight_mismatch
+from klalm.models.presets import preset_fields
 
 log = logging.getLogger(__name__)
 
@@ -186,8 +188,8 @@ def check_model(ckpt_path: Path, checkpoint: dict[str, Any], model_config: dict[
     if saved == built:
         return
     before, after = {}, {}
-    _flatten("model", checkpoint["klalm"].get("model_config"), before)
-    _flatten("model", model_config, after)
+    _flatten("model", _with_preset_values(checkpoint["klalm"].get("model_config")), before)
+    _flatten("model", _with_preset_values(model_config), after)
     # a null model key keeps the preset's value, as an absent one does (the mixers' option groups differ by arch)
     keys = [k for k in sorted(before.keys() | after.keys()) if before.get(k) != after.get(k)]
     changes = [f"{k} {before.get(k)!r} -> {after.get(k)!r}" for k in keys[:MAX_NAMED]]
@@ -199,6 +201,18 @@ def check_model(ckpt_path: Path, checkpoint: dict[str, Any], model_config: dict[
         f"resume from {ckpt_path}: the checkpoint holds another model than this config builds ({'; '.join(changes)}); "
         "resume with the checkpoint's model settings, or start a new run_name"
     )
+
+
+def _with_preset_values(model_config: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The model config with its preset's sizes where it leaves them null (`model.d_model 64 -> 48`, where the
+    stored config reads None for a preset's d_model)."""
+    if not model_config or model_config.get("preset") is None or model_config.get("arch") not in ARCH_LAYOUTS:
+        return model_config
+    try:
+        fields = preset_fields(model_config["arch"], model_config["preset"])
+    except KeyError:  # an unknown preset: its sizes are not known here
+        return model_config
+    return {**model_config, **{k: v for k, v in fields.items() if model_config.get(k) is None}}
 
 
 def _plain_name(name: str) -> str:
