@@ -151,6 +151,22 @@ def test_bad_data_is_refused_and_leaves_the_output_as_it_was(name, files_args, t
     assert _files(out) == before  # the rerun used to truncate tokens-00000.bin under the old index.json
 
 
+def test_some_splits_beside_kept_ones_of_another_vocabulary_are_refused(files_args, tmp_path):
+    """`--splits train` into a folder whose val/ another tokenizer wrote replaced train/ and tokenizer/ and left a
+    folder no run could read; now refused in one line, the folder as it was."""
+    import json
+
+    out = tmp_path / "out"
+    run(parse_args([*files_args, f"val={tmp_path / 'ok.jsonl'}", "--out", str(out), "--no-progress"]))
+    index = out / "val" / "index.json"
+    index.write_text(json.dumps({**json.loads(index.read_text()), "vocab_size": 4096}))  # as another tokenizer's
+    before = _files(out)
+    with pytest.raises(SystemExit, match=f"{out / 'val'} was tokenised with vocab 4096, this tokenizer has 50257"):
+        run(parse_args([*files_args, "--splits", "train", "--out", str(out), "--no-progress"]))
+    assert _files(out) == before
+    run(parse_args([*files_args, f"val={tmp_path / 'ok.jsonl'}", "--out", str(out), "--no-progress"]))  # all: fine
+
+
 def test_an_interrupted_swap_puts_the_old_folders_back(tmp_path, monkeypatch):
     from pathlib import Path
 

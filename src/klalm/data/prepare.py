@@ -273,6 +273,7 @@ def write_dataset(
         staging = Path(tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=out_dir))
         lock = _lock(staging / STAGING_LOCK)
         tok = load_tokenizer(data_config["tokenizer"])
+        _check_kept_splits(out_dir, plan, len(tok))
         results = {}
         for split, (source, src) in plan.items():
             policy = BadRecordPolicy(data_config.get("on_bad_record", "raise"))
@@ -294,6 +295,23 @@ def write_dataset(
         if staging is not None:
             shutil.rmtree(staging, ignore_errors=True)
     return results
+
+
+def _check_kept_splits(out_dir: Path, plan: dict[str, Any], vocab_size: int) -> None:
+    """Refuses to write some splits beside kept ones of another vocabulary: `--splits train` into a folder whose
+    val/ was tokenised otherwise replaced train/ and tokenizer/ and left a folder no run could read.
+
+    Raises:
+        ValueError: naming the kept split, its vocabulary and this one."""
+    for split in sorted(set(SPLIT_KEYS) - set(plan)):
+        index_file = out_dir / split / "index.json"
+        if index_file.is_file():
+            kept = json.loads(index_file.read_text()).get("vocab_size")
+            if kept != vocab_size:
+                raise ValueError(
+                    f"{out_dir / split} was tokenised with vocab {kept}, this tokenizer has {vocab_size}: write every "
+                    f"split again (leave out --splits) or choose another --out"
+                )
 
 
 STAGING_PREFIX = ".partial-"  # write_dataset's temporary folder in --out
