@@ -140,6 +140,12 @@ def test_tokenizer_config_errors(tmp_path, monkeypatch, hub):
         load_tokenizer({"name_or_path": "gpt2"})
     with pytest.raises(FileNotFoundError, match="does-not-exist"):
         load_tokenizer({"kind": "hf", "name_or_path": str(tmp_path / "does-not-exist")})
+    empty = tmp_path / "empty"  # was transformers' "Couldn't instantiate the backend tokenizer from one of:"
+    empty.mkdir()
+    with pytest.raises(FileNotFoundError, match=rf"^no usable tokenizer in folder {empty} \(no tokenizer.json, nor"):
+        load_tokenizer({"kind": "hf", "name_or_path": str(empty)})
+    with pytest.raises(ValueError, match=r"^tokenizer must be a mapping with a 'kind' key.*; got 'foo'$"):
+        load_tokenizer("foo")  # data.tokenizer=foo where the data config holds a mapping: was "dictionary update ..."
     calls = []
 
     def offline(name, **kwargs):  # AutoTokenizer.from_pretrained without the tokenizer cached and without network

@@ -17,7 +17,7 @@ import logging
 import os
 import shutil
 import sys
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -42,7 +42,16 @@ def load_hf_tokenizer(name_or_path: str) -> PreTrainedTokenizerBase:
     """
     folder = Path(name_or_path).expanduser()
     if folder.is_dir():
-        return AutoTokenizer.from_pretrained(str(folder))
+        try:
+            return AutoTokenizer.from_pretrained(str(folder))
+        except (OSError, ValueError) as err:  # no tokenizer files, or unreadable ones: transformers names neither
+            reason = one_line(err)  # for an empty folder "Couldn't instantiate the backend tokenizer from one of:"
+            reason = (
+                "no tokenizer.json, nor vocabulary files with a tokenizer_config.json"
+                if reason.endswith(":")
+                else reason
+            )
+            raise FileNotFoundError(f"no usable tokenizer in folder {folder} ({reason})") from err
     if name_or_path.startswith((".", "/", "~")) or name_or_path.count("/") > 1:  # hub ids are "name" or "org/name"
         raise FileNotFoundError(f"tokenizer folder {folder} does not exist")
     try:
@@ -169,6 +178,8 @@ def load_tokenizer(config: dict[str, Any]) -> PreTrainedTokenizerBase:
         KeyError: missing or unknown ``kind``.
         ValueError: the tokenizer has no EOS token.
     """
+    if not isinstance(config, Mapping):  # e.g. data.tokenizer=foo where the data config expects a mapping
+        raise ValueError(f"tokenizer must be a mapping with a 'kind' key, one of {sorted(TOKENIZERS)}; got {config!r}")
     config = dict(config)
     if "kind" not in config:
         raise KeyError(f"tokenizer config needs a 'kind' key, one of {sorted(TOKENIZERS)}; got {sorted(config)}")
