@@ -77,8 +77,8 @@ def checkpoint_kind(path: str | Path) -> str:
     if _is_run_dir(path):
         return "training"
     raise FileNotFoundError(
-        f"checkpoint folder {str(path)!r} holds neither config.json (an HF export) nor a .ckpt file or export "
-        "subfolder (a training run)"
+        f"checkpoint folder {str(path)!r} holds neither config.json (an HF export) nor what a training run's folder "
+        "holds (checkpoints/step-*.ckpt, an hf/ export); a .ckpt file is given by its own path"
     )
 
 
