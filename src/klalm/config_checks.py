@@ -40,7 +40,7 @@ def _is_int(v: Any) -> bool:
 
 def _is_number(v: Any) -> bool:
     """A finite int or float (`optim.lr=inf` once trained a run to NaN weights and checkpointed them)."""
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+    return isinstance(v, int) and not isinstance(v, bool) or isinstance(v, float) and math.isfinite(v)
 
 
 def _is_str_list(v: Any) -> bool:
@@ -368,14 +368,15 @@ def check_train_config(cfg: DictConfig, *, check_paths: bool = True) -> None:
         raise ConfigError(f"resume={cfg.resume!r}: no such checkpoint file or run directory")
 
 
-def check_run_dir(cfg: DictConfig, output_dir: str) -> None:
-    """`paths.run_dir` must be the folder Hydra runs in (`output_dir`, from hydra.run.dir), where it writes train.log
-    and the config record: a run given another wrote its checkpoints, export and summary there and the rest to a
-    second folder, each with its own lock."""
+def check_run_dir(cfg: DictConfig, output_dir: str, *, sweep: bool = False) -> None:
+    """`paths.run_dir` must be the folder Hydra runs the job in (`output_dir`: hydra.run.dir, or a sweep job's
+    folder), where it writes train.log and the config record: a run given another wrote its checkpoints, export and
+    summary there and the rest to a second folder, each with its own lock."""
     run_dir = cfg.paths.run_dir
-    if os.path.abspath(run_dir) != os.path.abspath(output_dir):
-        raise ConfigError(f"paths.run_dir={run_dir} is not the run folder: set hydra.run.dir={run_dir} instead "
-                          f"(paths.run_dir follows it)")  # fmt: skip
+    if os.path.realpath(run_dir) != os.path.realpath(output_dir):
+        instead = ("leave it out: a sweep's job folders are hydra.sweep.dir/hydra.sweep.subdir" if sweep
+                   else f"set hydra.run.dir={run_dir} instead (paths.run_dir follows it)")  # fmt: skip
+        raise ConfigError(f"paths.run_dir={run_dir} is not the run folder: {instead}")
 
 
 def check_known_eval_keys(cfg: DictConfig) -> None:

@@ -394,6 +394,8 @@ def test_member_moves_its_module_and_reads_the_settings():
     assert member.losses.shape == (7,) and member.step.item() == 0 and member.seed == 5
     with pytest.raises(ValueError, match="min_lr"):
         Member(module, [], TrainSettings(lr=1e-3, min_lr=1e-2), CPU, seed=0)
+    with pytest.raises(ValueError, match=r"^train.warmup gives 9 warmup steps: must be in \[0, 7\)"):  # a plan's key
+        TrainSettings(steps=7, warmup=9).schedule()
 
 
 def test_a_group_keeps_stepping_the_members_it_keeps():

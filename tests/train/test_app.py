@@ -105,7 +105,7 @@ def test_a_warmup_longer_than_the_run_is_refused_in_one_line_and_leaves_no_folde
     proc = subprocess.run(cmd, env=RUN_ENV, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
     assert proc.stderr.strip().splitlines()[-1] == (
-        "klalm-train: scheduler.warmup gives 50 warmup steps: must be fewer than the run's 20 steps"
+        "klalm-train: scheduler.warmup gives 50 warmup steps: must be in [0, 20), the run's steps"
     )
     assert not (tmp_path / "r").exists()
 

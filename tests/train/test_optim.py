@@ -114,7 +114,7 @@ def test_scheduler_factories_drive_the_optimizer_lr():
 @pytest.mark.parametrize(
     ("factory", "kwargs", "key"),
     [
-        (warmup_cosine, {"warmup": 10}, "warmup_steps"),
+        (warmup_cosine, {"warmup": 10}, "scheduler.warmup"),
         (warmup_cosine, {"min_lr_ratio": 2.0}, "min_lr_ratio"),
         (warmup_stable_decay, {"shape": "cubic"}, "shape"),
         (warmup_stable_decay, {"decay_frac": 0.0}, "decay_frac"),

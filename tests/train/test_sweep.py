@@ -251,6 +251,19 @@ def test_a_sweep_with_one_bad_job_is_refused_before_any_job_trains(tmp_path):
     assert list(tmp_path.iterdir()) == []  # no outputs/multirun/<name>/, no job folder, summary or checkpoint
 
 
+def test_a_sweep_that_sets_paths_run_dir_is_refused_before_any_job_trains(tmp_path):
+    """paths.run_dir would take every job's checkpoints into one folder, away from the job's own; each job once
+    refused it with a traceback as it started, leaving the sweep's folders."""
+    argv = ["-m", *ONE_STEP, "optim.lr=1e-3,2e-3", "paths.run_dir=one", f"paths.log_dir={tmp_path / 'out'}"]
+    proc = _fresh_python_train(argv, tmp_path)
+    assert proc.returncode == 1 and proc.stdout.strip() == "LIGHT"
+    assert proc.stderr.strip() == (
+        "klalm-train: sweep job #0 (optim.lr=0.001): paths.run_dir=one is not the run folder: leave it out: a sweep's "
+        "job folders are hydra.sweep.dir/hydra.sweep.subdir"
+    )
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_a_sweep_of_good_jobs_runs_every_job(tmp_path):
     sweep_dir = tmp_path / "sweep"
     cmd = [sys.executable, "-m", "klalm.train", "-m", *ONE_STEP, "optim.lr=0.001,0.003", f"hydra.sweep.dir={sweep_dir}"]

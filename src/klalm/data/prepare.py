@@ -304,9 +304,12 @@ def _check_kept_splits(out_dir: Path, plan: dict[str, Any], vocab_size: int) -> 
     Raises:
         ValueError: naming the kept split, its vocabulary and this one."""
     for split in sorted(set(SPLIT_KEYS) - set(plan)):
-        index_file = out_dir / split / "index.json"
+        index_file = out_dir / split / INDEX_FILE
         if index_file.is_file():
-            kept = json.loads(index_file.read_text()).get("vocab_size")
+            try:
+                kept = json.loads(index_file.read_text()).get("vocab_size")
+            except (json.JSONDecodeError, AttributeError) as err:
+                raise ValueError(f"{index_file} is not a shard index ({one_line(err)})") from err
             if kept != vocab_size:
                 raise ValueError(
                     f"{out_dir / split} was tokenised with vocab {kept}, this tokenizer has {vocab_size}: write every "

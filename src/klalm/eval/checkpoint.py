@@ -78,7 +78,7 @@ def checkpoint_kind(path: str | Path) -> str:
         return "training"
     raise FileNotFoundError(
         f"checkpoint folder {str(path)!r} holds neither config.json (an HF export) nor what a training run's folder "
-        "holds (checkpoints/step-*.ckpt, an hf/ export); a .ckpt file is given by its own path"
+        "holds (checkpoints/step-*.ckpt, an hf/ export)"
     )
 
 

@@ -85,7 +85,7 @@ class TrainSettings:
         if self.lr <= 0 or not 0 <= self.min_lr <= self.lr:
             raise ValueError(f"train.lr={self.lr} must be > 0 and train.min_lr={self.min_lr} in [0, lr]")
         warmup_steps = warmup_steps_of(self.warmup, self.steps)
-        check_schedule(self.steps, warmup_steps, self.min_lr / self.lr)
+        check_schedule(self.steps, warmup_steps, self.min_lr / self.lr, warmup_key="train.warmup")
         return {"warmup_steps": warmup_steps, "total_steps": self.steps, "min_lr_ratio": self.min_lr / self.lr}
 
 

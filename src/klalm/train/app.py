@@ -34,7 +34,7 @@ from omegaconf import DictConfig, OmegaConf
 from klalm.config_checks import ConfigError, check_train_config
 from klalm.data.loader import NoDocumentsError
 from klalm.data.records import BadRecordError
-from klalm.models.checkpoint import HF_DIR, TOKENIZER_DIR, CheckpointError, load_checkpoint_file
+from klalm.models.checkpoint import HF_DIR, TOKENIZER_DIR, CheckpointError, list_checkpoints, load_checkpoint_file
 from klalm.models.export import ExportTargetError, check_export_target
 from klalm.train.budget import derive_budget
 from klalm.train.callbacks import StepMetrics, skipped_records
@@ -276,9 +276,8 @@ def train(cfg: DictConfig, run_dir: Path, ckpt_path: Path | None) -> dict[str, A
     except SIGTERMException:  # a stop signal on some rank (RollingCheckpoint saved at the step it stopped after)
         stop = next((c.stop_signal for c in trainer.callbacks if isinstance(c, RollingCheckpoint)), None)
         stop = stop or signal.SIGTERM  # another rank's signal, or Lightning's own handler (no checkpoint callback)
-        log.warning(
-            "stopped by %s after step %d; resume with resume=%s", STOP_SIGNALS[stop], trainer.global_step, run_dir
-        )
+        hint = f"resume with resume={run_dir}" if list_checkpoints(run_dir) else "no checkpoint was written"
+        log.warning("stopped by %s after step %d; %s", STOP_SIGNALS[stop], trainer.global_step, hint)
         sys.exit(STOP_EXIT_CODES[stop])
     return finish(cfg, trainer, module, datamodule, started)
 

@@ -147,7 +147,8 @@ class RollingCheckpoint(Callback):
             if stop:
                 name = STOP_SIGNALS.get(self.stop_signal, "a stop signal on another rank")
                 # resume=auto finds it only where the run folder is a default one (not one set by hydra.run.dir)
-                log.warning("%s received: wrote %s; stopping (resume with resume=%s)", name, path, path.parent.parent)
+                run = path.parent.parent if path.parent.name == "checkpoints" else "<the run folder>"
+                log.warning("%s received: wrote %s; stopping (resume with resume=%s)", name, path, run)
 
     def _any_rank_got_stop_signal(self, trainer: pl.Trainer) -> bool:
         """Whether to stop, the same answer on every rank (a save is collective). One process: its own flag. Several:

@@ -95,14 +95,16 @@ def warmup_steps_of(warmup: float, total_steps: int) -> int:
     return int(round(warmup * total_steps)) if warmup < 1 else int(warmup)
 
 
-def check_schedule(total_steps: int, warmup_steps: int, min_lr_ratio: float) -> None:
+def check_schedule(
+    total_steps: int, warmup_steps: int, min_lr_ratio: float, warmup_key: str = "scheduler.warmup"
+) -> None:
     """Raise ConfigError (a ValueError; `klalm-train` refuses it in one line) naming the scheduler key that is out of
-    range: found once the run knows its length, after the config checks."""
+    range (`warmup_key`: the warmup's key as the caller's config names it): found once the run knows its length."""
     if total_steps <= 0:
         raise ConfigError(f"scheduler total_steps must be positive, got {total_steps}")
     if not 0 <= warmup_steps < total_steps:
-        raise ConfigError(f"scheduler.warmup gives {warmup_steps} warmup steps: must be fewer than the run's "
-                          f"{total_steps} steps")  # fmt: skip
+        raise ConfigError(f"{warmup_key} gives {warmup_steps} warmup steps: must be in [0, {total_steps}), the run's "
+                          f"steps")  # fmt: skip
     if not 0.0 <= min_lr_ratio <= 1.0:
         raise ConfigError(f"scheduler.min_lr_ratio={min_lr_ratio} must be in [0, 1]")
 

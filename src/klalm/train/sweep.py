@@ -30,7 +30,7 @@ from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
-from klalm.config_checks import ConfigError, check_train_config
+from klalm.config_checks import ConfigError, check_run_dir, check_train_config
 from klalm.errors import one_line
 from klalm.train.plots import plot_losses, read_metric
 
@@ -182,6 +182,7 @@ def _check_job(cfg: DictConfig) -> None:
         with read_write(task_cfg), open_dict(task_cfg):
             del task_cfg["hydra"]
         check_train_config(task_cfg, check_paths=False)
+        check_run_dir(task_cfg, cfg.hydra.runtime.output_dir, sweep=True)
 
 
 def check_sweep_jobs(config: DictConfig) -> None:
