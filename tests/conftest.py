@@ -78,6 +78,24 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip_gpu)
 
 
+@pytest.fixture(autouse=True)
+def _process_state_restored():
+    """What a test may change for the whole worker process comes back after it: Lightning's
+    `Trainer(deterministic=True)` (the train tests' TINY) turns torch's deterministic algorithms on and leaves them
+    on, and a fit stopped by an exception may leave a Ctrl-C handler; a later test in the same worker then started
+    from them (tests/tasks/test_runner.py's check that a block restores the setting failed in some orders)."""
+    import signal
+
+    deterministic = (
+        torch.are_deterministic_algorithms_enabled(),
+        torch.is_deterministic_algorithms_warn_only_enabled(),
+    )
+    ctrl_c = signal.getsignal(signal.SIGINT)
+    yield
+    torch.use_deterministic_algorithms(deterministic[0], warn_only=deterministic[1])
+    signal.signal(signal.SIGINT, ctrl_c)
+
+
 @pytest.fixture(scope="session")
 def shared_data() -> Path:
     """../shared/data (or $KLALM_SHARED_DATA); tests that need it skip, naming the path, if it is absent."""

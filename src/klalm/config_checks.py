@@ -40,7 +40,7 @@ def _is_int(v: Any) -> bool:
 
 def _is_number(v: Any) -> bool:
     """A finite int or float (`optim.lr=inf` once trained a run to NaN weights and checkpointed them)."""
-    return isinstance(v, int) and not isinstance(v, bool) or isinstance(v, float) and math.isfinite(v)
+    return (isinstance(v, int) and not isinstance(v, bool)) or (isinstance(v, float) and math.isfinite(v))
 
 
 def _is_str_list(v: Any) -> bool:

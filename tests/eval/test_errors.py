@@ -35,7 +35,7 @@ def test_missing_checkpoint(tmp_path, shared_data, no_model_work):
 
 def test_folder_that_is_no_checkpoint(tmp_path, shared_data, no_model_work):
     (tmp_path / "empty").mkdir()
-    with pytest.raises(FileNotFoundError, match="neither config.json .* nor a .ckpt"):
+    with pytest.raises(FileNotFoundError, match="neither config.json .* nor what a training run.s folder holds"):
         evaluate_checkpoints([tmp_path / "empty"], ["piqa"], output_dir=tmp_path, data_dir=shared_data)
 
 
