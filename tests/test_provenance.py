@@ -11,8 +11,11 @@ def _git(*args: str) -> str:
 
 
 def test_the_recorded_commit_names_the_tree_that_ran_when_it_differs_from_head(tmp_path, monkeypatch):
+    from klalm import provenance
+
     monkeypatch.delenv("KLALM_COMMIT", raising=False)
     monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(provenance, "SOURCE", tmp_path)
     assert git_commit() == "unknown"  # not a git checkout
     _git("init", "-q")
     (tmp_path / ".gitignore").write_text("ignored/\n")
@@ -45,6 +48,7 @@ def test_untracked_files_past_the_limit_are_left_out_and_said_so(tmp_path, monke
 
     monkeypatch.delenv("KLALM_COMMIT", raising=False)
     monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(provenance, "SOURCE", tmp_path)
     _git("init", "-q")
     (tmp_path / "f.txt").write_text("a")
     _git("add", "f.txt")
@@ -53,10 +57,38 @@ def test_untracked_files_past_the_limit_are_left_out_and_said_so(tmp_path, monke
     (tmp_path / "sub").mkdir()
     (tmp_path / "sub" / "data.bin").write_bytes(b"x" * 100)
     monkeypatch.setattr(provenance, "UNTRACKED_LIMIT_BYTES", 99)
-    monkeypatch.chdir(tmp_path / "sub")  # from a subfolder too: the whole checkout is read
+    monkeypatch.setattr(provenance, "SOURCE", tmp_path / "sub")  # code in a subfolder: the whole checkout is read
     assert git_commit() == head + " (untracked files too large to hash were left out)"
     (tmp_path / "f.txt").write_text("b")
     tracked_only = git_commit()
     assert tracked_only.startswith(head + "-dirty (tree ") and tracked_only.endswith(", untracked files left out)")
     monkeypatch.setattr(provenance, "UNTRACKED_LIMIT_BYTES", 100)
     assert git_commit() != tracked_only and git_commit().endswith(")") and "left out" not in git_commit()
+
+
+def test_the_commit_is_that_of_the_checkout_klalm_runs_from_not_of_the_current_folder(tmp_path, monkeypatch):
+    """A command run from inside another git repository (a user's project) records klalm's commit, not that
+    repository's, and writes nothing there; klalm inside an ignored folder of a checkout (a virtual environment)
+    records "unknown"."""
+    from klalm import provenance
+
+    monkeypatch.delenv("KLALM_COMMIT", raising=False)
+    code, other = tmp_path / "code", tmp_path / "other"
+    for repo in (code, other):
+        repo.mkdir()
+        monkeypatch.chdir(repo)
+        _git("init", "-q")
+        (repo / ".gitignore").write_text("venv/\n")
+        (repo / "f.txt").write_text(repo.name)
+        _git("add", ".gitignore", "f.txt")
+        _git("commit", "-qm", repo.name)
+    code_head = _git("-C", str(code), "rev-parse", "--short", "HEAD")
+    (other / "untracked.txt").write_text("the other repository's own work")
+    objects = sorted(p.name for p in (other / ".git" / "objects").rglob("*"))
+    monkeypatch.chdir(other)
+    monkeypatch.setattr(provenance, "SOURCE", code)
+    assert git_commit() == code_head
+    assert sorted(p.name for p in (other / ".git" / "objects").rglob("*")) == objects  # nothing hashed into it
+    (code / "venv" / "klalm").mkdir(parents=True)
+    monkeypatch.setattr(provenance, "SOURCE", code / "venv" / "klalm")
+    assert git_commit() == "unknown"

@@ -7,6 +7,9 @@ it names the exact code that ran. Once that code is committed, the commit whose 
 
     git log --format='%h %T' | grep <T>
 
+The checkout is the one klalm's own files lie in (SOURCE), whatever folder the command ran from; klalm installed
+outside a checkout, or in a folder its checkout ignores (a virtual environment inside it), records "unknown".
+
 Untracked files that are not ignored count (new code is code that ran), unless together they pass
 UNTRACKED_LIMIT_BYTES (data left in the checkout, say): then T holds the tracked files only and the record says so.
 """
@@ -17,13 +20,16 @@ import os
 import shutil
 import subprocess
 import tempfile
+from pathlib import Path
 
+SOURCE = Path(__file__).resolve().parent  # git runs here: the checkout of the code that runs
 TREE_DIGITS = 12  # of the tree hash recorded with "-dirty"
 UNTRACKED_LIMIT_BYTES = 64 << 20  # untracked files hashed into the tree only up to this many bytes in all
 
 
 def _git(*args: str, env: dict[str, str] | None = None) -> str:
-    return subprocess.run(["git", *args], capture_output=True, text=True, check=True, env=env).stdout.strip()
+    done = subprocess.run(["git", *args], capture_output=True, text=True, check=True, env=env, cwd=SOURCE)
+    return done.stdout.strip()
 
 
 def _untracked_bytes() -> int:
@@ -38,7 +44,7 @@ def worktree_tree(with_untracked: bool = True) -> str:
     written to the object store as `git add` writes them."""
     with tempfile.TemporaryDirectory() as tmp:
         index = os.path.join(tmp, "index")
-        real = _git("rev-parse", "--git-path", "index")
+        real = os.path.join(SOURCE, _git("rev-parse", "--git-path", "index"))  # relative to SOURCE, or absolute
         if os.path.exists(real):
             shutil.copyfile(real, index)  # its stat data spares hashing the files that did not change
         env = {**os.environ, "GIT_INDEX_FILE": index}
@@ -53,6 +59,8 @@ def git_commit() -> str:
         return os.environ["KLALM_COMMIT"]
     try:
         head = _git("rev-parse", "--short", "HEAD")
+        if subprocess.run(["git", "check-ignore", "-q", "."], cwd=SOURCE).returncode == 0:
+            return "unknown"  # installed into an ignored folder of some checkout: not that checkout's code
         with_untracked = _untracked_bytes() <= UNTRACKED_LIMIT_BYTES
         tree = worktree_tree(with_untracked)
         head_tree = _git("rev-parse", "HEAD^{tree}")
