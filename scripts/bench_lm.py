@@ -130,14 +130,29 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--merge", type=Path, nargs="+", default=None, help="print the sweep table of saved rows")
     parser.add_argument("--plot", type=Path, default=None, help="also plot the sweep (tokens/s and ratios by T) here")
     args = parser.parse_args(argv)
+    try:
+        lengths = seq_lens(args)
+    except ValueError:
+        parser.error(f"--seq-lens {args.seq_lens!r} must be whole numbers separated by commas, e.g. 2048,8192")
+    models = model_names(args)
+    for name, values in (("--seq-lens", lengths), ("--models", models)):
+        if twice := sorted({str(v) for v in values if values.count(v) > 1}):
+            parser.error(f"{name} names {', '.join(twice)} more than once (each run would take the same folder)")
+    for path in [*(args.merge or []), *(p.parent for p in (args.plot, args.out) if p is not None)]:
+        if not path.exists():
+            parser.error(f"no such {'file' if path in (args.merge or []) else 'folder'}: {path}")
     if args.repeats < 1:
         parser.error(f"--repeats {args.repeats} must be at least 1")
     if args.steps < 2 * args.log_every:
         parser.error(f"--steps {args.steps} must be at least 2 × --log-every {args.log_every}")
-    for seq_len in seq_lens(args):
+    for seq_len in lengths:
         if args.tokens_per_step is not None and args.tokens_per_step < seq_len:
             parser.error(f"--tokens-per-step {args.tokens_per_step} is less than one sequence of T = {seq_len}")
     return args
+
+
+def model_names(args: argparse.Namespace) -> list[str]:
+    return [m.strip() for m in args.models.split(",") if m.strip()]
 
 
 def seq_lens(args: argparse.Namespace) -> list[int]:
@@ -316,12 +331,15 @@ def gpt_of(model: str) -> str | None:
 
 def sweep_table(rows: list[dict], models: list[str]) -> str:
     """Tokens/s by (T, compile) × model, with each model's ratio to the gpt of its size when both ran, and for each
-    such model the first T at which it overtakes that gpt (per compile setting)."""
+    such model the smallest T at which it overtakes that gpt (per compile setting). Rows by compile setting (in run
+    order), then T."""
     speed = {(r["setting"], r["model"]): r.get("perf/tokens_per_s") for r in rows}
     ratios = [m for m in models if gpt_of(m) in models]
+    compiles = list(dict.fromkeys(r["setting"].compile for r in rows))  # in run order
+    ordered = sorted(dict.fromkeys(r["setting"] for r in rows), key=lambda s: (compiles.index(s.compile), s.seq_len))
     header = ["T", "B", "compile"] + [c for m in models for c in ([m, f"{m} / {gpt_of(m)}"] if m in ratios else [m])]
     lines = ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
-    for setting in dict.fromkeys(r["setting"] for r in rows):  # in run order
+    for setting in ordered:
         cells = [str(setting.seq_len), str(setting.batch_size), COMPILE_NAMES[setting.compile]]
         for m in models:
             cells.append(_fmt(speed.get((setting, m)), ",.0f"))
@@ -331,11 +349,11 @@ def sweep_table(rows: list[dict], models: list[str]) -> str:
         lines.append("| " + " | ".join(cells) + " |")
     notes = []
     for m in ratios:
-        for compiled in dict.fromkeys(s.compile for s, _ in speed):
-            over = [s.seq_len for s in dict.fromkeys(r["setting"] for r in rows) if s.compile == compiled
+        for compiled in compiles:
+            over = [s.seq_len for s in ordered if s.compile == compiled
                     and (speed.get((s, m)) or 0) >= (speed.get((s, gpt_of(m))) or math.inf)]  # fmt: skip
             where = f"T = {over[0]}" if over else "no measured T"
-            notes.append(f"- {m} overtakes {gpt_of(m)} (compile {'on' if compiled else 'off'}): {where}")
+            notes.append(f"- {m} overtakes {gpt_of(m)} (compile {COMPILE_NAMES[compiled]}): {where}")
     table_text = "Tokens/s by context length\n\n" + "\n".join(lines) + "\n\n" + "\n".join(notes) + "\n"
     return table_text + "\n" + ran_with_note(rows)
 
@@ -358,12 +376,12 @@ def plot_sweep(rows: list[dict], models: list[str], path: Path) -> Path:
     fig, (ax_speed, ax_ratio) = plt.subplots(1, 2, figsize=(11, 4))
     colors = {model: f"C{i % 10}" for i, model in enumerate(models)}  # one colour per model in both panels
     for compiled in dict.fromkeys(s.compile for s, _ in speed):
-        style = "-o" if compiled else "--s"
+        style = {False: "--s", True: "-o", "blocks": ":^"}[compiled]
         for model in models:
             points = sorted((s.seq_len, v) for (s, m), v in speed.items() if m == model and s.compile == compiled)
             if not points:
                 continue
-            label = f"{model}, compile {'on' if compiled else 'off'}"
+            label = f"{model}, compile {COMPILE_NAMES[compiled]}"
             ax_speed.plot(*zip(*points), style, color=colors[model], label=label)
             ratios = sorted((s.seq_len, v / speed[s, gpt_of(m)]) for (s, m), v in speed.items()
                             if m == model and s.compile == compiled and (s, gpt_of(m)) in speed)  # fmt: skip
@@ -408,8 +426,18 @@ def kernels_path(out: Path, row: dict) -> Path:
 
 
 def load_rows(paths: list[Path]) -> list[dict]:
-    """The rows saved by earlier runs (`save_rows`), in order."""
-    return [{**r, "setting": Setting(**r["setting"])} for path in paths for r in json.loads(path.read_text())]
+    """The rows saved by earlier runs (`save_rows`), in order.
+
+    Raises:
+        ValueError: a file is not such rows (e.g. the .md table instead of the .json beside it), naming it.
+    """
+    rows = []
+    for path in paths:
+        try:
+            rows += [{**r, "setting": Setting(**r["setting"])} for r in json.loads(path.read_text())]
+        except (ValueError, TypeError, KeyError, AttributeError) as err:
+            raise ValueError(f"{path} holds no rows of bench_lm.py --out (its .json file): {err}") from None
+    return rows
 
 
 def one_row_each(rows: list[dict]) -> tuple[list[dict], list[str]]:
@@ -450,12 +478,15 @@ def write_out(out: Path, texts: list[str], rows: list[dict]) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.merge:
-        text, rows = merge(args.merge)
+        try:
+            text, rows = merge(args.merge)
+        except ValueError as err:
+            sys.exit(f"bench_lm: {err}")
         print(text)
         if args.plot is not None:
             print(f"[bench_lm] wrote {plot_sweep(rows, list(dict.fromkeys(r['model'] for r in rows)), args.plot)}")
         return 0
-    models = [m.strip() for m in args.models.split(",") if m.strip()]
+    models = model_names(args)
     rows, texts = [], []
     previous = signal.signal(signal.SIGTERM, _on_sigterm)
     done = threading.Event()

@@ -94,8 +94,48 @@ def test_a_merge_keeps_one_row_per_model_and_setting(tmp_path):
         "| 8192 | 4 | on | 5 |" in text and "Measured more than once, the last file's row kept: kla_45m@8192." in text
     )
     bench_lm.save_rows([second[0], first[0]], tmp_path / "long_first.json")
-    text, _ = bench_lm.merge([tmp_path / "long_first.json", tmp_path / "again.json"])
-    assert text.index("| 8192 | 4 | on | 5 |") < text.index("| 2048 | 16 | on | 3 |")  # a repeat keeps its place
+    text, shown = bench_lm.merge([tmp_path / "long_first.json", tmp_path / "again.json"])
+    assert [r["setting"].seq_len for r in shown] == [8192, 2048]  # a repeat keeps its place among the rows
+    assert text.index("| 2048 | 16 | on | 3 |") < text.index("| 8192 | 4 | on | 5 |")  # the table reads by T
+
+
+def test_the_sweep_table_reads_by_t_and_names_the_smallest_t_a_model_overtakes_at():
+    """Rows run (or merged) longest first: the table still reads by T within each compile setting, and the note
+    names the smallest T at which kla leads, with the compile setting's own name ("blocks" is not "on")."""
+    rows = [{"setting": Setting(1, t, compiled), "model": m, "perf/tokens_per_s": v}
+            for compiled in ("blocks", True) for t in (64, 32)
+            for m, v in (("gpt_tiny", 1.0), ("kla_tiny", 2.0))]  # fmt: skip
+    text = bench_lm.sweep_table(rows, ["gpt_tiny", "kla_tiny"])
+    order = [
+        line.split(" | ")[:3] for line in text.splitlines() if line.startswith("| 32 |") or line.startswith("| 64 |")
+    ]
+    assert order == [["| 32", "1", "blocks"], ["| 64", "1", "blocks"], ["| 32", "1", "on"], ["| 64", "1", "on"]]
+    assert "- kla_tiny overtakes gpt_tiny (compile blocks): T = 32\n" in text
+    assert "- kla_tiny overtakes gpt_tiny (compile on): T = 32\n" in text
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--seq-lens", "32,abc"], "--seq-lens '32,abc' must be whole numbers"),
+        (["--seq-lens", "64,32,64"], "--seq-lens names 64 more than once"),
+        (["--models", "kla_45m,gpt_45m,kla_45m"], "--models names kla_45m more than once"),
+        (["--merge", "missing.json"], "no such file: missing.json"),
+        (["--out", "no_folder/lm.md"], "no such folder: no_folder"),
+    ],
+)
+def test_bad_arguments_are_refused_in_one_line(argv, message, capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as stop:
+        bench_lm.parse_args(argv)
+    assert stop.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_a_merge_of_a_file_that_holds_no_rows_names_it_in_one_line(tmp_path):
+    (table := tmp_path / "lm.md").write_text("| model | tokens/s |\n")
+    (plot_into := tmp_path / "plots").mkdir()
+    with pytest.raises(SystemExit, match=f"bench_lm: {table} holds no rows of bench_lm.py --out"):
+        bench_lm.main(["--merge", str(table), "--plot", str(plot_into / "x.png")])
 
 
 def test_sweep_plot_draws_the_measured_rows_and_refuses_none(tmp_path):
