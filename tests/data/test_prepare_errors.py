@@ -190,3 +190,21 @@ def test_an_interrupted_swap_puts_the_old_folders_back(tmp_path, monkeypatch):
         prepare._swap_in(staging, out, ["tokenizer", "train", "val"])
     assert {name: (out / name / "f").read_text() for name in ("train", "val")} == {"train": "old", "val": "old"}
     assert sorted(p.name for p in out.iterdir()) == ["train", "val"]
+
+
+def test_a_key_the_data_module_does_not_take_is_named_in_one_line(files_args, tmp_path):
+    """`--override +foo=1` passes composition (it adds a key) and failed in the data module's constructor with
+    Hydra's traceback."""
+    message = _refused([*files_args, "+foo=1"], tmp_path / "out")
+    assert "unexpected keyword argument 'foo'" in message
+
+
+def test_token_shards_as_the_source_are_refused_before_anything_is_written(shared_data, tmp_path, monkeypatch):
+    """`--data shards` is a configs/data name, but its sources are shards already: it failed with AttributeError
+    (and with --max-documents, TypeError)."""
+    (tmp_path / "shards").mkdir()
+    (tmp_path / "shards" / "tokenizer").symlink_to(shared_data / "gpt2_tokenizer")
+    monkeypatch.setenv("KLALM_SHARDS", str(tmp_path / "shards"))
+    for extra in ([], ["--max-documents", "3"]):
+        message = _refused(["--data", "shards", *extra], tmp_path / "out")
+        assert f"split 'train' reads token shards ({tmp_path / 'shards'}/train), which are prepared already" in message

@@ -194,7 +194,7 @@ def plan_dataset(
 
     Raises:
         KeyError: an unknown split, a split whose source the data config lacks, or an unknown source kind.
-        ValueError: ``max_documents`` < 1 or an unknown ``on_bad_record``.
+        ValueError: ``max_documents`` < 1, an unknown ``on_bad_record``, or a split that reads token shards.
         FileNotFoundError: a source path that matches no file.
     """
     if max_documents is not None and max_documents < 1:
@@ -210,6 +210,9 @@ def plan_dataset(
             hint = f" (or prepare only --splits {' '.join(others)})" if others else ""
             key = source_keys[split]
             raise KeyError(f"split {split!r} has no source: give it one with --override {key}=...{hint}")
+        if source.get("kind") == "shards":
+            raise ValueError(f"split {split!r} reads token shards ({source.get('path')}), which are prepared already; "
+                             "klalm-prepare-data tokenises text sources")  # fmt: skip
         if max_documents is not None:
             source = {**source, "max_documents": max_documents}
         plan[split] = (source, build_source(source))
@@ -444,10 +447,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     except MissingMandatoryValue as err:
         _fail(f"--data {args.data}: {err.full_key} has no value; set it with --override {err.full_key}=...")
     except InstantiationException as err:
-        # the data module's own checks: a missing data folder, data file or tokenizer, a bad value
-        if not isinstance(err.__cause__, (OSError, KeyError, ValueError)):
+        # the data module's own checks: a missing data folder, data file or tokenizer, a bad value; a key the data
+        # module does not take (added with --override +key=...)
+        cause = err.__cause__
+        unknown = isinstance(cause, TypeError) and "unexpected keyword argument" in str(cause)
+        if not (unknown or isinstance(cause, (OSError, KeyError, ValueError))):
             raise
-        _fail(f"--data {args.data}: {one_line(err.__cause__)}")
+        _fail(f"--data {args.data}: {one_line(cause)}")
     data_config = datamodule.sources()
     keys = {split: key if key in config else split for split, key in SPLIT_KEYS.items()}  # files.yaml: train, val
     try:
