@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from klalm.data import PackedTextDataset, ResumableLoader, TextDataModule, build_source
+from klalm.data.loader import LoaderStateError
 
 SEQ_LEN, BATCH, DOCS = 255, 4, 6  # ~14 batches per epoch (~7 per worker): 18 batches cross an epoch boundary
 
@@ -66,7 +67,7 @@ def test_state_records_epoch_and_refuses_other_worker_count(enwiki, gpt2):
     state = loader.state_dict()
     assert state["dataset_state"]["epoch"] == 1
     other = _loader(enwiki, gpt2, 2)
-    with pytest.raises(ValueError, match="num_workers=0"):
+    with pytest.raises(LoaderStateError, match="saved with data.num_workers=0, this run has 2"):
         other.load_state_dict(state)
 
 

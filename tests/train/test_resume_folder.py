@@ -3,6 +3,7 @@ logged once), one loss.png; metrics are flushed at every checkpoint, so a kill l
 
 import csv
 import json
+import os
 import signal
 from glob import glob
 
@@ -82,11 +83,14 @@ def test_the_run_folder_follows_the_resume_setting(tmp_path):
     for run_dir, step in ((older, 8), (newer, 4)):
         run_dir.mkdir(parents=True)
         RollingCheckpoint(run_dir / "checkpoints").save(FakeTrainer(step))
+    for path in (older / "checkpoints").iterdir():  # written a minute before the other run's
+        os.utime(path, (path.stat().st_atime - 60, path.stat().st_mtime - 60))
     glob = f"{base}/*"
     assert run_dir_for(base, None, glob, "job42") == f"{base}/job42"
     assert run_dir_for(base, None, glob, None).startswith(f"{base}/20")  # <time>_<hex>
     assert run_dir_for(base, str(newer), glob, "job42") == str(newer)
-    assert run_dir_for(base, "auto", glob, "job42") == str(older)  # the folder of the checkpoint it resumes from
+    # the folder of the checkpoint it resumes from: the run that wrote one last, though the other has more steps
+    assert run_dir_for(base, "auto", glob, "job42") == str(newer)
     assert run_dir_for(str(tmp_path / "none"), "auto", f"{tmp_path}/none/*", "job42") == f"{tmp_path}/none/job42"
 
 

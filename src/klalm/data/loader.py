@@ -32,6 +32,11 @@ class NoDocumentsError(ValueError):
     line)."""
 
 
+class LoaderStateError(ValueError):
+    """A saved loader position this run cannot take up: saved with another `data.num_workers`, or by another number
+    of ranks where the data cannot be re-split (`klalm-train` refuses it in one line)."""
+
+
 def resolve_pin_memory(pin_memory: bool | None) -> bool:
     """A data module's `pin_memory` setting: None pins when CUDA is available. A pinned batch moves to the GPU
     asynchronously (Lightning copies with non_blocking=True); a pageable one is staged through the driver, and the
@@ -109,9 +114,9 @@ class ResumableLoader(StatefulDataLoader):
         if state_dict:
             saved = len(state_dict["_snapshot"]["_worker_snapshots"]) if "_snapshot" in state_dict else 0
             if saved != self.num_workers:
-                raise ValueError(
-                    f"loader state was saved with num_workers={saved}, this loader has "
-                    f"{self.num_workers}: resume with the same world size and num_workers"
+                raise LoaderStateError(
+                    f"the checkpoint's data position was saved with data.num_workers={saved}, this run has "
+                    f"{self.num_workers}: resume with data.num_workers={saved}"
                 )
         self._snapshots.clear()
         self._yielded = self._consumed = 0

@@ -141,22 +141,28 @@ def list_checkpoints(run_dir: Path) -> list[Path]:
 
 
 def newest_first(run_dirs: list[Path]) -> list[Path]:
-    """Checkpoints of several run directories, highest step first (the newer file first on equal steps).
+    """Checkpoints of several run directories, the most recently written run first and each run's checkpoints
+    highest step first: the run that wrote a checkpoint last is the one a restart means to continue (a finished
+    run with more steps, or another job's run, is not), and within a run a damaged newest file falls back to the
+    run's next one before any other run's.
 
     A file that vanishes while this looks (pruned by the run that writes it) is passed over.
     """
-    keyed = []
+    runs = []
     for run_dir in run_dirs:
+        keyed = []
         for path in list_checkpoints(run_dir):
             try:
-                keyed.append((checkpoint_step(path), path.stat().st_mtime, path))
+                keyed.append((path.stat().st_mtime, checkpoint_step(path), path))
             except FileNotFoundError:
                 continue
-    return [path for *_, path in sorted(keyed, key=lambda key: key[:2], reverse=True)]
+        if keyed:
+            runs.append((max(written for written, *_ in keyed), [p for *_, p in sorted(keyed, key=lambda k: k[1])]))
+    return [path for _, paths in sorted(runs, key=lambda run: run[0], reverse=True) for path in reversed(paths)]
 
 
 def find_latest(run_dirs: list[Path]) -> Path | None:
-    """The checkpoint with the highest step over several run directories (newest directory wins ties)."""
+    """The newest checkpoint over several run directories (`newest_first`), or None."""
     candidates = newest_first(run_dirs)
     return candidates[0] if candidates else None
 

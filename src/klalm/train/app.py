@@ -32,7 +32,7 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 from omegaconf import DictConfig, OmegaConf
 
 from klalm.config_checks import ConfigError, check_train_config
-from klalm.data.loader import NoDocumentsError
+from klalm.data.loader import LoaderStateError, NoDocumentsError
 from klalm.data.records import BadRecordError
 from klalm.models.checkpoint import HF_DIR, TOKENIZER_DIR, CheckpointError, list_checkpoints, load_checkpoint_file
 from klalm.models.export import ExportTargetError, check_export_target
@@ -184,14 +184,19 @@ def _wandb_login_missing(mode: str | None, settings: dict[str, Any] | None) -> b
     return auth is None
 
 
-def build_module(cfg: DictConfig, model: torch.nn.Module, vocab_size: int, world_size: int) -> LMModule:
-    """The LightningModule, with the step count and accumulation derived from the token budget."""
+def build_module(
+    cfg: DictConfig, model: torch.nn.Module, vocab_size: int, world_size: int, done: tuple[int, int] = (0, 0)
+) -> LMModule:
+    """The LightningModule, with the step count and accumulation derived from the token budget and `done`, the
+    (steps, tokens) the checkpoint a run resumes from has trained."""
     budget = derive_budget(
         max_tokens=cfg.train.max_tokens,
         global_batch_tokens=cfg.train.global_batch_tokens,
         micro_batch_size=cfg.data.batch_size,
         seq_len=cfg.data.seq_len,
         world_size=world_size,
+        steps_done=done[0],
+        tokens_seen=done[1],
     )
     log.info(
         "budget: %d steps × %d tokens (accumulate %d × micro-batch %d×%d × %d ranks)",
@@ -219,10 +224,11 @@ def build_module(cfg: DictConfig, model: torch.nn.Module, vocab_size: int, world
 
 # What a run raises when its input is wrong rather than its code, which `klalm-train` prints as one line (besides the
 # config checks' ConfigError, which `instantiate_group` also raises for what a config group's target refuses): a
-# checkpoint it will not load, a bad record in a data file, a missing file, an export folder holding other files, a
-# run folder holding another run, and a divergence (its message names the learning rate to lower).
-USER_ERRORS = (CheckpointError, BadRecordError, NoDocumentsError, FileNotFoundError, ExportTargetError,
-               RunDirTakenError, NonFiniteLossError)  # fmt: skip
+# checkpoint it will not load, a bad record in a data file, a data position it cannot take up, a missing file, an
+# export folder holding other files, a run folder holding another run, and a divergence (its message names the
+# learning rate to lower).
+USER_ERRORS = (CheckpointError, BadRecordError, NoDocumentsError, LoaderStateError, FileNotFoundError,
+               ExportTargetError, RunDirTakenError, NonFiniteLossError)  # fmt: skip
 
 
 def run(cfg: DictConfig) -> dict[str, Any]:
@@ -262,7 +268,14 @@ def train(cfg: DictConfig, run_dir: Path, ckpt_path: Path | None) -> dict[str, A
     vocab_size = len(tokenizer) if tokenizer is not None else datamodule.vocab_size
     model = instantiate_group(cfg, "model", vocab_size=vocab_size)
     trainer = build_trainer(cfg)
-    module = build_module(cfg, model, vocab_size, trainer.world_size)
+    done = (0, 0) if saved is None else (saved["global_step"], saved["klalm"]["tokens_seen"])
+    module = build_module(cfg, model, vocab_size, trainer.world_size, done)
+    if saved is not None and done[0] >= module.budget.max_steps:
+        log.warning(
+            "resume from %s: its run is at the end of its budget (step %d of %d), so there is nothing to train; a new "
+            "run needs resume=null or another run_name, more steps a larger train.max_tokens with resume_allow_changes"
+            "=true", ckpt_path, done[0], module.budget.max_steps,
+        )  # fmt: skip
     if saved is not None:  # the model the config builds must be the one the checkpoint holds
         shapes = {name: tuple(value.shape) for name, value in module.state_dict().items()}
         check_model(ckpt_path, saved, OmegaConf.to_container(cfg.model, resolve=True), shapes)

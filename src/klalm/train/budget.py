@@ -6,6 +6,10 @@ rank and micro-batch, `max_tokens` the total to train on. Everything else is der
     tokens_per_micro = micro_batch_size · seq_len                   (one forward on one rank)
     accumulate       = global_batch_tokens / (tokens_per_micro · world_size)   (must divide exactly)
     max_steps        = max_tokens // global_batch_tokens
+
+A resumed run counts from what its checkpoint has done: max_steps = steps_done + (max_tokens − tokens_seen) //
+global_batch_tokens, the same number while the global batch stays, and the right one when a resume with
+`resume_allow_changes=true` changes the global batch or the token budget.
 """
 
 from __future__ import annotations
@@ -43,14 +47,16 @@ class TokenBudget:
         """Tokens consumed by one optimiser step over all ranks (= the global batch)."""
         return self.tokens_per_micro * self.accumulate * self.world_size
 
-    @property
-    def max_tokens(self) -> int:
-        """Tokens the run will actually train on (max_steps whole global batches)."""
-        return self.max_steps * self.tokens_per_step
-
 
 def derive_budget(
-    *, max_tokens: int, global_batch_tokens: int, micro_batch_size: int, seq_len: int, world_size: int
+    *,
+    max_tokens: int,
+    global_batch_tokens: int,
+    micro_batch_size: int,
+    seq_len: int,
+    world_size: int,
+    steps_done: int = 0,
+    tokens_seen: int = 0,
 ) -> TokenBudget:
     """Derives gradient accumulation and the step count from a token budget.
 
@@ -60,6 +66,7 @@ def derive_budget(
         micro_batch_size: sequences per forward pass on one rank.
         seq_len: tokens per sequence.
         world_size: data-parallel ranks (devices × nodes).
+        steps_done, tokens_seen: what the checkpoint a run resumes from has trained (0 for a fresh run).
 
     Returns:
         The derived `TokenBudget`.
@@ -94,5 +101,5 @@ def derive_budget(
         seq_len=seq_len,
         world_size=world_size,
         accumulate=global_batch_tokens // per_round,
-        max_steps=max_tokens // global_batch_tokens,
+        max_steps=steps_done + max(0, max_tokens - tokens_seen) // global_batch_tokens,
     )

@@ -43,6 +43,7 @@ import lightning.pytorch as pl
 import torch
 from lightning.pytorch.callbacks import Callback
 
+from klalm.data.loader import LoaderStateError
 from klalm.models.checkpoint import (
     CHECKSUM_SUFFIX,
     CKPT_DIR,
@@ -303,7 +304,7 @@ def reshard_loader_states(states: list[dict[str, Any]], world_size: int, rank: i
     saved = [_dataset_states(s) for s in states]
     flat = [d for per_rank in saved for d in per_rank]
     if any(not isinstance(d, dict) or set(d) != SHARD_STATE_KEYS for d in flat):
-        raise ValueError(
+        raise LoaderStateError(
             f"cannot resume a {len(states)}-rank loader state on {world_size} ranks: only token-shard datasets "
             "(data=shards) can be re-split; resume with the same world size"
         )

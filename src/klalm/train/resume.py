@@ -1,8 +1,8 @@
 """What `resume=` resolves to: a checkpoint that passed verification (or a fresh start), and the run folder.
 
     resume=null         a fresh run
-    resume=auto         the newest valid checkpoint of every earlier run with this run_name (`paths.resume_glob`),
-                        or a fresh run when there is none
+    resume=auto         the newest valid checkpoint of the earlier run with this run_name (`paths.resume_glob`) that
+                        wrote a checkpoint last, or a fresh run when there is none
     resume=<run dir>    the newest valid checkpoint in that folder
     resume=<file>       that checkpoint; if it fails verification the run stops, naming the file and why
 
@@ -48,6 +48,8 @@ RESUME_KEYS = (
     "optim",
     "scheduler",
     "data.source",
+    "data.train",  # data=files: its training files and the field read from them
+    "data.field",
     "data.tokenizer",
     "data.seq_len",
     "data.seed",
@@ -136,6 +138,7 @@ def check_settings(ckpt_path: Path, checkpoint: dict[str, Any], current: dict[st
         f"{key} {saved.get(key, absent)!r} -> {current.get(key, absent)!r}"
         for key in sorted(saved.keys() | current.keys())
         if saved.get(key, absent) != current.get(key, absent)
+        and not (key not in saved and current[key] is None)  # a key newer than the checkpoint, unset in this run
     ]
     if not changes:
         return
