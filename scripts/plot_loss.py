@@ -3,13 +3,18 @@
     python scripts/plot_loss.py outputs/kla_45m/2026-11-29_14-00-00 outputs/gpt_45m/2026-11-29_15-00-00 \
         --out kla_vs_gpt.png
     python scripts/plot_loss.py outputs/multirun/2026-11-29_16-00-00/*_kla_45m --out lr_sweep.png
+
+A run without a readable metrics file with a training loss, or an output it cannot write, ends it with one line
+(`plot_loss: <why>`) and exit status 1.
 """
 
 from __future__ import annotations
 
 import argparse
+import csv
 from pathlib import Path
 
+from klalm.errors import one_line, refuse
 from klalm.train.plots import plot_losses
 
 
@@ -21,7 +26,10 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     paths = {run.name if len(args.runs) == 1 else f"{run.parent.name}/{run.name}": run / "csv" / "metrics.csv"
              for run in args.runs}  # fmt: skip
-    print(plot_losses(paths, args.out, title=args.title))
+    try:
+        print(plot_losses(paths, args.out, title=args.title))
+    except (OSError, ValueError, csv.Error) as err:  # a missing or damaged metrics file, no loss, an unwritable --out
+        refuse("plot_loss", one_line(err))
 
 
 if __name__ == "__main__":

@@ -272,3 +272,46 @@ def test_a_sweep_of_good_jobs_runs_every_job(tmp_path):
     for job, lr in (("0_bench", "0.001"), ("1_bench", "0.003")):
         assert json.loads((sweep_dir / job / "summary.json").read_text())["steps"] == 1
         assert f"optim.lr={lr}" in (sweep_dir / job / ".hydra" / "overrides.yaml").read_text()
+
+
+def test_check_sweep_jobs_refuses_a_fresh_job_whose_folder_holds_a_run(tmp_path, caplog):
+    """A re-run into a sweep's folder: a fresh job whose folder holds a finished run is refused before the sweep
+    starts (Hydra would rewrite that run's `.hydra/` and the sweep's records first); a folder holding only what a
+    refused start wrote is free, and a job that resumes its own folder is left to its own check."""
+    sweep = tmp_path.resolve() / "sweep"
+    _fake_job(sweep / "1_smoke", {"steps": 4}, ["experiment=smoke", "optim.lr=0.003"])  # a finished run
+    _fake_job(sweep / "0_smoke", None, ["experiment=smoke", "optim.lr=0.001"])  # a refused start: .hydra/ only
+    grid = ["experiment=smoke", f"hydra.sweep.dir={sweep}"]
+    with _multirun_config([*grid, "optim.lr=1e-3,5e-3"]) as config, pytest.raises(SystemExit) as exit_info:
+        check_sweep_jobs(config)
+    assert exit_info.value.code == (
+        f"klalm-train: sweep job #1 (optim.lr=0.005): run folder {sweep / '1_smoke'} already holds a run "
+        f"(summary.json), which this start would overwrite: continue it with resume={sweep / '1_smoke'}, or start in "
+        "another folder (hydra.sweep.dir)"
+    )
+    with _multirun_config([*grid, f"resume=null,{sweep / '1_smoke'}"]) as config:
+        _checked_in_advance(config, caplog)
+
+
+def test_a_sweep_rerun_into_a_finished_sweeps_folder_is_refused_before_anything_is_written(tmp_path):
+    """The second sweep's job #0 would start afresh in the first sweep's 0_bench: it is refused in one line before
+    Hydra writes anything, so the finished job's config record, multirun.yaml and summary.md still describe the runs
+    they ran (Hydra once rewrote them with optim.lr=0.005 before the job's own check refused it, and summary.md then
+    labelled lr=0.001's results so)."""
+    sweep_dir = tmp_path / "sweep"
+    cmd = [sys.executable, "-m", "klalm.train", "-m", *ONE_STEP, f"hydra.sweep.dir={sweep_dir}"]
+    proc = subprocess.run([*cmd, "optim.lr=0.001,0.003"], env=RUN_ENV, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-5000:]
+    before = {p: p.read_bytes() for p in sweep_dir.rglob("*") if p.is_file()}
+    assert "- optim.lr=0.001\n" in before[sweep_dir / "0_bench" / ".hydra" / "overrides.yaml"].decode()
+    assert "| optim.lr=0.001 |" in before[sweep_dir / "summary.md"].decode()
+    proc = subprocess.run([*cmd, "optim.lr=0.005"], env=RUN_ENV, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 1
+    assert {p: p.read_bytes() for p in sweep_dir.rglob("*") if p.is_file()} == before  # .hydra/, summary.md, ...
+    job = sweep_dir.resolve() / "0_bench"
+    refusal = proc.stderr.strip()  # one line, naming the job (all its overrides: a one-job sweep varies none)
+    assert "\n" not in refusal and refusal.startswith("klalm-train: sweep job #0 (experiment=bench ")
+    assert refusal.endswith(
+        f" optim.lr=0.005): run folder {job} already holds a run (summary.json), which this start would overwrite: "
+        f"continue it with resume={job}, or start in another folder (hydra.sweep.dir)"
+    )

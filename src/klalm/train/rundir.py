@@ -110,11 +110,12 @@ def unlock_run_dir(run_dir: str | Path) -> None:
         os.close(fd)
 
 
-def check_run_dir_free(run_dir: str | Path, resume_from: Path | None) -> None:
+def check_run_dir_free(run_dir: str | Path, resume_from: Path | None, *, sweep: bool = False) -> None:
     """Refuses to start in a folder that holds an earlier run (its checkpoints or summary.json) unless this start
     continues it, resuming from one of its checkpoints: a fresh start there would overwrite its checkpoints, export,
     config record and summary and append to its metrics. Nothing else counts: a folder holding what a refused start
     wrote (`STARTUP_FILES`) is free. Global rank 0 only: other ranks may start after rank 0 has written there.
+    With `sweep`, the folder is a sweep job's (`klalm.train.sweep.check_sweep_jobs`), which hydra.sweep.dir places.
 
     Raises:
         RunDirTakenError: the folder holds a run and `resume_from` (the checkpoint this start resumes from) is not one
@@ -132,9 +133,10 @@ def check_run_dir_free(run_dir: str | Path, resume_from: Path | None) -> None:
     if (path / "summary.json").is_file():
         held.append("summary.json")
     if held:
+        elsewhere = "hydra.sweep.dir" if sweep else "hydra.run.dir"
         raise RunDirTakenError(
             f"run folder {path} already holds a run ({' and '.join(held)}), which this start would overwrite: "
-            f"continue it with resume={path}, or start in another folder (hydra.run.dir)"
+            f"continue it with resume={path}, or start in another folder ({elsewhere})"
         )
 
 
@@ -212,7 +214,8 @@ class LockRunDir(HydraCallback):
 
     A fresh start (resume=null) in a folder that holds an earlier run is refused here too, before Hydra overwrites
     that run's `.hydra/config.yaml` (`check_run_dir_free`; a resume's record goes to `.hydra/resume-*`, and the app
-    refuses one that continues another folder's checkpoint), and so is a folder that cannot be created.
+    refuses one that continues another folder's checkpoint), and so is a folder that cannot be created. A sweep's job
+    folders are checked so by `klalm.train.sweep.check_sweep_jobs`, before Hydra writes anything of the sweep.
 
     Hydra turns a callback's exception into a warning and carries on, so a refusal exits here, with its message.
     """

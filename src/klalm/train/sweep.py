@@ -5,7 +5,8 @@ Written automatically after every job of `klalm-train -m ...` by the Hydra callb
     python -m klalm.train.sweep outputs/multirun/2026-11-29_14-00-00_3fa2c1 --plot curves.png
 
 The same callback checks every job's config before the first job starts (`check_sweep_jobs`): a sweep whose grid holds
-a job `klalm.config_checks` refuses is refused as a whole, in one line naming that job, before anything trains.
+a job `klalm.config_checks` refuses, or a fresh job whose folder already holds a run (a sweep re-run into its earlier
+hydra.sweep.dir), is refused as a whole, in one line naming that job, before anything is written or trained.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 from klalm.config_checks import ConfigError, check_run_dir, check_train_config
 from klalm.errors import one_line
 from klalm.train.plots import plot_losses, read_metric
+from klalm.train.rundir import RunDirTakenError, check_run_dir_free
 
 log = logging.getLogger(__name__)
 
@@ -170,10 +172,14 @@ def _check_job(cfg: DictConfig) -> None:
     """`check_train_config` on the job's config as the job's task function will get it (without the `hydra` node),
     in the job's surroundings as `run_job` sets them up: `HydraConfig` holding the job's config, and the environment
     variables of `hydra.job.env_set` set (`${oc.env:...}` values, and `TRITON_INTERPRET`, which the checks read);
-    both are restored after.
+    both are restored after. Then, for a fresh job (resume=null), that its folder holds no run yet
+    (`check_run_dir_free`, as `LockRunDir` checks a single run's folder): a sweep re-run into an earlier sweep's
+    hydra.sweep.dir had Hydra rewrite `multirun.yaml` and the job's `.hydra/` over that run's config record before the
+    job's own check refused it, and `summary.md` then labelled the old results with the new overrides. A job that
+    resumes is left to its own check, which resolves the checkpoint it continues.
 
-    Whatever is on disk is left to each job's own check as it starts, since an earlier job of the sweep may create it
-    (`resume=${hydra:sweep.dir}/0_smoke`): `check_paths=False` skips the existence of `resume`, the only check of
+    Anything else on disk is left to each job's own check as it starts, since an earlier job of the sweep may create
+    it (`resume=${hydra:sweep.dir}/0_smoke`): `check_paths=False` skips the existence of `resume`, the only check of
     `check_train_config` that looks at a file a run reads. Nothing else there needs such care: the known keys come
     from klalm's own configs/train.yaml, the data paths (`data.train`, `data.val`) are only type-checked and the
     tokenizer, the checkpoint folders and `paths.*` not at all; the job opens those files itself."""
@@ -183,14 +189,18 @@ def _check_job(cfg: DictConfig) -> None:
             del task_cfg["hydra"]
         check_train_config(task_cfg, check_paths=False)
         check_run_dir(task_cfg, cfg.hydra.runtime.output_dir, sweep=True)
+        if task_cfg.resume is None:
+            check_run_dir_free(cfg.hydra.runtime.output_dir, None, sweep=True)
 
 
 def check_sweep_jobs(config: DictConfig) -> None:
     """Before a multirun's first job: composes every job's config and runs `check_train_config` on each (nothing
-    heavier than omegaconf is imported), so that a grid holding a bad value is refused before any job trains. Each
-    job is checked as `run_job` will run it: its folder named and `${hydra:...}` resolved from its own Hydra config,
-    with its `hydra.job.env_set` in the environment; only what an earlier job may create on disk (a `resume` path) is
-    left to the job's own check as it starts.
+    heavier than omegaconf is imported, unless a job's folder holds checkpoints), so that a grid holding a bad value
+    is refused before any job trains. Each job is checked as `run_job` will run it: its folder named and
+    `${hydra:...}` resolved from its own Hydra config, with its `hydra.job.env_set` in the environment; only what an
+    earlier job may create on disk (a `resume` path) is left to the job's own check as it starts. A fresh job whose
+    folder already holds a run is refused too (a re-run into an earlier sweep's hydra.sweep.dir): nothing of that
+    sweep is overwritten.
 
     Only the basic sweeper's sweeps are expanded. Another sweeper plugin (optuna, nevergrad, ax: none is installed
     or configured by klalm today) chooses its jobs as it goes, so there is no grid to check: the check is skipped and
@@ -198,9 +208,10 @@ def check_sweep_jobs(config: DictConfig) -> None:
     cannot be composed (an unknown group option), is left to Hydra, which refuses either before any job runs.
 
     Raises:
-        SystemExit: a job's config was refused; the message names the job (its number, as in its folder's name
-            `<num>_<run_name>`, and the overrides the jobs vary) and the error. Nothing was written: the sweep's
-            folder is made later, by the sweeper. With HYDRA_FULL_ERROR=1 the traceback is printed first.
+        SystemExit: a job's config, or its folder, was refused; the message names the job (its number, as in its
+            folder's name `<num>_<run_name>`, and the overrides the jobs vary) and the error. Nothing was written: the
+            sweeper makes the sweep's folder, and writes into it, later. With HYDRA_FULL_ERROR=1 the traceback is
+            printed first.
     """
     global_hydra = GlobalHydra.instance()
     if OmegaConf.select(config, "hydra.sweeper._target_") != BASIC_SWEEPER or not global_hydra.is_initialized():
@@ -223,12 +234,12 @@ def check_sweep_jobs(config: DictConfig) -> None:
             return
         try:
             _check_job(cfg)
-        except ConfigError as err:
+        except (ConfigError, RunDirTakenError) as err:
             _refuse_sweep(num, [overrides[i] for i in shown], err)
     log.debug("sweep: the configs of %d jobs passed the checks", len(jobs))
 
 
-def _refuse_sweep(num: int, overrides: list[str], err: ConfigError) -> NoReturn:
+def _refuse_sweep(num: int, overrides: list[str], err: ConfigError | RunDirTakenError) -> NoReturn:
     """Ends the sweep with one line on stderr (HYDRA_FULL_ERROR=1: the traceback before it). A SystemExit, because
     Hydra turns any Exception a callback raises into a warning and carries on."""
     if os.environ.get("HYDRA_FULL_ERROR") == "1":

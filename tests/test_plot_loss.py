@@ -1,0 +1,48 @@
+"""scripts/plot_loss.py: a run it cannot plot ends it with one line, not a traceback."""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+spec = importlib.util.spec_from_file_location("plot_loss", REPO / "scripts" / "plot_loss.py")
+plot_loss = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(plot_loss)
+
+
+def test_a_run_without_metrics_is_refused_in_one_line(tmp_path):
+    proc = subprocess.run([sys.executable, REPO / "scripts" / "plot_loss.py", tmp_path, "--out", tmp_path / "x.png"],
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert proc.returncode == 1
+    assert proc.stderr == f"plot_loss: metrics file {tmp_path / 'csv' / 'metrics.csv'} does not exist\n"
+    assert not (tmp_path / "x.png").exists()
+
+
+@pytest.mark.parametrize(
+    ("rows", "why"),
+    [
+        ("step,val/loss\n1,3.5\n", "no train/loss values in "),  # only validation rows
+        ("step,train/loss\nx,3.5\n", "could not convert string to float: 'x'"),  # damaged
+    ],
+)
+def test_a_run_without_a_readable_train_loss_is_refused_in_one_line(tmp_path, rows, why):
+    (tmp_path / "csv").mkdir()
+    (tmp_path / "csv" / "metrics.csv").write_text(rows)
+    with pytest.raises(SystemExit) as exit_info:
+        plot_loss.main([str(tmp_path), "--out", str(tmp_path / "x.png")])
+    assert exit_info.value.code.startswith(f"plot_loss: {why}") and "\n" not in exit_info.value.code
+
+
+def test_an_output_it_cannot_write_is_refused_in_one_line(tmp_path, capsys):
+    (tmp_path / "csv").mkdir()
+    (tmp_path / "csv" / "metrics.csv").write_text("step,train/loss\n1,3.5\n2,3.25\n")
+    plot_loss.main([str(tmp_path), "--out", str(tmp_path / "loss.png")])  # a good run is plotted
+    assert capsys.readouterr().out == f"{tmp_path / 'loss.png'}\n"
+    assert (tmp_path / "loss.png").read_bytes().startswith(b"\x89PNG")
+    with pytest.raises(SystemExit, match=r"^plot_loss: .*no/such/folder/loss\.png"):
+        plot_loss.main([str(tmp_path), "--out", str(tmp_path / "no" / "such" / "folder" / "loss.png")])
