@@ -231,6 +231,12 @@ class TextDataModule(L.LightningDataModule):
             self._pending_state = state
 
 
+def files_source(paths: str | list[str], field: str = "text") -> dict[str, Any]:
+    """The source config of local files (`klalm.data.sources.build_source`): a path, a glob or a list of them, and
+    the text field of their records."""
+    return {"kind": "files", "paths": _plain(paths), "field": field}
+
+
 def local_files(
     train: str | list[str],
     val: str | list[str] | None = None,
@@ -257,8 +263,8 @@ def local_files(
         FileNotFoundError: a train or val pattern that matches no file (named before any tokenizer work: a hub
             tokenizer offline would otherwise retry the network first).
     """
-    source = {"kind": "files", "paths": _plain(train), "field": field}
-    val_source = None if val is None else {"kind": "files", "paths": _plain(val), "field": field}
+    source = files_source(train, field)
+    val_source = None if val is None else files_source(val, field)
     for paths in (train, val):  # a missing file is named before the tokenizer is fetched or trained
         if paths is not None:
             expand_paths(_plain(paths))
