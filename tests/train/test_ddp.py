@@ -91,16 +91,16 @@ def test_sigterm_under_ddp_saves_once_and_resumes_on_one_process(tmp_path):
            "TORCHRUN_ARGS": f"--log-dir {ranks} --tee 3"}  # fmt: skip
     cmd = [os.path.join(REPO, "scripts", "launch_torchrun.sh"), *overrides, "trainer.accelerator=cpu",
            "trainer.precision=32-true"]  # fmt: skip
-    console = tmp_path / "console.txt"  # a file, not a pipe: nothing reads a pipe until the run ends
-    with console.open("w") as out:
-        proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.PIPE, text=True)
+    console = tmp_path / "console.txt"  # files, not pipes: nothing reads a pipe until the run ends (64 KiB stall it)
+    with console.open("w") as out, (tmp_path / "console_stderr.txt").open("w") as err:
+        proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=err, text=True)
     metrics = tmp_path / "pre" / "two" / "csv" / "metrics.csv"
     deadline = time.time() + 300
     while not (metrics.is_file() and len(metrics.read_text().splitlines()) > 3):
         assert proc.poll() is None and time.time() < deadline, "the DDP run ended or stalled before the signal"
         time.sleep(0.1)
     proc.send_signal(signal.SIGTERM)  # to the torchrun agent (exec'd by the launcher), which forwards it
-    proc.communicate(timeout=120)
+    proc.wait(timeout=120)
     assert console.read_text().count("stopped by SIGTERM") == 2  # each rank logs to its console
     (rank0,) = ranks.glob("*/attempt_0/0/stdout.log")
     (rank1,) = ranks.glob("*/attempt_0/1/stdout.log")
