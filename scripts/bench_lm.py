@@ -200,7 +200,7 @@ def optimizer_name(optim: DictConfig) -> str:
 
 def bench_one(model: str, args: argparse.Namespace, setting: Setting, root: Path, repeat: int = 0) -> dict:
     """Runs one model (its `repeat`-th run of this setting); returns its row (with "error" set when it failed,
-    "profile" with --profile, and "ran_with" always)."""
+    "status" when it finished although SIGTERM came during it, "profile" with --profile, and "ran_with" always)."""
     started = time.time()
     compiled = run_label(setting)
     run_dir = root / f"{model}-B{setting.batch_size}-T{setting.seq_len}-{compiled}-run{repeat}"
@@ -214,6 +214,8 @@ def bench_one(model: str, args: argparse.Namespace, setting: Setting, root: Path
         ran_with["optimizer"] = optimizer_name(cfg.optim)
         summary = _run_armed(cfg)
         row = {"model": model, "setting": setting, **summary, "wall_s": time.time() - started, "ran_with": ran_with}
+        if "by" in _stop:  # torch's compiler swallowed the stop and the run went on to its end: measured, but say so
+            row["status"] = f"ok, finished after {_stop['by']} (its compile may have skipped autotuning)"
         if args.profile:
             row["profile"] = (run_dir / "profile.md").read_text()
             row["kernels"] = (run_dir / "kernels.md").read_text()
@@ -253,21 +255,31 @@ def bench_setting(models: list[str], args: argparse.Namespace, setting: Setting,
             break
         row = bench_one(model, args, setting, root, repeat)
         runs[model].append(row)
-        print(f"[bench_lm] {model} {setting} run {repeat + 1}: {row.get('error', 'ok')}", file=sys.stderr, flush=True)
+        print(f"[bench_lm] {model} {setting} run {repeat + 1}: {status(row)}", file=sys.stderr, flush=True)
     return [median_row(r) for r in runs.values() if r], f"Stopped: {_stop['by']}" if "by" in _stop else ""
+
+
+def status(row: dict) -> str:
+    """A row's status column: its error, or "ok" (with what came during the run, if anything)."""
+    return row.get("error") or row.get("status", "ok")
 
 
 def median_row(runs: list[dict]) -> dict:
     """One row for repeated runs of a model: the run with the median tokens/s (the lower middle one of an even
-    count), with every run's tokens/s and their spread, (max - min) / median; a failed run's row if any failed."""
-    failed = [r for r in runs if "error" in r]
-    if failed:
-        return failed[0]
-    ordered = sorted(runs, key=lambda r: r["perf/tokens_per_s"])
+    count) of those measured, with their tokens/s and spread, (max - min) / median, and its status saying how many
+    ran when a stop (SIGTERM) cut the last one short; a failed run's row if any failed otherwise, or if none was
+    measured."""
+    measured = [r for r in runs if "error" not in r]
+    failed = [r for r in runs if "error" in r and not r["error"].startswith("Stopped:")]
+    if failed or not measured:
+        return (failed or runs)[0]
+    ordered = sorted(measured, key=lambda r: r["perf/tokens_per_s"])
     row = dict(ordered[(len(ordered) - 1) // 2])
-    speeds = [r["perf/tokens_per_s"] for r in runs]
+    speeds = [r["perf/tokens_per_s"] for r in measured]
     row["runs/tokens_per_s"] = speeds
     row["runs/spread"] = (max(speeds) - min(speeds)) / row["perf/tokens_per_s"]
+    if len(measured) < len(runs):
+        row["status"] = f"ok, {len(measured)} of {len(runs)} runs (then stopped)"
     return row
 
 
@@ -318,7 +330,7 @@ def table(rows: list[dict], args: argparse.Namespace, setting: Setting) -> str:
                  _fmt(row.get("perf/peak_mem_gb"), ".2f"),
                  f"{_fmt(row.get('perf/peak_reserved_gb'), '.2f')} / {_fmt(row.get('perf/alloc_retries'), '.0f')}",
                  _fmt(row.get("train/loss"), ".3f"), f"{row['wall_s']:.0f}",
-                 row.get("error", "ok")]  # fmt: skip
+                 status(row)]  # fmt: skip
         lines.append("| " + " | ".join(cells) + " |")
     return head + "\n".join(lines) + "\n\n" + ran
 

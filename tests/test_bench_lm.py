@@ -158,6 +158,10 @@ def test_repeated_runs_give_the_median_run_and_their_spread():
     assert bench_lm.median_row(runs[:2])["perf/tokens_per_s"] == 90  # an even count: the lower middle run
     failed = {"setting": setting, "model": "kla_45m", "error": "OOM", "wall_s": 1.0}
     assert bench_lm.median_row([runs[0], failed]) is failed
+    stopped = {**failed, "error": "Stopped: stopped by SIGTERM"}  # a stop cut the third run: two were measured
+    cut = bench_lm.median_row([*runs[:2], stopped])
+    assert cut["runs/tokens_per_s"] == [90, 110] and bench_lm.status(cut) == "ok, 2 of 3 runs (then stopped)"
+    assert bench_lm.median_row([stopped]) is stopped
     args = bench_lm.parse_args(["--repeats", "3"])
     text = bench_lm.table([row], args, setting)
     assert "each row the median of 3 runs taken in turn" in text and "| tokens/s of each run | spread |" in text
@@ -331,6 +335,23 @@ def test_sigterm_stops_a_model_whose_compiler_catches_the_stop(tmp_path, monkeyp
     assert not bench_lm._stop  # the thread repeating the stop has ended (joined)
     (row,) = json.loads(out.with_suffix(".json").read_text())  # T 64 never started
     assert row["setting"]["seq_len"] == 32 and row["error"] == "Stopped: stopped by SIGTERM"
+
+
+def test_a_run_that_finishes_after_sigterm_keeps_its_numbers_and_says_so(tmp_path, monkeypatch):
+    """torch's compiler may swallow the stop and the run end normally: its row was "ok" like any other."""
+
+    def finishes_anyway(cfg):
+        bench_lm._stop.setdefault("by", "stopped by SIGTERM")  # as the handler notes it, caught inside the run
+        return {"perf/tokens_per_s": 5.0}
+
+    monkeypatch.setattr(bench_lm, "run", finishes_anyway)
+    monkeypatch.setattr(bench_lm, "_stop", {})
+    args = bench_lm.parse_args(["--models", "gpt_tiny", "--trainer", "cpu", "--seq-len", "32", "--steps", "4",
+                                "--log-every", "2"])  # fmt: skip
+    with bench_lm.initialize_config_module("klalm.configs", version_base="1.3"):
+        row = bench_lm.bench_one("gpt_tiny", args, Setting(2, 32, True), tmp_path)
+    assert row["perf/tokens_per_s"] == 5.0 and "error" not in row
+    assert bench_lm.status(row) == "ok, finished after stopped by SIGTERM (its compile may have skipped autotuning)"
 
 
 def test_sigterm_between_two_runs_keeps_the_finished_row(tmp_path, monkeypatch):
