@@ -27,8 +27,9 @@ class FakeStrategy:
 class FakeTrainer(SimpleNamespace):
     """What RollingCheckpoint uses of a Trainer; save_checkpoint writes a payload (or fails half-way)."""
 
-    def __init__(self, step, fail=False, world_size=1):
+    def __init__(self, step, fail=False, world_size=1, validates=False):
         connector = SimpleNamespace(received_sigterm=False)
+        epoch_loop = SimpleNamespace(_should_check_val_fx=lambda data_fetcher: validates)  # after this step?
         super().__init__(
             global_step=step,
             is_global_zero=True,
@@ -36,6 +37,7 @@ class FakeTrainer(SimpleNamespace):
             _signal_connector=connector,
             loggers=[],
             world_size=world_size,
+            fit_loop=SimpleNamespace(epoch_loop=epoch_loop, _data_fetcher=None),
         )
         self.fail = fail
 
@@ -95,14 +97,15 @@ def test_periodic_and_sigterm_triggers(tmp_path, world_size):
     assert trainer._signal_connector.received_sigterm  # so that Lightning ends the loop after this step
 
 
-def test_find_latest_prefers_highest_step_across_runs(tmp_path):
-    for run, steps in {"a": [5, 10], "b": [7]}.items():
+def test_find_latest_takes_the_run_that_wrote_last_then_its_highest_step(tmp_path):
+    for run, steps in {"a": [5, 10], "b": [7, 3]}.items():
         folder = tmp_path / run / "checkpoints"
         folder.mkdir(parents=True)
-        for step in steps:
-            (folder / f"step-{step:08d}.ckpt").write_bytes(b"x")
-            time.sleep(0.01)
-    assert find_latest([tmp_path / "a", tmp_path / "b"]) == tmp_path / "a" / "checkpoints" / "step-00000010.ckpt"
+        for i, step in enumerate(steps):
+            (path := folder / f"step-{step:08d}.ckpt").write_bytes(b"x")
+            written = time.time() - (100 if run == "a" else 50) + i  # b after a; within b, step 3 written last
+            os.utime(path, (written, written))
+    assert find_latest([tmp_path / "a", tmp_path / "b"]) == tmp_path / "b" / "checkpoints" / "step-00000007.ckpt"
     assert find_latest([tmp_path / "missing"]) is None
 
 

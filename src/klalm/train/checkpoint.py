@@ -103,6 +103,7 @@ class RollingCheckpoint(Callback):
         self._stop_sum: HostFlag | None = None  # the ranks' stop flags summed, started a step ago
         self._previous_sigint: Any = None  # SIGINT's handler before training, put back at teardown
         self._ctrl_c = 0  # Ctrl-Cs received: the second stops at once
+        self._due: tuple[int, bool] | None = None  # (step, stop) of a save waiting for that step's validation
         self.last_path: Path | None = None
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -138,18 +139,40 @@ class RollingCheckpoint(Callback):
             self._previous_sigint = None
 
     def on_train_batch_end(self, trainer: pl.Trainer, *_: Any) -> None:
+        """Saves at a periodic step or a stop, or, where Lightning validates after this step, once it has
+        (`on_validation_end`).
+
+        A checkpoint of a step must follow the step's validation: a run resumed from it skips that validation (its
+        loops' state says the step is done), so a validation row the checkpoint did not cover would be lost for good.
+        Saved after it, the checkpoint is the one Lightning's own `ModelCheckpoint` writes `on_validation_end`, which
+        Lightning resumes after the validation.
+        """
         step = trainer.global_step
         periodic = self.every_n_steps > 0 and step % self.every_n_steps == 0
         stop = self._any_rank_got_stop_signal(trainer)
-        if stop:
-            trainer._signal_connector.received_sigterm = True  # so that every rank leaves the loop after this step
         if (periodic or stop) and step != self.last_saved_step:
-            path = self.save(trainer)
-            if stop:
-                name = STOP_SIGNALS.get(self.stop_signal, "a stop signal on another rank")
-                # resume=auto finds it only where the run folder is a default one (not one set by hydra.run.dir)
-                run = path.parent.parent if path.parent.name == "checkpoints" else "<the run folder>"
-                log.warning("%s received: wrote %s; stopping (resume with resume=%s)", name, path, run)
+            self._due = (step, stop)
+            if not _validates_after_this_step(trainer):
+                self._save_due(trainer)
+        elif stop:  # this step is saved already
+            trainer._signal_connector.received_sigterm = True  # so that every rank leaves the loop after this step
+
+    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self._due is not None and self._due[0] == trainer.global_step:
+            self._save_due(trainer)
+
+    def _save_due(self, trainer: pl.Trainer) -> None:
+        """Writes the checkpoint `on_train_batch_end` decided on, and says so where it is a stop's."""
+        _, stop = self._due
+        path = self.save(trainer)
+        if stop:
+            # every rank leaves the loop after this step, its validation done: set before it, Lightning's evaluation
+            # loop would stop after its first batch, before `on_validation_end` could save
+            trainer._signal_connector.received_sigterm = True
+            name = STOP_SIGNALS.get(self.stop_signal, "a stop signal on another rank")
+            # resume=auto finds it only where the run folder is a default one (not one set by hydra.run.dir)
+            run = path.parent.parent if path.parent.name == "checkpoints" else "<the run folder>"
+            log.warning("%s received: wrote %s; stopping (resume with resume=%s)", name, path, run)
 
     def _any_rank_got_stop_signal(self, trainer: pl.Trainer) -> bool:
         """Whether to stop, the same answer on every rank (a save is collective). One process: its own flag. Several:
@@ -170,7 +193,8 @@ class RollingCheckpoint(Callback):
         """Writes `step-<N>.ckpt` atomically (temporary name, then rename) and prunes old checkpoints.
 
         The loggers are flushed first, so a kill after the save loses no metrics row of a step the checkpoint
-        covers (the app runs this callback after `StepMetrics`, which logs the step's row).
+        covers: the app runs this callback after `StepMetrics`, which logs the step's row, and a step that validates
+        is saved after its validation row (`on_train_batch_end`).
         """
         step = trainer.global_step
         for logger in trainer.loggers:
@@ -202,7 +226,7 @@ class RollingCheckpoint(Callback):
                 _remove(old)
                 _remove(checksum_path(old))
         trainer.strategy.barrier("klalm_ckpt_done")
-        self.last_saved_step, self.last_path = step, final
+        self.last_saved_step, self.last_path, self._due = step, final, None
         return final
 
     def state_dict(self) -> dict[str, Any]:
@@ -210,6 +234,13 @@ class RollingCheckpoint(Callback):
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.last_saved_step = state_dict["last_saved_step"]
+
+
+def _validates_after_this_step(trainer: pl.Trainer) -> bool:
+    """Whether Lightning's fit loop validates right after the step whose `on_train_batch_end` runs now: the loop's own
+    test, which it makes once the step's hooks have run (they change nothing it reads: the batch count, the last-batch
+    flag, `should_stop`, which klalm's callbacks leave alone; a time-based `val_check_interval` is not klalm's)."""
+    return trainer.fit_loop.epoch_loop._should_check_val_fx(trainer.fit_loop._data_fetcher)
 
 
 def _require_safe_contents(path: Path) -> None:

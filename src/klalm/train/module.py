@@ -198,8 +198,10 @@ class LMModule(pl.LightningModule):
         self._unchecked: _StepRecord | None = None  # the last step whose bad flag the host has not read yet
         self._val_sums: list[Tensor] = []
         self.step_metrics: dict[str, Any] = {}
-        self.last_val: dict[str, float] = {}  # val/loss and val/ppl of the latest validation
-        self.last_val_step = -1  # the optimiser step it ran at
+        # val/loss and val/ppl of the latest validation and the optimiser step it ran at, kept in checkpoints so that a
+        # run resumed from one saved after its last step's validation does not validate that step again (`app.finish`)
+        self.last_val: dict[str, float] = {}
+        self.last_val_step = -1
         self._configured = False
 
     def configure_model(self) -> None:
@@ -282,7 +284,7 @@ class LMModule(pl.LightningModule):
             optimizer.zero_grad(set_to_none=True)  # parameters without a gradient are left alone, moments included
         optimizer.step()
         scheduler.step()
-        self._log_step(loss, grad_norm, scheduler)
+        self._log_step(loss, grad_norm, record.lr)
         self.check_skipped_steps()  # on the device path the previous step's flag, which the GPU wrote long ago
         self._unchecked = record
         if not on_device:
@@ -343,15 +345,18 @@ class LMModule(pl.LightningModule):
                 "train.max_bad_steps"
             )
 
-    def _log_step(self, loss: Tensor, grad_norm: Tensor, scheduler: Any) -> None:
+    def _log_step(self, loss: Tensor, grad_norm: Tensor, lr: float) -> None:
         """Keeps this step's metrics for `StepMetrics`, which writes them every `trainer.log_every_n_steps` steps (the
         progress bar shows its latest row). Not `self.log`: Lightning's moves its metric state to the value's device
         on every call; without it a nearly all-host step on a 2-core CPU went from 9.1 to 6.9 ms
-        (results/cpu_2026-12-02c), host time in which the GPU waits."""
+        (results/cpu_2026-12-02c), host time in which the GPU waits.
+
+        `lr` is the learning rate this step's update used (the first group's), read before the scheduler stepped:
+        read after, it would be the next step's."""
         self.step_metrics = {
             "train/loss": loss.detach(),
             "train/grad_norm": grad_norm.detach(),
-            "train/lr": scheduler.get_last_lr()[0],
+            "train/lr": lr,
             "train/skipped_steps": self.bad_steps_total,
         }
 
@@ -387,6 +392,8 @@ class LMModule(pl.LightningModule):
             "tokens_seen": self.tokens_seen,
             "bad_steps_total": self.bad_steps_total,
             "bad_steps_in_row": self.bad_steps_in_row,
+            "last_val": self.last_val,
+            "last_val_step": self.last_val_step,
             "rng": rng_state(),
         }
 
@@ -395,4 +402,8 @@ class LMModule(pl.LightningModule):
         self.tokens_seen = meta["tokens_seen"]
         self.bad_steps_total = meta["bad_steps_total"]
         self.bad_steps_in_row = meta["bad_steps_in_row"]
+        # a checkpoint written before these were saved says nothing of its validation: the app validates again at the
+        # end, as it did then
+        self.last_val = meta.get("last_val", {})
+        self.last_val_step = meta.get("last_val_step", -1)
         set_rng_state(meta["rng"])
