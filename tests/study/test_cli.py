@@ -6,6 +6,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+import yaml
 
 from klalm.study.cli import main
 from klalm.study.spec import Cell
@@ -108,6 +109,7 @@ def test_plan_names_the_missing_shard_index_and_the_command_that_stages_it(capsy
 
 
 def test_plan_refuses_shards_that_make_no_whole_global_batch(capsys, tmp_path, shard_folder):
+    (tmp_path / "results").mkdir()
     err = refused(capsys, ["plan", "--spec", str(spec_file(tmp_path)), "--shards", str(shard_folder)])
     assert f"{shard_folder / 'train/index.json'}: its" in err and "no whole global batch of 131,072 tokens" in err
 
@@ -138,11 +140,46 @@ def test_blocks_refuse_bad_flags_before_anything_runs(capsys, tmp_path, shard_fo
     folders = {"NOPE": tmp_path / "nope", "SHARDS": shard_folder, "EVAL": tmp_path / "eval"}
     argv = [str(folders.get(arg, arg)) for arg in argv]
     message = message.replace("SHARDS", str(shard_folder))
+    (results := tmp_path / "results").mkdir()
     common = ["--spec", str(spec_file(tmp_path)), "--shards", str(shard_folder)]
     if argv[0] != "plan":
         common += ["--work", str(tmp_path / "work")]
     assert message in refused(capsys, [*argv, *common])
-    assert not (tmp_path / "work").exists() and not (tmp_path / "results").exists()
+    assert not (tmp_path / "work").exists() and not any(results.iterdir())
+
+
+@pytest.mark.parametrize("command", ["plan", "sweep", "train"])
+def test_blocks_refuse_a_missing_results_folder(capsys, tmp_path, shard_folder, command):
+    """A mistyped --results showed every finished cell as pending, and sweep and train would have trained them all
+    again; report alone refused it."""
+    block = [] if command == "plan" else ["--minutes", "5", "--work", str(tmp_path / "w")]
+    argv = [command, "--spec", str(spec_file(tmp_path)), "--shards", str(shard_folder), "--results",
+            str(tmp_path / "typo"), *block]  # fmt: skip
+    assert f"results folder {tmp_path / 'typo'} does not exist (a new study: mkdir -p" in refused(capsys, argv)
+    assert not (tmp_path / "typo").exists() and not (tmp_path / "w").exists()
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"experiment": "study_45M"}, "experiment=study_45M: In 'train': Could not find 'experiment/study_45M'"),
+        ({"overrides": ["model.d_model=oops"]}, "model.d_model='oops' is invalid"),
+    ],
+)
+def test_plan_refuses_an_experiment_or_overrides_that_do_not_compose(capsys, tmp_path, shard_folder, changes, message):
+    (tmp_path / "results").mkdir()
+    argv = ["plan", "--spec", str(spec_file(tmp_path, **changes)), "--shards", str(shard_folder)]
+    assert message in refused(capsys, argv)
+
+
+def test_train_blames_an_unknown_task_on_the_spec_not_on_the_eval_data(capsys, tmp_path, shard_folder):
+    (tmp_path / "results").mkdir()
+    (tmp_path / "eval").mkdir()
+    raw = yaml.safe_load(spec_file(tmp_path).read_text())
+    spec = spec_file(tmp_path, eval={**raw["eval"], "tasks": ["hellaswg"]})
+    argv = ["train", "--spec", str(spec), "--shards", str(shard_folder), "--minutes", "5", "--work",
+            str(tmp_path / "w"), "--eval-data", str(tmp_path / "eval")]  # fmt: skip
+    assert "study spec eval.tasks: " in refused(capsys, argv)
 
 
 def test_pack_and_stage_refuse_missing_folders(capsys, tmp_path):

@@ -32,6 +32,32 @@ def test_mistakes_are_refused(tmp_path, changes, message):
         load_spec(str(spec_file(tmp_path, **changes)))
 
 
+SHIPPED = load_spec()
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"estimate": {**SHIPPED.estimate, "overhead": 45}}, r"study estimate: keys must be \['ddp_efficiency'"),
+        ({"estimate": {**SHIPPED.estimate, "ddp_efficiency": 1.5}}, "estimate.ddp_efficiency=1.5 must be"),
+        ({"estimate": {**SHIPPED.estimate, "prior_tokens_per_s": {"gpt_45m": "fast"}}}, "prior_tokens_per_s="),
+        ({"eval": {**SHIPPED.eval, "task": ["piqa"]}}, r"study eval: keys must be \['batch_size'"),
+        ({"eval": {**SHIPPED.eval, "tasks": []}}, "eval.tasks=\\[\\] must be a list of task names"),
+        ({"eval": {**SHIPPED.eval, "limit": 0}}, "eval.limit=0 must be a positive whole number"),
+        ({"eval": {**SHIPPED.eval, "batch_size": 0}}, "eval.batch_size=0 must be"),
+        ({"sweep": {"lrs": {"gpt_45m": 1e-3, "kla_45m": [1e-3]}, "fraction": 0.1}}, "sweep.lrs.gpt_45m=0.001 must be"),
+        ({"seeds": ["a"]}, r"study seeds=\['a'\] must be a list of whole numbers"),
+        ({"extra_seeds": {"gpt_45m": [1.5]}}, "extra_seeds.gpt_45m="),
+        ({"models": {**SHIPPED.models, "gpt_45m": {"lr": "sweep", "dynamics_lr_scale": "x"}}}, "dynamics_lr_scale='x'"),
+        ({"overrides": [3]}, "overrides=\\[3\\] must be a list of Hydra overrides"),
+    ],
+)
+def test_a_mistake_inside_a_section_is_refused_naming_the_key(tmp_path, changes, message):
+    """Typos below the top level went through: a KeyError or TypeError later, or a seed named "a"."""
+    with pytest.raises(ValueError, match=message):
+        load_spec(str(spec_file(tmp_path, **changes)))
+
+
 @pytest.mark.parametrize("fraction", [1.5, "abc"])
 def test_sweep_fraction_must_be_a_fraction(tmp_path, fraction):
     raw = yaml.safe_load(spec_file(tmp_path).read_text())

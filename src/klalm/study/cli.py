@@ -89,6 +89,9 @@ def _check_block(args: argparse.Namespace, spec: Spec) -> None:
         _refuse(f"--gpus must be at least 1, got {args.gpus}")
     if args.command != "plan" and not args.minutes > 0:  # also NaN
         _refuse(f"--minutes must be a positive number, got {args.minutes}")
+    _check_folder("--results", spec.results)
+    if not spec.results.is_dir():  # a mistyped folder would show every finished cell as pending, and retrain it
+        _refuse(f"results folder {spec.results} does not exist (a new study: mkdir -p {spec.results})")
     index = args.shards / "train" / INDEX_FILE
     if not index.is_file():
         _refuse(f"--shards: {index} does not exist: stage the shards first (klalm-study stage --from <pieces> "
@@ -100,11 +103,15 @@ def _check_block(args: argparse.Namespace, spec: Spec) -> None:
     if not args.eval_data.is_dir():
         tasks = ", ".join(spec.eval["tasks"])
         _refuse(f"--eval-data folder {args.eval_data} does not exist (the data of the zero-shot tasks {tasks})")
-    try:  # the files klalm-eval will read, so a wrong folder fails before training rather than after
-        for task in spec.eval["tasks"]:
-            resolve_files(get_local_task(task), args.eval_data)
-    except (KeyError, FileNotFoundError) as err:
-        _refuse(f"--eval-data {args.eval_data}: {one_line(err)}")
+    for task in spec.eval["tasks"]:  # the files klalm-eval will read: a wrong folder fails before training
+        try:
+            local = get_local_task(task)
+        except KeyError as err:
+            _refuse(f"study {spec.name} eval.tasks: {one_line(err)}")
+        try:
+            resolve_files(local, args.eval_data)
+        except (KeyError, FileNotFoundError) as err:
+            _refuse(f"--eval-data {args.eval_data}: {one_line(err)}")
     unknown = [m for m in args.models or [] if m not in spec.models]
     if unknown:
         _refuse(f"--models: {', '.join(unknown)} not in study {spec.name} (its models: {', '.join(spec.models)})")

@@ -23,6 +23,7 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
+from klalm.errors import one_line
 from klalm.study import results
 from klalm.study.files import read_json
 from klalm.study.spec import Cell, Spec
@@ -47,12 +48,21 @@ def read_recipe(spec: Spec, shards: Path) -> Recipe:
     """Sequence length and global batch from the experiment; the one-pass budget from the shards that arrived.
 
     Raises:
-        ValueError: the train split's index.json does not parse, or its tokens make no whole global batch.
+        ValueError: the experiment and the spec's overrides do not compose or pass klalm-train's checks, the train
+            split's index.json does not parse, or its tokens make no whole global batch.
     """
     from hydra import compose, initialize_config_module
+    from hydra.errors import HydraException
 
-    with initialize_config_module("klalm.configs", version_base="1.3"):
-        cfg = compose("train", overrides=[f"experiment={spec.experiment}", *spec.overrides])
+    from klalm.config_checks import check_train_config
+
+    overrides = [f"experiment={spec.experiment}", *spec.overrides]
+    try:
+        with initialize_config_module("klalm.configs", version_base="1.3"):
+            cfg = compose("train", overrides=overrides)
+        check_train_config(cfg, check_paths=False)
+    except (HydraException, ValueError) as err:  # no such experiment, an override that does not compose or check
+        raise ValueError(f"study {spec.name}: klalm-train {' '.join(overrides)}: {one_line(err)}") from None
     seq_len, batch = int(cfg.data.seq_len), int(cfg.train.global_batch_tokens)
     index_file = shards / "train" / "index.json"
     index = read_json(index_file)
