@@ -211,6 +211,8 @@ def _refusal_cases(t: str, e: str) -> dict[str, tuple[list[str], str, bool]]:
         "temperature": ([e, "--temperature", "-0.5"], "--temperature must be ≥ 0, got -0.5", True),
         "top-k": ([e, "--top-k", "-1"], "--top-k must be ≥ 0, got -1", True),
         "num-samples": ([e, "--num-samples", "0"], "--num-samples must be ≥ 1, got 0", True),
+        "seed-past-int64": ([e, "--seed", str(2**63)], f"--seed must be in [0, {2**63 - 1}] (sample i uses", True),
+        "seed-negative": ([e, "--seed", "-1", "--num-samples", "2"], f"--seed must be in [0, {2**63 - 2}]", True),
         "empty-prompt": ([e, "--prompt", ""], "--prompt is empty", True),
         "empty-prompt-file": ([e, "--prompt-file", f"{t}/empty.txt"], f"--prompt-file {t}/empty.txt is empty", True),
         "missing-prompt-file": ([e, "--prompt-file", f"{t}/no.txt"], f"--prompt-file {t}/no.txt: cannot be read", True),

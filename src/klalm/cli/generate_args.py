@@ -61,4 +61,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ):
         if not value >= least:  # (also refuses a NaN temperature)
             refuse(PROG, f"{flag} must be ≥ {least}, got {value}")
+    last = 2**63 - args.num_samples  # sample i seeds torch with seed + i - 1, an int64
+    if not 0 <= args.seed <= last:
+        refuse(PROG, f"--seed must be in [0, {last}] (sample i uses seed + i - 1), got {args.seed}")
     return args
