@@ -54,14 +54,12 @@ def main(argv: list[str] | None = None) -> None:
     group.add_argument("--data", help="configs/data/<name>.yaml whose training source is the corpus")
     group.add_argument("--files", nargs="+", help="local files / glob patterns (jsonl, json, parquet, txt, compressed)")
     parser.add_argument("--field", default="text", help="text field for --files")
-    parser.add_argument("--vocab-size", type=int, required=True, help="including the 256 byte tokens and EOS (> 256)")
+    parser.add_argument("--vocab-size", type=int, required=True, help="including the 256 byte tokens and EOS")
     parser.add_argument("--min-frequency", type=int, default=2)
     parser.add_argument("--max-documents", type=int, default=None, help="train on at most this many (> 0)")
     parser.add_argument("--override", nargs="*", default=[], help="Hydra overrides of the data config")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
-    if args.vocab_size < 257:
-        parser.error(f"--vocab-size must be > 256 (the byte alphabet plus EOS), got {args.vocab_size}")
     if args.max_documents is not None and args.max_documents < 1:
         parser.error(f"--max-documents must be > 0 (leave it out for every document), got {args.max_documents}")
     try:

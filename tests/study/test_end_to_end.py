@@ -26,6 +26,7 @@ def test_study_runs_end_to_end_on_the_cpu(tmp_path, shared_data, monkeypatch):
     }
     prepare_dataset(data, tmp_path / "shards", max_documents=2, shard_tokens=4000, progress=False)
     raw = yaml.safe_load((REPO / "configs/study/enwiki_45m.yaml").read_text())
+    (tmp_path / "results").mkdir()  # a new study's (the blocks refuse a missing one)
     raw.update(
         results=str(tmp_path / "results"),
         overrides=[

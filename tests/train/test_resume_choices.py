@@ -9,7 +9,7 @@ import pytest
 
 from klalm.config_checks import ConfigError
 from klalm.data.loader import LoaderStateError
-from klalm.models.checkpoint import find_latest, list_checkpoints
+from klalm.models.checkpoint import find_latest, list_checkpoints, newest_valid
 from klalm.train.app import USER_ERRORS, run
 from klalm.train.rundir import run_dir_for
 
@@ -58,12 +58,27 @@ def test_a_damaged_newest_checkpoint_falls_back_within_its_run_first(tmp_path):
     run(compose_train(RUN, older))
     _age(older, 60)
     run(compose_train(RUN, newer))
-    assert find_latest([older, newer]) == newer / "checkpoints" / "step-00000004.ckpt"
-    from klalm.models.checkpoint import newest_first
+    damaged = newer / "checkpoints" / "step-00000004.ckpt"
+    damaged.write_bytes(damaged.read_bytes()[:-100])  # its .sha256 no longer matches
+    latest, skipped = newest_valid([older, newer])
+    assert latest == newer / "checkpoints" / "step-00000002.ckpt" and len(skipped) == 1 and str(damaged) in skipped[0]
 
-    assert [p.parent.parent.name + "/" + p.name[-9:-5] for p in newest_first([older, newer])] == [
-        "b/0004", "b/0002", "a/0004", "a/0002"
-    ]  # fmt: skip
+
+def test_runs_written_at_the_same_time_go_by_step_then_name_and_a_jobs_own_folder_comes_first(tmp_path):
+    """Equal times (a copy that kept none, a coarse file system): the older rule, highest step first, decides; a
+    launcher's job (`$KLALM_RUN_ID`) requeued continues its own folder, whatever another run of the name wrote since."""
+    base = tmp_path / "v"
+    for name, steps in (("a", 9), ("b", 4)):
+        (base / name / "checkpoints").mkdir(parents=True)
+        (base / name / "checkpoints" / f"step-{steps:08d}.ckpt").write_bytes(b"x")
+        os.utime(base / name / "checkpoints" / f"step-{steps:08d}.ckpt", (1e9, 1e9))
+    assert find_latest([base / "a", base / "b"]) == base / "a" / "checkpoints" / "step-00000009.ckpt"
+    job, other = base / "job1", base / "other"
+    run(compose_train(RUN, job))
+    _age(job, 60)
+    run(compose_train(RUN, other))  # written since, by another run of the name
+    assert run_dir_for(str(base), "auto", f"{base}/*", "job1") == str(job)
+    assert run_dir_for(str(base), "auto", f"{base}/*", None) == str(other)
 
 
 def test_a_larger_budget_and_global_batch_accepted_on_resume_train_the_tokens_left(tmp_path):
@@ -106,3 +121,16 @@ def test_a_resume_with_other_loader_workers_is_a_one_line_refusal(files_run):
     with pytest.raises(LoaderStateError, match="saved with data.num_workers=0, this run has 1: resume with"):
         run(compose_train([*overrides, "data.num_workers=1", f"resume={run_dir}", "train.max_tokens=512",
                            "resume_allow_changes=true"], run_dir))  # fmt: skip
+
+
+def test_a_checkpoint_older_than_a_resume_key_resumes_and_its_recorded_keys_are_still_checked(tmp_path):
+    """A data=files checkpoint written before data.train and data.field were resume keys records neither: its resume
+    is not refused for them ("(absent) -> 'a.jsonl'" named a change that never happened), while a key added under a
+    recorded one (optim) still is."""
+    from klalm.train.resume import check_settings
+
+    saved = {"klalm": {"resume_settings": {"optim.lr": 1e-3, "data.source": None, "data.seq_len": 16}}}
+    current = {"optim.lr": 1e-3, "data.source": None, "data.train": "a.jsonl", "data.field": "text", "data.seq_len": 16}
+    check_settings(tmp_path / "old.ckpt", saved, current, allow_changes=False)
+    with pytest.raises(ConfigError, match=r"changes optim.foo '\(absent\)' -> 1"):
+        check_settings(tmp_path / "old.ckpt", saved, {**current, "optim.foo": 1}, allow_changes=False)

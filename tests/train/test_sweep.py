@@ -286,8 +286,8 @@ def test_check_sweep_jobs_refuses_a_fresh_job_whose_folder_holds_a_run(tmp_path,
         check_sweep_jobs(config)
     assert exit_info.value.code == (
         f"klalm-train: sweep job #1 (optim.lr=0.005): run folder {sweep / '1_smoke'} already holds a run "
-        f"(summary.json), which this start would overwrite: continue it with resume={sweep / '1_smoke'}, or start in "
-        "another folder (hydra.sweep.dir)"
+        f"(summary.json), which this start would overwrite: give the sweep another hydra.sweep.dir, or continue that "
+        f"job alone (klalm-train resume={sweep / '1_smoke'} with its overrides)"
     )
     with _multirun_config([*grid, f"resume=null,{sweep / '1_smoke'}"]) as config:
         _checked_in_advance(config, caplog)
@@ -313,5 +313,6 @@ def test_a_sweep_rerun_into_a_finished_sweeps_folder_is_refused_before_anything_
     assert "\n" not in refusal and refusal.startswith("klalm-train: sweep job #0 (experiment=bench ")
     assert refusal.endswith(
         f" optim.lr=0.005): run folder {job} already holds a run (summary.json), which this start would overwrite: "
-        f"continue it with resume={job}, or start in another folder (hydra.sweep.dir)"
+        f"give the sweep another hydra.sweep.dir, or continue that job alone (klalm-train resume={job} with its "
+        "overrides)"
     )

@@ -61,7 +61,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ):
         if not value >= least:  # (also refuses a NaN temperature)
             refuse(PROG, f"{flag} must be ≥ {least}, got {value}")
-    last = 2**63 - args.num_samples  # sample i seeds torch with seed + i - 1, an int64
-    if not 0 <= args.seed <= last:
-        refuse(PROG, f"--seed must be in [0, {last}] (sample i uses seed + i - 1), got {args.seed}")
+    first, last = -(2**63), 2**64 - args.num_samples  # torch's seeds; sample i uses seed + i - 1
+    if not first <= args.seed <= last:
+        refuse(PROG, f"--seed must be in [{first}, {last}] (torch's seed range; sample i uses seed + i - 1), "
+                     f"got {args.seed}")  # fmt: skip
     return args

@@ -143,8 +143,10 @@ def list_checkpoints(run_dir: Path) -> list[Path]:
 def newest_first(run_dirs: list[Path]) -> list[Path]:
     """Checkpoints of several run directories, the most recently written run first and each run's checkpoints
     highest step first: the run that wrote a checkpoint last is the one a restart means to continue (a finished
-    run with more steps, or another job's run, is not), and within a run a damaged newest file falls back to the
-    run's next one before any other run's.
+    run with more steps is not), and within a run a damaged newest file falls back to the run's next one before any
+    other run's. "Written" is the files' modification time, which a copy made without keeping times (`cp -a` and
+    `rsync -t` keep them) sets to the time of the copy; runs written at the same time go by highest step, then by
+    folder name, the later first.
 
     A file that vanishes while this looks (pruned by the run that writes it) is passed over.
     """
@@ -157,8 +159,9 @@ def newest_first(run_dirs: list[Path]) -> list[Path]:
             except FileNotFoundError:
                 continue
         if keyed:
-            runs.append((max(written for written, *_ in keyed), [p for *_, p in sorted(keyed, key=lambda k: k[1])]))
-    return [path for _, paths in sorted(runs, key=lambda run: run[0], reverse=True) for path in reversed(paths)]
+            paths = [p for *_, p in sorted(keyed, key=lambda k: k[1], reverse=True)]
+            runs.append((max(written for written, *_ in keyed), checkpoint_step(paths[0]), str(run_dir), paths))
+    return [path for *_, paths in sorted(runs, key=lambda run: run[:3], reverse=True) for path in paths]
 
 
 def find_latest(run_dirs: list[Path]) -> Path | None:

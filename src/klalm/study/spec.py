@@ -82,7 +82,10 @@ def _check_parts(spec: Spec) -> None:
     for where, seeds in [("seeds", spec.seeds), *((f"extra_seeds.{m}", s) for m, s in spec.extra_seeds.items())]:
         if not isinstance(seeds, list) or not all(_whole(seed) for seed in seeds):
             raise ValueError(f"study {where}={seeds!r} must be a list of whole numbers")
-    for model, lrs in (spec.sweep.get("lrs") or {}).items():
+    swept = spec.sweep.get("lrs", {})  # a missing key is `_check`'s to name
+    if not isinstance(swept, dict):
+        raise ValueError(f"study sweep.lrs={swept!r} must map each swept model to its learning rates")
+    for model, lrs in swept.items():
         if not isinstance(lrs, list) or not lrs or not all(_number(lr) and lr > 0 for lr in lrs):
             raise ValueError(f"study sweep.lrs.{model}={lrs!r} must be a list of positive learning rates")
     for model, options in spec.models.items():
@@ -122,7 +125,7 @@ def _check(spec: Spec) -> None:
     if set(spec.sweep) != {"lrs", "fraction"}:
         raise ValueError(f"study sweep: keys must be fraction and lrs, got {sorted(spec.sweep, key=str)}")
     fraction = spec.sweep["fraction"]
-    if not isinstance(fraction, (int, float)) or not 0 < fraction <= 1:
+    if not _number(fraction) or not 0 < fraction <= 1:
         raise ValueError(f"study sweep.fraction={fraction!r} must be a number in (0, 1]")
     for model, options in spec.models.items():
         if not isinstance(options, dict) or set(options) != {"lr", "dynamics_lr_scale"}:

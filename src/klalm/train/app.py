@@ -243,7 +243,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     run_dir = Path(cfg.paths.run_dir)
     lock_run_dir(run_dir)
     try:
-        ckpt_path = resolve_resume(cfg.resume, cfg.paths.resume_glob)  # verified: safe and intact
+        ckpt_path = resolve_resume(cfg.resume, cfg.paths.resume_glob, run_dir)  # verified: safe and intact
         check_run_dir_free(run_dir, ckpt_path)
         if is_global_rank_zero():
             remove_stale_temporaries(run_dir)

@@ -139,20 +139,23 @@ class RollingCheckpoint(Callback):
             self._previous_sigint = None
 
     def on_train_batch_end(self, trainer: pl.Trainer, *_: Any) -> None:
-        """Saves at a periodic step or a stop, or, where Lightning validates after this step, once it has
-        (`on_validation_end`).
+        """Saves at a periodic step, or where Lightning validates after this step once it has (`on_validation_end`);
+        a stop saves at once.
 
-        A checkpoint of a step must follow the step's validation: a run resumed from it skips that validation (its
-        loops' state says the step is done), so a validation row the checkpoint did not cover would be lost for good.
-        Saved after it, the checkpoint is the one Lightning's own `ModelCheckpoint` writes `on_validation_end`, which
-        Lightning resumes after the validation.
+        A periodic checkpoint of a step follows the step's validation: a run resumed from it skips that validation
+        (its loops' state says the step is done), so a validation row the checkpoint did not cover would be lost for
+        good. Saved after it, the checkpoint is the one Lightning's own `ModelCheckpoint` writes `on_validation_end`,
+        which Lightning resumes after the validation. A stop does not wait for a validation (a first one may compile
+        for minutes, past a scheduler's grace period): its step's validation row, if that step validates, is lost. A
+        save still waiting at the next step (a validation that never ended) is made there.
         """
         step = trainer.global_step
         periodic = self.every_n_steps > 0 and step % self.every_n_steps == 0
         stop = self._any_rank_got_stop_signal(trainer)
-        if (periodic or stop) and step != self.last_saved_step:
+        waited = self._due is not None  # for a validation after an earlier step that did not end
+        if (periodic or stop or waited) and step != self.last_saved_step:
             self._due = (step, stop)
-            if not _validates_after_this_step(trainer):
+            if stop or not _validates_after_this_step(trainer):
                 self._save_due(trainer)
         elif stop:  # this step is saved already
             trainer._signal_connector.received_sigterm = True  # so that every rank leaves the loop after this step
@@ -166,9 +169,7 @@ class RollingCheckpoint(Callback):
         _, stop = self._due
         path = self.save(trainer)
         if stop:
-            # every rank leaves the loop after this step, its validation done: set before it, Lightning's evaluation
-            # loop would stop after its first batch, before `on_validation_end` could save
-            trainer._signal_connector.received_sigterm = True
+            trainer._signal_connector.received_sigterm = True  # so that every rank leaves the loop after this step
             name = STOP_SIGNALS.get(self.stop_signal, "a stop signal on another rank")
             # resume=auto finds it only where the run folder is a default one (not one set by hydra.run.dir)
             run = path.parent.parent if path.parent.name == "checkpoints" else "<the run folder>"
@@ -238,8 +239,10 @@ class RollingCheckpoint(Callback):
 
 def _validates_after_this_step(trainer: pl.Trainer) -> bool:
     """Whether Lightning's fit loop validates right after the step whose `on_train_batch_end` runs now: the loop's own
-    test, which it makes once the step's hooks have run (they change nothing it reads: the batch count, the last-batch
-    flag, `should_stop`, which klalm's callbacks leave alone; a time-based `val_check_interval` is not klalm's)."""
+    test (a private method of Lightning >= 2.6, the version pyproject.toml requires), which it makes once the step's
+    hooks have run. The hooks after this one change nothing it reads (the batch count, the last-batch flag,
+    `should_stop`: `StopAfterSteps` sets that, and runs before this callback; a time-based `val_check_interval` is
+    not klalm's)."""
     return trainer.fit_loop.epoch_loop._should_check_val_fx(trainer.fit_loop._data_fetcher)
 
 

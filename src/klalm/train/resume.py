@@ -1,8 +1,9 @@
 """What `resume=` resolves to: a checkpoint that passed verification (or a fresh start), and the run folder.
 
     resume=null         a fresh run
-    resume=auto         the newest valid checkpoint of the earlier run with this run_name (`paths.resume_glob`) that
-                        wrote a checkpoint last, or a fresh run when there is none
+    resume=auto         the newest valid checkpoint of the run folder itself (a launcher's `$KLALM_RUN_ID` folder,
+                        requeued), else of the earlier run with this run_name (`paths.resume_glob`) that wrote a
+                        checkpoint last, or a fresh run when there is none
     resume=<run dir>    the newest valid checkpoint in that folder
     resume=<file>       that checkpoint; if it fails verification the run stops, naming the file and why
 
@@ -63,8 +64,9 @@ FREE_KEYS = ("optim.fused",)
 MAX_NAMED = 5  # model settings a refused resume names
 
 
-def resolve_resume(resume: str | None, search_glob: str) -> Path | None:
-    """The verified checkpoint to resume from (None: a fresh run); see the module docstring.
+def resolve_resume(resume: str | None, search_glob: str, run_dir: Path | None = None) -> Path | None:
+    """The verified checkpoint to resume from (None: a fresh run); see the module docstring. With resume=auto,
+    the newest valid checkpoint of `run_dir` (the run folder `klalm.train.rundir.run_dir_for` chose) comes first.
 
     Raises:
         CheckpointError: an explicit file, or every checkpoint of an explicit run folder, fails verification.
@@ -73,6 +75,12 @@ def resolve_resume(resume: str | None, search_glob: str) -> Path | None:
     if resume is None:
         return None
     if resume == "auto":
+        own, skipped = newest_valid([run_dir]) if run_dir is not None else (None, [])
+        if own is not None:
+            for reason in skipped:
+                log.warning("resume=auto (this run's folder): skipped %s", reason)
+            log.info("resume=auto (this run's folder): resuming from %s", own)
+            return own
         return _newest_valid_or_none(sorted(Path(p) for p in glob(search_glob)), f"resume=auto (over {search_glob})")
     path = Path(resume)
     if path.is_file():
@@ -134,11 +142,13 @@ def check_settings(ckpt_path: Path, checkpoint: dict[str, Any], current: dict[st
         )
     absent = "(absent)"
     saved = {key: value for key, value in saved.items() if key not in FREE_KEYS}  # checkpoints that recorded them
+    # a RESUME_KEYS entry newer than the checkpoint (data.train of data=files) is not recorded there: not checked
+    recorded = [root for root in RESUME_KEYS if any(k == root or k.startswith(f"{root}.") for k in saved)]
+    keys = saved.keys() | {k for k in current if any(k == root or k.startswith(f"{root}.") for root in recorded)}
     changes = [
         f"{key} {saved.get(key, absent)!r} -> {current.get(key, absent)!r}"
-        for key in sorted(saved.keys() | current.keys())
+        for key in sorted(keys)
         if saved.get(key, absent) != current.get(key, absent)
-        and not (key not in saved and current[key] is None)  # a key newer than the checkpoint, unset in this run
     ]
     if not changes:
         return

@@ -133,11 +133,14 @@ def check_run_dir_free(run_dir: str | Path, resume_from: Path | None, *, sweep: 
     if (path / "summary.json").is_file():
         held.append("summary.json")
     if held:
-        elsewhere = "hydra.sweep.dir" if sweep else "hydra.run.dir"
-        raise RunDirTakenError(
-            f"run folder {path} already holds a run ({' and '.join(held)}), which this start would overwrite: "
-            f"continue it with resume={path}, or start in another folder ({elsewhere})"
+        how = (
+            f"give the sweep another hydra.sweep.dir, or continue that job alone (klalm-train resume={path} with its "
+            "overrides)"
+            if sweep
+            else f"continue it with resume={path}, or start in another folder (hydra.run.dir)"
         )
+        raise RunDirTakenError(f"run folder {path} already holds a run ({' and '.join(held)}), which this start would "
+                               f"overwrite: {how}")  # fmt: skip
 
 
 def _same_folder(a: Path, b: Path) -> bool:
@@ -244,16 +247,19 @@ def run_dir_for(base: str, resume: str | None, search_glob: str, run_id: str | N
         run_id: `$KLALM_RUN_ID` (set by launchers so that every rank names the same new folder) or None.
 
     Returns:
-        The folder of the checkpoint resume=auto would resume from, the folder given as resume=<run dir> if it holds
-        checkpoints, or a new folder `<base>/<run_id or fresh_run_name()>`. Every rank of a job reaches the same
+        The folder of the checkpoint resume=auto would resume from (`<base>/<run_id>` when it holds a valid one, else
+        that of `klalm.models.checkpoint.newest_first` over `search_glob`), the folder given as resume=<run dir> if it
+        holds checkpoints, or a new folder `<base>/<run_id or fresh_run_name()>`. Every rank of a job reaches the same
         answer: it depends only on the files, and nothing is written before every rank has resolved it.
     """
     if resume == "auto":
         from klalm.models.checkpoint import newest_valid  # torch: only when resuming, so composing a config stays light
 
-        latest, _ = newest_valid(sorted(Path(p) for p in glob(search_glob)))
-        if latest is not None:
-            return str(latest.parent.parent)  # <run dir>/checkpoints/step-<N>.ckpt
+        own = [Path(base) / run_id] if run_id else []  # a launcher's job continues its own folder first (a requeue)
+        for folders in (own, sorted(Path(p) for p in glob(search_glob))):
+            latest, _ = newest_valid(folders)
+            if latest is not None:
+                return str(latest.parent.parent)  # <run dir>/checkpoints/step-<N>.ckpt
     elif resume is not None and Path(resume).is_dir():
         from klalm.models.checkpoint import list_checkpoints
 
