@@ -120,6 +120,8 @@ def compose_config():
         ("+train.max_tokns=5", "train.max_tokns is not a klalm-train key (did you mean train.max_tokens?)"),
         ("+sed=3", "sed is not a klalm-train key (did you mean seed?)"),
         ("model.mixer_options.kla.backend=triton", "model.mixer_options.kla.backend=triton needs a CUDA GPU"),
+        ("callbacks.sampler=false", "callbacks.sampler=False: give it a config, or callbacks.sampler=null to turn it"),
+        ("logger.csv=nul", "logger.csv='nul': give it a config, or logger.csv=null to turn it off"),
     ],
 )
 def test_train_checks_name_the_key(compose_config, override, message, monkeypatch):

@@ -356,6 +356,7 @@ def check_train_config(cfg: DictConfig, *, check_paths: bool = True) -> None:
     type-checked): for a sweep's check of every job before the first one starts (`klalm.train.sweep`), since an
     earlier job of the sweep may create that path. Each job runs every check again as it starts."""
     check_known_keys(cfg)
+    _check_switchable_entries(cfg)
     check(cfg, TRAIN_RULES)
     _check_kernel_backends(cfg)
     options = OmegaConf.select(cfg, "model.mixer_options")
@@ -366,6 +367,16 @@ def check_train_config(cfg: DictConfig, *, check_paths: bool = True) -> None:
                 raise ConfigError(message)
     if check_paths and cfg.resume not in (None, "auto") and not Path(cfg.resume).exists():
         raise ConfigError(f"resume={cfg.resume!r}: no such checkpoint file or run directory")
+
+
+def _check_switchable_entries(cfg: DictConfig) -> None:
+    """Each entry of `callbacks` and `logger` is a config (with its `_target_`) or null, which turns it off:
+    `callbacks.sampler=false` (or `=nul`) built the data and the model first and then failed in Hydra's instantiate,
+    in lines that named no key."""
+    for group in ("callbacks", "logger"):
+        for name, entry in (OmegaConf.select(cfg, group) or {}).items():
+            if entry is not None and not OmegaConf.is_dict(entry):
+                raise ConfigError(f"{group}.{name}={entry!r}: give it a config, or {group}.{name}=null to turn it off")
 
 
 def check_run_dir(cfg: DictConfig, output_dir: str, *, sweep: bool = False) -> None:
