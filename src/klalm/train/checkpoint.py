@@ -194,8 +194,8 @@ class RollingCheckpoint(Callback):
         """Writes `step-<N>.ckpt` atomically (temporary name, then rename) and prunes old checkpoints.
 
         The loggers are flushed first, so a kill after the save loses no metrics row of a step the checkpoint
-        covers: the app runs this callback after `StepMetrics`, which logs the step's row, and a step that validates
-        is saved after its validation row (`on_train_batch_end`).
+        covers: the app runs this callback after `StepMetrics`, which logs the step's row, and a periodic save of a
+        step that validates comes after its validation row (`on_train_batch_end`).
         """
         step = trainer.global_step
         for logger in trainer.loggers:
