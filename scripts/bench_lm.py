@@ -278,8 +278,13 @@ def median_row(runs: list[dict]) -> dict:
     speeds = [r["perf/tokens_per_s"] for r in measured]
     row["runs/tokens_per_s"] = speeds
     row["runs/spread"] = (max(speeds) - min(speeds)) / row["perf/tokens_per_s"]
+    notes = [r["status"] for r in measured if "status" in r]  # a run that finished after SIGTERM, whichever it was
     if len(measured) < len(runs):
-        row["status"] = f"ok, {len(measured)} of {len(runs)} runs (then stopped)"
+        notes.append(f"{len(measured)} measured runs, then stopped")
+    if notes:
+        row["status"] = "ok, " + "; ".join(note.removeprefix("ok, ") for note in notes)
+    else:
+        row.pop("status", None)
     return row
 
 
