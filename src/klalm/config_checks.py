@@ -34,11 +34,11 @@ class ConfigError(ValueError):
     """A config value of the wrong type or out of range; the message names the key."""
 
 
-def _is_int(v: Any) -> bool:
+def is_int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
-def _is_number(v: Any) -> bool:
+def is_number(v: Any) -> bool:
     """A finite int or float (`optim.lr=inf` once trained a run to NaN weights and checkpointed them)."""
     return (isinstance(v, int) and not isinstance(v, bool)) or (isinstance(v, float) and math.isfinite(v))
 
@@ -48,14 +48,14 @@ def _is_str_list(v: Any) -> bool:
 
 
 # A type: (test, how the message names it).
-INT = (_is_int, "an integer")
-NUMBER = (_is_number, "a finite number")
+INT = (is_int, "an integer")
+NUMBER = (is_number, "a finite number")
 BOOL = (lambda v: isinstance(v, bool), "true or false")
 COMPILE = (lambda v: isinstance(v, bool) or v == "blocks", "true, false or blocks")  # train.compile
 STR = (lambda v: isinstance(v, str), "a string")
 STR_OR_LIST = (lambda v: isinstance(v, str) or _is_str_list(v), "a path or a list of paths")
 BETAS = (
-    lambda v: isinstance(v, (list, ListConfig)) and len(v) == 2 and all(_is_number(b) and 0 <= b < 1 for b in v),
+    lambda v: isinstance(v, (list, ListConfig)) and len(v) == 2 and all(is_number(b) and 0 <= b < 1 for b in v),
     "a list of two numbers in [0, 1), e.g. [0.9, 0.95]",
 )
 

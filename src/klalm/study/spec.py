@@ -12,6 +12,7 @@ from importlib.resources import files
 from pathlib import Path
 from typing import Any
 
+from klalm.config_checks import is_int, is_number
 from klalm.study.files import read_yaml
 
 DEFAULT_SPEC = "enwiki_45m"
@@ -69,28 +70,20 @@ _EVAL_KEYS = {"tasks", "limit", "batch_size", "val_batch_size"}
 _ESTIMATE_KEYS = {"overhead_s", "eval_s", "ddp_efficiency", "prior_tokens_per_s"}
 
 
-def _number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and value == value  # not NaN
-
-
-def _whole(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
 def _check_parts(spec: Spec) -> None:
     """The types and ranges inside the spec's mappings and lists (what `_check` goes on to cross-check)."""
     for where, seeds in [("seeds", spec.seeds), *((f"extra_seeds.{m}", s) for m, s in spec.extra_seeds.items())]:
-        if not isinstance(seeds, list) or not all(_whole(seed) for seed in seeds):
+        if not isinstance(seeds, list) or not all(is_int(seed) for seed in seeds):
             raise ValueError(f"study {where}={seeds!r} must be a list of whole numbers")
     swept = spec.sweep.get("lrs", {})  # a missing key is `_check`'s to name
     if not isinstance(swept, dict):
         raise ValueError(f"study sweep.lrs={swept!r} must map each swept model to its learning rates")
     for model, lrs in swept.items():
-        if not isinstance(lrs, list) or not lrs or not all(_number(lr) and lr > 0 for lr in lrs):
+        if not isinstance(lrs, list) or not lrs or not all(is_number(lr) and lr > 0 for lr in lrs):
             raise ValueError(f"study sweep.lrs.{model}={lrs!r} must be a list of positive learning rates")
     for model, options in spec.models.items():
         scale = options.get("dynamics_lr_scale") if isinstance(options, dict) else None
-        if isinstance(options, dict) and "dynamics_lr_scale" in options and not (_number(scale) and scale > 0):
+        if isinstance(options, dict) and "dynamics_lr_scale" in options and not (is_number(scale) and scale > 0):
             raise ValueError(f"study models.{model}.dynamics_lr_scale={scale!r} must be a positive number")
     if not all(isinstance(o, str) for o in spec.overrides):
         raise ValueError(f"study overrides={spec.overrides!r} must be a list of Hydra overrides (strings)")
@@ -99,22 +92,22 @@ def _check_parts(spec: Spec) -> None:
     tasks, limit = spec.eval["tasks"], spec.eval["limit"]
     if not isinstance(tasks, list) or not tasks or not all(isinstance(t, str) for t in tasks):
         raise ValueError(f"study eval.tasks={tasks!r} must be a list of task names")
-    if limit is not None and not (_whole(limit) and limit > 0):
+    if limit is not None and not (is_int(limit) and limit > 0):
         raise ValueError(f"study eval.limit={limit!r} must be a positive whole number, or null for every example")
     for key in ("batch_size", "val_batch_size"):
-        if not (_whole(spec.eval[key]) and spec.eval[key] > 0):
+        if not (is_int(spec.eval[key]) and spec.eval[key] > 0):
             raise ValueError(f"study eval.{key}={spec.eval[key]!r} must be a positive whole number")
     if set(spec.estimate) != _ESTIMATE_KEYS:
         got = sorted(spec.estimate, key=str)
         raise ValueError(f"study estimate: keys must be {sorted(_ESTIMATE_KEYS)}, got {got}")
     for key in ("overhead_s", "eval_s"):
-        if not (_number(spec.estimate[key]) and spec.estimate[key] >= 0):
+        if not (is_number(spec.estimate[key]) and spec.estimate[key] >= 0):
             raise ValueError(f"study estimate.{key}={spec.estimate[key]!r} must be a number of seconds (>= 0)")
     efficiency = spec.estimate["ddp_efficiency"]
-    if not (_number(efficiency) and 0 < efficiency <= 1):
+    if not (is_number(efficiency) and 0 < efficiency <= 1):
         raise ValueError(f"study estimate.ddp_efficiency={efficiency!r} must be a number in (0, 1]")
     priors = spec.estimate["prior_tokens_per_s"]
-    if not isinstance(priors, dict) or not all(_number(v) and v > 0 for v in priors.values()):
+    if not isinstance(priors, dict) or not all(is_number(v) and v > 0 for v in priors.values()):
         raise ValueError(f"study estimate.prior_tokens_per_s={priors!r} must map models to positive tokens/s")
 
 
@@ -125,7 +118,7 @@ def _check(spec: Spec) -> None:
     if set(spec.sweep) != {"lrs", "fraction"}:
         raise ValueError(f"study sweep: keys must be fraction and lrs, got {sorted(spec.sweep, key=str)}")
     fraction = spec.sweep["fraction"]
-    if not _number(fraction) or not 0 < fraction <= 1:
+    if not is_number(fraction) or not 0 < fraction <= 1:
         raise ValueError(f"study sweep.fraction={fraction!r} must be a number in (0, 1]")
     for model, options in spec.models.items():
         if not isinstance(options, dict) or set(options) != {"lr", "dynamics_lr_scale"}:

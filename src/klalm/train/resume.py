@@ -64,7 +64,7 @@ FREE_KEYS = ("optim.fused",)
 MAX_NAMED = 5  # model settings a refused resume names
 
 
-def resolve_resume(resume: str | None, search_glob: str, run_dir: Path | None = None) -> Path | None:
+def resolve_resume(resume: str | None, search_glob: str, run_dir: Path) -> Path | None:
     """The verified checkpoint to resume from (None: a fresh run); see the module docstring. With resume=auto,
     the newest valid checkpoint of `run_dir` (the run folder `klalm.train.rundir.run_dir_for` chose) comes first.
 
@@ -75,13 +75,11 @@ def resolve_resume(resume: str | None, search_glob: str, run_dir: Path | None = 
     if resume is None:
         return None
     if resume == "auto":
-        own, skipped = newest_valid([run_dir]) if run_dir is not None else (None, [])
+        own, skipped = newest_valid([run_dir])
         if own is not None:
-            for reason in skipped:
-                log.warning("resume=auto (this run's folder): skipped %s", reason)
-            log.info("resume=auto (this run's folder): resuming from %s", own)
-            return own
-        return _newest_valid_or_none(sorted(Path(p) for p in glob(search_glob)), f"resume=auto (over {search_glob})")
+            return _logged("resume=auto (this run's folder)", own, skipped)
+        runs = sorted(Path(p) for p in glob(search_glob))
+        return _logged(f"resume=auto (over {search_glob})", *newest_valid(runs))
     path = Path(resume)
     if path.is_file():
         verify_checkpoint(path)
@@ -90,15 +88,11 @@ def resolve_resume(resume: str | None, search_glob: str, run_dir: Path | None = 
     if latest is None:
         why = f" ({'; '.join(skipped)})" if skipped else ""
         raise FileNotFoundError(f"resume={resume!r}: the folder holds no valid checkpoints/step-*.ckpt{why}")
-    for reason in skipped:
-        log.warning("resume=%s: skipped %s", resume, reason)
-    log.info("resume=%s: resuming from %s", resume, latest)
-    return latest
+    return _logged(f"resume={resume}", latest, skipped)
 
 
-def _newest_valid_or_none(run_dirs: list[Path], what: str) -> Path | None:
-    """The newest valid checkpoint over `run_dirs`, logging each one skipped on the way and the choice."""
-    latest, skipped = newest_valid(run_dirs)
+def _logged(what: str, latest: Path | None, skipped: list[str]) -> Path | None:
+    """`latest`, the choice of `newest_valid`, after logging each checkpoint skipped on the way and the choice."""
     for reason in skipped:
         log.warning("%s: skipped %s", what, reason)
     log.info("%s: %s", what, f"resuming from {latest}" if latest else "no valid checkpoint, starting fresh")
@@ -143,8 +137,8 @@ def check_settings(ckpt_path: Path, checkpoint: dict[str, Any], current: dict[st
     absent = "(absent)"
     saved = {key: value for key, value in saved.items() if key not in FREE_KEYS}  # checkpoints that recorded them
     # a RESUME_KEYS entry newer than the checkpoint (data.train of data=files) is not recorded there: not checked
-    recorded = [root for root in RESUME_KEYS if any(k == root or k.startswith(f"{root}.") for k in saved)]
-    keys = saved.keys() | {k for k in current if any(k == root or k.startswith(f"{root}.") for root in recorded)}
+    recorded = {_root(key) for key in saved}
+    keys = saved.keys() | {key for key in current if _root(key) in recorded}
     changes = [
         f"{key} {saved.get(key, absent)!r} -> {current.get(key, absent)!r}"
         for key in sorted(keys)
@@ -159,6 +153,11 @@ def check_settings(ckpt_path: Path, checkpoint: dict[str, Any], current: dict[st
         f"resume from {ckpt_path} changes {'; '.join(changes)}: that would silently change the lr schedule or the "
         "data order of the run; keep the checkpoint's values, or pass resume_allow_changes=true to accept the change"
     )
+
+
+def _root(key: str) -> str | None:
+    """The `RESUME_KEYS` entry a flattened key belongs to ("optim.betas" -> "optim"), or None."""
+    return next((root for root in RESUME_KEYS if key == root or key.startswith(f"{root}.")), None)
 
 
 def check_tokenizer(ckpt_path: Path, tokenizer: Any) -> None:
