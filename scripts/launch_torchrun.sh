@@ -14,6 +14,11 @@
 # older torchrun keeps 30), TORCHRUN_ARGS (more torchrun options, e.g. "--log-dir logs/ranks --tee 3": each rank's
 # output also in its own files; only global rank 0 writes the run folder's train.log). Every other argument is a
 # Hydra override for klalm-train.
+#
+# Exit code: 0 when the run finished; after SIGTERM (e.g. SLURM's, before a time limit or preemption) 143, after
+# SIGINT (Ctrl-C) 130, when every rank of this node saved its checkpoint and stopped (resume with resume=auto);
+# 1 for a failure, also one during such a stop (a rank killed after TORCH_ELASTIC_SHUTDOWN_TIMEOUT). torchrun itself
+# ends with 1 after any signal; klalm.train.torchrun, which runs it here, tells these apart.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -40,5 +45,5 @@ export OMP_NUM_THREADS=${OMP_NUM_THREADS:-4}
 export TORCH_ELASTIC_SHUTDOWN_TIMEOUT=${TORCH_ELASTIC_SHUTDOWN_TIMEOUT:-120}
 
 # shellcheck disable=SC2086  # TORCHRUN_ARGS: several options, split on spaces
-exec "$PYTHON" -m torch.distributed.run "${RDZV[@]}" ${TORCHRUN_ARGS:-} --nproc_per_node "$NPROC_PER_NODE" -m klalm.train \
+exec "$PYTHON" -m klalm.train.torchrun "${RDZV[@]}" ${TORCHRUN_ARGS:-} --nproc_per_node "$NPROC_PER_NODE" -m klalm.train \
   "trainer=$TRAINER" "trainer.devices=$NPROC_PER_NODE" "trainer.num_nodes=$NNODES" "$@"

@@ -64,7 +64,7 @@ def test_commands_for_one_and_several_gpus():
     one = train_command(["a=1"], 1)
     assert one[1:] == ["-m", "klalm.train", "a=1"]
     four = train_command(["a=1"], 4)
-    assert four[1:4] == ["-m", "torch.distributed.run", "--standalone"]
+    assert four[1:4] == ["-m", "klalm.train.torchrun", "--standalone"]
     assert four[6:8] == ["--nproc_per_node", "4"] and "trainer=ddp" in four and "trainer.devices=4" in four
 
 

@@ -82,8 +82,10 @@ def test_two_process_run_matches_one_process(tmp_path, trainer, model, fused):
 
 
 @pytest.mark.slow
-def test_sigterm_under_ddp_saves_once_and_resumes_on_one_process(tmp_path):
-    """torchrun forwards SIGTERM to every rank; they agree, write one checkpoint and stop; a single process resumes."""
+@pytest.mark.parametrize(("sig", "name", "code"), [(signal.SIGTERM, "SIGTERM", 143), (signal.SIGINT, "Ctrl-C", 130)])
+def test_stop_signal_under_ddp_saves_once_and_resumes_on_one_process(tmp_path, sig, name, code):
+    """torchrun forwards SIGTERM (SIGINT) to every rank; they agree, write one checkpoint and stop; the launcher
+    exits 143 (130), as each rank does (torchrun alone: 1, as after a crash); a single process resumes."""
     overrides = [*OVERRIDES, "train.max_tokens=1280000", "callbacks.checkpoint.every_n_steps=0", "run_name=pre",
                  f"paths.log_dir={tmp_path}", "logger.csv.flush_logs_every_n_steps=1"]  # fmt: skip
     ranks = tmp_path / "ranks"  # torchrun's own per-rank output files, through the launcher's TORCHRUN_ARGS
@@ -99,14 +101,19 @@ def test_sigterm_under_ddp_saves_once_and_resumes_on_one_process(tmp_path):
     while not (metrics.is_file() and len(metrics.read_text().splitlines()) > 3):
         assert proc.poll() is None and time.time() < deadline, "the DDP run ended or stalled before the signal"
         time.sleep(0.1)
-    proc.send_signal(signal.SIGTERM)  # to the torchrun agent (exec'd by the launcher), which forwards it
+    # to the torchrun agent (exec'd by the launcher), which forwards it; a terminal's Ctrl-C reaches the agent alone
+    # too (torchrun starts each rank in a session of its own)
+    proc.send_signal(sig)
     proc.wait(timeout=120)
-    assert console.read_text().count("stopped by SIGTERM") == 2  # each rank logs to its console
+    stderr = (tmp_path / "console_stderr.txt").read_text()
+    assert proc.returncode == code, stderr[-4000:]
+    assert f"ranks' exit codes {{0: {code}, 1: {code}}}; exit code {code}" in stderr  # klalm.train.torchrun's line
+    assert console.read_text().count(f"stopped by {name}") == 2  # each rank logs to its console
     (rank0,) = ranks.glob("*/attempt_0/0/stdout.log")
     (rank1,) = ranks.glob("*/attempt_0/1/stdout.log")
-    assert "stopped by SIGTERM" in rank0.read_text() and "stopped by SIGTERM" in rank1.read_text()
+    assert f"stopped by {name}" in rank0.read_text() and f"stopped by {name}" in rank1.read_text()
     app_log = (tmp_path / "pre" / "two" / "train.log").read_text()  # global rank 0 only
-    assert app_log.count("stopped by SIGTERM") == 1, app_log[-4000:]
+    assert app_log.count(f"stopped by {name}") == 1, app_log[-4000:]
     saved = list_checkpoints(tmp_path / "pre" / "two")
     assert len(saved) == 1 and 0 < checkpoint_step(saved[0]) < 20000
 

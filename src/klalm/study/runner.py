@@ -122,10 +122,11 @@ def train_overrides(spec: Spec, recipe: Recipe, cell: Cell, lr: float, run_dir: 
 
 
 def train_command(overrides: list[str], gpus: int) -> list[str]:
-    """`python -m klalm.train` on one GPU, or under torchrun with DDP over `gpus` GPUs of this node."""
+    """`python -m klalm.train` on one GPU, or under torchrun (`klalm.train.torchrun`) with DDP over `gpus` GPUs of this
+    node."""
     if gpus == 1:
         return [sys.executable, "-m", "klalm.train", *overrides]
-    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes", "1"]
+    launcher = [sys.executable, "-m", "klalm.train.torchrun", "--standalone", "--nnodes", "1"]
     return [*launcher, "--nproc_per_node", str(gpus), "-m", "klalm.train", "trainer=ddp", f"trainer.devices={gpus}",
             *overrides]  # fmt: skip
 
