@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 # Lowest layer first. A package may import the root modules and any package of a lower layer; two packages of one
 # layer import neither each other (save ONE_UNIT). Root modules (`klalm.markdown`, `klalm.config_checks`, `klalm.loss`,
-# `klalm.param_names`, `klalm.provenance`, `klalm.errors`) are the bottom: they import nothing of klalm.
+# `klalm.param_names`, `klalm.provenance`, `klalm.errors`, `klalm.fileio`) are the bottom: they import nothing of klalm.
 LAYERS: tuple[frozenset[str], ...] = (
     frozenset({"ops", "kernels"}),
     frozenset({"models"}),
@@ -28,7 +28,15 @@ LAYERS: tuple[frozenset[str], ...] = (
     frozenset({"cli"}),
 )
 ROOT_MODULES = frozenset(
-    {"klalm.markdown", "klalm.config_checks", "klalm.provenance", "klalm.loss", "klalm.param_names", "klalm.errors"}
+    {
+        "klalm.markdown",
+        "klalm.config_checks",
+        "klalm.provenance",
+        "klalm.loss",
+        "klalm.param_names",
+        "klalm.errors",
+        "klalm.fileio",
+    }
 )
 # A kernel is the fast path of its op: kernels/ and ops/ import each other (module by module, without a circle).
 ONE_UNIT = frozenset({"ops", "kernels"})

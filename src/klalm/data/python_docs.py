@@ -23,6 +23,8 @@ import zlib
 from collections.abc import Iterator
 from pathlib import Path
 
+from klalm.fileio import atomic_path
+
 log = logging.getLogger(__name__)
 
 EXCLUDED_DIRS = frozenset(
@@ -103,13 +105,11 @@ def _stdlib_documents() -> Iterator[dict[str, str]]:
 def build_python_docs(out_file: Path) -> int:
     """Extracts the corpus into a jsonl file (fields id, text), written atomically; returns the document count."""
     out_file.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out_file.with_suffix(f".tmp{os.getpid()}")
     count = 0
-    with open(tmp, "w", encoding="utf-8") as f:
+    with atomic_path(out_file) as temporary, open(temporary, "w", encoding="utf-8") as f:
         for doc in (*_topic_documents(), *_stdlib_documents()):
             f.write(json.dumps(doc, ensure_ascii=False) + "\n")
             count += 1
-    os.replace(tmp, out_file)
     return count
 
 

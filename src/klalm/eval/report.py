@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from klalm.eval.harness import METRICS, TaskSpec
+from klalm.fileio import write_atomic
 
 _VERSIONED = ("klalm", "lm_eval", "torch", "transformers")
 
@@ -86,8 +87,8 @@ def write_report(report: dict[str, Any], output_dir: str | Path) -> tuple[Path, 
     out = Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)
     json_path, md_path = out / "results.json", out / "results.md"
-    json_path.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
-    md_path.write_text(markdown_table(report), encoding="utf-8")
+    write_atomic(json_path, json.dumps(report, indent=2) + "\n")
+    write_atomic(md_path, markdown_table(report))
     return json_path, md_path
 
 

@@ -17,6 +17,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
+from klalm.fileio import write_atomic
 from klalm.markdown import fill_sections
 from klalm.study import results
 from klalm.study.files import read_json
@@ -292,7 +293,7 @@ def write_report(spec: Spec, doc: Path) -> str:
     runs = _runs(spec)
     sections = {name: build(spec, runs) for name, build in SECTIONS.items()}
     text = fill_sections(doc.read_text(encoding="utf-8"), sections, "study")
-    doc.write_text(text, encoding="utf-8")
+    write_atomic(doc, text)
     if runs:
         plot_val_curves(spec, runs, doc.parent / PLOT)
     return f"{doc}: {len(runs)} runs, {len(results.finished(spec, sweep=True))} sweep cells"

@@ -19,6 +19,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+from klalm.fileio import write_atomic
 from klalm.study.files import read_json
 from klalm.study.spec import Cell, Spec
 
@@ -149,7 +150,7 @@ def collect(spec: Spec, run_dir: Path) -> dict[str, Any]:
             "total": (timing["train"] * gpus + eval_s) / 60,
         },
     }
-    (out / RUN_FILE).write_text(json.dumps(record, indent=1) + "\n")
+    write_atomic(out / RUN_FILE, json.dumps(record, indent=1) + "\n")
     return record
 
 

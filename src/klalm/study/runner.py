@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from klalm.errors import one_line
+from klalm.fileio import write_atomic
 from klalm.study import results
 from klalm.study.files import read_json
 from klalm.study.spec import Cell, Spec
@@ -260,7 +261,7 @@ class StudyRunner:
         if not ok:
             log.error("%s: evaluation failed; see %s", cell.name, run_dir / "eval.log")
             return None
-        (run_dir / results.TIMING_FILE).write_text(json.dumps(timing, indent=1) + "\n")
+        write_atomic(run_dir / results.TIMING_FILE, json.dumps(timing, indent=1) + "\n")
         record = results.collect(self.spec, run_dir)
         val, rate = record["val"], record["throughput"]["tokens_per_s"]
         log.info("%s: val loss %.4f (ppl %.2f), %.0f tokens/s, %.1f GPU-min", cell.name, val["loss"], val["ppl"], rate,

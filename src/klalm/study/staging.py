@@ -24,6 +24,7 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
+from klalm.fileio import atomic_path, write_atomic
 from klalm.study.files import read_json
 
 MANIFEST = "manifest.json"
@@ -89,7 +90,7 @@ def pack(shards: str | Path, out: str | Path, *, preset: int = 9 | lzma.PRESET_E
     out.mkdir(parents=True, exist_ok=True)
     pieces = {t: _pack_file(raw, t, out, preset) for t, raw in tqdm(files.items(), desc="xz", unit="file")}
     manifest = {"format": "klalm-staging-v1", "indexes": indexes, "pieces": pieces}
-    (out / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
+    write_atomic(out / MANIFEST, json.dumps(manifest, indent=1) + "\n")
     return manifest
 
 
@@ -113,13 +114,11 @@ def _stage_piece(entry: dict[str, Any], sources: list[Path], target: Path) -> st
     if sha256_file(piece) != entry["xz_sha256"]:
         raise ValueError(f"{piece}: checksum differs from the manifest (truncated or corrupted transfer)")
     target.parent.mkdir(parents=True, exist_ok=True)
-    partial = target.with_name(target.name + ".tmp")
-    with lzma.open(piece, "rb") as src, open(partial, "wb") as dst:
-        shutil.copyfileobj(src, dst, _CHUNK)
-    if sha256_file(partial) != entry["sha256"]:
-        partial.unlink()
-        raise ValueError(f"{piece}: decompressed bytes differ from the manifest's checksum")
-    partial.replace(target)
+    with atomic_path(target) as partial:
+        with lzma.open(piece, "rb") as src, open(partial, "wb") as dst:
+            shutil.copyfileobj(src, dst, _CHUNK)
+        if sha256_file(partial) != entry["sha256"]:
+            raise ValueError(f"{piece}: decompressed bytes differ from the manifest's checksum")
     return "staged"
 
 
@@ -152,7 +151,7 @@ def stage(sources: list[str | Path], shards: str | Path) -> dict[str, Any]:
         index = {**full, "shards": present, "total_tokens": sum(s["tokens"] for s in present)}
         index["partial"] = len(present) < len(full["shards"])
         index["pack_total_tokens"] = full["total_tokens"]
-        (shards / split / INDEX_FILE).write_text(json.dumps(index, indent=1) + "\n")
+        write_atomic(shards / split / INDEX_FILE, json.dumps(index, indent=1) + "\n")
         by_kind = {k: sorted(t for t, s in status.items() if s == k and t.startswith(f"{split}/")) for k in KINDS}
         report[split] = {"tokens": index["total_tokens"], "total_tokens": full["total_tokens"], **by_kind}
         report[split]["partial"] = index["partial"]

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from klalm.config_checks import A5_CRITERIA
+from klalm.fileio import write_atomic
 from klalm.markdown import fill_sections
 from klalm.tasks.plans import RunPlan, plan_units
 from klalm.tasks.results import Results
@@ -583,7 +584,7 @@ def write_doc(plan: RunPlan, folder: Path, doc: Path) -> str:
     image_dir = doc.parent / "img"
     image_dir.mkdir(exist_ok=True)
     filled = fill_sections(doc.read_text(encoding="utf-8"), sections(plan, folder, image_dir, "img/"), "synthetic")
-    doc.write_text(filled, encoding="utf-8")
+    write_atomic(doc, filled)
     return f"{doc}: sections {', '.join(plan.families)} from {folder}"
 
 

@@ -41,6 +41,7 @@ from typing import Any
 import torch
 
 from klalm.errors import one_line
+from klalm.fileio import atomic_path, write_atomic
 from klalm.ops.backends import recording
 from klalm.tasks import make_task, materialize
 from klalm.tasks.base import SyntheticTask
@@ -373,7 +374,7 @@ def pack_states(folder: Path, out: Path, part_bytes: int = 15 * 2**20) -> list[P
     parts = []
     for index, start in enumerate(range(0, len(data), part_bytes)):
         part = out / f"state.tar.{index:02d}"
-        _write_atomically(part, lambda path, chunk=data[start : start + part_bytes]: path.write_bytes(chunk))
+        write_atomic(part, data[start : start + part_bytes])
         parts.append(part)
     for stale in state_parts(out)[len(parts) :]:
         stale.unlink()
@@ -405,12 +406,6 @@ def remove_state(folder: Path, name: str) -> None:
             (folder / name).with_suffix(suffix).unlink(missing_ok=True)
 
 
-def _write_atomically(path: Path, write) -> None:
-    temporary = path.with_suffix(path.suffix + ".tmp")
-    write(temporary)
-    os.replace(temporary, path)
-
-
 @contextlib.contextmanager
 def _locked(folder: Path):
     """Hold the state folder's lock (an flock on `folder/.lock`): one process writes or packs its states at a time.
@@ -434,8 +429,9 @@ def _save_state(folder: Path, unit: Unit, members: list[Member], evals: list[lis
     state = {"members": [m.state_dict() for m in members], "evals": evals, "spent": spent}
     info = {"unit": dataclasses.asdict(unit), "label": unit.label(), "step": step, "spent": spent}
     with _locked(folder):
-        _write_atomically(folder / f"{name}.pt", lambda path: torch.save(state, path))
-        _write_atomically(folder / f"{name}.json", lambda path: path.write_text(json.dumps(info)))
+        with atomic_path(folder / f"{name}.pt") as temporary:
+            torch.save(state, temporary)
+        write_atomic(folder / f"{name}.json", json.dumps(info))
 
 
 def _load_state(folder: Path, unit: Unit, device: torch.device) -> dict[str, Any] | None:

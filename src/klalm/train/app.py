@@ -34,6 +34,7 @@ from omegaconf import DictConfig, OmegaConf
 from klalm.config_checks import ConfigError, check_train_config
 from klalm.data.loader import LoaderStateError, NoDocumentsError
 from klalm.data.records import BadRecordError
+from klalm.fileio import write_atomic
 from klalm.models.checkpoint import HF_DIR, TOKENIZER_DIR, CheckpointError, list_checkpoints, load_checkpoint_file
 from klalm.models.export import ExportTargetError, check_export_target
 from klalm.train.budget import derive_budget
@@ -331,7 +332,7 @@ def finish(cfg: DictConfig, trainer: pl.Trainer, module: LMModule, datamodule: A
     csv_path = run_dir / "csv" / "metrics.csv"
     if cfg.train.plot and csv_path.is_file():
         plot_losses({cfg.run_name: csv_path}, run_dir / "loss.png", title=f"{cfg.run_name}: loss")
-    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    write_atomic(run_dir / "summary.json", json.dumps(summary, indent=2) + "\n")
     log.info("summary: %s", json.dumps(summary))
     return summary
 

@@ -17,6 +17,8 @@ from lightning.pytorch.loggers import CSVLogger
 from lightning.pytorch.loggers.csv_logs import ExperimentWriter
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
+from klalm.fileio import atomic_path
+
 
 class _ContinuingWriter(ExperimentWriter):
     """Lightning's CSV writer, minus the deletion of an existing file at start."""
@@ -51,9 +53,7 @@ class ContinuingCSVLogger(CSVLogger):
         kept = [row for row in rows if int(float(row["step"])) <= step]
         if len(kept) == len(rows):
             return
-        tmp = f"{path}.tmp"
-        with open(tmp, "w", newline="") as handle:
+        with atomic_path(path) as temporary, open(temporary, "w", newline="") as handle:
             writer = csv.DictWriter(handle, fieldnames=columns)
             writer.writeheader()
             writer.writerows(kept)
-        os.replace(tmp, path)

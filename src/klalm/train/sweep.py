@@ -33,6 +33,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 from klalm.config_checks import ConfigError, check_run_dir, check_train_config
 from klalm.errors import one_line
+from klalm.fileio import write_atomic
 from klalm.train.plots import plot_losses, read_metric
 from klalm.train.rundir import RunDirTakenError, check_run_dir_free
 
@@ -274,7 +275,7 @@ class SweepSummary(Callback):
 def _write_summary(sweep_dir: Path) -> str:
     """Writes `summary.md` (the table, returned) and `summary.png` (every job's loss curves) into `sweep_dir`."""
     table = summary_table(sweep_dir)
-    (sweep_dir / "summary.md").write_text(table)
+    write_atomic(sweep_dir / "summary.md", table)
     summary_plot(sweep_dir, sweep_dir / "summary.png")
     return table
 
