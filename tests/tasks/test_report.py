@@ -178,7 +178,7 @@ def test_a5_positions_plot_counts_a_units_paused_seeds_in_its_legend(tmp_path, m
 
 
 def test_a_line_of_the_grid_plots_breaks_where_a_column_has_no_finished_run(tmp_path, monkeypatch):
-    """MQAR and MAD plots: a column without a finished run is a gap (NaN) in its line, not a segment drawn across it
+    """MQAR's plot: a column without a finished run is a gap (NaN) in its line, not a segment drawn across it
     (MAD's plot once joined in-context recall to compression over three tasks that never ran); cells hold (finished
     rows, planned runs, paused rows), as `best_runs` makes them."""
     import math
@@ -199,3 +199,26 @@ def test_a_line_of_the_grid_plots_breaks_where_a_column_has_no_finished_run(tmp_
     assert xs == [0, 1, 2, 3]  # the columns in the order they first appear: a, b, d, c
     assert ys[0] == 75.0 and math.isnan(ys[1]) and ys[2] == 100.0 and math.isnan(ys[3])
     assert [math.isnan(y) for y in lines["gpt"][1]] == [True, True, True, False] and lines["gpt"][1][3] == 25.0
+
+
+def test_the_mad_plot_draws_bars_only_where_a_run_finished_and_marks_tasks_never_run(tmp_path, monkeypatch):
+    """MAD's tasks are not a scale, so its plot is grouped bars: one per arch and task with a finished run (the best
+    accuracy), no bar (not a 0 % one) where an arch has none, and "not run" under a task no arch has finished."""
+    drawn = {}
+
+    def capture(fig, path):  # instead of writing the figure: each arch's bars and the texts
+        import matplotlib.pyplot as plt
+
+        ax = fig.axes[0]
+        for container in ax.containers:
+            drawn[container.get_label()] = [round(bar.get_height(), 6) for bar in container]
+        drawn["texts"] = [(round(t.get_position()[0]), t.get_text()) for t in ax.texts]
+        plt.close(fig)
+
+    cells = {("kla", "a"): ([{"token_acc": 0.5}, {"token_acc": 0.75}], 2, []), ("gpt", "a"): ([], 1, []),
+             ("kla", "b"): ([], 1, []), ("gpt", "b"): ([], 1, []),
+             ("kla", "c"): ([{"token_acc": 1.0}], 1, []), ("gpt", "c"): ([{"token_acc": 0.25}], 1, [])}  # fmt: skip
+    monkeypatch.setattr(report, "_save", capture)
+    report.plot_bars(cells, "MAD-Lab", tmp_path / "p.png")
+    assert drawn["kla"] == [75.0, 100.0] and drawn["gpt"] == [25.0]
+    assert drawn["texts"] == [(1, "not run")]

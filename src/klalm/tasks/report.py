@@ -271,11 +271,13 @@ def _blocks(n: int) -> str:
     return f"{n} block" + ("s" if n != 1 else "")
 
 
-def _grid_section(cells: dict, heading: str, first: str, with_lr: bool, name: str, figure: Figure | None) -> str:
-    """The best-run table of MQAR or MAD under `heading`, and its line plot when a figure is asked for."""
+def _grid_section(cells: dict, heading: str, first: str, with_lr: bool, name: str, figure: Figure | None,
+                  plot=None) -> str:  # fmt: skip
+    """The best-run table of MQAR or MAD under `heading`, and its plot (`plot`, default `plot_lines`) when a figure is
+    asked for."""
     text = f"{heading}\n\n" + _grid_table(cells, first, with_lr=with_lr)
     if figure is not None:
-        plot_lines(cells, f"{name}: best held-out accuracy", figure[0])
+        (plot or plot_lines)(cells, f"{name}: best held-out accuracy", figure[0])
         text += f"\n\n![{name.split('-')[0]} accuracy]({figure[1]})"
     return text
 
@@ -318,10 +320,35 @@ def plot_lines(cells: dict, title: str, path: Path) -> None:
 # ------------------------------------------------------------------------------------------------------------ MAD
 
 
+def plot_bars(cells: dict, title: str, path: Path) -> None:
+    """Accuracy per column as grouped bars, one bar per row label (none where the label has no finished run), for
+    columns that do not form a scale (MAD's tasks, which a line would join as if they did); a column with no finished
+    run at all is marked "not run"."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    labels, columns = list(dict.fromkeys(r for r, _ in cells)), list(dict.fromkeys(c for _, c in cells))
+    points = {label: _line_points(cells, label, columns) for label in labels}
+    width = 0.8 / max(1, len(labels))
+    fig, ax = plt.subplots(figsize=(max(7.0, 1.2 * len(columns)), 4))
+    for i, label in enumerate(labels):  # no bar where a label has no finished run: a missing bar, not a 0 %
+        shown = [(x + (i - (len(labels) - 1) / 2) * width, p) for x, p in enumerate(points[label]) if not math.isnan(p)]
+        ax.bar([x for x, _ in shown], [p for _, p in shown], width, label=label, color=f"C{i}")
+    for x in range(len(columns)):
+        if all(math.isnan(points[label][x]) for label in labels):
+            ax.text(x, 2, "not run", ha="center", va="bottom", fontsize=8, color="0.4")
+    ax.set_xticks(range(len(columns)), columns, rotation=20)
+    ax.set(ylabel="accuracy (%)", ylim=(0, 101), title=title)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))  # beside the axes: bars reach 100 %
+    _save(fig, path)
+
+
 def mad_section(plan: RunPlan, rows: list[Row], figure: Figure | None, progress: list[Row] = ()) -> str:
     cells = best_runs(plan, rows, "mad", lambda u: u.arch, lambda u: u.task["name"].removeprefix("mad_"), progress)
     heading = "MAD-Lab, held-out accuracy % (best over learning rates, weight decays and seeds):"
-    return _grid_section(cells, heading, "arch", False, "MAD-Lab", figure if rows else None)
+    return _grid_section(cells, heading, "arch", False, "MAD-Lab", figure if rows else None, plot_bars)
 
 
 SECTIONS = {"a5": a5_section, "mqar": mqar_section, "mad": mad_section}
