@@ -9,7 +9,15 @@ import math
 
 from omegaconf import OmegaConf
 
-from klalm.train.rundir import config_subdir, fresh_run_name, log_file, new_folder, run_dir_for
+from klalm.train.rundir import (
+    config_subdir,
+    eval_config_subdir,
+    eval_dir,
+    fresh_run_name,
+    log_file,
+    new_folder,
+    run_dir_for,
+)
 
 # `${mul:a,b,...}`: products in configs, e.g. a token budget of N global batches (configs/debug/fast.yaml).
 OmegaConf.register_new_resolver("mul", lambda *factors: math.prod(factors), replace=True)
@@ -21,5 +29,8 @@ OmegaConf.register_new_resolver("klalm_run_dir", run_dir_for, use_cache=True, re
 OmegaConf.register_new_resolver("klalm_new_folder", new_folder, replace=True)  # a new folder given by its path
 OmegaConf.register_new_resolver("klalm_config_subdir", config_subdir, replace=True)
 OmegaConf.register_new_resolver("klalm_log_file", log_file, replace=True)
+# klalm-eval's folder: its output_dir, else a new outputs/eval/<time>_<hex>; its config record, beside an earlier one
+OmegaConf.register_new_resolver("klalm_eval_dir", eval_dir, replace=True)
+OmegaConf.register_new_resolver("klalm_eval_config_subdir", eval_config_subdir, replace=True)
 # `${klalm_glob_escape:path}`: a path matched literally in a glob (paths.resume_glob: a run_name like "g[1]")
 OmegaConf.register_new_resolver("klalm_glob_escape", glob.escape, replace=True)

@@ -60,6 +60,30 @@ def test_main_parses_command_line(tmp_path, monkeypatch, capsys):
     assert exit_info.value.code == f"klalm-eval: checkpoint {str(missing)!r} does not exist"
 
 
+def test_output_dir_holds_the_log_and_the_config_record(tiny_checkpoints, shared_data, tmp_path, monkeypatch, capsys):
+    """output_dir=X: eval.log and Hydra's config record go to X with the results (they went to a second folder,
+    outputs/eval/<time>_<hex> in the working directory). A second evaluation into X keeps the first one's record and
+    writes its own beside it; a refused one leaves no folder it created."""
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "ev"
+    argv = ["klalm-eval", f"checkpoint={tiny_checkpoints[0]}", "tasks=[piqa]", f"data_dir={shared_data}", "device=cpu",
+            "max_length=512", f"output_dir={out}"]  # fmt: skip
+    for limit in (2, 3):
+        monkeypatch.setattr(sys, "argv", [*argv, f"limit={limit}"])
+        evaluate()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ev"]  # no outputs/
+    assert sorted(p.name for p in out.iterdir()) == [".hydra", "eval.log", "results.json", "results.md"]
+    assert (out / "eval.log").read_text().count("wrote ") == 2
+    assert "limit: 2" in (out / ".hydra" / "config.yaml").read_text()
+    [second] = (out / ".hydra").glob("eval-*/config.yaml")
+    assert "limit: 3" in second.read_text()
+
+    monkeypatch.setattr(sys, "argv", ["klalm-eval", f"checkpoint={tmp_path / 'missing'}", f"output_dir={out}/a/b"])
+    with pytest.raises(SystemExit, match="does not exist"):
+        evaluate()
+    assert not (out / "a").exists()
+
+
 def test_main_refuses_the_hub_tasks_at_once_when_the_hub_cannot_be_reached(tiny_checkpoints, tmp_path, monkeypatch):
     """No data_dir and a hub name that does not resolve: one line before any model loads, not lm-eval's retries and
     traceback after the first one."""

@@ -141,8 +141,10 @@ def test_training_checkpoint_without_tokenizer(tmp_path, monkeypatch):
         ("+limt=5", "klalm-eval: limt is not a klalm-eval key (did you mean limit?): nothing reads it"),
         ("device=gpu", "klalm-eval: device='gpu' is invalid: must be auto, cpu, cuda, cuda:N (or mps, xpu, xpu:N)"),
         ("max_length=0", "klalm-eval: max_length=0 is invalid: must be > 0"),
+        ("output_dir=5", "klalm-eval: output_dir=5 is invalid: must be a string"),  # was a TypeError traceback
+        ("output_dir={garbage}", "klalm-eval: output_dir='{garbage}' is a file, not a folder"),
     ],
-    ids=["task", "dtype", "device", "garbage-ckpt", "typo-key", "device-form", "max-length"],
+    ids=["task", "dtype", "device", "garbage-ckpt", "typo-key", "device-form", "max-length", "out-int", "out-file"],
 )
 def test_klalm_eval_refuses_bad_input_in_one_line(tiny_checkpoints, tmp_path, shared_data, override, line):
     """The console script's refusals: one line naming the key (or file), exit code 1, no traceback, and no run

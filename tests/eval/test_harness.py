@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -222,8 +223,17 @@ def test_klalm_lm_eval_turns_lm_eval_refusals_into_one_line(monkeypatch):
 
 def test_klalm_lm_eval_help_answers_before_torch_is_imported(console_in_fresh_python):
     """lm-eval's own parser answers `--help` and usage errors before klalm.eval imports torch and transformers (it
-    took 6 s)."""
-    for argv, status, stream in ((["--help"], 0, "stdout"), (["run", "--nope"], 2, "stderr")):
+    took 6 s), naming the command klalm-lm-eval: its usage line, examples and errors said `lm-eval`."""
+    cases = (
+        (["--help"], 0, "stdout", "usage: klalm-lm-eval [-h] COMMAND ..."),
+        (["run", "--help"], 0, "stdout", "usage: klalm-lm-eval run --model <model>"),
+        (["validate", "--help"], 0, "stdout", "usage: klalm-lm-eval validate --tasks"),
+        (["run", "--nope"], 2, "stderr", "klalm-lm-eval: error: unrecognized arguments: --nope"),
+        (["run", "--limit", "x"], 2, "stderr", "klalm-lm-eval run: error: argument --limit/-L: invalid float value"),
+    )
+    for argv, status, stream, expected in cases:
         proc = console_in_fresh_python("lm_eval", "klalm-lm-eval", argv, ("torch", "transformers"))
-        assert getattr(proc, stream).startswith("usage: lm-eval"), proc.stderr[-2000:]
+        text = getattr(proc, stream)
+        assert text.startswith("usage: klalm-lm-eval") and expected in text, proc.stderr[-2000:]
+        assert re.search(r"(?<![\w-])lm-eval(?![\w-])", text) is None, text  # (lm-evaluation-harness in links)
         assert proc.stdout.splitlines()[-2:] == [f"exit {status}", "heavy []"]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -79,6 +80,17 @@ def test_check_checkpoint_refuses_what_the_load_would_without_building_a_model(e
     (tmp_path / "run2" / "checkpoints" / "step-00000001.ckpt").write_bytes(b"hello")
     with pytest.raises(FileNotFoundError, match=r"run2 has no hf/ export and no valid .*step-00000001\.ckpt cannot"):
         check_checkpoint(tmp_path / "run2")
+
+
+def test_a_runs_checkpoints_folder_is_refused_naming_the_run_folder(tmp_path):
+    """checkpoint=<run>/checkpoints (klalm-eval, klalm-generate) said the folder had "no valid checkpoints/step-*.ckpt"
+    while it held them."""
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "checkpoints" / "step-00000001.ckpt").write_bytes(b"hello")
+    message = f"{run}/checkpoints is a run's checkpoints/ folder: name the run folder {run} or one of the .ckpt files"
+    with pytest.raises(FileNotFoundError, match=f"^{re.escape(message)}$"):
+        check_checkpoint(run / "checkpoints")
 
 
 def _run_args(pretrained: str | None = None, tasks=("piqa_local",), include=str(TASKS_DIR), metadata=None):

@@ -17,6 +17,7 @@ import contextlib
 import functools
 import logging
 import os
+import re
 import select
 import sys
 import time
@@ -114,16 +115,12 @@ EVAL_STARTUP_FILES = frozenset({".hydra", "eval.log"})  # what Hydra writes into
 
 def _refuse_eval(err: BaseException) -> NoReturn:
     """Ends a `klalm-eval` refused for its input with one line on stderr, removing its run folder when this process
-    named it (`outputs/eval/<fresh name>`, not a `hydra.run.dir` given) and it holds only what Hydra wrote at the start:
-    a refusal leaves no empty evaluation behind."""
-    from klalm.train.rundir import fresh_run_name, remove_run_folder
+    created it (`outputs/eval/<fresh name>`, or an output_dir that did not exist; not a `hydra.run.dir` given) and it
+    holds only what Hydra wrote at the start: a refusal leaves no empty evaluation behind."""
+    from klalm.train.rundir import is_new_folder, remove_run_folder
 
     run_dir = Path(HydraConfig.get().runtime.output_dir)
-    if (
-        run_dir.name == fresh_run_name()
-        and run_dir.is_dir()
-        and {p.name for p in run_dir.iterdir()} <= EVAL_STARTUP_FILES
-    ):
+    if is_new_folder(run_dir) and run_dir.is_dir() and {p.name for p in run_dir.iterdir()} <= EVAL_STARTUP_FILES:
         remove_run_folder(run_dir)
     sys.exit(f"klalm-eval: {one_line(err)}")
 
@@ -262,7 +259,8 @@ def params(argv: list[str] | None = None) -> None:
 def lm_eval() -> None:
     """`klalm-lm-eval`: the lm-eval CLI with klalm's model classes registered.
 
-    lm-eval's own parser answers `--help` and usage errors before klalm.eval (torch, transformers) is imported.
+    lm-eval's own parser answers `--help` and usage errors before klalm.eval (torch, transformers) is imported, naming
+    the command klalm-lm-eval where it says lm-eval.
     """
     try:
         from lm_eval._cli import HarnessCLI
@@ -274,10 +272,29 @@ def lm_eval() -> None:
         return
     setup_logging()
     parser = HarnessCLI()
+    _name_klalm_lm_eval(parser)
     args = _parse_lm_eval_args(parser)
     from klalm.eval.harness import cli_main
 
     cli_main(parser, args)
+
+
+def _name_klalm_lm_eval(cli: Any) -> None:
+    """lm-eval's parser and its subcommands' name their command `lm-eval` (the usage line, the examples of `--help`,
+    usage errors such as `lm-eval run: error: ...`): `klalm-lm-eval` instead, which takes the same arguments."""
+    main = getattr(cli, "_parser", None)
+    if not isinstance(main, argparse.ArgumentParser):  # (a CLI laid out otherwise: left as lm-eval names it)
+        return
+    for parser in (main, *getattr(cli, "_subparsers", argparse.Namespace(choices={})).choices.values()):
+        parser.prog = _klalm_named(parser.prog)
+        for name in ("usage", "description", "epilog"):
+            setattr(parser, name, _klalm_named(getattr(parser, name)))
+        for action in parser._actions:
+            action.help = _klalm_named(action.help)
+
+
+def _klalm_named(text: str | None) -> str | None:
+    return text if text is None else re.sub(r"(?<![\w-])lm-eval(?![\w-])", "klalm-lm-eval", text)
 
 
 def _parse_lm_eval_args(parser: Any) -> argparse.Namespace:

@@ -9,6 +9,7 @@ The console script itself (composition, checks, `--help`, `--print-tasks-path`) 
 
 from __future__ import annotations
 
+from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, ListConfig
 
 from klalm.config_checks import ConfigError, check_eval_config
@@ -25,13 +26,14 @@ def _as_list(value: object) -> list[str]:
 
 
 def run(cfg: DictConfig) -> dict:
-    """Evaluate the checkpoints named in `cfg` (keys of configs/eval.yaml); returns the results.json document."""
+    """Evaluate the checkpoints named in `cfg` (keys of configs/eval.yaml); returns the results.json document.
+    output_dir=null writes into the Hydra run's folder (`hydra.run.dir`: a new outputs/eval/<time>_<hex>)."""
     check_eval_config(cfg)
     check_names(cfg)
     return evaluate_checkpoints(
         _as_list(cfg.checkpoint),
         _as_list(cfg.tasks),
-        output_dir=cfg.output_dir,
+        output_dir=cfg.output_dir if cfg.output_dir is not None else HydraConfig.get().runtime.output_dir,
         data_dir=cfg.data_dir,
         limit=cfg.limit,
         batch_size=cfg.batch_size,

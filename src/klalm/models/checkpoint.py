@@ -220,6 +220,9 @@ def load_model(path: str | os.PathLike) -> tuple[Any, Any]:
         for reason in skipped:
             log.warning("skipped %s", reason)
         if latest is None:
+            if path.name == CKPT_DIR and list_checkpoints(path.parent):  # (it said the folder held no step-*.ckpt)
+                raise FileNotFoundError(f"{path} is a run's {CKPT_DIR}/ folder: name the run folder {path.parent} or "
+                                        "one of the .ckpt files")  # fmt: skip
             reasons = f" (skipped: {'; '.join(skipped)})" if skipped else ""
             raise FileNotFoundError(f"{path} has no {HF_DIR}/ export and no valid {CKPT_DIR}/step-*.ckpt{reasons}")
         path = latest

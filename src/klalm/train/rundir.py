@@ -22,6 +22,7 @@ import os
 import secrets
 import shutil
 import socket
+import tempfile
 import time
 from glob import glob
 from pathlib import Path
@@ -61,6 +62,35 @@ def new_folder(path: str) -> str:
     absolute = Path(os.path.abspath(path))
     _new_folders.update(p for p in (absolute, *absolute.parents) if not p.exists() and not p.is_symlink())
     return path
+
+
+def is_new_folder(path: str | Path) -> bool:
+    """Whether `path` is a run folder this process named (`new_folder`) when it did not exist yet."""
+    return Path(os.path.abspath(path)) in _new_folders
+
+
+def eval_dir(output_dir: Any) -> str:
+    """`klalm-eval`'s folder (`hydra.run.dir`, resolver `klalm_eval_dir`), where Hydra writes the log (eval.log) and
+    the config record: `output_dir` itself (`~` expanded), so that they go where the results go. For output_dir=null,
+    and for one that cannot be a folder (not a string, a file on its path, a folder that takes no file), a new
+    `outputs/eval/<fresh_run_name()>`; the evaluation refuses such an output_dir, naming it, and removes that folder."""
+    if isinstance(output_dir, str):
+        path = Path(output_dir).expanduser()
+        existing = next((p for p in (path, *path.parents) if p.exists() or p.is_symlink()), Path("."))
+        try:
+            tempfile.TemporaryFile(dir=existing).close()  # (an existing folder that takes a new file)
+            return str(path)
+        except OSError:  # a file, a folder that cannot be written
+            pass
+    return f"outputs/eval/{fresh_run_name()}"
+
+
+def eval_config_subdir(run_dir: str) -> str:
+    """Where Hydra records `klalm-eval`'s config in its folder `run_dir` (`hydra.output_subdir`, resolver
+    `klalm_eval_config_subdir`, resolved as Hydra writes the record): `.hydra`, or `.hydra/eval-<fresh_run_name()>`
+    beside the record the folder already holds (an output_dir evaluated into before, a training run's folder), which
+    is left as it is."""
+    return f".hydra/eval-{fresh_run_name()}" if (Path(run_dir) / ".hydra").exists() else ".hydra"
 
 
 def is_global_rank_zero() -> bool:
