@@ -122,8 +122,13 @@ def compose_config():
         ("model.mixer_options.kla.backend=triton", "model.mixer_options.kla.backend=triton needs a CUDA GPU"),
         ("callbacks.sampler=false", "callbacks.sampler=False: give it a config, or callbacks.sampler=null to turn it"),
         ("logger.csv=nul", "logger.csv='nul': give it a config, or logger.csv=null to turn it off"),
+        ("scheduler.warmup=20", "scheduler.warmup=20 gives 20 warmup steps, not fewer than the run's 20 (train.max_"
+         "tokens // train.global_batch_tokens): its lr would never reach optim.lr"),  # experiment=smoke: 20 steps
+        ("scheduler.warmup=0.99", "scheduler.warmup=0.99 gives 20 warmup steps, not fewer than the run's 20"),
+        ("train.max_tokens=100", "train.max_tokens=100 is smaller than one global batch (train.global_batch_tokens="
+         "512): the run would take no step"),
     ],
-)
+)  # fmt: skip
 def test_train_checks_name_the_key(compose_config, override, message, monkeypatch):
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)  # (the kernel tests' setting: Triton allowed on the CPU)
     with pytest.raises(ConfigError) as info:
@@ -137,6 +142,9 @@ def test_train_checks_pass_valid_configs_and_skip_what_is_off(compose_config):
         compose_config("train", ["experiment=smoke", "callbacks.checkpoint=null", "trainer.devices=auto"])
     )
     check_train_config(compose_config("train", ["scheduler=wsd", "trainer.precision=32"]))  # an int for a string
+    check_train_config(compose_config("train", ["experiment=smoke", "scheduler.warmup=19"]))  # 20 steps: one left
+    check_train_config(compose_config("train", ["experiment=smoke", "scheduler.warmup=50", "resume=auto"]))  # counted
+    # from the checkpoint it resumes, as it is read
     with pytest.raises(ConfigError, match="scheduler.decay_frac"):
         check_train_config(compose_config("train", ["scheduler=wsd", "scheduler.decay_frac=1.5"]))
 

@@ -248,31 +248,47 @@ def unknown_key_message(config_name: str, arguments: list[str]) -> str | None:
     """For a command line whose `key=value` override names a key the composed config lacks (`model.d_modle=64`), the
     one-line refusal naming the nearest key there: Hydra says it in six lines and suggests `+model.d_modle=64`, which
     would add a key nothing reads. None when the config composes, fails for another reason (Hydra's to report), or
-    the command line has flags (`-m`, `--cfg`, a config folder: left to Hydra). Composes the config (about 0.2 s)
-    only when some override sets a key, not a config group's option."""
-    keys = {a: a.split("=", 1)[0] for a in arguments if "=" in a and re.fullmatch(r"[\w.]+", a.split("=", 1)[0])}
-    candidates = [a for a, key in keys.items() if "." in key or not files("klalm.configs").joinpath(key).is_dir()]
-    if not candidates or _adds_config_folders(arguments) or any(a.startswith("-") for a in arguments):
+    the command line has flags (`-m`, `--cfg`, a config folder: left to Hydra; a sweep's jobs get this check from
+    `klalm.train.sweep`). Composes the config (about 0.2 s) only when some override sets a key, not a config group's
+    option."""
+    if not _key_overrides(arguments) or _adds_config_folders(arguments) or any(a.startswith("-") for a in arguments):
         return None
     from hydra import compose, initialize_config_module
+
+    with initialize_config_module("klalm.configs", version_base="1.3"):
+        return missing_key_message(config_name, arguments, lambda overrides: compose(config_name, overrides=overrides))
+
+
+def _key_overrides(arguments: list[str]) -> dict[str, str]:
+    """The overrides that set a key, not a config group's option: override -> its key."""
+    keys = {a: a.split("=", 1)[0] for a in arguments if "=" in a and re.fullmatch(r"[\w.]+", a.split("=", 1)[0])}
+    return {a: key for a, key in keys.items() if "." in key or not files("klalm.configs").joinpath(key).is_dir()}
+
+
+def missing_key_message(
+    config_name: str, arguments: list[str], compose: Callable[[list[str]], DictConfig]
+) -> str | None:
+    """`unknown_key_message`'s refusal for overrides that `compose` (overrides -> the composed config, raising
+    Hydra's exception) composes, as the running Hydra does for a sweep's job; None when they compose, or fail for
+    another reason."""
     from hydra.errors import HydraException
     from omegaconf.errors import ConfigAttributeError, ConfigKeyError
 
-    with initialize_config_module("klalm.configs", version_base="1.3"):
-        try:
-            compose(config_name, overrides=arguments)
-            return None
-        except HydraException as err:  # (a bad override's syntax too: Hydra's to report)
-            missing = err.__cause__
-        if not isinstance(missing, (ConfigAttributeError, ConfigKeyError)) or "not in struct" not in str(missing):
-            return None
-        bad = next((a for a in candidates if f"{keys[a]}.".startswith(f"{missing.full_key}.")), None)
-        if bad is None:
-            return None
-        try:  # without every key it sets: another unknown one would fail this too
-            config = compose(config_name, overrides=[a for a in arguments if a not in candidates])
-        except HydraException:
-            return None
+    candidates = _key_overrides(arguments)
+    try:
+        compose(arguments)
+        return None
+    except HydraException as err:  # (a bad override's syntax too: Hydra's to report)
+        missing = err.__cause__
+    if not isinstance(missing, (ConfigAttributeError, ConfigKeyError)) or "not in struct" not in str(missing):
+        return None
+    bad = next((a for a, key in candidates.items() if f"{key}.".startswith(f"{missing.full_key}.")), None)
+    if bad is None:
+        return None
+    try:  # without every key it sets: another unknown one would fail this too
+        config = compose([a for a in arguments if a not in candidates])
+    except HydraException:
+        return None
     parent, _, key = missing.full_key.rpartition(".")
     try:
         node = OmegaConf.select(config, parent) if parent else config
@@ -349,9 +365,35 @@ def _check_kernel_backends(cfg: DictConfig) -> None:
             )
 
 
+def warmup_steps_of(warmup: float, total_steps: int) -> int:
+    """`warmup` < 1 is a fraction of the run, ≥ 1 a step count."""
+    return int(round(warmup * total_steps)) if warmup < 1 else int(warmup)
+
+
+def _check_run_length(cfg: DictConfig) -> None:
+    """A fresh run's length, `train.max_tokens // train.global_batch_tokens` steps, must hold a step and more steps
+    than its warmup (`scheduler.warmup`, where the scheduler has one), whose lr would otherwise never reach
+    `optim.lr`: the run refused either only once it had loaded its data and built its model, and a sweep's job only
+    as it started, after the jobs before it had trained. A resume counts from its checkpoint's steps and tokens, so
+    its length is checked as the checkpoint is read."""
+    if cfg.resume is not None:
+        return
+    max_tokens, batch_tokens = cfg.train.max_tokens, cfg.train.global_batch_tokens
+    if max_tokens < batch_tokens:
+        raise ConfigError(f"train.max_tokens={max_tokens} is smaller than one global batch (train.global_batch_tokens="
+                          f"{batch_tokens}): the run would take no step")  # fmt: skip
+    warmup = _value(cfg, "scheduler.warmup")
+    steps = max_tokens // batch_tokens
+    if warmup is not _ABSENT and warmup_steps_of(warmup, steps) >= steps:
+        raise ConfigError(
+            f"scheduler.warmup={warmup} gives {warmup_steps_of(warmup, steps)} warmup steps, not fewer than the run's "
+            f"{steps} (train.max_tokens // train.global_batch_tokens): its lr would never reach optim.lr"
+        )
+
+
 def check_train_config(cfg: DictConfig, *, check_paths: bool = True) -> None:
-    """The `klalm-train` checks: known keys, TRAIN_RULES, no renamed mixer option, Triton only on a GPU, and that an
-    explicit `resume` path exists.
+    """The `klalm-train` checks: known keys, TRAIN_RULES, no renamed mixer option, Triton only on a GPU, a fresh run
+    longer than its warmup, and that an explicit `resume` path exists.
 
     `check_paths=False` leaves out that last check, the only one of a file the run reads (`resume` is still
     type-checked): for a sweep's check of every job before the first one starts (`klalm.train.sweep`), since an
@@ -366,6 +408,7 @@ def check_train_config(cfg: DictConfig, *, check_paths: bool = True) -> None:
             message = renamed_option_message(f"model.mixer_options.{mixer}.{option}")
             if message is not None:
                 raise ConfigError(message)
+    _check_run_length(cfg)
     if check_paths and cfg.resume not in (None, "auto") and not Path(cfg.resume).exists():
         raise ConfigError(f"resume={cfg.resume!r}: no such checkpoint file or run directory")
 

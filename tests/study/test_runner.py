@@ -140,3 +140,22 @@ def test_estimates_use_measured_rates_once_a_run_has_finished(small_spec, shard_
     assert "measured (gpt_45m-s1234)" in source and "500 tokens/s/GPU" in source
     expected = recipe.max_tokens / (500 * 2 * spec.estimate["ddp_efficiency"])
     assert seconds == pytest.approx(expected + spec.estimate["overhead_s"] + spec.estimate["eval_s"])
+
+
+def test_read_recipe_refuses_a_warmup_that_outlasts_the_sweep_cells(shard_folder, tmp_path):
+    """A warmup in steps that fits the experiment's own budget but not a sweep cell's (the sweep's fraction of the
+    one-pass budget): every sweep cell failed as it started, on its GPU."""
+    from klalm.study.spec import load_spec
+
+    recipe = read_recipe(load_spec(str(spec_file(tmp_path, overrides=SMALL))), shard_folder)
+    steps = cell_tokens(load_spec(str(spec_file(tmp_path))), recipe, Cell("gpt_45m", 1, 1e-3, sweep=True)) // 64
+    assert 1 < steps < recipe.max_tokens // 64
+    spec = load_spec(str(spec_file(tmp_path, overrides=[*SMALL, f"scheduler.warmup={steps}"])))
+    with pytest.raises(ValueError) as info:
+        read_recipe(spec, shard_folder)
+    assert str(info.value) == (
+        f"study spec: each sweep cell trains {steps * 64:,} tokens, and scheduler.warmup={steps} gives {steps} warmup "
+        f"steps, not fewer than the run's {steps} (train.max_tokens // train.global_batch_tokens): its lr would never "
+        "reach optim.lr"
+    )
+    read_recipe(load_spec(str(spec_file(tmp_path, overrides=[*SMALL, f"scheduler.warmup={steps - 1}"]))), shard_folder)

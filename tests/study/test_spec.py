@@ -50,8 +50,13 @@ SHIPPED = load_spec()
         ({"extra_seeds": {"gpt_45m": [1.5]}}, "extra_seeds.gpt_45m="),
         ({"models": {**SHIPPED.models, "gpt_45m": {"lr": "sweep", "dynamics_lr_scale": "x"}}}, "dynamics_lr_scale='x'"),
         ({"overrides": [3]}, "overrides=\\[3\\] must be a list of Hydra overrides"),
+        # a cell named twice: trained again once finished, or its folder deleted while it trained (two GPUs)
+        ({"seeds": [1234, 1234]}, r"study seeds=\[1234, 1234\]: seed 1234 is given twice \(a cell, <model>-s1234,"),
+        ({"extra_seeds": {"kla_45m": [1234]}}, r"extra_seeds.kla_45m=\[1234\]: seed 1234 is in seeds already"),
+        ({"sweep": {"lrs": {"gpt_45m": [1e-3, 0.001], "kla_45m": [1e-3]}, "fraction": 0.1}},
+         r"sweep.lrs.gpt_45m=\[0.001, 0.001\] names the cell gpt_45m-lr0.001 twice"),
     ],
-)
+)  # fmt: skip
 def test_a_mistake_inside_a_section_is_refused_naming_the_key(tmp_path, changes, message):
     """Typos below the top level went through: a KeyError or TypeError later, or a seed named "a"."""
     with pytest.raises(ValueError, match=message):

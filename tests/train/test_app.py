@@ -100,12 +100,14 @@ def test_a_folder_as_data_file_is_refused_naming_the_key(tmp_path):
 
 
 def test_a_warmup_longer_than_the_run_is_refused_in_one_line_and_leaves_no_folder(tmp_path):
-    """Found once the run knows its length (inside fit): it ended in Hydra's traceback and left the run folder."""
+    """Found from the config, before the data and the model (it was found once the run knew its length, inside fit,
+    which still refuses a resume's, counted from its checkpoint)."""
     cmd = train_cmd(["experiment=smoke", "scheduler.warmup=50", "run_name=r", f"paths.log_dir={tmp_path}"], None)
     proc = subprocess.run(cmd, env=RUN_ENV, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
     assert proc.stderr.strip().splitlines()[-1] == (
-        "klalm-train: scheduler.warmup gives 50 warmup steps: must be in [0, 20), the run's steps"
+        "klalm-train: scheduler.warmup=50 gives 50 warmup steps, not fewer than the run's 20 (train.max_tokens // "
+        "train.global_batch_tokens): its lr would never reach optim.lr"
     )
     assert not (tmp_path / "r").exists()
 

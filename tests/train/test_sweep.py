@@ -14,9 +14,19 @@ from hydra import initialize_config_module
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
+from omegaconf import OmegaConf
 
 from klalm.config_checks import ConfigError, check_train_config
-from klalm.train.sweep import _job_config, check_sweep_jobs, main, summary_plot, summary_table, sweep_jobs
+from klalm.train.sweep import (
+    BASIC_SWEEPER,
+    _job_config,
+    check_sweep_jobs,
+    main,
+    summary_plot,
+    summary_table,
+    sweep_jobs,
+    unknown_sweep_key_message,
+)
 
 from .conftest import RUN_ENV, TINY, compose_train
 
@@ -41,6 +51,34 @@ def test_summary_table_has_one_row_per_job_and_shows_failures(tmp_path):
     assert len(lines) == 4  # header, separator, two jobs
     assert lines[2] == "| 0_a | a | 1,234 | 10 | 640 | 3.5000 | 3.2500 | 25.79 | 1,000 | — | 4.2 | optim.lr=1e-3 |"
     assert lines[3].startswith("| 1_a | no summary.json") and lines[3].endswith("optim.lr=3e-3 |")
+
+
+def test_summary_labels_the_jobs_of_an_unfinished_or_resumed_sweep_and_survives_a_damaged_summary(tmp_path):
+    """The sweep's multirun.yaml plans the jobs: a sweep that ended after its first job labelled that job with no
+    override. A job first started by a re-run with resume=auto has its record in .hydra/resume-*/ only: its row had
+    no label, and every other row all their overrides. A summary.json that does not parse ended the table (the
+    callback's summary.md stayed as it was) in a traceback."""
+    multirun = {"hydra": {"sweeper": {"_target_": BASIC_SWEEPER, "params": {"optim.lr": "1e-3,3e-3,1e-2"}},
+                          "overrides": {"task": ["experiment=x", "seed=1"]}}}  # fmt: skip
+    OmegaConf.save(multirun, tmp_path / "multirun.yaml")
+    ok = {"run_name": "x", "steps": 4}
+    _fake_job(tmp_path / "0_x", ok, ["optim.lr=0.001", "experiment=x", "seed=1"])
+    rows = summary_table(tmp_path).splitlines()[2:]
+    assert [row.split(" | ")[-1] for row in rows] == ["optim.lr=0.001 |"]
+    _fake_job(tmp_path / "1_x", ok, [])
+    (tmp_path / "1_x" / ".hydra" / "overrides.yaml").unlink()  # a job first started by a resume=auto re-run
+    for stamp, extra in (("2026-12-01_10-00-00_aaaaaa", []), ("2026-12-02_10-00-00_bbbbbb", ["train.plot=false"])):
+        record = tmp_path / "1_x" / ".hydra" / f"resume-{stamp}"
+        record.mkdir()
+        (record / "overrides.yaml").write_text(
+            "".join(f"- {o}\n" for o in ["optim.lr=0.003", "experiment=x", "seed=1", "resume=auto", *extra])
+        )
+    _fake_job(tmp_path / "2_x", None, ["optim.lr=0.01", "experiment=x", "seed=1"])
+    (tmp_path / "2_x" / "summary.json").write_text('{"steps": 4')  # killed as it wrote
+    rows = summary_table(tmp_path).splitlines()[2:]
+    assert [row.split(" | ")[-1] for row in rows] == ["optim.lr=0.001 |", "optim.lr=0.003 resume=auto |",
+                                                      "optim.lr=0.01 |"]  # fmt: skip
+    assert rows[0].startswith("| 0_x | x | — | 4 |") and rows[2].startswith("| 2_x | unreadable summary.json | — |")
 
 
 @pytest.mark.slow
@@ -158,6 +196,42 @@ def test_check_sweep_jobs_refuses_a_grid_with_one_bad_job_naming_it(monkeypatch,
         check_sweep_jobs(other)  # another sweeper plugin picks its jobs itself: each is checked as it starts
 
 
+@pytest.mark.parametrize(
+    ("overrides", "refusal"),
+    [
+        (["scheduler.warmup=5,20"], "sweep job #1 (scheduler.warmup=20): scheduler.warmup=20 gives 20 warmup steps, "
+         "not fewer than the run's 20 (train.max_tokens // train.global_batch_tokens): its lr would never reach "
+         "optim.lr"),
+        (["scheduler.warmup=8", "train.max_tokens=10240,4096"], "sweep job #1 (train.max_tokens=4096): "
+         "scheduler.warmup=8 gives 8 warmup steps, not fewer than the run's 8 (train.max_tokens // "
+         "train.global_batch_tokens): its lr would never reach optim.lr"),
+        (["train.max_tokens=10240,100"], "sweep job #1 (train.max_tokens=100): train.max_tokens=100 is smaller than "
+         "one global batch (train.global_batch_tokens=512): the run would take no step"),
+    ],
+    ids=["warmup", "warmup-of-a-shorter-run", "no-step"],
+)  # fmt: skip
+def test_check_sweep_jobs_refuses_a_job_whose_warmup_outlasts_its_run(overrides, refusal):
+    """A single run refuses a warmup of at least its steps (or a budget of no step) from its config: so does a
+    sweep, before its job #0 trains (job #1 failed only as it started, in Hydra's traceback)."""
+    with _multirun_config(["experiment=smoke", *overrides]) as config, pytest.raises(SystemExit) as exit_info:
+        check_sweep_jobs(config)
+    assert exit_info.value.code == f"klalm-train: {refusal}"
+
+
+def test_check_sweep_jobs_refuses_a_grid_that_holds_a_job_twice():
+    """`optim.lr=1e-3,3e-3,0.001` trained lr=0.001 twice, and summary.md's rows of both said the same."""
+    grid = ["experiment=smoke", "optim.lr=1e-3,3e-3,0.001"]
+    with _multirun_config(grid) as config, pytest.raises(SystemExit) as exit_info:
+        check_sweep_jobs(config)
+    assert exit_info.value.code == (
+        "klalm-train: sweep jobs #0 and #2 are one job (optim.lr=0.001): the grid gives a value twice (e.g. "
+        "optim.lr=1e-3,0.001), which would train it twice"
+    )
+    with _multirun_config(["experiment=smoke", "seed=1,1"]) as config, pytest.raises(SystemExit) as exit_info:
+        check_sweep_jobs(config)
+    assert exit_info.value.code.startswith("klalm-train: sweep jobs #0 and #1 are one job (experiment=smoke seed=1):")
+
+
 def _checked_in_advance(config, caplog):
     """`check_sweep_jobs(config)` passes, and did check every job (it did not step aside, as for a config it cannot
     compose, which it logs at debug level)."""
@@ -249,6 +323,36 @@ def test_a_sweep_with_one_bad_job_is_refused_before_any_job_trains(tmp_path):
     assert proc.stderr.strip() == refusal
     assert proc.stdout.strip() == "LIGHT"
     assert list(tmp_path.iterdir()) == []  # no outputs/multirun/<name>/, no job folder, summary or checkpoint
+
+
+def test_a_sweep_key_the_config_lacks_is_refused_in_one_line_naming_the_nearest(tmp_path):
+    """As for a single run (tests/test_cli.py): Hydra said it in six lines, and where the key swept, after writing
+    the sweep's folder and multirun.yaml. A key set alongside the sweep stops Hydra before any callback runs, so the
+    command line's first job is checked before Hydra starts; a key only a later job's config lacks, by the sweep's
+    check of every job."""
+    assert unknown_sweep_key_message(["-m", "experiment=smoke", "optim.lr=1e-3,3e-3", "model.d_modle=64"]) == (
+        "model.d_modle=64: model has no key 'd_modle' (did you mean model.d_model?); `klalm-train --help` lists the "
+        "keys"
+    )
+    assert unknown_sweep_key_message(["--multirun", "optim.llr=1e-3,3e-3"]).startswith(
+        "optim.llr=0.001: optim has no key 'llr' (did you mean optim.lr?)"
+    )
+    for arguments in (["optim.llr=1e-3"], ["-m", "--cfg", "job", "optim.llr=1e-3,3e-3"], ["-m", "optim.lr=1e-3,3e-3"]):
+        assert unknown_sweep_key_message(arguments) is None  # not a sweep, other flags (Hydra's), or no unknown key
+    grid = ["experiment=smoke", "model=kla_tiny,gpt_tiny", "model.mixer_options.kla.d_state=4"]
+    with _multirun_config(grid) as config, pytest.raises(SystemExit) as exit_info:
+        check_sweep_jobs(config)
+    assert exit_info.value.code == (
+        "klalm-train: sweep job #1 (model=gpt_tiny): model.mixer_options.kla.d_state=4: model.mixer_options has no key "
+        "'kla'; `klalm-train --help` lists the keys"
+    )
+    proc = _fresh_python_train(["-m", *ONE_STEP, "optim.llr=1e-3,3e-3", f"paths.log_dir={tmp_path / 'out'}"], tmp_path)
+    assert proc.returncode == 1 and proc.stdout.strip() == "LIGHT"
+    assert proc.stderr.strip() == (
+        "klalm-train: optim.llr=0.001: optim has no key 'llr' (did you mean optim.lr?); `klalm-train --help` lists the "
+        "keys"
+    )
+    assert list(tmp_path.iterdir()) == []  # no outputs/multirun/<name>/multirun.yaml
 
 
 def test_a_sweep_that_sets_paths_run_dir_is_refused_before_any_job_trains(tmp_path):

@@ -211,10 +211,15 @@ def _exit_quietly(exiting: SystemExit | None) -> NoReturn:
 @quiet_when_the_reader_stops
 def train() -> None:
     """`klalm-train`: pretrain a model (`klalm-train --help` lists the groups and keys)."""
+    from klalm.train.sweep import unknown_sweep_key_message
+
     try:
         check_overrides(sys.argv[1:])
     except ConfigError as err:
         sys.exit(f"klalm-train: {err}")
+    message = unknown_sweep_key_message(sys.argv[1:])
+    if message is not None:
+        sys.exit(f"klalm-train: {message}")
     _train_app()
 
 

@@ -49,8 +49,9 @@ def read_recipe(spec: Spec, shards: Path) -> Recipe:
     """Sequence length and global batch from the experiment; the one-pass budget from the shards that arrived.
 
     Raises:
-        ValueError: the experiment and the spec's overrides do not compose or pass klalm-train's checks, the train
-            split's index.json does not parse, or its tokens make no whole global batch.
+        ValueError: the experiment and the spec's overrides do not compose or pass klalm-train's checks (also with
+            the token budget of the runs and of the sweep cells), the train split's index.json does not parse, or its
+            tokens make no whole global batch.
     """
     from hydra import compose, initialize_config_module
     from hydra.errors import HydraException
@@ -83,7 +84,16 @@ def read_recipe(spec: Spec, shards: Path) -> Recipe:
         windows = f"{batch // seq_len} windows of {seq_len + 1}"
         raise ValueError(f"{index_file}: its {index['total_tokens']:,} tokens make no whole global batch of {batch:,} "
                          f"tokens ({windows}): stage more of the train split")  # fmt: skip
-    return Recipe(seq_len, batch, max_tokens=max_tokens, full_max_tokens=full, data=data)
+    recipe = Recipe(seq_len, batch, max_tokens=max_tokens, full_max_tokens=full, data=data)
+    for cell in [*spec.sweep_cells()[:1], *spec.run_cells()[:1]]:  # their budgets: a warmup in steps may outlast one
+        cfg.train.max_tokens = cell_tokens(spec, recipe, cell)
+        try:
+            check_train_config(cfg, check_paths=False)
+        except ValueError as err:  # every such cell would fail as it started, on its GPU
+            what = "sweep cell" if cell.sweep else "run"
+            raise ValueError(f"study {spec.name}: each {what} trains {cfg.train.max_tokens:,} tokens, and "
+                             f"{one_line(err)}") from None  # fmt: skip
+    return recipe
 
 
 def cell_tokens(spec: Spec, recipe: Recipe, cell: Cell) -> int:

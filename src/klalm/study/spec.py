@@ -130,8 +130,27 @@ def _check(spec: Spec) -> None:
     for model in [*spec.extra_seeds, *spec.sweep["lrs"], *spec.estimate["prior_tokens_per_s"]]:
         if model not in spec.models:
             raise ValueError(f"study: {model!r} is used but not listed under models ({sorted(spec.models)})")
+    _check_cells_once(spec)
     if set(spec.cost) != {"tokens", "gpus", "models_180m", "bench_rows"}:
         raise ValueError(f"study cost: keys must be bench_rows, gpus, models_180m and tokens, got {sorted(spec.cost)}")
+
+
+def _check_cells_once(spec: Spec) -> None:
+    """No cell twice: a seed or learning rate given twice (`[1.0e-3, 0.001]`, or an extra seed that `seeds` has)
+    named one cell, and so one run folder, twice: the runner trained it again after it had finished, or, side by side
+    on two GPUs, deleted its folder while it trained."""
+    extra = [(f"extra_seeds.{model}", seeds, spec.seeds) for model, seeds in spec.extra_seeds.items()]
+    for key, seeds, before in [("seeds", spec.seeds, []), *extra]:
+        twice = next((seed for i, seed in enumerate(seeds) if seed in [*before, *seeds[:i]]), None)
+        if twice is not None:
+            why = "is in seeds already" if twice in before else "is given twice"
+            raise ValueError(f"study {key}={seeds!r}: seed {twice} {why} (a cell, <model>-s{twice}, is one run "
+                             "folder)")  # fmt: skip
+    for model, lrs in spec.sweep["lrs"].items():
+        names = [Cell(model, spec.seeds[0], float(lr), sweep=True).name for lr in lrs]
+        twice = next((name for i, name in enumerate(names) if name in names[:i]), None)
+        if twice is not None:
+            raise ValueError(f"study sweep.lrs.{model}={lrs!r} names the cell {twice} twice (a cell is one run folder)")
 
 
 def available_specs() -> list[str]:

@@ -24,7 +24,7 @@ import torch
 from torch import Tensor, nn
 from torch.optim.lr_scheduler import LambdaLR
 
-from klalm.config_checks import ConfigError
+from klalm.config_checks import ConfigError, warmup_steps_of
 from klalm.param_names import clean_name
 
 
@@ -88,11 +88,6 @@ def param_groups(
         for group, params in buckets.items()
         if params
     ]
-
-
-def warmup_steps_of(warmup: float, total_steps: int) -> int:
-    """`warmup` < 1 is a fraction of the run, ≥ 1 a step count."""
-    return int(round(warmup * total_steps)) if warmup < 1 else int(warmup)
 
 
 def check_schedule(

@@ -5,8 +5,8 @@ Written automatically after every job of `klalm-train -m ...` by the Hydra callb
     python -m klalm.train.sweep outputs/multirun/2026-11-29_14-00-00_3fa2c1 --plot curves.png
 
 The same callback checks every job's config before the first job starts (`check_sweep_jobs`): a sweep whose grid holds
-a job `klalm.config_checks` refuses, or a fresh job whose folder already holds a run (a sweep re-run into its earlier
-hydra.sweep.dir), is refused as a whole, in one line naming that job, before anything is written or trained.
+a job `klalm.config_checks` refuses, a job twice, or a fresh job whose folder already holds a run (a sweep re-run into
+its earlier hydra.sweep.dir), is refused as a whole, in one line naming that job, before anything is written or trained.
 """
 
 from __future__ import annotations
@@ -31,7 +31,13 @@ from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
-from klalm.config_checks import ConfigError, check_run_dir, check_train_config
+from klalm.config_checks import (
+    ConfigError,
+    check_run_dir,
+    check_train_config,
+    missing_key_message,
+    unknown_key_message,
+)
 from klalm.errors import one_line
 from klalm.fileio import write_atomic
 from klalm.train.plots import plot_losses, read_metric
@@ -68,11 +74,12 @@ def summary_table(sweep_dir: str | Path) -> str:
     lines = [header, "|" + " --- |" * (len(COLUMNS) + 2)]
     for job, varied in _jobs(sweep_dir):
         summary_path = job / "summary.json"
-        if summary_path.is_file():
-            summary = json.loads(summary_path.read_text())
+        summary = _read_summary(summary_path) if summary_path.is_file() else None
+        if summary is not None:
             cells = [_cell(summary.get(key), fmt) for key, _, fmt in COLUMNS]
         else:
-            cells = ["no summary.json (failed or unfinished)"] + ["—"] * (len(COLUMNS) - 1)
+            why = "unreadable summary.json" if summary_path.is_file() else "no summary.json (failed or unfinished)"
+            cells = [why] + ["—"] * (len(COLUMNS) - 1)
         lines.append(f"| {job.name} | " + " | ".join(cells) + f" | {' '.join(varied)} |")
     return "\n".join(lines) + "\n"
 
@@ -95,20 +102,59 @@ def summary_plot(sweep_dir: str | Path, out_png: str | Path) -> Path | None:
 
 def _jobs(sweep_dir: str | Path) -> list[tuple[Path, list[str]]]:
     """The job folders under `sweep_dir` in name order, each with its overrides that not every job shares (what the
-    sweep varied)."""
+    sweep varied). Every job the sweep's `multirun.yaml` plans counts, not only those that have started: the rows of
+    a sweep that ended after its first job named no override."""
     jobs = sorted(p for p in Path(sweep_dir).iterdir() if p.is_dir() and not p.name.startswith("."))
     overrides = {job: _overrides(job) for job in jobs}
-    shared = set.intersection(*(set(o) for o in overrides.values())) if jobs else set()
+    every = [*overrides.values(), *_planned_jobs(Path(sweep_dir))]
+    shared = set.intersection(*(set(o) for o in every)) if every else set()
     return [(job, [o for o in overrides[job] if o not in shared]) for job in jobs]
 
 
+def _planned_jobs(sweep_dir: Path) -> list[list[str]]:
+    """The overrides of every job of the sweep that `sweep_dir/multirun.yaml` records; [] without one (a folder of
+    single runs), or for a sweep `sweep_jobs` does not expand (another sweeper, a `glob()`)."""
+    path = sweep_dir / "multirun.yaml"
+    try:
+        config = OmegaConf.load(path) if path.is_file() else None
+        if config is None or OmegaConf.select(config, "hydra.sweeper._target_") != BASIC_SWEEPER:
+            return []
+        params = OmegaConf.select(config, "hydra.sweeper.params")
+        return sweep_jobs(list(config.hydra.overrides.task), dict(params) if params else None)
+    except Exception as err:  # damaged, or a sweep the basic sweeper expands only with Hydra's config loader
+        log.debug("sweep summary: %s not read (%s)", path, one_line(err))
+        return []
+
+
 def _overrides(job: Path) -> list[str]:
-    path = job / ".hydra" / "overrides.yaml"
-    if not path.is_file():
+    """The job's overrides: its first start's record (`.hydra/`), or, for a job that first started with a `resume`
+    (whose record is `.hydra/resume-<time>_<hex>/`, as in a sweep re-run with resume=auto), the oldest such record."""
+    records = [job / ".hydra" / "overrides.yaml", *sorted((job / ".hydra").glob("resume-*/overrides.yaml"))]
+    path = next((p for p in records if p.is_file()), None)
+    if path is None:
         return []
     import yaml
 
-    return list(yaml.safe_load(path.read_text()) or [])
+    try:
+        overrides = yaml.safe_load(path.read_text())
+    except (OSError, ValueError, yaml.YAMLError) as err:  # damaged: the job's row stays, without its overrides
+        log.warning("sweep summary: %s not read: %s", path, one_line(err))
+        return []
+    return [str(o) for o in overrides] if isinstance(overrides, list) else []
+
+
+def _read_summary(path: Path) -> dict[str, Any] | None:
+    """A job's summary; None (logged) for one that does not parse (a job killed as it wrote it), so that its row says
+    so and the other rows are still written."""
+    try:
+        summary = json.loads(path.read_text())
+    except (OSError, ValueError) as err:
+        log.warning("sweep summary: %s not read: %s", path, one_line(err))
+        return None
+    if not isinstance(summary, dict):
+        log.warning("sweep summary: %s not read: not a JSON object", path)
+        return None
+    return summary
 
 
 # The `_target_` of Hydra's own sweeper (hydra/sweeper=basic), the one whose jobs `sweep_jobs` expands.
@@ -131,6 +177,25 @@ def sweep_jobs(
     arguments = [f"{key}={value}" for key, value in (params or {}).items()] + list(task_overrides)
     overrides = OverridesParser.create(config_loader=config_loader).parse_overrides(arguments)
     return [list(job) for batch in BasicSweeper.split_arguments(overrides, max_batch_size=None) for job in batch]
+
+
+MULTIRUN_FLAGS = ("-m", "--multirun")
+
+
+def unknown_sweep_key_message(arguments: list[str]) -> str | None:
+    """For `klalm-train -m <overrides>` (no other flag), `unknown_key_message` of its first job: Hydra composes the
+    sweep's own config from every override that sweeps nothing before any callback runs, so a key there that the
+    config lacks (`-m optim.lr=1e-3,3e-3 model.d_modle=64`) ended the command in Hydra's six lines, before
+    `check_sweep_jobs` (which refuses such a key in a later job's overrides) could name the nearest key. None for
+    any other command line, or a sweep the basic sweeper's grammar does not expand here (a `glob()`)."""
+    overrides = [a for a in arguments if a not in MULTIRUN_FLAGS]
+    if len(overrides) == len(arguments) or any(a.startswith("-") for a in overrides):
+        return None
+    try:
+        first = sweep_jobs(overrides)[0]
+    except Exception:  # Hydra's to report
+        return None
+    return unknown_key_message("train", first)
 
 
 def _varied(jobs: list[list[str]]) -> list[int]:
@@ -206,7 +271,8 @@ def check_sweep_jobs(config: DictConfig) -> None:
     Only the basic sweeper's sweeps are expanded. Another sweeper plugin (optuna, nevergrad, ax: none is installed
     or configured by klalm today) chooses its jobs as it goes, so there is no grid to check: the check is skipped and
     each job is checked when it starts, as before. A sweep the basic sweeper cannot expand, or a job whose config
-    cannot be composed (an unknown group option), is left to Hydra, which refuses either before any job runs.
+    cannot be composed (an unknown group option), is left to Hydra, which refuses either before any job runs; but a
+    job that sets a key its config lacks (`optim.llr=1e-3,3e-3`) is refused here, in one line with the nearest key.
 
     Raises:
         SystemExit: a job's config, or its folder, was refused; the message names the job (its number, as in its
@@ -226,11 +292,22 @@ def check_sweep_jobs(config: DictConfig) -> None:
         log.debug("sweep: jobs not checked in advance (%s)", one_line(err))
         return
     shown = _varied(jobs)
+    nums: dict[tuple[str, ...], int] = {}
+    for num, overrides in enumerate(jobs):
+        earlier = nums.setdefault(tuple(overrides), num)
+        if earlier != num:
+            raise SystemExit(f"klalm-train: sweep jobs #{earlier} and #{num} are one job "
+                             f"({' '.join(overrides[i] for i in shown)}): the grid gives a value twice (e.g. "
+                             "optim.lr=1e-3,0.001), which would train it twice")  # fmt: skip
     for num, overrides in enumerate(jobs):
         try:
             cfg = _job_config(config_loader, config, overrides, num)
         except Exception as err:  # Hydra's own composition check of the batch refuses it before any job runs
             # (only what Hydra itself refuses gets here: `${hydra:...}` in the folder's name resolves, see _job_config)
+            # but a key the config lacks in six lines, after writing the sweep's multirun.yaml: refused here in one
+            message = missing_key_message("train", overrides, lambda o: config_loader.load_sweep_config(config, o))
+            if message is not None:
+                _refuse_sweep(num, [overrides[i] for i in shown], ConfigError(message))
             log.debug("sweep: job #%d not checked in advance (%s)", num, one_line(err))
             return
         try:
