@@ -15,6 +15,7 @@ from omegaconf import OmegaConf
 from klalm.cli.helptext import key_comments
 from klalm.config_checks import (
     TRAIN_RULES,
+    WSD_SHAPES,
     ConfigError,
     check_eval_config,
     check_overrides,
@@ -147,6 +148,33 @@ def test_train_checks_pass_valid_configs_and_skip_what_is_off(compose_config):
     # from the checkpoint it resumes, as it is read
     with pytest.raises(ConfigError, match="scheduler.decay_frac"):
         check_train_config(compose_config("train", ["scheduler=wsd", "scheduler.decay_frac=1.5"]))
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [  # each of these once ran into a traceback mid-start (leaving a run folder) or trained with the bad value
+        (["scheduler=wsd", "scheduler.decay_frac=0"], "scheduler.decay_frac=0 is invalid: must be in (0, 1]"),
+        (["scheduler=wsd", "scheduler.shape=cubic"], "scheduler.shape='cubic' is invalid: must be linear, 1-sqrt or"),
+        (["data.block_docs=0"], "data.block_docs=0 is invalid: must be > 0"),
+        (["data.shuffle=abc"], "data.shuffle='abc' is invalid: must be true or false"),
+        (["data.seed=x"], "data.seed='x' is invalid: must be an integer"),
+        (["optim.fused=abc"], "optim.fused='abc' is invalid: must be true or false"),
+        (["callbacks.metrics.peak_flops_per_device=abc"], "callbacks.metrics.peak_flops_per_device='abc' is invalid"),
+    ],
+)
+def test_train_checks_cover_the_data_optim_scheduler_and_metrics_keys(compose_config, overrides, message):
+    with pytest.raises(ConfigError) as info:
+        check_train_config(compose_config("train", ["experiment=smoke", *overrides]))
+    assert str(info.value).startswith(message) and "\n" not in str(info.value)
+
+
+def test_the_wsd_shapes_checked_are_the_ones_the_schedule_has(compose_config):
+    from klalm.train.optim import DECAY_SHAPES
+
+    assert set(WSD_SHAPES) == set(DECAY_SHAPES)
+    for shape in WSD_SHAPES:
+        check_train_config(compose_config("train", ["scheduler=wsd", f"scheduler.shape={shape}"]))
+    check_train_config(compose_config("train", ["scheduler=wsd", "scheduler.decay_frac=1", "optim.fused=null"]))
 
 
 def test_eval_checks_name_the_key(compose_config):

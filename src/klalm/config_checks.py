@@ -28,6 +28,8 @@ from omegaconf.errors import OmegaConfBaseException
 RENAMED_MIXER_OPTIONS = {"conv_kernel": "d_conv", "scan_backend": "backend", "impl": "backend", "num_heads": "n_heads"}
 
 SUPPORTED_PRECISIONS = ("32-true", "32", "64-true", "bf16-mixed", "bf16-true")
+# The decay curves of the WSD schedule (scheduler.shape; klalm.train.optim.DECAY_SHAPES implements them).
+WSD_SHAPES = ("linear", "1-sqrt", "cosine")
 
 
 class ConfigError(ValueError):
@@ -109,16 +111,22 @@ TRAIN_RULES: tuple[Rule, ...] = (
     Rule("data.batch_size", INT, check=positive, demand="> 0"),
     Rule("data.num_workers", INT, check=non_negative, demand="≥ 0"),
     Rule("data.val_batches", INT, nullable=True, check=positive, demand="> 0"),
+    Rule("data.seed", INT),
+    Rule("data.shuffle", BOOL),
+    Rule("data.block_docs", INT, check=positive, demand="> 0"),
     Rule("optim.lr", NUMBER, check=positive, demand="> 0"),
     Rule("optim.weight_decay", NUMBER, check=non_negative, demand="≥ 0"),
     Rule("optim.betas", BETAS),
     Rule("optim.eps", NUMBER, check=positive, demand="> 0"),
+    Rule("optim.fused", BOOL, nullable=True),
     Rule("data.on_bad_record", (lambda v: v in ("raise", "skip"), "raise or skip")),
     Rule("scheduler.warmup", NUMBER, check=non_negative, demand="≥ 0 (< 1: a fraction of the run, else steps)"),
     Rule("scheduler.min_lr_ratio", NUMBER, check=fraction, demand="in [0, 1]"),
-    Rule("scheduler.decay_frac", NUMBER, check=fraction, demand="in [0, 1]"),
+    Rule("scheduler.decay_frac", NUMBER, check=lambda v: 0 < v <= 1, demand="in (0, 1]"),
+    Rule("scheduler.shape", (lambda v: v in WSD_SHAPES, ", ".join(WSD_SHAPES[:-1]) + f" or {WSD_SHAPES[-1]}")),
     Rule("trainer.precision", (lambda v: str(v) in SUPPORTED_PRECISIONS, f"one of {SUPPORTED_PRECISIONS}")),
     Rule("trainer.log_every_n_steps", INT, check=positive, demand="> 0"),
+    Rule("callbacks.metrics.peak_flops_per_device", NUMBER, nullable=True, check=positive, demand="> 0 (null: by GPU)"),
     Rule("callbacks.checkpoint.every_n_steps", INT, check=non_negative, demand="≥ 0 (0: only at the end)"),
     Rule("callbacks.checkpoint.keep_last", INT, check=positive, demand="> 0"),
     Rule("callbacks.sampler.every_n_steps", INT, check=non_negative, demand="≥ 0 (0: only at the end)"),

@@ -11,7 +11,7 @@ Schedules are multipliers of the base lr, built as `LambdaLR`s so their state is
   computes the same multiplier from a step held in a device tensor, so a training step captured as a CUDA graph
   (klalm.tasks.train) runs its schedule without the host.
 - `warmup_stable_decay` (WSD): linear warmup, constant, then a decay over the final `decay_frac` of the run
-  ("linear" or "1-sqrt") to `min_lr_ratio`.
+  ("linear", "1-sqrt" or "cosine") to `min_lr_ratio`.
 """
 
 from __future__ import annotations
