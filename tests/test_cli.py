@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -135,6 +136,22 @@ def test_train_checks_name_the_key(compose_config, override, message, monkeypatc
     with pytest.raises(ConfigError) as info:
         check_train_config(compose_config("train", ["experiment=smoke", override]))
     assert str(info.value).startswith(message) and "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("data.train=[]", "data.train=[] is invalid: must be a path or a non-empty list of paths"),
+        ("data.val=[]", "data.val=[] is invalid: must be a path or a non-empty list (null: none)"),
+        ("data.bpe_vocab_size=100", "data.bpe_vocab_size=100 is invalid: must be > 256 (the 256 bytes and EOS)"),
+    ],
+)
+def test_data_files_checks_name_the_key(compose_config, override, message):
+    """Refused once the data module was built, naming neither key: "files source needs at least one path or glob
+    pattern in `paths`" for train and val alike, "vocab_size must be > 256"."""
+    cfg = compose_config("train", ["experiment=smoke", "data=files", "data.train=a.jsonl", override])
+    with pytest.raises(ConfigError, match=f"^{re.escape(message)}$"):
+        check_train_config(cfg)
 
 
 def test_train_checks_pass_valid_configs_and_skip_what_is_off(compose_config):
@@ -373,6 +390,18 @@ def test_a_diverged_run_ends_in_one_line_and_keeps_its_folder(tmp_path):
     last = proc.stderr.strip().splitlines()[-1]
     assert last.startswith("klalm-train: 10 consecutive optimiser steps were non-finite") and "optim.lr=1000" in last
     assert "NonFiniteLossError" in (folder / "train.log").read_text()
+
+
+def test_a_data_file_that_cannot_be_read_ends_the_run_in_one_line_naming_it(tmp_path, shared_data):
+    """A damaged or mislabelled compressed file (or a parquet file without the field, a .json that is no array),
+    found by a loader worker once training has begun, ended in Hydra's traceback, and gzip's message named no file."""
+    corpus = tmp_path / "corpus.jsonl.gz"
+    corpus.write_text('{"text": "not gzipped"}\n')
+    overrides = ["experiment=smoke", "data=files", f"data.train={corpus}",
+                 f"data.tokenizer={shared_data / 'gpt2_tokenizer'}", f"hydra.run.dir={tmp_path / 'run'}"]  # fmt: skip
+    proc = _in_fresh_python("train", overrides, tmp_path)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert proc.stderr.strip().splitlines()[-1] == f"klalm-train: cannot read {corpus}: Not a gzipped file (b'{{\"')"
 
 
 @pytest.mark.parametrize("buffered", [False, True], ids=["line-by-line", "flushed-at-exit"])

@@ -80,6 +80,10 @@ def non_negative(v: float) -> bool:
     return v >= 0
 
 
+def non_empty(v: str | list) -> bool:
+    return len(v) > 0
+
+
 def fraction(v: float) -> bool:
     return 0 <= v <= 1
 
@@ -105,8 +109,9 @@ TRAIN_RULES: tuple[Rule, ...] = (
     Rule("model.n_layers", INT, nullable=True, check=positive, demand="> 0"),
     Rule("model.d_ff", INT, nullable=True, check=positive, demand="> 0"),
     Rule("model.n_heads", INT, nullable=True, check=positive, demand="> 0"),
-    Rule("data.train", STR_OR_LIST),  # data=files
-    Rule("data.val", STR_OR_LIST, nullable=True),
+    Rule("data.train", STR_OR_LIST, check=non_empty, demand="a path or a non-empty list of paths"),  # data=files
+    Rule("data.val", STR_OR_LIST, nullable=True, check=non_empty, demand="a path or a non-empty list (null: none)"),
+    Rule("data.bpe_vocab_size", INT, check=lambda v: v > 256, demand="> 256 (the 256 bytes and EOS)"),
     Rule("data.seq_len", INT, check=positive, demand="> 0"),
     Rule("data.batch_size", INT, check=positive, demand="> 0"),
     Rule("data.num_workers", INT, check=non_negative, demand="≥ 0"),

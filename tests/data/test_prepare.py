@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import time
@@ -45,6 +46,23 @@ def test_documents_are_tokenised_while_the_source_is_read(gpt2, tmp_path, monkey
     # blocks of 4: the first block is written after 4 records, not after all 10 (the whole split used to be read
     # into memory before the first was tokenised)
     assert read_at_each_add == [4] * 4 + [8] * 4 + [10] * 2
+
+
+def test_the_progress_bar_shows_the_rate_of_the_whole_block(gpt2, tmp_path, capsys):
+    """The bar was updated per document, so its first print took one document's tokens over the time of reading and
+    tokenising the whole block: 1.9k tokens/s on enwiki at 170k."""
+
+    class SlowStart(CountingSource):
+        def stream(self, consumer, num_consumers):
+            time.sleep(0.5)
+            yield from super().stream(consumer, num_consumers)
+
+    index = prepare._write_shards({}, SlowStart(200), BadRecordPolicy("raise"), gpt2, tmp_path / "o", 10**6, "auto",
+                                  200, True)  # fmt: skip
+    prints = capsys.readouterr().err.replace("\r", "\n")
+    rate, scale = re.findall(r"([\d.]+)([kM]?)tok/s", prints)[0]  # (the first print, at 0 tokens, shows "?tok/s")
+    shown = float(rate) * {"": 1, "k": 1e3, "M": 1e6}[scale]
+    assert shown > 0.5 * index["total_tokens"] / index["seconds"], prints
 
 
 def test_a_file_that_fails_midway_is_named(gpt2, tmp_path):

@@ -127,7 +127,8 @@ BAD_DATA = {  # file -> (content, what the refusal says besides the split)
     "late_corrupt.jsonl": (b'{"text": "a b"}\n' * 300 + b"{bad\n", "late_corrupt.jsonl:line 301: corrupt_json"),
     "binary.jsonl": (b"\xff\xfe\n", "binary.jsonl:line 1: invalid_utf8"),
     "wrongfield.jsonl": (b'{"body": "x"}\n', "wrongfield.jsonl:line 1: missing_field: no field 'text'"),
-    "fake.jsonl.gz": (b'{"text": "not gzipped"}\n', "fake.jsonl.gz'] field='text': Not a gzipped file"),
+    "fake.jsonl.gz": (b'{"text": "not gzipped"}\n', "fake.jsonl.gz: Not a gzipped file"),
+    "fake.jsonl.zst": (b'{"text": "not zstd"}\n', "fake.jsonl.zst: zstd decompress error"),  # was a traceback
     "empty.jsonl": (b"", "empty.jsonl'] field='text' (skipped: none)"),
 }
 
@@ -165,6 +166,36 @@ def test_some_splits_beside_kept_ones_of_another_vocabulary_are_refused(files_ar
         run(parse_args([*files_args, "--splits", "train", "--out", str(out), "--no-progress"]))
     assert _files(out) == before
     run(parse_args([*files_args, f"val={tmp_path / 'ok.jsonl'}", "--out", str(out), "--no-progress"]))  # all: fine
+
+
+def test_what_no_earlier_run_wrote_is_refused_not_replaced(files_args, tmp_path):
+    """`--out corpus` for a corpus in corpus/train/ and corpus/val/: the shards replaced both folders and the
+    corpus went with the temporary folder, its files deleted; a folder or file named tokenizer too."""
+    corpus = tmp_path / "corpus"
+    for split in ("train", "val"):
+        (corpus / split).mkdir(parents=True)
+        (corpus / split / "part.jsonl").write_text('{"text": "hello world"}\n')
+    before = _files(corpus)
+    argv = ["--data", "files", "--override", f"train={corpus / 'train'}/*.jsonl", f"val={corpus / 'val'}/*.jsonl",
+            *files_args[4:], "--out", str(corpus), "--no-progress"]  # fmt: skip
+    with pytest.raises(SystemExit) as err:
+        run(parse_args(argv))
+    assert err.value.code == (
+        f"klalm-prepare-data: --data files: {corpus / 'train'} is a folder holding 'part.jsonl', not only token "
+        "shards: klalm-prepare-data replaces train/ in --out and would delete it; choose another --out (or move it "
+        "away)"
+    )
+    assert _files(corpus) == before
+    out = tmp_path / "out"
+    (out / "tokenizer").mkdir(parents=True)
+    (out / "tokenizer" / "notes.txt").write_text("mine")
+    with pytest.raises(SystemExit, match="tokenizer is a folder without tokenizer_config.json: "):
+        run(parse_args([*files_args, "--splits", "train", "--out", str(out), "--no-progress"]))
+    assert _files(out) == {Path("tokenizer/notes.txt"): b"mine"}
+    (out / "tokenizer" / "notes.txt").unlink()
+    (out / "tokenizer").rmdir()
+    run(parse_args([*files_args, "--splits", "train", "--out", str(out), "--no-progress"]))
+    run(parse_args([*files_args, "--splits", "train", "--out", str(out), "--no-progress"]))  # its own: replaced
 
 
 def test_an_interrupted_swap_puts_the_old_folders_back(tmp_path, monkeypatch):

@@ -16,7 +16,7 @@ import zstandard
 
 from klalm.data import BadRecordError, PackedTextDataset, build_source
 from klalm.data.loader import NoDocumentsError
-from klalm.data.records import BadRecordPolicy, expand_paths
+from klalm.data.records import BadRecordPolicy, DataFileError, expand_paths
 
 DOCS = ["first document, with some words", "second document\nspans lines", "third: ünïcödé ✓"]
 
@@ -45,6 +45,17 @@ def _texts(source_config: dict, consumer: int = 0, n: int = 1) -> list:
 def test_formats_read_the_same_documents(tmp_path: Path, name: str):
     WRITERS[name](tmp_path / name)
     assert _texts({"kind": "files", "paths": str(tmp_path / name)}) == DOCS
+
+
+@pytest.mark.parametrize("name", ["a.jsonl", "a.jsonl.gz", "a.json", "a.txt"])
+def test_a_byte_order_mark_at_the_start_of_a_file_is_no_part_of_its_text(tmp_path: Path, name: str):
+    """Windows tools start UTF-8 files with a BOM: a jsonl file's first record was corrupt_json, a json file refused,
+    a txt file's document began with U+FEFF."""
+    rows = [{"text": d} for d in DOCS]
+    content = {".jsonl": _jsonl_bytes(rows), ".json": json.dumps(rows).encode(), ".txt": DOCS[2].encode()}
+    payload = b"\xef\xbb\xbf" + content[Path(name.removesuffix(".gz")).suffix]
+    (tmp_path / name).write_bytes(gzip.compress(payload) if name.endswith(".gz") else payload)
+    assert _texts({"kind": "files", "paths": str(tmp_path / name)}) == (DOCS[2:] if name == "a.txt" else DOCS)
 
 
 def test_txt_files_are_one_document_each_in_sorted_order(tmp_path: Path):
@@ -118,6 +129,14 @@ def test_a_directory_as_data_path_gets_its_own_message(tmp_path: Path):
     assert expand_paths(str(tmp_path / "**")) == [tmp_path / "shards" / "a.jsonl"]
 
 
+def test_a_file_whose_name_holds_glob_characters_is_found(tmp_path: Path):
+    """'part[1].jsonl' as a glob matches only 'part1.jsonl': the file named was refused as matching nothing."""
+    WRITERS["a.jsonl"](tmp_path / "part[1].jsonl")
+    assert expand_paths(str(tmp_path / "part[1].jsonl")) == [tmp_path / "part[1].jsonl"]
+    assert _texts({"kind": "files", "paths": str(tmp_path / "part[1].jsonl")}) == DOCS
+    assert expand_paths(str(tmp_path / "part[[]1].jsonl")) == [tmp_path / "part[1].jsonl"]  # (escaped: as before)
+
+
 def test_skipped_records_are_logged_a_few_times_per_reason(tmp_path: Path, caplog):
     path = tmp_path / "bad.jsonl"
     path.write_bytes(b'{"text": "ok"}\n{"text": ""}\n' * 5)
@@ -131,10 +150,38 @@ def test_skipped_records_are_logged_a_few_times_per_reason(tmp_path: Path, caplo
     assert len(lines) == 4 and "further empty_document records" in lines[3]
 
 
-def test_parquet_wrong_column_is_a_key_error(tmp_path: Path):
+def test_parquet_wrong_column_names_the_file(tmp_path: Path):
     WRITERS["a.parquet"](tmp_path / "a.parquet")
-    with pytest.raises(KeyError, match="no column 'body'"):
+    with pytest.raises(DataFileError, match=re.escape(f"cannot read {tmp_path / 'a.parquet'}: no column 'body'")):
         _texts({"kind": "files", "paths": str(tmp_path / "a.parquet"), "field": "body"})
+
+
+UNREADABLE = {  # file -> (content, what the error says after "cannot read <file>: ")
+    "a.jsonl.gz": (b'{"text": "x"}\n', "Not a gzipped file"),
+    "a.jsonl.bz2": (b'{"text": "x"}\n', "Invalid data stream"),
+    "a.jsonl.zst": (b'{"text": "x"}\n', "zstd decompress error"),
+    "a.parquet": (b"not parquet", "Parquet"),
+    "a.json": (b'{"text": "x"}', "a .json source must hold a JSON array of objects, got dict"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(UNREADABLE))
+def test_a_file_that_cannot_be_read_is_a_data_file_error_naming_it(tmp_path: Path, name: str):
+    """gzip, bz2, zstandard and pyarrow raised their own errors (zstandard's not even an OSError), naming no file:
+    `klalm-train` printed them with Hydra's traceback, `klalm-prepare-data` a .zst's too."""
+    content, says = UNREADABLE[name]
+    (tmp_path / name).write_bytes(content)
+    with pytest.raises(DataFileError, match=re.escape(f"cannot read {tmp_path / name}: {says}")):
+        _texts({"kind": "files", "paths": str(tmp_path / name)})
+
+
+def test_a_file_of_another_type_is_refused_before_any_is_read(tmp_path: Path):
+    """`data/*` matching a README.md beside the corpus: refused when the source is built (a data module, before the
+    model), not once the loader reached it."""
+    WRITERS["a.jsonl"](tmp_path / "a.jsonl")
+    (tmp_path / "README.md").write_text("about the corpus\n")
+    with pytest.raises(ValueError, match="unsupported file type 'README.md'"):
+        build_source({"kind": "files", "paths": str(tmp_path / "*")})
 
 
 def test_pipeline_counts_skips_in_state_and_never_hangs(tmp_path: Path, gpt2):

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import re
+import shutil
 
 import numpy as np
 import pytest
 import torch
 
-from klalm.data import ResumableLoader, ShardDataset, ShardSource, TokenShards, prepare_shards
+from klalm.data import DataFileError, ResumableLoader, ShardDataset, ShardSource, TokenShards, prepare_shards
 from klalm.data.tokenizer import decode_tokens
 
 from .conftest import read_texts
@@ -43,6 +45,28 @@ def test_shard_reader_errors(tmp_path, shard_dir):
     shards = TokenShards(shard_dir)
     with pytest.raises(IndexError):
         shards.read(len(shards) - 2, 5)
+
+
+@pytest.mark.parametrize("damage", ["truncated", "empty", "odd", "not-json", "no-key"])
+def test_a_damaged_shard_folder_is_a_data_file_error_naming_the_file(tmp_path, shard_dir, damage):
+    """A shard file cut short or an index that is no JSON raised ValueError or JSONDecodeError (naming no file), an
+    index without a key KeyError, an empty or odd-sized shard file numpy's ValueError: klalm-train's traceback."""
+    folder = tmp_path / "shards"
+    shutil.copytree(shard_dir, folder)
+    shard, index = folder / "tokens-00000.bin", folder / "index.json"
+    bad = {"truncated": shard, "empty": shard, "odd": shard, "not-json": index, "no-key": index}[damage]
+    if damage == "truncated":
+        shard.write_bytes(shard.read_bytes()[:100])
+    elif damage == "empty":
+        shard.write_bytes(b"")
+    elif damage == "odd":
+        shard.write_bytes(shard.read_bytes() + b"x")
+    elif damage == "not-json":
+        index.write_text(index.read_text()[:20])
+    else:
+        index.write_text(json.dumps({k: v for k, v in json.loads(index.read_text()).items() if k != "dtype"}))
+    with pytest.raises(DataFileError, match=f"^{re.escape(str(bad))}.*; prepare the folder again with klalm-prepare"):
+        TokenShards(folder)
 
 
 def test_too_few_windows_or_another_vocabulary_are_refused_as_user_errors(shard_dir, gpt2):

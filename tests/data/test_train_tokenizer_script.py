@@ -47,6 +47,16 @@ def test_sizes_that_cannot_work_are_refused_in_one_line(corpus, tmp_path, capsys
     assert not (tmp_path / "tok").exists()
 
 
+@pytest.mark.parametrize("content", ["", '{"text": ""}\n'], ids=["empty-file", "only-bad-records"])
+def test_a_corpus_without_a_document_is_refused_in_one_line(content, tmp_path):
+    """An empty file (or one of bad records only) trained on nothing and saved a 257-token tokenizer, exit code 0."""
+    (tmp_path / "empty.jsonl").write_text(content)
+    with pytest.raises(SystemExit, match="^train_tokenizer: no document to train a BPE tokenizer on: the corpus is "):
+        train_tokenizer.main(["--files", str(tmp_path / "empty.jsonl"), "--vocab-size", "300", "--out",
+                              str(tmp_path / "tok")])  # fmt: skip
+    assert not (tmp_path / "tok").exists()
+
+
 @pytest.mark.parametrize(
     ("source", "message"),
     [

@@ -326,6 +326,19 @@ def test_own_text_file_in_one_line_trains_and_exports(tmp_path, shared_data):
     assert len(tokenizer) == 300 and model.config.eos_token_id == tokenizer.eos_token_id
 
 
+def test_validation_files_shorter_than_a_batch_in_one_pass_are_a_config_error(tmp_path, shared_data):
+    """data.val_batches=null reads the validation files once; fewer tokens than one batch gave no batch, and the
+    module's plain ValueError reached the user as Hydra's traceback (after the whole run, where no sanity check ran)."""
+    (tmp_path / "val.txt").write_text("a few words")
+    overrides = ["data=files", f"data.train={shared_data / 'tinyshakespeare' / 'input.txt'}",
+                 f"data.val={tmp_path / 'val.txt'}", "data.val_batches=null", "data.tokenizer=bpe",
+                 "data.bpe_vocab_size=300", f"data.cache_dir={tmp_path / 'cache'}", "data.seq_len=32",
+                 "data.batch_size=2", "data.num_workers=0", "train.global_batch_tokens=64", "train.max_tokens=128",
+                 "callbacks.progress=null", "callbacks.sampler=null"]  # fmt: skip
+    with pytest.raises(ConfigError, match=r"^the validation data gave no batch: with data.val_batches=null \(one"):
+        run(compose_train(overrides, tmp_path / "o" / "run"))
+
+
 def test_skipped_records_reach_the_metrics_and_the_summary(tmp_path, shared_data, caplog):
     corpus = tmp_path / "mixed.jsonl"
     corpus.write_bytes(b'{"text": "a few good words of text here"}\n{"text": ""}\nnot json\n' * 40)

@@ -4,7 +4,7 @@ from klalm.data.datamodule import DATASETS, TextDataModule, local_files, resolve
 from klalm.data.loader import ResumableLoader
 from klalm.data.packing import PackedTextDataset
 from klalm.data.prepare import prepare_shards
-from klalm.data.records import BadRecordError, BadRecordPolicy, Record
+from klalm.data.records import BadRecordError, BadRecordPolicy, DataFileError, Record
 from klalm.data.shards import ShardDataset, ShardSource, TokenShards
 from klalm.data.sources import SOURCES, FileSource, HFSource, PythonDocsSource, build_source
 from klalm.data.tokenizer import TOKENIZERS, load_tokenizer, named_tokenizer, train_bpe_tokenizer
@@ -15,6 +15,7 @@ __all__ = [
     "TOKENIZERS",
     "BadRecordError",
     "BadRecordPolicy",
+    "DataFileError",
     "FileSource",
     "HFSource",
     "PackedTextDataset",

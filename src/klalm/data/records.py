@@ -12,6 +12,7 @@ The caller applies the policy (`BadRecordPolicy`): raise naming file, line and f
 from __future__ import annotations
 
 import bz2
+import codecs
 import glob
 import gzip
 import io
@@ -23,6 +24,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, Literal
+
+from klalm.errors import one_line
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +52,12 @@ class Record:
 
 class BadRecordError(ValueError):
     """A record could not be turned into a document and the policy is ``on_bad_record="raise"``."""
+
+
+class DataFileError(ValueError):
+    """A data file that cannot be read at all, whatever the policy: a damaged or mislabelled compressed file, a .json
+    that is not an array, a parquet file without the field, a shard folder whose files disagree with its index
+    (`klalm-train` and `klalm-prepare-data` refuse it in one line naming the file)."""
 
 
 class BadRecordPolicy:
@@ -125,12 +134,14 @@ def open_binary(path: Path) -> IO[bytes]:
 
 
 def expand_paths(patterns: str | list[str]) -> list[Path]:
-    """Expands glob patterns (sorted per pattern, patterns in the given order, duplicates removed).
+    """Expands glob patterns (sorted per pattern, patterns in the given order, duplicates removed); a path that exists
+    is itself, even where it holds glob characters.
 
     Raises:
         FileNotFoundError: a pattern matches nothing, naming the pattern.
         IsADirectoryError: a path names a directory, or a pattern matches only directories (a glob's directories
             are passed over when it also matches files, as `data/**` does).
+        ValueError: a file of a type no reader takes (e.g. `data/*` matching a README.md), named before any is read.
     """
     patterns = [patterns] if isinstance(patterns, str) else list(patterns)
     if not patterns:
@@ -138,7 +149,8 @@ def expand_paths(patterns: str | list[str]) -> list[Path]:
     seen: dict[Path, None] = {}
     for pattern in patterns:
         pattern = os.path.expanduser(str(pattern))
-        matches = sorted(glob.glob(pattern, recursive=True))
+        # a path that exists is taken as it is: 'part[1].jsonl' as a pattern matches only 'part1.jsonl'
+        matches = [pattern] if os.path.exists(pattern) else sorted(glob.glob(pattern, recursive=True))
         if not matches:
             raise FileNotFoundError(f"no file matches {pattern!r}")
         files = [m for m in matches if not os.path.isdir(m)]
@@ -148,6 +160,7 @@ def expand_paths(patterns: str | list[str]) -> list[Path]:
                 f"'{matches[0]}/*.jsonl.gz'"
             )
         for match in files:
+            split_suffixes(Path(match))
             seen.setdefault(Path(match), None)
     return list(seen)
 
@@ -159,6 +172,8 @@ def expand_paths(patterns: str | list[str]) -> list[Path]:
 def _raw_jsonl(path: Path, field: str) -> Iterator[tuple[int, Any]]:
     with open_binary(path) as f:
         for lineno, line in enumerate(f, start=1):
+            if lineno == 1:
+                line = line.removeprefix(codecs.BOM_UTF8)  # of the file (Windows tools write one), not of its record
             if line.strip():
                 yield lineno, line
 
@@ -194,11 +209,11 @@ def _text_record(value: Any, where: str, field: str) -> Record:
 def _raw_json(path: Path, field: str) -> Iterator[tuple[int, Any]]:
     with open_binary(path) as f:
         try:
-            items = json.loads(f.read().decode("utf-8"))
+            items = json.loads(f.read().decode("utf-8-sig"))  # (-sig: without a leading byte order mark)
         except (UnicodeDecodeError, json.JSONDecodeError) as err:
-            raise ValueError(f"{path}: not a valid UTF-8 JSON file: {err}") from err
+            raise ValueError(f"not a valid UTF-8 JSON file: {err}") from err
     if not isinstance(items, list):
-        raise ValueError(f"{path}: a .json source must hold a JSON array of objects, got {type(items).__name__}")
+        raise ValueError(f"a .json source must hold a JSON array of objects, got {type(items).__name__}")
     yield from enumerate(items, start=1)
 
 
@@ -211,7 +226,7 @@ def _raw_parquet(path: Path, field: str) -> Iterator[tuple[int, Any]]:
 
     parquet = pq.ParquetFile(path)
     if field not in parquet.schema_arrow.names:
-        raise KeyError(f"{path}: no column {field!r} (columns: {parquet.schema_arrow.names})")
+        raise KeyError(f"no column {field!r} (columns: {parquet.schema_arrow.names})")
     row = 0
     for batch in parquet.iter_batches(columns=[field], batch_size=1024):
         for value in batch.column(0).to_pylist():
@@ -230,7 +245,7 @@ def _raw_txt(path: Path, field: str) -> Iterator[tuple[int, Any]]:
 
 def _decode_txt(raw: bytes, where: str, field: str) -> Record:
     try:
-        text = raw.decode("utf-8")
+        text = raw.decode("utf-8-sig")  # a byte order mark is no part of the document
     except UnicodeDecodeError as err:
         return Record(None, where, "invalid_utf8", str(err))
     return _text_record(text, where, "<file>")
@@ -245,10 +260,24 @@ FORMATS: dict[str, tuple[Callable[..., Iterator[tuple[int, Any]]], Callable[...,
 }
 
 
+def _zstd_error() -> type[Exception]:
+    import zstandard
+
+    return zstandard.ZstdError
+
+
 def iter_raw_records(path: Path, field: str) -> Iterator[tuple[str, Callable[[], Record]]]:
-    """Yields (location, decode thunk) per record of one file; calling the thunk decodes that record only."""
+    """Yields (location, decode thunk) per record of one file; calling the thunk decodes that record only.
+
+    Raises:
+        DataFileError: the file cannot be read (gzip, bz2, zstandard, pyarrow and json each raise their own errors,
+            and most of them do not name the file), naming it.
+    """
     fmt, _ = split_suffixes(path)
     raw_reader, decoder, unit = FORMATS[fmt]
-    for number, raw in raw_reader(path, field):
-        where = f"{path}:{unit} {number}"
-        yield where, (lambda raw=raw, where=where: decoder(raw, where, field))
+    try:
+        for number, raw in raw_reader(path, field):
+            where = f"{path}:{unit} {number}"
+            yield where, (lambda raw=raw, where=where: decoder(raw, where, field))
+    except (OSError, EOFError, KeyError, ValueError, _zstd_error()) as err:
+        raise DataFileError(f"cannot read {path}: {one_line(err)}") from err

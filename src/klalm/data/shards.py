@@ -25,12 +25,15 @@ import torch
 from torch.utils.data import IterableDataset
 
 from klalm.data.loader import NoDocumentsError, consumer_split, windows_to_batch
+from klalm.data.records import DataFileError
+from klalm.errors import one_line
 
 log = logging.getLogger(__name__)
 
 INDEX_FILE = "index.json"
 FORMAT = "klalm-tokens-v1"
 DTYPES = {"uint16": np.uint16, "uint32": np.uint32}
+PREPARE_AGAIN = "prepare the folder again with klalm-prepare-data"
 
 
 class TokenShards:
@@ -41,22 +44,28 @@ class TokenShards:
         index_file = self.path / INDEX_FILE
         if not index_file.exists():
             raise FileNotFoundError(f"no shard index {index_file} (create it with klalm-prepare-data)")
-        self.index = json.loads(index_file.read_text())
+        try:
+            self.index = json.loads(index_file.read_text())
+        except (UnicodeDecodeError, json.JSONDecodeError) as err:
+            raise DataFileError(f"{index_file} is not a shard index ({one_line(err)}); {PREPARE_AGAIN}") from err
         for key in ("format", "dtype", "eos_id", "vocab_size", "shards"):
-            if key not in self.index:
-                raise KeyError(f"{index_file} lacks key {key!r}")
+            if not isinstance(self.index, dict) or key not in self.index:
+                raise DataFileError(f"{index_file} lacks key {key!r}; {PREPARE_AGAIN}")
         if self.index["format"] != FORMAT or self.index["dtype"] not in DTYPES:
-            raise ValueError(f"{index_file}: unsupported format/dtype {self.index['format']}/{self.index['dtype']}")
+            raise DataFileError(
+                f"{index_file}: unsupported format/dtype {self.index['format']}/{self.index['dtype']}; {PREPARE_AGAIN}"
+            )
         dtype = np.dtype(DTYPES[self.index["dtype"]]).newbyteorder("<")
         self.arrays = []
         for shard in self.index["shards"]:
             file = self.path / shard["file"]
             if not file.exists():
                 raise FileNotFoundError(f"shard {file} listed in {index_file} is missing")
-            array = np.memmap(file, dtype=dtype, mode="r")
-            if len(array) != shard["tokens"]:
-                raise ValueError(f"{file} holds {len(array)} tokens, index says {shard['tokens']}")
-            self.arrays.append(array)
+            size, expected = file.stat().st_size, shard["tokens"] * dtype.itemsize  # (numpy maps no empty file)
+            if size != expected:
+                says = f"{shard['tokens']} tokens ({expected} bytes)"
+                raise DataFileError(f"{file} holds {size} bytes, index says {says}; {PREPARE_AGAIN}")
+            self.arrays.append(np.memmap(file, dtype=dtype, mode="r") if size else np.zeros(0, dtype))
         self.offsets = np.cumsum([0] + [len(a) for a in self.arrays])  # start token of each shard
 
     def __len__(self) -> int:

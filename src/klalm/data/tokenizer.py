@@ -84,11 +84,18 @@ def train_bpe_tokenizer(
 
     Returns:
         the trained tokenizer; ``len(tokenizer) == vocab_size`` when the corpus has enough distinct merges.
+
+    Raises:
+        ValueError: ``vocab_size`` < 257, or no text (a tokenizer of the bytes alone would be saved as if asked for).
     """
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     if vocab_size < 257:
         raise ValueError(f"vocab_size must be > 256 (the byte alphabet plus EOS), got {vocab_size}")
+    texts = iter(texts)
+    first = next(texts, None)
+    if first is None:
+        raise ValueError("no document to train a BPE tokenizer on: the corpus is empty or every record is bad")
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
@@ -99,7 +106,7 @@ def train_bpe_tokenizer(
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    tokenizer.train_from_iterator(texts, trainer=trainer)
+    tokenizer.train_from_iterator(itertools.chain([first], texts), trainer=trainer)
     wrapped = PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token=eos_token, bos_token=eos_token)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -33,7 +33,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from klalm.config_checks import ConfigError, check_train_config
 from klalm.data.loader import LoaderStateError, NoDocumentsError
-from klalm.data.records import BadRecordError
+from klalm.data.records import BadRecordError, DataFileError
 from klalm.fileio import write_atomic
 from klalm.models.checkpoint import HF_DIR, TOKENIZER_DIR, CheckpointError, list_checkpoints, load_checkpoint_file
 from klalm.models.export import ExportTargetError, check_export_target
@@ -225,10 +225,10 @@ def build_module(
 
 # What a run raises when its input is wrong rather than its code, which `klalm-train` prints as one line (besides the
 # config checks' ConfigError, which `instantiate_group` also raises for what a config group's target refuses): a
-# checkpoint it will not load, a bad record in a data file, a data position it cannot take up, a missing file, an
-# export folder holding other files, a run folder holding another run, and a divergence (its message names the
-# learning rate to lower).
-USER_ERRORS = (CheckpointError, BadRecordError, NoDocumentsError, LoaderStateError, FileNotFoundError,
+# checkpoint it will not load, a bad record in a data file, a data file or shard folder it cannot read, a data
+# position it cannot take up, a missing file, an export folder holding other files, a run folder holding another run,
+# and a divergence (its message names the learning rate to lower).
+USER_ERRORS = (CheckpointError, BadRecordError, DataFileError, NoDocumentsError, LoaderStateError, FileNotFoundError,
                ExportTargetError, RunDirTakenError, NonFiniteLossError)  # fmt: skip
 
 

@@ -41,7 +41,7 @@ import torch
 from torch import Tensor, nn
 from torch.distributed.tensor import DTensor
 
-from klalm.config_checks import COMPILE
+from klalm.config_checks import COMPILE, ConfigError
 from klalm.loss import scored_tokens, token_cross_entropy
 from klalm.models import prepare_backends
 from klalm.ops.checks import value_checks_suspended
@@ -370,8 +370,12 @@ class LMModule(pl.LightningModule):
     def on_validation_epoch_end(self) -> None:
         local = torch.stack(self._val_sums).sum(0) if self._val_sums else torch.zeros(2, device=self.device)
         total = self.trainer.strategy.reduce(local, reduce_op="sum")
-        if total[1] <= 0:
-            raise ValueError("the validation loader yielded no scored token (check data.val_* settings)")
+        if total[1] <= 0:  # (a ConfigError: klalm-train prints it in one line, not in Hydra's traceback)
+            raise ConfigError(
+                "the validation data gave no batch: with data.val_batches=null (one pass) it must hold a batch of "
+                "data.val_batch_size x (data.seq_len + 1) tokens per loader worker; set data.val_batches to read "
+                "that many batches, wrapping around it"
+            )
         val_loss = total[0] / total[1]
         metrics = {"val/loss": val_loss, "val/ppl": torch.exp(val_loss)}
         # to the progress bar (and last_val for the run summary); the loggers get the row at the optimiser step itself
