@@ -167,7 +167,7 @@ EVAL_RULES: tuple[Rule, ...] = (
     Rule("dtype", STR),
     Rule("tokenizer", STR, nullable=True),
     Rule("log_samples", BOOL),
-    Rule("output_dir", STR, nullable=True),
+    Rule("output_dir", STR, nullable=True, check=lambda v: v.strip() != "", demand="a folder (not empty)"),
 )
 
 # The splits klalm-prepare-data writes -> the key of a data config (configs/data/*.yaml) holding each one's source

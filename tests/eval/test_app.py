@@ -16,6 +16,7 @@ from hydra import compose, initialize_config_module
 from klalm.cli import evaluate
 from klalm.eval import app
 from klalm.eval.tasks import TASKS_DIR
+from klalm.train.rundir import fresh_run_name
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 
@@ -82,6 +83,16 @@ def test_output_dir_holds_the_log_and_the_config_record(tiny_checkpoints, shared
     with pytest.raises(SystemExit, match="does not exist"):
         evaluate()
     assert not (out / "a").exists()
+    # refused into X itself: X keeps both earlier records and no third (its eval.log keeps the refusal's lines)
+    fresh_run_name.cache_clear()  # a new name, as a new process has
+    monkeypatch.setattr(sys, "argv", ["klalm-eval", f"checkpoint={tmp_path / 'missing'}", f"output_dir={out}"])
+    with pytest.raises(SystemExit, match="does not exist"):
+        evaluate()
+    assert len(list((out / ".hydra").glob("eval-*"))) == 1 and (out / ".hydra" / "config.yaml").is_file()
+    monkeypatch.setattr(sys, "argv", ["klalm-eval", f"checkpoint={tmp_path / 'missing'}", "output_dir= "])
+    with pytest.raises(SystemExit, match="output_dir"):  # an empty one wrote into the working directory
+        evaluate()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ev"]
 
 
 def test_main_refuses_the_hub_tasks_at_once_when_the_hub_cannot_be_reached(tiny_checkpoints, tmp_path, monkeypatch):

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from klalm.train.torchrun import STOPPED, exit_code
+from klalm.train.torchrun import STOPPED, exit_code, stopped_code
 
 # A rank: stops as klalm-train does (exit 128 + the signal) or, "ignores" on local rank 1, lets torchrun kill it after
 # its shutdown timeout; "fails" on local rank 1: exits 3 at once, no signal.
@@ -21,6 +21,7 @@ if how == "fails" and rank == 1:
     sys.exit(3)
 for sig in (signal.SIGTERM, signal.SIGINT):
     signal.signal(sig, signal.SIG_IGN if how == "ignores" and rank == 1 else lambda s, _: sys.exit(128 + s))
+(folder / f"pid{rank}").write_text(str(os.getpid()))
 (folder / f"ready{rank}").touch()
 time.sleep(120)
 """
@@ -38,7 +39,11 @@ def test_exit_code_of_the_ranks_exit_codes():
     assert exit_code(signal.SIGTERM, {0: 143, 1: -9}) == 1  # killed after the shutdown timeout: maybe unsaved
     assert exit_code(signal.SIGTERM, {0: 143, 1: 1}) == 1  # failed
     assert exit_code(signal.SIGTERM, {0: 143, 1: None}) == 1  # still running (stuck)
-    assert exit_code(signal.SIGTERM, {}) == 1  # the ranks unknown
+    assert exit_code(signal.SIGTERM, {}) == 143  # before any rank started (a rendezvous): nothing to lose
+    assert exit_code(signal.SIGTERM, None) == 1  # the ranks cannot be told
+    assert stopped_code({0: 143, 1: 143}) == 143 and stopped_code({0: 0, 1: 130}) == 130
+    assert stopped_code({0: 143, 1: 1}) is None and stopped_code({0: 1, 1: 1}) is None and stopped_code(None) is None
+    assert stopped_code({0: 0, 1: 0}) is None  # (no failure to explain)
 
 
 def _agent(tmp_path, how: str) -> subprocess.Popen:
@@ -73,6 +78,17 @@ def test_a_stop_that_every_rank_made_exits_with_the_signal(tmp_path, sig, code):
     assert got == code, out[-3000:]
     assert f"ranks' exit codes {{0: {code}, 1: {code}}}; exit code {code}" in out
     assert "Traceback" not in out
+
+
+def test_a_stop_signal_sent_to_the_ranks_exits_with_their_code(tmp_path):
+    """SIGTERM to the ranks, not the agent (as a scheduler that signals every process, or a stop agreed with another
+    node's ranks): torchrun sees ranks that failed with 143; the agent says they stopped and exits 143."""
+    agent = _agent(tmp_path, "stops")
+    for rank in (0, 1):
+        os.kill(int((tmp_path / f"pid{rank}").read_text()), signal.SIGTERM)
+    got, out = _ended(agent, tmp_path)
+    assert got == 143, out[-3000:]
+    assert "every rank saved and stopped; ranks' exit codes {0: 143, 1: 143}; exit code 143" in out
 
 
 def test_a_rank_killed_after_the_shutdown_timeout_exits_1(tmp_path):

@@ -19,6 +19,7 @@ import logging
 import os
 import re
 import select
+import shutil
 import sys
 import time
 import traceback
@@ -119,9 +120,12 @@ def _refuse_eval(err: BaseException) -> NoReturn:
     holds only what Hydra wrote at the start: a refusal leaves no empty evaluation behind."""
     from klalm.train.rundir import is_new_folder, remove_run_folder
 
-    run_dir = Path(HydraConfig.get().runtime.output_dir)
+    hydra = HydraConfig.get()
+    run_dir = Path(hydra.runtime.output_dir)
     if is_new_folder(run_dir) and run_dir.is_dir() and {p.name for p in run_dir.iterdir()} <= EVAL_STARTUP_FILES:
         remove_run_folder(run_dir)
+    elif hydra.output_subdir:  # an output_dir that was there: this start's config record goes (its log lines stay)
+        shutil.rmtree(run_dir / hydra.output_subdir, ignore_errors=True)
     sys.exit(f"klalm-eval: {one_line(err)}")
 
 

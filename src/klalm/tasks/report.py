@@ -17,6 +17,7 @@ unfinished, never as a result:
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -272,7 +273,7 @@ def _blocks(n: int) -> str:
 
 
 def _grid_section(cells: dict, heading: str, first: str, with_lr: bool, name: str, figure: Figure | None,
-                  plot=None) -> str:  # fmt: skip
+                  plot: Callable[[dict, str, Path], None] | None = None) -> str:  # fmt: skip
     """The best-run table of MQAR or MAD under `heading`, and its plot (`plot`, default `plot_lines`) when a figure is
     asked for."""
     text = f"{heading}\n\n" + _grid_table(cells, first, with_lr=with_lr)

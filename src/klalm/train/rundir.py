@@ -72,9 +72,10 @@ def is_new_folder(path: str | Path) -> bool:
 def eval_dir(output_dir: Any) -> str:
     """`klalm-eval`'s folder (`hydra.run.dir`, resolver `klalm_eval_dir`), where Hydra writes the log (eval.log) and
     the config record: `output_dir` itself (`~` expanded), so that they go where the results go. For output_dir=null,
-    and for one that cannot be a folder (not a string, a file on its path, a folder that takes no file), a new
-    `outputs/eval/<fresh_run_name()>`; the evaluation refuses such an output_dir, naming it, and removes that folder."""
-    if isinstance(output_dir, str):
+    and for one that cannot be a folder (not a string, blank, a file on its path, a folder that takes no file), a new
+    `outputs/eval/<fresh_run_name()>`; the evaluation refuses a non-string output_dir or one that cannot be created,
+    naming it, and removes that folder (a read-only folder that exists fails only as the results are written)."""
+    if isinstance(output_dir, str) and output_dir.strip():
         path = Path(output_dir).expanduser()
         existing = next((p for p in (path, *path.parents) if p.exists() or p.is_symlink()), Path("."))
         try:
