@@ -383,6 +383,16 @@ def warmup_steps_of(warmup: float, total_steps: int) -> int:
     return int(round(warmup * total_steps)) if warmup < 1 else int(warmup)
 
 
+def check_takes_a_step(max_tokens: int, global_batch_tokens: int) -> None:
+    """Raises ConfigError when a budget of `max_tokens` holds no global batch (the fresh run's check here, a resumed
+    run's in `klalm.train.budget.derive_budget`)."""
+    if max_tokens < global_batch_tokens:
+        raise ConfigError(
+            f"train.max_tokens={max_tokens} is smaller than one global batch (train.global_batch_tokens="
+            f"{global_batch_tokens}): the run would take no step"
+        )
+
+
 def _check_run_length(cfg: DictConfig) -> None:
     """A fresh run's length, `train.max_tokens // train.global_batch_tokens` steps, must hold a step and more steps
     than its warmup (`scheduler.warmup`, where the scheduler has one), whose lr would otherwise never reach
@@ -392,15 +402,16 @@ def _check_run_length(cfg: DictConfig) -> None:
     if cfg.resume is not None:
         return
     max_tokens, batch_tokens = cfg.train.max_tokens, cfg.train.global_batch_tokens
-    if max_tokens < batch_tokens:
-        raise ConfigError(f"train.max_tokens={max_tokens} is smaller than one global batch (train.global_batch_tokens="
-                          f"{batch_tokens}): the run would take no step")  # fmt: skip
+    check_takes_a_step(max_tokens, batch_tokens)
     warmup = _value(cfg, "scheduler.warmup")
+    if warmup is _ABSENT:
+        return
     steps = max_tokens // batch_tokens
-    if warmup is not _ABSENT and warmup_steps_of(warmup, steps) >= steps:
+    warmup_steps = warmup_steps_of(warmup, steps)
+    if warmup_steps >= steps:
         raise ConfigError(
-            f"scheduler.warmup={warmup} gives {warmup_steps_of(warmup, steps)} warmup steps, not fewer than the run's "
-            f"{steps} (train.max_tokens // train.global_batch_tokens): its lr would never reach optim.lr"
+            f"scheduler.warmup={warmup} gives {warmup_steps} warmup steps, not fewer than the run's {steps} "
+            "(train.max_tokens // train.global_batch_tokens): its lr would never reach optim.lr"
         )
 
 

@@ -34,15 +34,10 @@ from typing import Any, Protocol
 import torch
 from torch import Tensor, nn
 
+from klalm.config_checks import warmup_steps_of
 from klalm.loss import IGNORE_INDEX, token_cross_entropy
 from klalm.models import prepare_backends
-from klalm.train.optim import (
-    check_schedule,
-    classify_parameters,
-    cosine_multiplier_tensor,
-    param_groups,
-    warmup_steps_of,
-)
+from klalm.train.optim import check_schedule, classify_parameters, cosine_multiplier_tensor, param_groups
 
 WARMUP_STEPS = 3  # eager steps on a side stream before capture (optimizer state, kernel compilation, autotuning)
 CHECK_EVERY = 250  # steps between host checks of the clock when no evaluation falls sooner (each is one sync)

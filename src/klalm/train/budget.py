@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from klalm.config_checks import ConfigError
+from klalm.config_checks import ConfigError, check_takes_a_step
 
 
 @dataclass(frozen=True)
@@ -91,11 +91,7 @@ def derive_budget(
             f"train.global_batch_tokens={global_batch_tokens} is not a multiple of data.batch_size × data.seq_len × "
             f"world_size = {micro_batch_size} × {seq_len} × {world_size} = {per_round}"
         )
-    if max_tokens < global_batch_tokens:
-        raise ConfigError(
-            f"train.max_tokens={max_tokens} is smaller than one global batch (train.global_batch_tokens="
-            f"{global_batch_tokens}): the run would take no step"
-        )
+    check_takes_a_step(max_tokens, global_batch_tokens)
     return TokenBudget(
         micro_batch_size=micro_batch_size,
         seq_len=seq_len,
