@@ -13,6 +13,7 @@ import pytest
 from hydra import compose, initialize_config_module
 from omegaconf import OmegaConf
 
+from klalm.cli import check_hydra_flags
 from klalm.cli.helptext import key_comments
 from klalm.config_checks import (
     TRAIN_RULES,
@@ -21,6 +22,7 @@ from klalm.config_checks import (
     check_eval_config,
     check_overrides,
     check_train_config,
+    override_syntax_message,
     unknown_key_message,
 )
 from klalm.errors import one_line
@@ -294,6 +296,45 @@ def test_an_unknown_key_is_refused_in_one_line_naming_the_nearest(config, argume
 )  # fmt: skip
 def test_known_keys_flags_and_other_errors_are_left_to_hydra(arguments):
     assert unknown_key_message("train", arguments) is None
+
+
+@pytest.mark.parametrize(
+    ("override", "reason"),
+    [("trainer.max_steps=[1,2", "'[1,2'"), ("run_name=a]b", "']'"), ("model.d_model={", "'{'")],
+)
+def test_an_override_hydra_cannot_read_is_refused_in_one_line_naming_it(override, reason):
+    """Hydra says only "no viable alternative at input '[1,2'" and where its grammar is documented, in four lines."""
+    with pytest.raises(ConfigError) as refused:
+        check_overrides(["experiment=smoke", override])
+    message = str(refused.value)
+    assert message.startswith(f"cannot read the override {override!r} (") and reason in message
+    assert "\n" not in message and "key='\"text\"'" in message
+    assert override_syntax_message(["experiment=smoke", override]) == message
+
+
+@pytest.mark.parametrize(
+    "arguments",
+    [["run_name='\"a]b\"'"], ["-m", "optim.lr=1e-3,2e-3"], ["--cfg", "job"], ["optim.lr=range(1,3)"], ["x=[1,2]"]],
+)
+def test_overrides_hydra_reads_pass_the_syntax_check(arguments):
+    assert override_syntax_message(arguments) is None
+
+
+@pytest.mark.parametrize("entry", ["train", "evaluate"])
+def test_two_hydra_commands_are_refused_in_one_line_before_torch(entry, tmp_path):
+    """Hydra raises a ValueError for `-m ... --cfg job`: a traceback."""
+    proc = _in_fresh_python(entry, ["-m", "seed=1,2", "--cfg", "job"], tmp_path)
+    name = {"train": "klalm-train", "evaluate": "klalm-eval"}[entry]
+    assert proc.returncode == 1 and proc.stdout.strip() == "LIGHT"
+    assert (
+        proc.stderr.strip()
+        == f"{name}: --multirun and --cfg cannot be given together: Hydra takes one of them per command"
+    )
+
+
+def test_one_hydra_command_and_its_flags_pass():
+    check_hydra_flags(["--cfg", "job", "--package", "model", "experiment=smoke"])
+    check_hydra_flags(["-m", "--config-dir", "/tmp/x", "seed=1,2"])
 
 
 def test_an_unknown_key_stops_both_commands_before_torch(tmp_path):

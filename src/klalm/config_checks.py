@@ -237,6 +237,9 @@ def check_overrides(overrides: list[str]) -> None:
     its search path included, over 30 lines; this names the nearest option in one), or one that sets a key the
     composed config lacks (`unknown_key_message`). Options and keys are looked for only in klalm's configs, so the
     last two checks are left to Hydra when the command line adds folders to the search path."""
+    message = override_syntax_message(overrides)
+    if message is not None:
+        raise ConfigError(message)
     own_configs_only = not _adds_config_folders(overrides)
     for override in overrides:
         if override.startswith("-") or "=" not in override:
@@ -250,6 +253,28 @@ def check_overrides(overrides: list[str]) -> None:
         message = unknown_key_message("train", overrides)
         if message is not None:
             raise ConfigError(message)
+
+
+def override_syntax_message(arguments: list[str]) -> str | None:
+    """For a command line with an override Hydra's grammar cannot read (`trainer.max_steps=[1,2`, an unquoted `[` or
+    `]` in a text value), the one-line refusal naming that override: Hydra says only "no viable alternative at input
+    '[1,2'" and where its grammar is documented, in four lines. None when every override reads."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import OverrideParseException
+
+    parser = OverridesParser.create()
+    for argument in arguments:
+        if argument.startswith("-") or "=" not in argument:  # a flag or a flag's value (`--cfg job`)
+            continue
+        try:
+            parser.parse_overrides([argument])
+        except OverrideParseException as err:
+            reason = str(err).strip().splitlines()[0]
+            return (
+                f"cannot read the override {argument!r} ({reason}); a value with brackets, braces, commas or spaces"
+                f" that is meant as text goes in quotes inside the shell's: key='\"text\"'"
+            )
+    return None
 
 
 def _adds_config_folders(arguments: list[str]) -> bool:

@@ -38,6 +38,7 @@ from klalm.config_checks import (
     check_overrides,
     check_run_dir,
     check_train_config,
+    override_syntax_message,
     unknown_key_message,
 )
 from klalm.errors import one_line
@@ -212,12 +213,29 @@ def _exit_quietly(exiting: SystemExit | None) -> NoReturn:
     sys.exit(1)
 
 
+def check_hydra_flags(arguments: list[str]) -> None:
+    """Refuses a command line with two of Hydra's commands (`-m ... --cfg job`): Hydra raises a ValueError for it, a
+    traceback ending in "Only one of --run, --multirun, --cfg, --info and --shell_completion can be specified"."""
+    from hydra._internal.utils import get_args_parser
+
+    args, _ = get_args_parser().parse_known_args(arguments)
+    given = [
+        flag
+        for flag, on in (("--run", args.run), ("--multirun", args.multirun), ("--cfg", args.cfg is not None))
+        + (("--info", args.info is not None), ("--shell-completion", args.shell_completion))
+        if on
+    ]
+    if len(given) > 1:
+        raise ConfigError(f"{' and '.join(given)} cannot be given together: Hydra takes one of them per command")
+
+
 @quiet_when_the_reader_stops
 def train() -> None:
     """`klalm-train`: pretrain a model (`klalm-train --help` lists the groups and keys)."""
     from klalm.train.sweep import unknown_sweep_key_message
 
     try:
+        check_hydra_flags(sys.argv[1:])
         check_overrides(sys.argv[1:])
     except ConfigError as err:
         sys.exit(f"klalm-train: {err}")
@@ -235,7 +253,11 @@ def evaluate() -> None:
 
         print(TASKS_DIR)
         return
-    message = unknown_key_message("eval", sys.argv[1:])
+    try:
+        check_hydra_flags(sys.argv[1:])
+    except ConfigError as err:
+        sys.exit(f"klalm-eval: {err}")
+    message = override_syntax_message(sys.argv[1:]) or unknown_key_message("eval", sys.argv[1:])
     if message is not None:
         sys.exit(f"klalm-eval: {message}")
     _eval_app()
