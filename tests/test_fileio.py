@@ -1,9 +1,15 @@
-"""klalm.fileio: a file is replaced whole on success and left as it was on an error, with no temporary file left."""
+"""klalm.fileio: a file is replaced whole on success and left as it was on an error, with no temporary file left (nor
+one a killed writer left), and a symbolic link is written through."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
 
+from klalm import fileio
 from klalm.fileio import atomic_path, write_atomic
 
 
@@ -26,8 +32,8 @@ def test_atomic_path_replaces_the_target_only_on_leaving_the_block(tmp_path):
     path = tmp_path / "state.pt"
     path.write_bytes(b"old")
     with atomic_path(path) as temporary:
-        assert temporary.parent == tmp_path and temporary.name.startswith(".state.pt.")
-        assert temporary.suffix == ".tmp"  # not a *.pt a reader of the folder would take for a whole file
+        assert temporary.parent == tmp_path and temporary.name.startswith(".state.pt.tmp-")
+        assert not temporary.match("*.pt")  # not a *.pt a reader of the folder would take for a whole file
         temporary.write_bytes(b"new")
         assert path.read_bytes() == b"old"  # a reader meanwhile sees the old file
     assert path.read_bytes() == b"new"
@@ -57,3 +63,33 @@ def test_two_writes_of_one_file_use_different_temporary_paths(tmp_path):
         first.write_text("1")
         second.write_text("2")
     assert (tmp_path / "a").read_text() == "1"  # the outer block leaves last
+
+
+def test_a_write_removes_the_temporaries_dead_writers_of_the_file_left(tmp_path):
+    """A writer killed mid-write (SIGKILL: no cleanup) left its temporary, under a random name that nothing found,
+    and every kill added one. Those of a dead process (or of this one's pid, reused) go at the next write of the
+    file; a live writer's, another file's and another host's stay."""
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    prefix = f".summary.json.tmp-{fileio._HOST}-"
+    stale = [f"{prefix}{dead.stdout.strip()}-0", f"{prefix}{os.getpid()}-999999"]
+    kept = [f"{prefix}{os.getppid()}-0", f".other.json.tmp-{fileio._HOST}-{dead.stdout.strip()}-0",
+            f".summary.json.tmp-elsewhere-{dead.stdout.strip()}-0"]  # fmt: skip
+    for name in stale + kept:
+        (tmp_path / name).write_text("half writ")
+    with atomic_path(tmp_path / "summary.json") as outer:
+        write_atomic(tmp_path / "summary.json", "inner")  # a write in progress (`outer`) is not stale
+        outer.write_text("outer")
+    assert (tmp_path / "summary.json").read_text() == "outer"
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([*kept, "summary.json"])
+
+
+def test_a_symbolic_link_is_written_through_to_its_target(tmp_path):
+    """`os.replace` onto a link put a file in the link's place: the link now stays and its target gets the data."""
+    (tmp_path / "runs").mkdir()
+    target = tmp_path / "runs" / "results.json"
+    target.write_text("old")
+    link = tmp_path / "latest.json"
+    link.symlink_to(target)
+    write_atomic(link, "new")
+    assert link.is_symlink() and target.read_text() == "new"
+    assert sorted(p.name for p in tmp_path.rglob("*")) == ["latest.json", "results.json", "runs"]

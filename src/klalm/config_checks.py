@@ -13,6 +13,7 @@ Importing it costs only omegaconf: the console scripts (`klalm.cli`) run these c
 from __future__ import annotations
 
 import difflib
+import inspect
 import math
 import os
 import re
@@ -388,6 +389,45 @@ def check_known_keys(cfg: DictConfig) -> None:
             near = difflib.get_close_matches(key, sorted(known), n=1)
             hint = f" (did you mean {prefix}{near[0]}?)" if near else ""
             raise ConfigError(f"{prefix}{key} is not a klalm-train key{hint}: nothing reads it")
+
+
+# The `klalm-train` groups whose target is a `_partial_` one, called only once the run has built its data and model
+# (the optimiser with the parameters, the schedule with the optimiser).
+PARTIAL_GROUPS = ("optim", "scheduler")
+
+
+def check_target_arguments(key: str, node: DictConfig, target: Any) -> None:
+    """Refuses the first key of `node` (the config at `key`) that `target` takes no argument for, naming the nearest
+    (no check for a target with `**kwargs` or without a signature)."""
+    try:
+        params = inspect.signature(target).parameters.values()
+    except (TypeError, ValueError):
+        return
+    if any(p.kind is p.VAR_KEYWORD for p in params):
+        return
+    names = sorted(p.name for p in params)
+    for name in (n for n in node if not n.startswith("_") and n not in names):
+        near = difflib.get_close_matches(name, names, n=1)
+        hint = f" (did you mean {key}.{near[0]}?)" if near else ""
+        raise ConfigError(f"{key}.{name} is not an argument of {node._target_}{hint}")
+
+
+def check_partial_targets(cfg: DictConfig) -> None:
+    """`check_target_arguments` for each of `PARTIAL_GROUPS` (`+optim.llr=1e-3`: AdamW takes no `llr`), for a sweep's
+    check of its jobs before the first one trains (`klalm.train.sweep`); a single run checks each as it instantiates
+    it (`klalm.train.app.instantiate_group`). Unlike the rest of this module, this imports the targets (the
+    optimiser's: torch). A target that does not import is left to Hydra, which refuses it as the job builds it."""
+    from hydra.utils import get_object
+
+    for key in PARTIAL_GROUPS:
+        node = OmegaConf.select(cfg, key)
+        if not isinstance(node, DictConfig) or "_target_" not in node:
+            continue
+        try:
+            target = get_object(node._target_)
+        except (ImportError, ValueError):
+            continue
+        check_target_arguments(key, node, target)
 
 
 def _check_kernel_backends(cfg: DictConfig) -> None:

@@ -2,30 +2,73 @@
 started after a kill mid-write) finds the old file or the new one, never a part. It guards against a process that
 dies, not a machine that loses power (nothing is fsynced).
 
+A temporary path is `.<name>.tmp-<host>-<pid>-<n>` (`n` counts this process's writes), so what a killed writer left
+is recognisable: the next write of the same file removes the temporaries of that file left by processes of this
+host that are gone. Those of another host (a folder shared between machines) are left alone, since whether their
+writer lives cannot be told from here.
+
 Importing it costs nothing (no klalm module, no third-party package), so any layer may use it.
 """
 
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
-import uuid
+import re
+import socket
 from collections.abc import Iterator
 from pathlib import Path
+
+_HOST = re.sub(r"[^\w-]", "_", socket.gethostname())
+_WRITES = itertools.count()
+_IN_FLIGHT: set[Path] = set()  # this process's temporaries not yet replaced or removed
 
 
 @contextlib.contextmanager
 def atomic_path(path: str | Path) -> Iterator[Path]:
-    """A temporary path beside `path` (`.<name>.<random>.tmp`, in the same folder) to write the file at: on leaving
-    the block it replaces `path`; on an error in the block it is removed and `path` is left as it was."""
-    path = Path(path)
-    temporary = path.with_name(f".{path.name}.{uuid.uuid4().hex[:12]}.tmp")
+    """A temporary path beside `path` (`.<name>.tmp-<host>-<pid>-<n>`, in the same folder) to write the file at: on
+    leaving the block it replaces `path`; on an error in the block it is removed and `path` is left as it was.
+
+    A `path` that is a symbolic link is written through: the file it resolves to is replaced (its temporary beside
+    that file, on its file system) and the link stays, as `open(path, "w")` would leave it; `os.replace` onto the
+    link itself would have put a file in the link's place. Temporaries of `path` left by dead processes of this host
+    are removed first (module docstring)."""
+    path = Path(os.path.realpath(path))
+    prefix = f".{path.name}.tmp-{_HOST}-"
+    _remove_stale_temporaries(path.parent, prefix)
+    temporary = path.with_name(f"{prefix}{os.getpid()}-{next(_WRITES)}")
+    _IN_FLIGHT.add(temporary)
     try:
         yield temporary
         os.replace(temporary, path)
     except BaseException:
         temporary.unlink(missing_ok=True)
         raise
+    finally:
+        _IN_FLIGHT.discard(temporary)
+
+
+def _remove_stale_temporaries(folder: Path, prefix: str) -> None:
+    """Removes the files `<folder>/<prefix><pid>-<n>` of processes that are gone, and this process's own that none of
+    its writes holds (left by an earlier process that had the same pid)."""
+    for name in os.listdir(folder) if folder.is_dir() else []:
+        match = re.fullmatch(r"(\d+)-\d+", name[len(prefix) :]) if name.startswith(prefix) else None
+        if match is None or folder / name in _IN_FLIGHT or (int(match[1]) != os.getpid() and _alive(int(match[1]))):
+            continue
+        with contextlib.suppress(OSError):  # removed meanwhile, or not ours to remove: the write goes on
+            (folder / name).unlink()
+
+
+def _alive(pid: int) -> bool:
+    """Whether a process `pid` runs on this host."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's
+        return True
+    return True
 
 
 def write_atomic(path: str | Path, data: str | bytes) -> None:

@@ -4,13 +4,14 @@ and the results folder built from a run folder."""
 from __future__ import annotations
 
 import csv
+import dataclasses
 
 import pytest
 from hydra import compose, initialize_config_module
 
 import klalm.train.app  # noqa: F401  (registers the config resolvers)
-from klalm.study import results
-from klalm.study.runner import cell_tokens, estimate_s, read_recipe, train_command, train_overrides
+from klalm.study import results, runner
+from klalm.study.runner import StudyRunner, cell_tokens, estimate_s, read_recipe, train_command, train_overrides
 from klalm.study.spec import Cell
 from klalm.study.staging import pack, stage
 from tests.study.conftest import SEQ_LEN, spec_file, write_run_dir
@@ -159,3 +160,28 @@ def test_read_recipe_refuses_a_warmup_that_outlasts_the_sweep_cells(shard_folder
         "reach optim.lr"
     )
     read_recipe(load_spec(str(spec_file(tmp_path, overrides=[*SMALL, f"scheduler.warmup={steps - 1}"]))), shard_folder)
+
+
+def test_a_cell_whose_evaluation_failed_is_evaluated_again_not_trained_again(small_spec, shard_folder, tmp_path,
+                                                                              monkeypatch):  # fmt: skip
+    """Its training done, a cell whose validation failed was trained from scratch in the next block: now the block
+    runs its evaluation only, unless the cell would be launched otherwise now (more staged data: another budget)."""
+    ran, codes = [], {"klalm.train": 0, "klalm.study.validate": 1}
+
+    def run_logged(command, log_path, env):
+        module = command[command.index("-m") + 1]
+        ran.append(module)
+        return codes[module], 12.0
+
+    monkeypatch.setattr(runner, "_run_logged", run_logged)
+    recipe = read_recipe(small_spec, shard_folder)
+    cell, work = small_spec.sweep_cells()[0], tmp_path / "work"
+    assert StudyRunner(small_spec, recipe, shard_folder, work, tmp_path, 1, 60, "abc").run_cell(cell, [0]) is None
+    assert ran == ["klalm.train", "klalm.study.validate"]
+    ran.clear()
+    next_block = StudyRunner(small_spec, recipe, shard_folder, work, tmp_path, 1, 60, "abc")
+    assert next_block.train_cell(cell, [0]) == (work / "sweep" / cell.name, {"train": 12.0}) and ran == []
+    more_data = dataclasses.replace(recipe, full_max_tokens=2 * recipe.full_max_tokens)
+    assert cell_tokens(small_spec, more_data, cell) != cell_tokens(small_spec, recipe, cell)
+    StudyRunner(small_spec, more_data, shard_folder, work, tmp_path, 1, 60, "abc").train_cell(cell, [0])
+    assert ran == ["klalm.train"]

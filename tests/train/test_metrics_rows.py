@@ -57,7 +57,7 @@ def test_the_logged_lr_is_the_one_its_step_used(tmp_path):
 def test_a_resumed_finished_run_adds_no_row(tmp_path):
     """A finished run's checkpoint says its last step was validated: resuming it (it trains nothing) writes no second
     validation row and keeps the validation values of its summary. A checkpoint written before it said so still
-    resumes, and validates its last step again."""
+    resumes, and validates its last step again, in place of the row of that step's first validation."""
     run_dir = tmp_path / "run"
     overrides = [*TINY, *WITH_CKPT, "train.val_every_n_steps=2", "callbacks.checkpoint.every_n_steps=2",
                  "train.final_eval=true"]  # fmt: skip
@@ -74,8 +74,22 @@ def test_a_resumed_finished_run_adds_no_row(tmp_path):
     torch.save(saved, ckpt)
     checksum_path(ckpt).write_text(f"{file_sha256(ckpt)}  {ckpt.name}\n")
     old = run(compose_train([*overrides, f"resume={run_dir}"], run_dir))
-    assert _val_steps(run_dir) == [2, 4, 4]
+    assert _rows(run_dir) == rows
     assert old["val_loss"] == first["val_loss"]
+
+
+def test_a_resumed_finished_run_whose_last_step_does_not_validate_adds_no_row(tmp_path):
+    """The final validation of a run whose last step is no validation step comes after its last checkpoint, which
+    so does not cover it: resuming the finished run validated that step again and added its row a second time."""
+    run_dir = tmp_path / "run"
+    overrides = [*TINY, *WITH_CKPT, "train.val_every_n_steps=3", "callbacks.checkpoint.every_n_steps=2",
+                 "train.final_eval=true"]  # fmt: skip
+    first = run(compose_train(overrides, run_dir))
+    rows = _rows(run_dir)
+    assert _val_steps(run_dir) == [3, 4]
+    again = run(compose_train([*overrides, f"resume={run_dir}"], run_dir))
+    assert _rows(run_dir) == rows
+    assert (again["val_loss"], again["val_ppl"]) == (first["val_loss"], first["val_ppl"])
 
 
 # Runs `python -m klalm.train <args>` whose process ends (like a SIGKILL: nothing flushed, no teardown) right after

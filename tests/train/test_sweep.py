@@ -232,6 +232,26 @@ def test_check_sweep_jobs_refuses_a_grid_that_holds_a_job_twice():
     assert exit_info.value.code.startswith("klalm-train: sweep jobs #0 and #1 are one job (experiment=smoke seed=1):")
 
 
+def test_check_sweep_jobs_refuses_a_key_the_optimiser_or_schedule_takes_no_argument_for():
+    """`+optim.llr=1e-3,3e-3` passed the check, then each job refused it with a traceback as it started, after
+    building its data and model; a single run refuses it in one line (tests/test_cli.py, "optim-argument")."""
+    with (
+        _multirun_config(["experiment=smoke", "+optim.llr=1e-3,3e-3"]) as config,
+        pytest.raises(SystemExit) as exit_info,
+    ):
+        check_sweep_jobs(config)
+    assert exit_info.value.code == (
+        "klalm-train: sweep job #0 (+optim.llr=0.001): optim.llr is not an argument of torch.optim.AdamW (did you "
+        "mean optim.lr?)"
+    )
+    grid = ["experiment=smoke", "seed=1,2", "+scheduler.decay_frac=0.2"]  # (a WSD key under the cosine schedule)
+    with _multirun_config(grid) as config, pytest.raises(SystemExit) as exit_info:
+        check_sweep_jobs(config)
+    assert exit_info.value.code.startswith(
+        "klalm-train: sweep job #0 (seed=1): scheduler.decay_frac is not an argument of klalm.train.optim.warmup_cosine"
+    )
+
+
 def _checked_in_advance(config, caplog):
     """`check_sweep_jobs(config)` passes, and did check every job (it did not step aside, as for a config it cannot
     compose, which it logs at debug level)."""

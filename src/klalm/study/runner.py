@@ -4,7 +4,10 @@ A cell is one `klalm-train` process (one GPU for sweep cells, DDP over every GPU
 the whole validation shard (`klalm.study.validate`) and, for runs, zero-shot HellaSwag and PIQA (`klalm-eval`).
 Before a cell starts, its GPU time is estimated from this study's measured tokens/s (or the spec's prior until a
 run of that model has finished); a cell that would not end inside the block is left for the next one. Finished
-cells (their run.json exists in the results folder) are skipped, so the same command continues a study.
+cells (their run.json exists in the results folder) are skipped, so the same command continues a study. A cell that
+trained but whose evaluation failed (or was cut off) keeps its run folder, where `trained.json` records the training:
+the next block runs only its evaluation, unless the cell would now be launched with other overrides (another lr, more
+staged data), which trains it again.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from klalm.study.spec import Cell, Spec
 
 log = logging.getLogger("klalm.study")
 
+TRAINED_FILE = "trained.json"  # in a run folder whose training finished: its wall seconds, {"train": s}
 _VERSIONED = ("klalm", "torch", "triton", "transformers", "lightning", "lm_eval", "flash-linear-attention")
 
 
@@ -224,7 +228,10 @@ class StudyRunner:
         return [c for c in cells if results.load_run(self.spec, c) is None]
 
     def fits(self, cell: Cell, gpus: int) -> bool:
-        seconds, source = estimate_s(self.spec, self.recipe, cell, gpus)
+        if self.trained_before(cell) is not None:
+            seconds, source = self.spec.estimate["eval_s"], "trained in an earlier block: its evaluation only"
+        else:
+            seconds, source = estimate_s(self.spec, self.recipe, cell, gpus)
         left = self.deadline - time.monotonic()
         verdict = "starts" if seconds <= left else "left for the next block"
         log.info("%s: estimated %.1f min on %d GPU(s) (%s), %.1f min left: %s",
@@ -243,14 +250,38 @@ class StudyRunner:
         trained = self.train_cell(cell, devices)
         return None if trained is None else self.finish_cell(cell, *trained, devices[:1])
 
+    def run_dir(self, cell: Cell) -> Path:
+        return self.work / ("sweep" if cell.sweep else "runs") / cell.name
+
+    def trained_before(self, cell: Cell) -> dict[str, float] | None:
+        """The timing (`TRAINED_FILE`) of a cell whose training an earlier block finished, as the cell would be
+        launched now (the overrides its cell.json records); None for any other cell."""
+        run_dir = self.run_dir(cell)
+        if not (run_dir / TRAINED_FILE).is_file() or not (run_dir / results.CELL_FILE).is_file():
+            return None
+        try:
+            launched, trained = read_json(run_dir / results.CELL_FILE), read_json(run_dir / TRAINED_FILE)
+        except ValueError as err:  # damaged: the cell is trained again, as before the record
+            log.warning("%s: %s; training it again", cell.name, one_line(err))
+            return None
+        lr = cell_lr(self.spec, cell)
+        if lr is None or launched.get("overrides") != train_overrides(self.spec, self.recipe, cell, lr, run_dir):
+            return None
+        return trained
+
     def train_cell(self, cell: Cell, devices: list[int]) -> tuple[Path, dict[str, float]] | None:
-        """The training process of one cell; returns its run folder and timing, or None when it failed.
+        """The training process of one cell; returns its run folder and timing, or None when it failed. A cell an
+        earlier block trained (`trained_before`) is not trained again: its run folder and training time are returned.
 
         The run folder keeps what the results are made from: cell.json (what was launched) and, once the cell is
         finished, timing.json (wall seconds of each phase), so `collect` can rebuild the results from it alone.
         """
+        run_dir = self.run_dir(cell)
+        trained = self.trained_before(cell)
+        if trained is not None:
+            log.info("%s: trained in an earlier block (%s); evaluating it", cell.name, run_dir / TRAINED_FILE)
+            return run_dir, trained
         lr = cell_lr(self.spec, cell)
-        run_dir = self.work / ("sweep" if cell.sweep else "runs") / cell.name
         if run_dir.exists():
             shutil.rmtree(run_dir)  # an unfinished earlier attempt: start the cell again
         run_dir.mkdir(parents=True)
@@ -263,6 +294,7 @@ class StudyRunner:
         if code != 0:
             log.error("%s: training failed (exit %d); see %s", cell.name, code, run_dir / "train.log")
             return None
+        write_atomic(run_dir / TRAINED_FILE, json.dumps({"train": seconds}) + "\n")
         return run_dir, {"train": seconds}
 
     def finish_cell(self, cell: Cell, run_dir: Path, timing: dict[str, float], devices: list[int]) -> dict | None:

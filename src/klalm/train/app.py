@@ -12,9 +12,7 @@ A run leaves in its directory: `.hydra/` (the composed config), `checkpoints/`, 
 
 from __future__ import annotations
 
-import difflib
 import functools
-import inspect
 import json
 import logging
 import signal
@@ -31,7 +29,7 @@ from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from omegaconf import DictConfig, OmegaConf
 
-from klalm.config_checks import ConfigError, check_train_config
+from klalm.config_checks import ConfigError, check_target_arguments, check_train_config
 from klalm.data.loader import LoaderStateError, NoDocumentsError
 from klalm.data.records import BadRecordError, DataFileError
 from klalm.fileio import write_atomic
@@ -40,6 +38,7 @@ from klalm.models.export import ExportTargetError, check_export_target
 from klalm.train.budget import derive_budget
 from klalm.train.callbacks import StepMetrics, skipped_records
 from klalm.train.checkpoint import STOP_SIGNALS, RollingCheckpoint, export_hf, remove_stale_temporaries
+from klalm.train.csv_logger import ContinuingCSVLogger
 from klalm.train.module import LMModule, NonFiniteLossError
 from klalm.train.plots import plot_losses
 from klalm.train.resume import check_model, check_settings, check_tokenizer, resolve_resume, resume_settings
@@ -101,30 +100,14 @@ def instantiate_group(cfg: DictConfig, key: str, **kwargs: Any) -> Any:
         if isinstance(cause, (FileNotFoundError, ConfigError)):
             raise cause from err
         if isinstance(cause, TypeError) and "unexpected keyword argument" in str(cause):
-            _check_arguments(key, node, hydra.utils.get_object(node._target_))  # located and authorised by Hydra
+            check_target_arguments(key, node, hydra.utils.get_object(node._target_))  # located and authorised by Hydra
         if isinstance(cause, (TypeError, ValueError, KeyError, MisconfigurationException, OSError)):
             text = cause.args[0] if isinstance(cause, KeyError) and cause.args else str(cause)
             raise ConfigError(f"{key}: {text} ({type(cause).__name__}; HYDRA_FULL_ERROR=1 shows where)") from err
         raise
     if isinstance(built, functools.partial):  # called later (the optimiser with the parameters): check it now
-        _check_arguments(key, node, built.func)
+        check_target_arguments(key, node, built.func)
     return built
-
-
-def _check_arguments(key: str, node: DictConfig, target: Any) -> None:
-    """Refuses the first key of `node` that `target` takes no argument for, naming the nearest (no check for a
-    target with `**kwargs` or without a signature)."""
-    try:
-        params = inspect.signature(target).parameters.values()
-    except (TypeError, ValueError):
-        return
-    if any(p.kind is p.VAR_KEYWORD for p in params):
-        return
-    names = sorted(p.name for p in params)
-    for name in (n for n in node if not n.startswith("_") and n not in names):
-        near = difflib.get_close_matches(name, names, n=1)
-        hint = f" (did you mean {key}.{near[0]}?)" if near else ""
-        raise ConfigError(f"{key}.{name} is not an argument of {node._target_}{hint}")
 
 
 def check_wandb_credentials(cfg: DictConfig) -> None:
@@ -305,6 +288,9 @@ def finish(cfg: DictConfig, trainer: pl.Trainer, module: LMModule, datamodule: A
     """
     run_dir = Path(cfg.paths.run_dir)
     if cfg.train.final_eval and module.last_val_step != trainer.global_step:  # not already run at the last step
+        for logger in trainer.loggers:  # an earlier start's final validation, which the checkpoint does not cover
+            if isinstance(logger, ContinuingCSVLogger):
+                logger.drop_validation_rows_at(trainer.global_step)
         trainer.validate(module, datamodule=datamodule, verbose=False)
     val = module.last_val if cfg.train.final_eval else {}
     if cfg.train.export_hf:
