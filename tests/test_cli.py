@@ -364,6 +364,27 @@ def test_one_line_takes_a_loader_workers_error_from_the_end_of_its_traceback():
     assert one_line(ValueError("first\nsecond")) == "first" and one_line(KeyError()) == "KeyError"
 
 
+def test_klalm_train_names_its_own_setting_in_a_bad_records_hint():
+    """The hint named the Python argument, on_bad_record='skip', which klalm-train does not take; its key is
+    data.on_bad_record. Here as a loader worker's error comes back (`one_line` takes its last line)."""
+    import time
+
+    from klalm.cli import _refuse_run
+    from klalm.data.records import BadRecordError, BadRecordPolicy, Record
+
+    with pytest.raises(BadRecordError) as bad:
+        BadRecordPolicy("raise").accept(Record(None, "a.jsonl:line 2", "corrupt_json", "Expecting value"))
+    assert str(bad.value).endswith(" (set on_bad_record='skip' to skip and count such records)")  # the Python API's
+    traceback = 'Original Traceback (most recent call last):\n  File "x.py", line 1'
+    wrapped = BadRecordError(f"Caught BadRecordError in DataLoader worker process 0.\n{traceback}\n"
+                             f"klalm.data.records.BadRecordError: {bad.value}")  # fmt: skip
+    for err in (bad.value, wrapped):
+        with pytest.raises(SystemExit) as stop:
+            _refuse_run(err, time.time())
+        assert stop.value.code == ("klalm-train: bad record at a.jsonl:line 2: corrupt_json: Expecting value (set "
+                                   "data.on_bad_record=skip to skip and count such records)")  # fmt: skip
+
+
 @pytest.mark.parametrize(
     ("overrides", "message", "log_dir_there"),
     [

@@ -19,6 +19,7 @@ from hydra.utils import instantiate
 from klalm.cli.prepare_data_args import parse_args
 from klalm.config_checks import config_group_options
 from klalm.data import TextDataModule, local_files
+from klalm.data.loader import NoDocumentsError
 from klalm.data.prepare import load_data_config, run
 from klalm.data.shards import TokenShards
 
@@ -56,6 +57,29 @@ def test_one_line_composes_into_a_working_data_module(corpus, shared_data):
     batch = next(iter(module.train_dataloader()))
     assert batch["input_ids"].shape == (2, 32)
     assert len(list(module.val_dataloader())) == 2
+
+
+def test_validation_files_that_give_a_consumer_no_document_are_refused_before_fitting(corpus, shared_data, tmp_path):
+    """The CPU trainer config runs no sanity validation: an empty data.val was found at the first validation, after
+    train.val_every_n_steps steps (52 s into a smoke run). Now at Lightning's setup, before the first step."""
+    (tmp_path / "empty.jsonl").write_text("")
+    (tmp_path / "one.jsonl").write_text('{"body": "one document"}\n')
+    options = {"tokenizer": str(shared_data / "gpt2_tokenizer"), "field": "body", "seq_len": 8, "batch_size": 2}
+    empty = local_files(str(corpus["train"]), str(tmp_path / "empty.jsonl"), num_workers=0, **options)
+    with pytest.raises(NoDocumentsError) as err:
+        empty.setup("fit")
+    assert str(err.value) == (
+        f"validation source files ['{tmp_path / 'empty.jsonl'}'] field='body' gives consumer 0 of 1 (ranks x loader "
+        "workers) no usable document: it holds fewer than the consumers, or none"
+    )
+    empty.setup("validate")  # (checked for fitting only)
+    local_files(str(corpus["train"]), str(tmp_path / "one.jsonl"), num_workers=0, **options).setup("fit")  # wraps
+    two_workers = local_files(str(corpus["train"]), str(tmp_path / "one.jsonl"), num_workers=2, **options)
+    with pytest.raises(NoDocumentsError, match="gives consumer 1 of 2 "):
+        two_workers.setup("fit")
+    one_batch = local_files(str(corpus["train"]), str(tmp_path / "one.jsonl"), num_workers=2, val_batches=1, **options)
+    one_batch.setup("fit")  # the second worker has no batch to give: it reads nothing
+    assert len(list(one_batch.val_dataloader())) == 1
 
 
 def test_trained_bpe_on_compressed_txt_and_no_validation(corpus, tmp_path):

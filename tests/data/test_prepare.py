@@ -41,7 +41,7 @@ def test_documents_are_tokenised_while_the_source_is_read(gpt2, tmp_path, monkey
         real_add(self, tokens)
 
     monkeypatch.setattr(prepare.ShardWriter, "add", add)
-    index = prepare._write_shards({}, src, BadRecordPolicy("raise"), gpt2, tmp_path / "out", 1000, "auto", 4, False)
+    index = prepare._write_shards({}, src, BadRecordPolicy("raise"), gpt2, tmp_path / "out", 1000, "auto", 4, None)
     assert index["documents"] == 10
     # blocks of 4: the first block is written after 4 records, not after all 10 (the whole split used to be read
     # into memory before the first was tokenised)
@@ -58,17 +58,26 @@ def test_the_progress_bar_shows_the_rate_of_the_whole_block(gpt2, tmp_path, caps
             yield from super().stream(consumer, num_consumers)
 
     index = prepare._write_shards({}, SlowStart(200), BadRecordPolicy("raise"), gpt2, tmp_path / "o", 10**6, "auto",
-                                  200, True)  # fmt: skip
+                                  200, "o")  # fmt: skip
     prints = capsys.readouterr().err.replace("\r", "\n")
     rate, scale = re.findall(r"([\d.]+)([kM]?)tok/s", prints)[0]  # (the first print, at 0 tokens, shows "?tok/s")
     shown = float(rate) * {"": 1, "k": 1e3, "M": 1e6}[scale]
     assert shown > 0.5 * index["total_tokens"] / index["seconds"], prints
 
 
+def test_the_progress_bar_names_the_output_folder_asked_for(files_args, tmp_path, capsys):
+    """It named the temporary folder the split is written into, out/.partial-<random>/train."""
+    out = tmp_path / "out"
+    prepare.run(parse_args([*files_args, f"val={tmp_path / 'ok.jsonl'}", "--out", str(out)]))
+    bars = capsys.readouterr().err.replace("\r", "\n")
+    assert f"tokenising -> {out / 'train'}: " in bars and f"tokenising -> {out / 'val'}: " in bars
+    assert prepare.STAGING_PREFIX not in bars, bars
+
+
 def test_a_file_that_fails_midway_is_named(gpt2, tmp_path):
     with pytest.raises(ValueError, match="cannot read counting source: Compressed file ended"):
         prepare._write_shards(
-            {}, CountingSource(10, fail_at=7), BadRecordPolicy("raise"), gpt2, tmp_path / "out", 1000, "auto", 4, False
+            {}, CountingSource(10, fail_at=7), BadRecordPolicy("raise"), gpt2, tmp_path / "out", 1000, "auto", 4, None
         )
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -152,20 +153,118 @@ def test_bad_data_is_refused_and_leaves_the_output_as_it_was(name, files_args, t
     assert _files(out) == before  # the rerun used to truncate tokens-00000.bin under the old index.json
 
 
-def test_some_splits_beside_kept_ones_of_another_vocabulary_are_refused(files_args, tmp_path):
+def test_some_splits_beside_kept_ones_of_another_vocabulary_are_refused(files_args, tmp_path, shared_data):
     """`--splits train` into a folder whose val/ another tokenizer wrote replaced train/ and tokenizer/ and left a
-    folder no run could read; now refused in one line, the folder as it was."""
+    folder no run could read; now refused in one line, the folder as it was. Here the kept index is one written
+    before indexes recorded the tokenizer's hash: its vocabulary size is compared."""
     import json
 
     out = tmp_path / "out"
     run(parse_args([*files_args, f"val={tmp_path / 'ok.jsonl'}", "--out", str(out), "--no-progress"]))
     index = out / "val" / "index.json"
-    index.write_text(json.dumps({**json.loads(index.read_text()), "vocab_size": 4096}))  # as another tokenizer's
+    older = {k: v for k, v in json.loads(index.read_text()).items() if k != "tokenizer_sha256"}
+    index.write_text(json.dumps({**older, "tokenizer": "other", "vocab_size": 4096}))  # as another tokenizer's
     before = _files(out)
-    with pytest.raises(SystemExit, match=f"{out / 'val'} was tokenised with vocab 4096, this tokenizer has 50257"):
+    with pytest.raises(SystemExit) as err:
         run(parse_args([*files_args, "--splits", "train", "--out", str(out), "--no-progress"]))
+    assert err.value.code.startswith(
+        f"klalm-prepare-data: --data files: {out / 'val'} was tokenised with another tokenizer, other (vocab 4096), "
+        f"than this one, {shared_data / 'gpt2_tokenizer'} (vocab 50257, sha256 "
+    )
     assert _files(out) == before
     run(parse_args([*files_args, f"val={tmp_path / 'ok.jsonl'}", "--out", str(out), "--no-progress"]))  # all: fine
+
+
+def test_some_splits_beside_kept_ones_of_another_tokenizer_of_the_same_size_are_refused(files_args, tmp_path):
+    """Only the vocabulary sizes were compared: `--splits val` beside a train/ of another 300-token BPE passed, and
+    the folder held splits of two tokenizers under the second one's tokenizer/."""
+    from klalm.data.tokenizer import train_bpe_tokenizer
+
+    for name, words in {"a": ("alpha", "beta"), "b": ("gamma", "delta")}.items():  # two corpora, two BPEs of 300
+        corpus = [f"{words[0]}{i} {words[1]}{i * 7}" for i in range(500)]
+        assert len(train_bpe_tokenizer(corpus, 300, tmp_path / name)) == 300
+    out, train = tmp_path / "out", files_args[3]
+    argv = ["--data", "files", "--override", train, f"val={tmp_path / 'ok.jsonl'}", "--out", str(out), "--no-progress"]
+    run(parse_args([*argv[:5], f"tokenizer={tmp_path / 'a'}", *argv[5:]]))
+    before = _files(out)
+    with pytest.raises(SystemExit) as err:
+        run(parse_args([*argv[:5], f"tokenizer={tmp_path / 'b'}", *argv[5:], "--splits", "val"]))
+    message = err.value.code
+    assert re.fullmatch(
+        rf"klalm-prepare-data: --data files: {out / 'train'} was tokenised with another tokenizer, {tmp_path / 'a'} "
+        rf"\(vocab 300, sha256 [0-9a-f]{{12}}\), than this one, {tmp_path / 'b'} \(vocab 300, sha256 [0-9a-f]{{12}}\): "
+        r"write every split again \(leave out --splits\) or choose another --out",
+        message,
+    ), message
+    assert _files(out) == before
+    run(parse_args([*argv[:5], f"tokenizer={tmp_path / 'a'}", *argv[5:], "--splits", "val"]))  # the same one: fine
+
+
+def test_a_bad_records_hint_names_the_override_that_skips_it(files_args, tmp_path):
+    """The hint named the Python argument, on_bad_record='skip', which the command does not take."""
+    (tmp_path / "bad.jsonl").write_bytes(b'{"text": "a b"}\n{bad\n')
+    bad = [*files_args[:3], f"train={tmp_path / 'bad.jsonl'}", *files_args[4:]]
+    message = _refused([*bad, "--splits", "train"], tmp_path / "out")
+    assert message.endswith("corrupt_json: Expecting property name enclosed in double quotes: line 1 column 2 (char 1) "
+                            "(set --override on_bad_record=skip to skip and count such records)")  # fmt: skip
+    run(parse_args([*bad, "on_bad_record=skip", "--splits", "train", "--out", str(tmp_path / "o"), "--no-progress"]))
+
+
+def _interrupted(argv: list[str], capsys) -> str:
+    """Runs the command, expecting Ctrl-C's end (exit status 130, one line on stderr); returns the line."""
+    with pytest.raises(SystemExit) as err:
+        try:
+            run(parse_args(argv))
+        except KeyboardInterrupt:
+            pytest.fail("Ctrl-C ended the command with a traceback")
+    assert err.value.code == 130
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("klalm-prepare-data: interrupted; "), lines
+    return lines[0]
+
+
+def test_ctrl_c_ends_in_one_line_saying_what_the_output_holds(files_args, tmp_path, monkeypatch, capsys):
+    """Ctrl-C printed a traceback and exit status 1."""
+    from klalm.data import prepare
+
+    out = tmp_path / "out"
+    argv = [*files_args, f"val={tmp_path / 'ok.jsonl'}", "--out", str(out), "--no-progress"]
+
+    def ctrl_c(self, tokens):
+        raise KeyboardInterrupt
+
+    with monkeypatch.context() as patch:
+        patch.setattr(prepare.ShardWriter, "add", ctrl_c)
+        line = _interrupted(argv, capsys)
+    assert line == f"klalm-prepare-data: interrupted; nothing written, {out} not created" and not out.exists()
+    run(parse_args(argv))
+    before = _files(out)
+    capsys.readouterr()
+    real_add, written = prepare.ShardWriter.add, 0
+
+    def ctrl_c_in_val(self, tokens):  # as the val split is written, train/ staged already
+        nonlocal written
+        written += 1
+        if written > 1:
+            raise KeyboardInterrupt
+        real_add(self, tokens)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(prepare.ShardWriter, "add", ctrl_c_in_val)
+        line = _interrupted(argv, capsys)
+    assert written == 2 and line == f"klalm-prepare-data: interrupted; nothing written, {out} is as it was"
+    assert _files(out) == before and sorted(p.name for p in out.iterdir()) == ["tokenizer", "train", "val"]
+    real_swap_in = prepare._swap_in
+
+    def swap_in_then_ctrl_c(staging, out_dir, names):  # Ctrl-C as the old splits are removed after the swap
+        real_swap_in(staging, out_dir, names)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(prepare, "_swap_in", swap_in_then_ctrl_c)
+    (tmp_path / "ok.jsonl").write_text('{"text": "new words"}\n')
+    line = _interrupted(argv, capsys)
+    assert line == f"klalm-prepare-data: interrupted; {out} holds the new splits already"
+    assert _files(out) != before and sorted(p.name for p in out.iterdir()) == ["tokenizer", "train", "val"]
 
 
 def test_what_no_earlier_run_wrote_is_refused_not_replaced(files_args, tmp_path):

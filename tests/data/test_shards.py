@@ -10,7 +10,16 @@ import numpy as np
 import pytest
 import torch
 
-from klalm.data import DataFileError, ResumableLoader, ShardDataset, ShardSource, TokenShards, prepare_shards
+from klalm.data import (
+    DataFileError,
+    ResumableLoader,
+    ShardDataset,
+    ShardSource,
+    TextDataModule,
+    TokenShards,
+    prepare_shards,
+)
+from klalm.data.loader import NoDocumentsError
 from klalm.data.tokenizer import decode_tokens
 
 from .conftest import read_texts
@@ -25,6 +34,24 @@ def shard_dir(tmp_path_factory, enwiki, gpt2_config):
     # tiny shard files so that documents and windows straddle file boundaries
     prepare_shards(source, gpt2_config, out, shard_tokens=20_000, on_bad_record="skip", progress=False)
     return out
+
+
+def test_validation_shards_shorter_than_a_batch_per_consumer_are_refused_before_fitting(shard_dir, gpt2_config):
+    """Found at the first validation, which the CPU trainer config (no sanity validation) reaches after
+    train.val_every_n_steps steps; the index's token count tells at once."""
+    windows = len(TokenShards(shard_dir)) // 1024
+    source = {"kind": "shards", "path": str(shard_dir)}
+    for workers, consumers in ((0, 1), (2, 2)):
+        batch = windows // consumers + 1
+        module = TextDataModule(source, gpt2_config, 1023, 1, workers, val_source=source, val_batch_size=batch)
+        with pytest.raises(NoDocumentsError) as err:
+            module.setup("fit")
+        assert str(err.value) == (
+            f"validation source shards {shard_dir} ({len(TokenShards(shard_dir))} tokens): {windows} windows of 1024 "
+            f"tokens leave some of its {consumers} consumers (ranks x loader workers) {batch - 1}, fewer than one "
+            f"batch of {batch}"
+        )
+    TextDataModule(source, gpt2_config, 1023, 1, 2, val_source=source, val_batch_size=windows // 2).setup("fit")
 
 
 def test_prepared_shards_decode_back_to_the_source_text(shard_dir, enwiki, gpt2):

@@ -15,6 +15,7 @@ from hydra.errors import ConfigCompositionException
 from transformers import AutoModelForCausalLM
 
 from klalm.config_checks import ConfigError
+from klalm.data.loader import NoDocumentsError
 from klalm.models.checkpoint import find_latest, list_checkpoints, load_model
 from klalm.train import module as module_lib
 from klalm.train.app import run
@@ -338,6 +339,22 @@ def test_validation_files_shorter_than_a_batch_in_one_pass_are_a_config_error(tm
                  "callbacks.progress=null", "callbacks.sampler=null"]  # fmt: skip
     with pytest.raises(ConfigError, match=r"^the validation data gave no batch: with data.val_batches=null \(one"):
         run(compose_train(overrides, tmp_path / "o" / "run"))
+
+
+def test_an_empty_validation_file_is_refused_before_the_first_step(tmp_path, shared_data, monkeypatch):
+    """The CPU trainer config runs no sanity validation: an empty data.val was refused at the first validation,
+    after train.val_every_n_steps steps (52 s into a smoke run), or here at the final evaluation."""
+    (tmp_path / "empty.jsonl").write_text("")
+    overrides = ["data=files", f"data.train={shared_data / 'tinyshakespeare' / 'input.txt'}",
+                 f"data.val={tmp_path / 'empty.jsonl'}", f"data.tokenizer={shared_data / 'gpt2_tokenizer'}",
+                 "model.d_model=32", "model.n_layers=1", "data.seq_len=32", "data.batch_size=2", "data.num_workers=0",
+                 "train.global_batch_tokens=64", "train.max_tokens=128", "callbacks.progress=null",
+                 "callbacks.sampler=null"]  # fmt: skip
+    steps = []
+    monkeypatch.setattr(module_lib.LMModule, "training_step", lambda self, *args: steps.append(args))
+    with pytest.raises(NoDocumentsError, match=f"^validation source files \\['{tmp_path / 'empty.jsonl'}'\\] "):
+        run(compose_train(overrides, tmp_path / "o" / "run"))
+    assert steps == []
 
 
 def test_skipped_records_reach_the_metrics_and_the_summary(tmp_path, shared_data, caplog):

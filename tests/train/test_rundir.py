@@ -188,7 +188,9 @@ def test_a_run_refused_once_it_had_begun_leaves_no_folder(tmp_path):
                  f"paths.log_dir={tmp_path / 'out'}"]  # fmt: skip
     proc = subprocess.run(train_cmd(overrides, None), env=RUN_ENV, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 1 and "Traceback" not in proc.stderr
-    assert proc.stderr.strip().splitlines()[-1].startswith(f"klalm-train: bad record at {tmp_path / 'bad.txt'}")
+    line = proc.stderr.strip().splitlines()[-1]
+    assert line.startswith(f"klalm-train: bad record at {tmp_path / 'bad.txt'}")
+    assert line.endswith("(set data.on_bad_record=skip to skip and count such records)")  # klalm-train's spelling
     assert not (tmp_path / "out" / "r").exists()
 
 

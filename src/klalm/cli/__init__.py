@@ -41,7 +41,7 @@ from klalm.config_checks import (
     override_syntax_message,
     unknown_key_message,
 )
-from klalm.errors import one_line
+from klalm.errors import in_command_terms, one_line
 
 CONFIG_PATH = "pkg://klalm.configs"
 PRINT_TASKS_PATH = "--print-tasks-path"  # klalm-eval's one flag outside Hydra
@@ -77,7 +77,7 @@ def _refuse_run(err: BaseException, started: float) -> NoReturn:
 
     from klalm.train.rundir import discard_unused_run_dir
 
-    message = one_line(err)
+    message = in_command_terms(one_line(err), "data.on_bad_record=skip")
     log = logging.getLogger("klalm.train.app")
     if os.environ.get("HYDRA_FULL_ERROR") == "1":
         raise err

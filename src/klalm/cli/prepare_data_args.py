@@ -35,7 +35,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--out", required=True, type=Path, help="output folder")
     parser.add_argument("--splits", nargs="+", default=list(SPLIT_KEYS), choices=sorted(SPLIT_KEYS))
     parser.add_argument("--shard-tokens", type=int, default=100_000_000, help="tokens per shard file")
-    parser.add_argument("--max-documents", type=int, default=None, help="records per split (quick runs)")
+    parser.add_argument(
+        "--max-documents",
+        type=int,
+        default=None,
+        help="records per split (quick runs); a trained BPE (tokenizer=bpe) still learns from the whole training "
+        "source: it is the cached one a full run and klalm-train use, so their tokens agree",
+    )
     parser.add_argument("--override", nargs="*", default=[], help="Hydra overrides of the data config's keys")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     args = parser.parse_args(argv)

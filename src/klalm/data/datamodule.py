@@ -20,11 +20,11 @@ import torch
 from torch.utils.data import DataLoader
 
 from klalm.config_checks import ConfigError
-from klalm.data.loader import ResumableLoader, resolve_pin_memory
+from klalm.data.loader import NoDocumentsError, ResumableLoader, resolve_pin_memory
 from klalm.data.packing import PackedTextDataset
 from klalm.data.records import expand_paths
-from klalm.data.shards import ShardDataset
-from klalm.data.sources import build_source
+from klalm.data.shards import ShardDataset, ShardSource
+from klalm.data.sources import HFSource, build_source
 from klalm.data.tokenizer import load_tokenizer, named_tokenizer
 
 log = logging.getLogger(__name__)
@@ -169,6 +169,23 @@ class TextDataModule(L.LightningDataModule):
             num_batches=None if train else self.val_batches,
         )
 
+    def setup(self, stage: str) -> None:
+        """Lightning's hook before fitting, on every rank (distributed set up): a validation source that would give
+        some consumer (rank x loader worker) no batch is refused now (`check_validation_source`), not at the first
+        validation, which a run without sanity validation (the CPU trainer config) reaches only after
+        ``train.val_every_n_steps`` steps."""
+        if stage == "fit" and self.val_source_config is not None:
+            _, world_size = resolve_rank(self.rank, self.world_size)
+            workers = max(self.num_workers, 1)
+            givers = min(workers, self.val_batches or workers)  # the first workers of a rank: the others get no batch
+            check_validation_source(
+                build_source(self.val_source_config),
+                world_size * workers,
+                {rank * workers + worker for rank in range(world_size) for worker in range(givers)},
+                seq_len=self.seq_len,
+                batch_size=self.val_batch_size,
+            )
+
     def train_dataloader(self) -> ResumableLoader:
         """The training stream (unbounded; train by steps). Restores a state loaded before it was created."""
         loader = ResumableLoader(
@@ -229,6 +246,36 @@ class TextDataModule(L.LightningDataModule):
             self._train_loader.load_state_dict(state)
         else:
             self._pending_state = state
+
+
+def check_validation_source(source: Any, consumers: int, reading: set[int], *, seq_len: int, batch_size: int) -> None:
+    """Refuses a validation source from which a consumer would get no batch, as its dataset would at the first
+    validation: token shards with fewer windows of ``seq_len + 1`` tokens per consumer than one batch (each of the
+    ``consumers`` gets at least ``windows // consumers``), or a local document source (files, python_docs) that gives
+    one of the consumers that read (``reading``: those with a batch to give) no usable document; it is read until each
+    has one, so a good source costs a few records. A hub stream is not read ahead.
+
+    Raises:
+        NoDocumentsError: naming the source (its files or folder)."""
+    if isinstance(source, ShardSource):
+        windows = len(source.shards) // (seq_len + 1)
+        if windows // consumers < batch_size:
+            raise NoDocumentsError(
+                f"validation source {source.describe()}: {windows} windows of {seq_len + 1} tokens leave some of its "
+                f"{consumers} consumers (ranks x loader workers) {windows // consumers}, fewer than one batch of "
+                f"{batch_size}"
+            )
+    elif not isinstance(source, HFSource):
+        waiting = set(reading)
+        for index, record in enumerate(source.stream(0, 1)):  # record `index` goes to consumer index % consumers
+            if record.problem is None:
+                waiting.discard(index % consumers)
+                if not waiting:
+                    return
+        raise NoDocumentsError(
+            f"validation source {source.describe()} gives consumer {min(waiting)} of {consumers} (ranks x loader "
+            "workers) no usable document: it holds fewer than the consumers, or none"
+        )
 
 
 def files_source(paths: str | list[str], field: str = "text") -> dict[str, Any]:

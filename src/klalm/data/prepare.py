@@ -33,8 +33,8 @@ from klalm.config_checks import SPLIT_KEYS, config_group_options
 from klalm.data.records import BadRecordPolicy
 from klalm.data.shards import DTYPES, FORMAT, INDEX_FILE
 from klalm.data.sources import build_source
-from klalm.data.tokenizer import encode_texts, load_tokenizer
-from klalm.errors import one_line, refuse
+from klalm.data.tokenizer import encode_texts, load_tokenizer, tokenizer_sha256
+from klalm.errors import in_command_terms, one_line, refuse
 
 
 def choose_dtype(vocab_size: int) -> str:
@@ -128,10 +128,8 @@ def prepare_shards(
     Raises:
         ValueError: a bad record (on_bad_record="raise"), a file that cannot be read, or no documents at all.
     """
-    src, policy = build_source(source), BadRecordPolicy(on_bad_record)
-    return _write_shards(
-        source, src, policy, load_tokenizer(tokenizer), out_dir, shard_tokens, dtype, block_docs, progress
-    )
+    src, policy, bar = build_source(source), BadRecordPolicy(on_bad_record), str(out_dir) if progress else None
+    return _write_shards(source, src, policy, load_tokenizer(tokenizer), out_dir, shard_tokens, dtype, block_docs, bar)
 
 
 def _write_shards(
@@ -143,35 +141,41 @@ def _write_shards(
     shard_tokens: int,
     dtype: str,
     block_docs: int,
-    progress: bool,
+    progress: str | None,
 ) -> dict[str, Any]:
-    """`prepare_shards` from a built source (``src``, from the config ``source``), policy and tokenizer."""
+    """`prepare_shards` from a built source (``src``, from the config ``source``), policy and tokenizer; ``progress``
+    is the folder its progress bar names, the one the user asked for (not a staging folder), or None: no bar."""
     if block_docs < 1:
         raise ValueError(f"block_docs must be > 0, got {block_docs}")
     dtype = choose_dtype(len(tok)) if dtype == "auto" else dtype
     writer = ShardWriter(Path(out_dir), dtype, tok.eos_token_id, shard_tokens)
     start = time.perf_counter()
-    bar = tqdm(unit="tok", unit_scale=True, disable=not progress, desc=f"tokenising -> {out_dir}")
     block: list[str] = []
-    for record in itertools.chain(_read(src), [None]):
-        if record is not None and policy.accept(record):
-            block.append(record.text)
-        if block and (record is None or len(block) == block_docs):
-            written = writer.total_tokens
-            for ids in encode_texts(tok, block):
-                writer.add(ids)
-            block = []
-            bar.set_postfix(docs=writer.documents, refresh=False)
-            # once per block: tqdm's rate is the tokens since its last print over the time since, and an update per
-            # document printed the first one alone over the whole block's time (1.9k tok/s at 170k)
-            bar.update(writer.total_tokens - written)
-    bar.close()
+    # (closed however the loop ends: a Ctrl-C's line then starts a line of its own)
+    with tqdm(unit="tok", unit_scale=True, disable=progress is None, desc=f"tokenising -> {progress}") as bar:
+        for record in itertools.chain(_read(src), [None]):
+            if record is not None and policy.accept(record):
+                block.append(record.text)
+            if block and (record is None or len(block) == block_docs):
+                written = writer.total_tokens
+                for ids in encode_texts(tok, block):
+                    writer.add(ids)
+                block = []
+                bar.set_postfix(docs=writer.documents, refresh=False)
+                # once per block: tqdm's rate is the tokens since its last print over the time since, and an update
+                # per document printed the first one alone over the whole block's time (1.9k tok/s at 170k)
+                bar.update(writer.total_tokens - written)
     if writer.documents == 0:
         raise ValueError(f"no documents in {src.describe()} (skipped: {dict(policy.counts) or 'none'})")
     seconds = time.perf_counter() - start
-    meta = {"vocab_size": len(tok), "tokenizer": tok.name_or_path, "source": source, "skipped": dict(policy.counts)}
+    meta = {**_tokenizer_meta(tok), "source": source, "skipped": dict(policy.counts)}
     index = writer.close(meta)
     return {**index, "seconds": seconds, "tokens_per_s": index["total_tokens"] / max(seconds, 1e-9)}
+
+
+def _tokenizer_meta(tok: Any) -> dict[str, Any]:
+    """What a shard index records of the tokenizer that wrote it: name, vocabulary size and `tokenizer_sha256`."""
+    return {"vocab_size": len(tok), "tokenizer": tok.name_or_path, "tokenizer_sha256": tokenizer_sha256(tok)}
 
 
 def _read(src: Any) -> Iterator[Any]:
@@ -274,21 +278,22 @@ def write_dataset(
     """
     out_dir = Path(out_dir)
     made_out_dir = not out_dir.exists()
-    out_dir.mkdir(parents=True, exist_ok=True)
     staging, lock = None, None
     try:
+        out_dir.mkdir(parents=True, exist_ok=True)
         _check_replaceable(out_dir, [*plan, "tokenizer"])
         _remove_stale_staging(out_dir)
         staging = Path(tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=out_dir))
         lock = _lock(staging / STAGING_LOCK)
         tok = load_tokenizer(data_config["tokenizer"])
-        _check_kept_splits(out_dir, plan, len(tok))
+        _check_kept_splits(out_dir, plan, tok)
         results = {}
         for split, (source, src) in plan.items():
             policy = BadRecordPolicy(data_config.get("on_bad_record", "raise"))
+            bar = str(out_dir / split) if progress else None  # the user's folder, not the staging one
             try:
                 results[split] = _write_shards(
-                    source, src, policy, tok, staging / split, shard_tokens, "auto", 256, progress
+                    source, src, policy, tok, staging / split, shard_tokens, "auto", 256, bar
                 )
             except ValueError as err:
                 raise ValueError(f"split {split!r}: {err}") from err
@@ -338,24 +343,36 @@ def _check_replaceable(out_dir: Path, names: list[str]) -> None:
             )
 
 
-def _check_kept_splits(out_dir: Path, plan: dict[str, Any], vocab_size: int) -> None:
-    """Refuses to write some splits beside kept ones of another vocabulary: `--splits train` into a folder whose
-    val/ was tokenised otherwise replaced train/ and tokenizer/ and left a folder no run could read.
+def _check_kept_splits(out_dir: Path, plan: dict[str, Any], tok: Any) -> None:
+    """Refuses to write some splits beside kept ones of another tokenizer: `--splits train` into a folder whose val/
+    was tokenised otherwise replaced train/ and tokenizer/ and left a folder no run could read. The tokenizers are
+    compared by `tokenizer_sha256` (a vocabulary of the same size passed when only the sizes were), an index written
+    before it was recorded (2026-12-06) by its vocabulary size.
 
     Raises:
-        ValueError: naming the kept split, its vocabulary and this one."""
+        ValueError: naming the kept split and both tokenizers."""
+    this = _tokenizer_meta(tok)
     for split in sorted(set(SPLIT_KEYS) - set(plan)):
         index_file = out_dir / split / INDEX_FILE
         if index_file.is_file():
             try:
-                kept = json.loads(index_file.read_text()).get("vocab_size")
-            except (json.JSONDecodeError, AttributeError) as err:
+                kept = json.loads(index_file.read_text())
+                key = "tokenizer_sha256" if "tokenizer_sha256" in kept else "vocab_size"
+                same = kept.get(key) == this[key]
+            except (json.JSONDecodeError, TypeError, AttributeError) as err:  # not JSON, or not an object
                 raise ValueError(f"{index_file} is not a shard index ({one_line(err)})") from err
-            if kept != vocab_size:
+            if not same:
                 raise ValueError(
-                    f"{out_dir / split} was tokenised with vocab {kept}, this tokenizer has {vocab_size}: write every "
-                    f"split again (leave out --splits) or choose another --out"
+                    f"{out_dir / split} was tokenised with another tokenizer, {_tokenizer_name(kept)}, than this "
+                    f"one, {_tokenizer_name(this)}: write every split again (leave out --splits) or choose another "
+                    "--out"
                 )
+
+
+def _tokenizer_name(meta: dict[str, Any]) -> str:
+    """A tokenizer as an error names it, from its `_tokenizer_meta` (or an older index's part of it)."""
+    digest = meta.get("tokenizer_sha256")
+    return f"{meta.get('tokenizer')} (vocab {meta.get('vocab_size')}{f', sha256 {digest[:12]}' if digest else ''})"
 
 
 STAGING_PREFIX = ".partial-"  # write_dataset's temporary folder in --out
@@ -468,8 +485,37 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     Bad input (flags, data config, overrides, missing files or folders) ends it with one line on stderr before
     anything is written to ``--out``; bad data found while writing (a bad record, an unreadable file, an empty split)
-    ends it the same way and leaves ``--out`` as it was.
+    ends it the same way and leaves ``--out`` as it was. Ctrl-C ends it with one line saying what ``--out`` holds
+    and exit status 130: as it was (a new ``--out`` not created), unless the splits had been moved in already.
     """
+    existed, tokenizer = args.out.exists(), _folder_id(args.out / "tokenizer")
+    try:
+        results = _prepare(args)
+    except KeyboardInterrupt:
+        if _folder_id(args.out / "tokenizer") != tokenizer:  # moved in last: only the clean-up after was cut short
+            kept = f"{args.out} holds the new splits already"
+        elif existed:
+            kept = f"nothing written, {args.out} is as it was"
+        else:
+            kept = f"nothing written, {args.out} not created"
+        refuse("klalm-prepare-data", f"interrupted; {kept}", status=130)
+    print("| split | documents | tokens | shards | dtype | skipped | seconds | tokens/s |")
+    print("| --- | ---: | ---: | ---: | --- | --- | ---: | ---: |")
+    for split, r in results.items():
+        print(
+            f"| {split} | {r['documents']:,} | {r['total_tokens']:,} | {len(r['shards'])} | {r['dtype']} | "
+            f"{r['skipped'] or '-'} | {r['seconds']:.1f} | {r['tokens_per_s']:,.0f} |"
+        )
+    return results
+
+
+def _folder_id(path: Path) -> int | None:
+    """A folder's inode (None: none there): `_swap_in` moves a new folder in, so a changed one was written."""
+    return path.stat().st_ino if path.exists() else None
+
+
+def _prepare(args: argparse.Namespace) -> dict[str, Any]:
+    """`run`'s work: checks, then writes (refusing bad input and bad data with one line)."""
     import hydra
 
     try:
@@ -499,14 +545,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     except (KeyError, ValueError, FileNotFoundError) as err:
         _fail(f"--data {args.data}: {one_line(err)}")
     try:
-        results = write_dataset(plan, data_config, args.out, args.shard_tokens, not args.no_progress)
-    except (ValueError, OSError) as err:
-        _fail(f"--data {args.data}: {one_line(err)}")
-    print("| split | documents | tokens | shards | dtype | skipped | seconds | tokens/s |")
-    print("| --- | ---: | ---: | ---: | --- | --- | ---: | ---: |")
-    for split, r in results.items():
-        print(
-            f"| {split} | {r['documents']:,} | {r['total_tokens']:,} | {len(r['shards'])} | {r['dtype']} | "
-            f"{r['skipped'] or '-'} | {r['seconds']:.1f} | {r['tokens_per_s']:,.0f} |"
-        )
-    return results
+        return write_dataset(plan, data_config, args.out, args.shard_tokens, not args.no_progress)
+    except (ValueError, OSError) as err:  # a bad record's hint names the --override that skips such records
+        _fail(f"--data {args.data}: {in_command_terms(one_line(err), '--override on_bad_record=skip')}")

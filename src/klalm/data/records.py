@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, Literal
 
-from klalm.errors import one_line
+from klalm.errors import one_line, skip_hint
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +51,9 @@ class Record:
 
 
 class BadRecordError(ValueError):
-    """A record could not be turned into a document and the policy is ``on_bad_record="raise"``."""
+    """A record could not be turned into a document and the policy is ``on_bad_record="raise"``; its message ends
+    with the setting that skips such records, which the commands spell their own way (`klalm.errors.in_command_terms`).
+    """
 
 
 class DataFileError(ValueError):
@@ -78,10 +80,7 @@ class BadRecordPolicy:
         if record.problem is None:
             return True
         if self.on_bad_record == "raise":
-            raise BadRecordError(
-                f"bad record at {record.where}: {record.problem}: {record.detail} "
-                "(set on_bad_record='skip' to skip and count such records)"
-            )
+            raise BadRecordError(f"bad record at {record.where}: {record.problem}: {record.detail} {skip_hint()}")
         self.counts[record.problem] += 1
         count = self.counts[record.problem]
         if count <= LOGGED_SKIPS_PER_REASON:

@@ -3,7 +3,7 @@
 Layout of a shard folder::
 
     index.json          {"format": "klalm-tokens-v1", "dtype": "uint16"|"uint32", "eos_id", "vocab_size",
-                         "tokenizer", "source", "documents", "total_tokens", "skipped",
+                         "tokenizer", "tokenizer_sha256", "source", "documents", "total_tokens", "skipped",
                          "shards": [{"file": "tokens-00000.bin", "tokens": n}, ...]}
     tokens-00000.bin    raw little-endian token ids; documents in source order, each followed by EOS
 

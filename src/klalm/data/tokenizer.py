@@ -199,6 +199,16 @@ def load_tokenizer(config: dict[str, Any]) -> PreTrainedTokenizerBase:
     return tokenizer
 
 
+def tokenizer_sha256(tokenizer: PreTrainedTokenizerBase) -> str:
+    """The identity of a tokenizer, the same wherever it is loaded from (a saved copy, the cache): the SHA-256 of a
+    fast tokenizer's whole definition (vocabulary, merges, normaliser, pre-tokeniser, added tokens), of a slow one's
+    vocabulary. Two tokenizers of one vocabulary size but other tokens differ in it."""
+    spec = (
+        tokenizer.backend_tokenizer.to_str() if tokenizer.is_fast else json.dumps(tokenizer.get_vocab(), sort_keys=True)
+    )
+    return hashlib.sha256(spec.encode()).hexdigest()
+
+
 def encode_texts(tokenizer: PreTrainedTokenizerBase, texts: list[str]) -> list[list[int]]:
     """Token ids of each text, without special tokens (the Rust batch encoder when the tokenizer is fast)."""
     if not texts:
