@@ -127,6 +127,35 @@ def test_main_refuses_the_hub_tasks_at_once_when_the_hub_cannot_be_reached(tiny_
     )
 
 
+def test_main_refuses_an_unknown_hub_task_in_one_line(tiny_checkpoints, tmp_path, monkeypatch):
+    """No data_dir and a task lm-eval does not have: one line with the closest names, before any model loads, and
+    no folder left (it was a KeyError traceback, and outputs/eval/... stayed with its eval.log)."""
+    import lm_eval.tasks
+    from huggingface_hub import constants
+
+    import klalm.eval.runner as runner
+
+    class Index:  # lm-eval's TaskManager without indexing its ~14,700 task files
+        all_tasks, task_index = ["piqa", "hellaswag"], {}
+
+    def no_load(*args, **kwargs):
+        raise AssertionError("a model was loaded before the task names were checked")
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)  # the hub tasks' datasets from the cache: no hub check
+    monkeypatch.setattr(lm_eval.tasks, "TaskManager", Index)
+    monkeypatch.setattr(runner, "load_checkpoint", no_load)
+    out = tmp_path / "ev"
+    argv = ["klalm-eval", f"checkpoint={tiny_checkpoints[0]}", "tasks=[piqaa]", f"output_dir={out}"]
+    monkeypatch.setattr(sys, "argv", argv)
+    with pytest.raises(SystemExit) as exit_info:
+        evaluate()
+    assert exit_info.value.code == (
+        "klalm-eval: tasks: lm-eval has no task 'piqaa' (closest: ['piqa']; `lm-eval ls tasks` lists all 2); "
+        "with data_dir the local tasks are ['hellaswag', 'piqa']"
+    )
+    assert not out.exists()
+
+
 def test_main_refuses_an_export_whose_weights_changed(tiny_checkpoints, tmp_path, monkeypatch, capsys):
     copy = tmp_path / "export"
     copy.mkdir()

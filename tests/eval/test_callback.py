@@ -63,3 +63,21 @@ def test_bad_task_fails_in_setup(tmp_path, shared_data):
     callback = ZeroShotEval(tasks=["nope"], data_dir=shared_data)
     with pytest.raises(KeyError, match="'hellaswag', 'piqa'"):
         callback.setup(trainer=None, pl_module=None, stage="fit")
+
+
+def test_a_stderr_lm_eval_cannot_compute_is_not_logged(tmp_path, shared_data, gpt2_tokenizer):
+    """limit=1: no stderr (None) is left out of the row, not handed to the loggers as lm-eval's "N/A"."""
+    callback = ZeroShotEval(tasks=["piqa"], data_dir=shared_data, every_n_steps=0, limit=1, batch_size=2)
+    module = _TinyLM(len(gpt2_tokenizer))
+    trainer = pl.Trainer(
+        max_steps=1,
+        accelerator="cpu",
+        logger=pl.loggers.CSVLogger(tmp_path),
+        callbacks=[callback],
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    trainer.fit(module, datamodule=_Data(gpt2_tokenizer))
+    [row] = callback.history
+    assert sorted(row) == ["step", "zeroshot/piqa_acc", "zeroshot/piqa_acc_norm"]

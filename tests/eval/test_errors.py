@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 import shutil
 
@@ -47,6 +48,27 @@ def test_unknown_task_before_model_work(tiny_checkpoints, tmp_path, shared_data,
 def test_data_dir_without_files(tiny_checkpoints, tmp_path, no_model_work):
     with pytest.raises(FileNotFoundError, match="hellaswag_val.jsonl"):
         evaluate_checkpoints([tiny_checkpoints[0]], ["hellaswag"], output_dir=tmp_path, data_dir=tmp_path)
+
+
+def test_data_files_that_cannot_be_read(tiny_checkpoints, tmp_path, no_model_work):
+    """A line that is not JSON, PIQA's labels not matching its rows, a cut .gz: refused naming the file before any
+    model loads (each was a traceback from inside lm-eval after the first model had loaded)."""
+    (tmp_path / "hellaswag").mkdir()
+    (tmp_path / "hellaswag" / "hellaswag_val.jsonl").write_text('{"ind": 1}\n{"ind": \n')
+    (tmp_path / "piqa").mkdir()
+    (tmp_path / "piqa" / "valid.jsonl").write_text('{"goal": "g", "sol1": "a", "sol2": "b"}\n' * 3)
+    (tmp_path / "piqa" / "valid-labels.lst").write_text("0\n1\n")
+    cases = [
+        ("hellaswag", r"^data_dir: task 'hellaswag' cannot read its data: .*hellaswag_val\.jsonl:2: not valid JSON"),
+        ("piqa", r"^data_dir: task 'piqa' cannot read its data: .*valid\.jsonl has 3 rows but .*labels\.lst has 2"),
+    ]
+    for task, match in cases:
+        with pytest.raises(ConfigError, match=match):
+            evaluate_checkpoints([tiny_checkpoints[0]], [task], output_dir=tmp_path / "out", data_dir=tmp_path)
+    (tmp_path / "hellaswag" / "hellaswag_val.jsonl").unlink()
+    (tmp_path / "hellaswag" / "hellaswag_val.jsonl.gz").write_bytes(gzip.compress(b'{"ind": 1}\n' * 100)[:40])
+    with pytest.raises(ConfigError, match=r"^data_dir: task 'hellaswag' cannot read its data: .*jsonl\.gz: Compressed"):
+        evaluate_checkpoints([tiny_checkpoints[0]], ["hellaswag"], output_dir=tmp_path / "out", data_dir=tmp_path)
 
 
 @pytest.mark.parametrize(
@@ -164,6 +186,23 @@ def test_klalm_eval_refuses_bad_input_in_one_line(tiny_checkpoints, tmp_path, sh
     assert proc.returncode == 1 and "Traceback" not in proc.stderr
     assert proc.stderr.strip().splitlines()[-1].startswith(line)
     assert not (tmp_path / "outputs").exists()
+
+
+def test_a_device_torch_cannot_use_here_is_refused_before_the_load(tiny_checkpoints, tmp_path, shared_data,
+                                                                   no_model_work, monkeypatch):  # fmt: skip
+    """device=mps where torch has no MPS backend, cuda:N beyond the GPUs torch sees: a RuntimeError traceback once the
+    model had loaded (and the run folder left behind)."""
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    for device, match in (
+        ("mps", r"^device='mps': torch cannot use mps devices here; use device=auto or cpu$"),
+        ("cuda:2", r"^device='cuda:2': torch sees 2 cuda device\(s\) here, cuda:0 to cuda:1$"),
+    ):
+        with pytest.raises(ConfigError, match=match):
+            evaluate_checkpoints(
+                [tiny_checkpoints[0]], ["piqa"], output_dir=tmp_path, data_dir=shared_data, device=device
+            )
 
 
 def test_a_checkpoint_that_fails_to_load_keeps_the_results_of_those_before_it(

@@ -20,6 +20,7 @@ from klalm.cli import lm_eval as klalm_lm_eval
 from klalm.config_checks import ConfigError
 from klalm.eval import evaluate_checkpoints
 from klalm.eval.harness import check_run_args
+from klalm.eval.report import write_samples
 
 LIMIT = 10
 
@@ -117,6 +118,33 @@ def test_two_checkpoints_one_table_with_provenance(tiny_checkpoints, shared_data
     table = (tmp_path / "results.md").read_text()
     assert "| trained/export | gpt |" in table and "| untrained/export | gpt |" in table
     assert "piqa acc_norm" in table
+
+
+def test_one_example_has_no_stderr_and_still_writes_the_table(tiny_checkpoints, shared_data, tmp_path):
+    """limit=1: lm-eval's stderr is the string "N/A"; it went into results.json as such and results.md's table
+    ended in a traceback (a str formatted with :.2f)."""
+    report = evaluate_checkpoints(
+        [tiny_checkpoints[0]], ["piqa"], output_dir=tmp_path, data_dir=shared_data, limit=1, device="cpu"
+    )
+    scores = json.loads((tmp_path / "results.json").read_text())["results"]["export"]["piqa"]
+    assert scores["acc_stderr"] is None and scores["acc_norm_stderr"] is None and scores["n_evaluated"] == 1
+    assert report["results"]["export"]["piqa"] == scores
+    table = (tmp_path / "results.md").read_text()
+    assert re.search(r"\| export \| gpt \| [\d,]+ \| \d+\.00 ± n/a \| \d+\.00 ± n/a \|", table)
+
+
+def test_samples_are_written_whole_or_not_at_all(tmp_path):
+    """A samples file stopped half-way (Ctrl-C, a full disk) left its first lines in place of the earlier file."""
+    path = write_samples({"piqa": [{"doc_id": 0}]}, "a/export", tmp_path)[0]
+    assert path.name == "samples_a__export_piqa.jsonl"
+
+    def stopped():
+        yield {"doc_id": 1}
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        write_samples({"piqa": stopped()}, "a/export", tmp_path)
+    assert path.read_text() == '{"doc_id": 0}\n' and [p.name for p in tmp_path.iterdir()] == [path.name]
 
 
 @pytest.mark.parametrize("arch", ["gpt", "kla", "mamba", "gdn", "gpt_kla"])

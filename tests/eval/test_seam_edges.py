@@ -54,6 +54,28 @@ def test_a_tokenizer_larger_than_the_embedding_is_refused(export, shared_data):
         load_checkpoint(export, tokenizer=shared_data / "gpt2_tokenizer", device="cpu")
 
 
+def test_a_hub_tokenizer_where_the_hub_cannot_be_reached_is_refused_at_once(export, monkeypatch):
+    """tokenizer=<hub id> not in the cache, offline: one line at once (it was ~50 s of the hub's retries)."""
+    import socket
+    import time
+
+    from huggingface_hub import constants
+
+    def no_dns(host, *args, **kwargs):  # no real lookup
+        raise socket.gaierror(-2, "Name or service not known")
+
+    for name in [name for name in os.environ if name.lower().endswith("_proxy")]:
+        monkeypatch.delenv(name)
+    monkeypatch.setattr(constants, "ENDPOINT", "https://huggingface.co")
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(socket, "getaddrinfo", no_dns)
+    started = time.monotonic()
+    with pytest.raises(FileNotFoundError, match=r"^tokenizer=no-such-tokenizer needs the Hugging Face hub, which "
+                                                r"cannot be reached \(huggingface\.co does not resolve"):  # fmt: skip
+        load_checkpoint(export, tokenizer="no-such-tokenizer", device="cpu")
+    assert time.monotonic() - started < 10
+
+
 def test_a_run_folder_loads_its_export_through_the_strict_loader(export, tmp_path):
     run = tmp_path / "run"
     shutil.copytree(export.parent, run)
@@ -128,6 +150,11 @@ def test_lm_eval_checks_the_local_tasks(tmp_path, shared_data):
     with pytest.raises(FileNotFoundError, match=r"--metadata data_dir: task 'piqa_local' needs .*piqa/valid\.jsonl"):
         check_run_args(_run_args(metadata={"data_dir": str(tmp_path)}))
     check_run_args(_run_args(tasks=["arc_easy"], include=None))  # no local task: nothing to check
+    (tmp_path / "piqa").mkdir()  # PIQA's labels not matching its rows: a traceback from inside lm-eval after the load
+    (tmp_path / "piqa" / "valid.jsonl").write_text('{"goal": "g", "sol1": "a", "sol2": "b"}\n' * 2)
+    (tmp_path / "piqa" / "valid-labels.lst").write_text("0\n")
+    with pytest.raises(ConfigError, match=r"^--metadata data_dir: task 'piqa' cannot read its data: .*2 rows but"):
+        check_run_args(_run_args(metadata={"data_dir": str(tmp_path)}))
     given = _run_args(include=None)
     given.config = "run.yaml"  # a --config file may give the include path and metadata: lm-eval checks those
     check_run_args(given)

@@ -10,6 +10,7 @@ import datasets
 import pytest
 from lm_eval.tasks._yaml_loader import load_yaml
 
+from klalm.config_checks import ConfigError
 from klalm.eval.harness import resolve_tasks
 from klalm.eval.tasks import TASKS, TASKS_DIR, get_local_task, utils
 
@@ -120,5 +121,5 @@ def test_unknown_task_lists_valid_ones(shared_data):
 @pytest.mark.slow  # indexes lm-eval's ~14,700 task YAMLs: ~7 s alone, far more on a busy 2-core machine
 def test_upstream_names_without_data_dir():
     """No data_dir: names resolve against lm-eval's own index (no download happens before evaluation)."""
-    with pytest.raises(KeyError, match=r"no task 'hellaswagg' \(closest: \['hellaswag'"):
+    with pytest.raises(ConfigError, match=r"no task 'hellaswagg' \(closest: \['hellaswag'"):
         resolve_tasks(["hellaswag", "piqa", "hellaswagg"])  # the first two pass, the typo fails

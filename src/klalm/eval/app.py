@@ -47,8 +47,8 @@ def run(cfg: DictConfig) -> dict:
 
 def check_names(cfg: DictConfig) -> None:
     """The dtype and, with `data_dir`, the task names, before any model loads: an unknown one is a ConfigError naming
-    the key and the valid names (where the library raises KeyError). Upstream task names (no data_dir) are lm-eval's
-    to check; an empty or repeated task list is `klalm.eval.harness.resolve_tasks`'s (a ConfigError too)."""
+    the key and the valid names (where the library raises KeyError). Upstream task names (no data_dir) and an empty or
+    repeated task list are `klalm.eval.harness.resolve_tasks`'s to check (a ConfigError too)."""
     try:
         resolve_dtype(cfg.dtype)
     except KeyError as err:

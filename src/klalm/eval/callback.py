@@ -99,7 +99,8 @@ class ZeroShotEval(Callback):
             for task, scores in metrics.items():
                 for metric in METRICS:
                     row[f"zeroshot/{task}_{metric}"] = scores[metric]
-                    row[f"zeroshot/{task}_{metric}_stderr"] = scores[f"{metric}_stderr"]
+                    if scores[f"{metric}_stderr"] is not None:  # (None for limit=1)
+                        row[f"zeroshot/{task}_{metric}_stderr"] = scores[f"{metric}_stderr"]
             for logger in trainer.loggers:
                 logger.log_metrics(row, step=step)
             self.history.append({"step": step, **row})

@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from klalm.config_checks import EVAL_DTYPES, ConfigError
+from klalm.data.hub import check_hub
 from klalm.errors import one_line
 from klalm.models.checkpoint import HF_DIR, load_model, newest_valid, verify_checkpoint
 from klalm.models.export import (  # (klalm.models registers the klalm classes with the Auto classes)
@@ -125,9 +126,15 @@ def check_tokenizer(tokenizer: str | Path | None) -> None:
 
 def _tokenizer_from(folder: Path) -> Any:
     """`AutoTokenizer.from_pretrained(folder)`; a folder without a usable tokenizer raises FileNotFoundError naming
-    it."""
+    it. A hub id (`check_tokenizer` lets one pass) comes from the Hugging Face cache when it is there; else a hub that
+    cannot be reached is a FileNotFoundError at once (`klalm.data.hub.check_hub`), not after ~50 s of retries."""
     from transformers import AutoTokenizer
 
+    if not folder.is_dir():
+        try:
+            return AutoTokenizer.from_pretrained(folder, local_files_only=True)
+        except OSError:
+            check_hub(f"tokenizer={folder}", "name a tokenizer folder (e.g. a run's hf/)")
     try:
         return AutoTokenizer.from_pretrained(folder)
     except (OSError, ValueError) as err:
@@ -160,12 +167,26 @@ def resolve_device(device: str) -> torch.device:
     """`"auto"` → CUDA when available, else CPU (the choice is logged); anything else is taken as given.
 
     Raises:
-        ConfigError: a CUDA device where torch sees none.
+        ConfigError: a CUDA device where torch sees none, `cuda:N` / `xpu:N` beyond the devices torch sees, or an
+            `mps` / `xpu` device this torch cannot use (each was a RuntimeError once the model had loaded).
     """
     if device != "auto":
         if device.startswith("cuda") and not torch.cuda.is_available():
             raise ConfigError(f"device={device!r}: torch sees no CUDA GPU here; use device=auto or cpu")
-        return torch.device(device)
+        parsed = torch.device(device)
+        if parsed.type == "mps":
+            count = int(torch.backends.mps.is_available())
+        elif parsed.type in ("cuda", "xpu"):
+            backend = getattr(torch, parsed.type)
+            count = backend.device_count() if backend.is_available() else 0
+        else:
+            return parsed
+        if count == 0:
+            raise ConfigError(f"device={device!r}: torch cannot use {parsed.type} devices here; use device=auto or cpu")
+        if parsed.index is not None and parsed.index >= count:
+            raise ConfigError(f"device={device!r}: torch sees {count} {parsed.type} device(s) here, "
+                              f"{parsed.type}:0 to {parsed.type}:{count - 1}")  # fmt: skip
+        return parsed
     chosen = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     log.info("device=auto chose %s", chosen)
     return chosen

@@ -73,14 +73,34 @@ def _local_spec(name: str, data_dir: str | Path) -> TaskSpec:
         raise KeyError(f"task {name!r} has no local definition for data_dir; valid: {sorted(TASKS)}") from err
     files = resolve_files(task, data_dir)
     user_name = next(key for key, value in TASKS.items() if value is task)
+    check_local_rows(user_name, data_dir, files)
     return TaskSpec(user_name, task.name, "local", str(TASKS_DIR / task.yaml), [_file_facts(p) for p in files])
+
+
+def check_local_rows(name: str, data_dir: str | Path, files: list[Path]) -> None:
+    """Reads the rows of the local task `name` ("piqa") as its lm-eval loader will, so that a malformed file (a line
+    that is not JSON, PIQA's labels not matching its rows, a truncated .gz) is refused before any model loads rather
+    than as a traceback from inside lm-eval after it.
+
+    Raises:
+        ConfigError: naming the task and the file.
+    """
+    from klalm.eval.tasks.utils import read_hellaswag, read_piqa
+
+    try:
+        {"hellaswag": read_hellaswag, "piqa": read_piqa}[name](data_dir)
+    except (ValueError, EOFError, OSError) as err:  # (UnicodeDecodeError is a ValueError, a bad .gz an OSError)
+        reason = one_line(err)
+        if not any(str(path) in reason for path in files):
+            reason = f"{' / '.join(map(str, files))}: {reason}"
+        raise ConfigError(f"data_dir: task {name!r} cannot read its data: {reason}") from None
 
 
 def _upstream_spec(name: str, manager: Any) -> TaskSpec:
     if name not in manager.all_tasks:
         close = difflib.get_close_matches(name, manager.all_tasks, n=5)
-        raise KeyError(
-            f"lm-eval has no task {name!r} (closest: {close}; `lm-eval ls tasks` lists all "
+        raise ConfigError(
+            f"tasks: lm-eval has no task {name!r} (closest: {close}; `lm-eval ls tasks` lists all "
             f"{len(manager.all_tasks)}); with data_dir the local tasks are {sorted(TASKS)}"
         )
     entry = manager.task_index.get(name)
@@ -99,8 +119,9 @@ def resolve_tasks(names: list[str], data_dir: str | Path | None = None) -> tuple
         (specs, task_manager), specs in the order of `names`.
 
     Raises:
-        ConfigError (a ValueError): no task names, or a name given twice.
-        KeyError: a task that does not exist (the message lists the valid ones).
+        ConfigError (a ValueError): no task names, a name given twice, an upstream task lm-eval does not have
+            (the closest names listed), or a local task's file that cannot be read (`check_local_rows`).
+        KeyError: a name with no local task, with `data_dir` (the message lists the valid ones).
         FileNotFoundError: `data_dir` lacks a file a task needs (named).
     """
     from lm_eval.tasks import TaskManager
@@ -143,12 +164,14 @@ def make_lm(model: Any, tokenizer: Any, *, max_length: int, batch_size: int) -> 
 
 
 def task_metrics(raw: dict[str, Any], spec: TaskSpec) -> dict[str, Any]:
-    """acc, acc_norm, their stderr and the example counts of one task from `simple_evaluate`'s output."""
+    """acc, acc_norm, their stderr and the example counts of one task from `simple_evaluate`'s output. A stderr
+    lm-eval cannot compute (one example: its "N/A") is None."""
     scores = raw["results"][spec.lm_eval_name]
     out: dict[str, Any] = {}
     for metric in METRICS:
         out[metric] = scores[f"{metric},{METRIC_FILTER}"]
-        out[f"{metric}_stderr"] = scores[f"{metric}_stderr,{METRIC_FILTER}"]
+        stderr = scores[f"{metric}_stderr,{METRIC_FILTER}"]
+        out[f"{metric}_stderr"] = stderr if isinstance(stderr, (int, float)) else None
     counts = raw["n-samples"][spec.lm_eval_name]
     out.update(n_evaluated=counts["effective"], n_total=counts["original"])
     return out
@@ -279,9 +302,14 @@ def _check_local_tasks(tasks: list[str], include_path: str | None, metadata: Any
         )
     for name in local:
         try:
-            resolve_files(LOCAL_TASK_NAMES[name], data_dir)
+            files = resolve_files(LOCAL_TASK_NAMES[name], data_dir)
         except FileNotFoundError as err:
             raise FileNotFoundError(f"--metadata data_dir: {err}") from None
+        user_name = next(key for key, task in TASKS.items() if task.name == name)
+        try:
+            check_local_rows(user_name, data_dir, files)
+        except ConfigError as err:
+            raise ConfigError(f"--metadata {err}") from None
 
 
 def _check_model(name: str) -> None:
@@ -320,7 +348,7 @@ def check_run_args(args: Any) -> None:
         klalm.models.export.ExportIntegrityError: an export whose files differ from its SHA256SUMS.
         ConfigError: an unknown `--model`; a `--limit` not > 0; a `--batch_size` not a positive integer, 'auto' or
             'auto:N'; an `--output_path` that cannot be written; a local task without `--include_path` or without a
-            `data_dir` in `--metadata`.
+            `data_dir` in `--metadata`, or whose file there cannot be read.
     """
     if getattr(args, "model", None) is not None:
         _check_model(args.model)

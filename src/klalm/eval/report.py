@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from klalm.eval.harness import METRICS, TaskSpec
-from klalm.fileio import write_atomic
+from klalm.fileio import atomic_path, write_atomic
 
 _VERSIONED = ("klalm", "lm_eval", "torch", "transformers")
 
@@ -59,7 +59,8 @@ def build_report(
 
 
 def _cell(scores: dict[str, Any], metric: str) -> str:
-    return f"{100 * scores[metric]:.2f} ± {100 * scores[f'{metric}_stderr']:.2f}"
+    stderr = scores[f"{metric}_stderr"]  # None for one example
+    return f"{100 * scores[metric]:.2f} ± " + ("n/a" if stderr is None else f"{100 * stderr:.2f}")
 
 
 def markdown_table(report: dict[str, Any]) -> str:
@@ -93,7 +94,8 @@ def write_report(report: dict[str, Any], output_dir: str | Path) -> tuple[Path, 
 
 
 def write_samples(samples: dict[str, list[dict[str, Any]]], label: str, output_dir: str | Path) -> list[Path]:
-    """Per-sample lm-eval records as `samples_<label>_<task>.jsonl` (label's "/" → "__"); returns the paths."""
+    """Per-sample lm-eval records as `samples_<label>_<task>.jsonl` (label's "/" → "__"), each written whole or not at
+    all (`klalm.fileio.atomic_path`); returns the paths."""
     from lm_eval.utils import handle_non_serializable
 
     out = Path(output_dir)
@@ -101,7 +103,7 @@ def write_samples(samples: dict[str, list[dict[str, Any]]], label: str, output_d
     paths = []
     for task, records in samples.items():
         path = out / f"samples_{label.replace('/', '__')}_{task}.jsonl"
-        with path.open("w", encoding="utf-8") as handle:
+        with atomic_path(path) as temporary, temporary.open("w", encoding="utf-8") as handle:
             for record in records:
                 handle.write(json.dumps(record, default=handle_non_serializable, ensure_ascii=False) + "\n")
         paths.append(path)

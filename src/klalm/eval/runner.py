@@ -83,8 +83,8 @@ def evaluate_checkpoints(
         FileNotFoundError: a missing checkpoint or tokenizer folder, data_dir without a file a task needs, or no
             data_dir on a machine that cannot reach the Hugging Face hub (`klalm.data.hub.HubUnreachableError`).
         CheckpointError, ExportIntegrityError: a checkpoint that cannot be read or whose files changed.
-        ConfigError: an output_dir that cannot be created.
-        KeyError: an unknown task or dtype (valid names listed).
+        ConfigError: an output_dir that cannot be created, or an upstream task lm-eval does not have.
+        KeyError: an unknown local task or dtype (valid names listed).
     """
     checkpoints = [Path(c).expanduser() for c in checkpoints]
     if not checkpoints:
