@@ -13,7 +13,17 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
+
+# One intra-op thread per test process and the processes it starts (unless OMP_NUM_THREADS is set): the tests' tensors
+# are tiny, and `make test`'s two workers on two cores each spun a second OpenMP thread that only waited. With one,
+# tests/tasks/test_training.py's beats-chance runs took 5.5 s of CPU instead of 26.5 s (2026-12-06, 2 cores). The
+# variable must be set before torch (and its OpenMP runtime) loads; torch.set_num_threads also covers a plugin that
+# imported torch first.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+import torch  # noqa: E402
+
+if os.environ["OMP_NUM_THREADS"].isdigit():
+    torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 if not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"

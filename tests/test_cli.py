@@ -57,13 +57,18 @@ def test_train_help_names_the_app_explains_keys_and_hides_internal_groups(tmp_pa
     assert "_target_" not in out
 
 
-def test_eval_help_and_tasks_path(tmp_path):
+def test_eval_help_and_tasks_path(tmp_path, monkeypatch, capsys):
     proc = _in_fresh_python("evaluate", ["--help"], tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith("klalm-eval: zero-shot lm-eval") and "LIGHT" in proc.stdout
     assert "limit: null" in proc.stdout and "# examples per task" in proc.stdout
-    proc = _in_fresh_python("evaluate", ["--print-tasks-path"], tmp_path)
-    folder = Path(proc.stdout.splitlines()[0])
+    # --print-tasks-path in this process: a fresh one spent ~10 s importing torch and lm-eval for one printed line
+    # (the README's `$(klalm-eval --print-tasks-path)` in a shell: tests/eval/test_app.py's slow lm-eval test)
+    from klalm import cli
+
+    monkeypatch.setattr(sys, "argv", ["klalm-eval", "--print-tasks-path"])
+    cli.evaluate()
+    folder = Path(capsys.readouterr().out.splitlines()[0])
     assert (folder / "piqa_local.yaml").is_file() and (folder / "hellaswag_local.yaml").is_file()
 
 
@@ -390,8 +395,10 @@ def test_klalm_train_names_its_own_setting_in_a_bad_records_hint():
     [
         (["train.global_batch_tokens=100"], "klalm-train: train.global_batch_tokens=100 is not a multiple of", False),
         (["trainer.accelerator=mps"], "klalm-train: trainer: ", False),
-        (["data=files", "data.train=/no/such/corpus.jsonl", "data.tokenizer=bpe"], "klalm-train: no file matches",
-         False),
+        # slow (`make test-full`): a refusal from the data's setup ends as budget's and lightning's do (one line, no
+        # folder), and its message is tests/data/test_local_files.py's (in-process)
+        pytest.param(["data=files", "data.train=/no/such/corpus.jsonl", "data.tokenizer=bpe"],
+                     "klalm-train: no file matches", False, id="data-file", marks=pytest.mark.slow),
         (["+optim.fused_x=1"], "klalm-train: optim.fused_x is not an argument of torch.optim.AdamW (did you mean ",
          False),
         (["+model.foo=1"], "klalm-train: model: build_model: unknown keys ['foo']", False),
@@ -447,10 +454,11 @@ def test_a_diverged_run_ends_in_one_line_and_keeps_its_folder(tmp_path):
     """`max_bad_steps` non-finite steps in a row: one line naming the learning rate (it was Hydra's traceback), and
     the run's folder stays with the traceback in its train.log."""
     folder = tmp_path / "run"
-    proc = _in_fresh_python("train", ["experiment=smoke", "optim.lr=1000", f"hydra.run.dir={folder}"], tmp_path)
+    overrides = ["experiment=smoke", "optim.lr=1000", "train.max_bad_steps=3", f"hydra.run.dir={folder}"]  # not 10
+    proc = _in_fresh_python("train", overrides, tmp_path)
     assert proc.returncode == 1 and "Traceback" not in proc.stderr
     last = proc.stderr.strip().splitlines()[-1]
-    assert last.startswith("klalm-train: 10 consecutive optimiser steps were non-finite") and "optim.lr=1000" in last
+    assert last.startswith("klalm-train: 3 consecutive optimiser steps were non-finite") and "optim.lr=1000" in last
     assert "NonFiniteLossError" in (folder / "train.log").read_text()
 
 

@@ -153,21 +153,36 @@ def test_training_checkpoint_without_tokenizer(tmp_path, monkeypatch):
         load_checkpoint(ckpt, device="cpu")
 
 
+# A refusal raised once the app has begun costs a fresh interpreter that imports torch (~9 s); those of the same
+# kind as another one here, with their message checked in-process, are `slow` (`make test-full`): dtype's KeyError
+# line is task's (its message: test_bad_settings's dtype case), out-file's ConfigError refusal after the start is
+# the light cases' line with device's and garbage-ckpt's cleanup (its message: test_every_checkpoint_and_the_output_
+# folder_first).
 @pytest.mark.parametrize(
     ("override", "line"),
     [
-        ("tasks=[hellaswg]", "klalm-eval: tasks: no local task 'hellaswg'; valid: ['hellaswag', 'piqa']"),
-        ("dtype=foo", "klalm-eval: dtype: unknown dtype 'foo'; valid: ['bfloat16', 'float16', 'float32', 'float64']"),
-        ("device=cuda:0", "klalm-eval: device='cuda:0': torch sees no CUDA GPU here; use device=auto or cpu"),
-        ("checkpoint={garbage}", "klalm-eval: {garbage} cannot be read as a checkpoint (truncated or corrupted?)"),
-        ("+limt=5", "klalm-eval: limt is not a klalm-eval key (did you mean limit?): nothing reads it"),
-        ("device=gpu", "klalm-eval: device='gpu' is invalid: must be auto, cpu, cuda, cuda:N (or mps, xpu, xpu:N)"),
-        ("max_length=0", "klalm-eval: max_length=0 is invalid: must be > 0"),
-        ("output_dir=5", "klalm-eval: output_dir=5 is invalid: must be a string"),  # was a TypeError traceback
-        ("output_dir={garbage}", "klalm-eval: output_dir='{garbage}' is a file, not a folder"),
+        pytest.param("tasks=[hellaswg]", "klalm-eval: tasks: no local task 'hellaswg'; valid: ['hellaswag', 'piqa']",
+                     id="task"),
+        pytest.param("dtype=foo",
+                     "klalm-eval: dtype: unknown dtype 'foo'; valid: ['bfloat16', 'float16', 'float32', 'float64']",
+                     id="dtype", marks=pytest.mark.slow),
+        pytest.param("device=cuda:0",
+                     "klalm-eval: device='cuda:0': torch sees no CUDA GPU here; use device=auto or cpu", id="device"),
+        pytest.param("checkpoint={garbage}",
+                     "klalm-eval: {garbage} cannot be read as a checkpoint (truncated or corrupted?)",
+                     id="garbage-ckpt"),
+        pytest.param("+limt=5", "klalm-eval: limt is not a klalm-eval key (did you mean limit?): nothing reads it",
+                     id="typo-key"),
+        pytest.param("device=gpu",
+                     "klalm-eval: device='gpu' is invalid: must be auto, cpu, cuda, cuda:N (or mps, xpu, xpu:N)",
+                     id="device-form"),
+        pytest.param("max_length=0", "klalm-eval: max_length=0 is invalid: must be > 0", id="max-length"),
+        pytest.param("output_dir=5", "klalm-eval: output_dir=5 is invalid: must be a string",
+                     id="out-int"),  # was a TypeError traceback
+        pytest.param("output_dir={garbage}", "klalm-eval: output_dir='{garbage}' is a file, not a folder",
+                     id="out-file", marks=pytest.mark.slow),
     ],
-    ids=["task", "dtype", "device", "garbage-ckpt", "typo-key", "device-form", "max-length", "out-int", "out-file"],
-)
+)  # fmt: skip
 def test_klalm_eval_refuses_bad_input_in_one_line(tiny_checkpoints, tmp_path, shared_data, override, line):
     """The console script's refusals: one line naming the key (or file), exit code 1, no traceback, and no run
     folder left behind (outputs/eval/<time>_<hex>, Hydra's .hydra/ and eval.log; nor outputs/, which it created)."""

@@ -24,7 +24,7 @@ def tiny_bench(monkeypatch):
     monkeypatch.setattr(bench_scan, "DEVICE", "cpu")
     monkeypatch.setattr(bench_scan, "timed", timed)
     monkeypatch.setattr(bench_scan, "LENGTHS", (64,))
-    monkeypatch.setattr(bench_scan, "LENGTHS_TOKENS", 128)
+    monkeypatch.setattr(bench_scan, "LENGTHS_TOKENS", 64)  # B 1: two chunks of 32 steps, at half the cost of B 2
     monkeypatch.setattr(bench_scan, "WIDE", dict(channels=4, state=2))
     monkeypatch.setattr(bench_scan, "DTYPE_SHAPE", dict(batch=1, length=9, channels=4, state=2))
     monkeypatch.setattr(bench_scan, "SEGMENT_LENGTHS", (ScanConfig().chunk,))

@@ -388,14 +388,9 @@ def test_a_sweep_that_sets_paths_run_dir_is_refused_before_any_job_trains(tmp_pa
     assert list(tmp_path.iterdir()) == []
 
 
-def test_a_sweep_of_good_jobs_runs_every_job(tmp_path):
-    sweep_dir = tmp_path / "sweep"
-    cmd = [sys.executable, "-m", "klalm.train", "-m", *ONE_STEP, "optim.lr=0.001,0.003", f"hydra.sweep.dir={sweep_dir}"]
-    proc = subprocess.run(cmd, env=RUN_ENV, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-5000:]
-    for job, lr in (("0_bench", "0.001"), ("1_bench", "0.003")):
-        assert json.loads((sweep_dir / job / "summary.json").read_text())["steps"] == 1
-        assert f"optim.lr={lr}" in (sweep_dir / job / ".hydra" / "overrides.yaml").read_text()
+# A sweep of good jobs runs every job (past the checks before it starts): the first sweep of
+# test_a_sweep_rerun_into_a_finished_sweeps_folder_is_refused_before_anything_is_written below, the same command (it
+# was run twice, ~10 s each).
 
 
 def test_check_sweep_jobs_refuses_a_fresh_job_whose_folder_holds_a_run(tmp_path, caplog):
@@ -426,6 +421,9 @@ def test_a_sweep_rerun_into_a_finished_sweeps_folder_is_refused_before_anything_
     cmd = [sys.executable, "-m", "klalm.train", "-m", *ONE_STEP, f"hydra.sweep.dir={sweep_dir}"]
     proc = subprocess.run([*cmd, "optim.lr=0.001,0.003"], env=RUN_ENV, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-5000:]
+    for name, lr in (("0_bench", "0.001"), ("1_bench", "0.003")):  # a sweep of good jobs runs every job
+        assert json.loads((sweep_dir / name / "summary.json").read_text())["steps"] == 1
+        assert f"optim.lr={lr}" in (sweep_dir / name / ".hydra" / "overrides.yaml").read_text()
     before = {p: p.read_bytes() for p in sweep_dir.rglob("*") if p.is_file()}
     assert "- optim.lr=0.001\n" in before[sweep_dir / "0_bench" / ".hydra" / "overrides.yaml"].decode()
     assert "| optim.lr=0.001 |" in before[sweep_dir / "summary.md"].decode()

@@ -147,7 +147,7 @@ def test_torch_compile_traces_the_layer_without_graph_breaks(d_state):
 
     torch._dynamo.reset()
     mixer = make(dict(block="mamba"), torch.float32, d_state, backend="triton")
-    x = torch.randn(B, L, D)
+    x = torch.randn(1, 6, D)  # graph capture and compiled-vs-eager need no long input; each interpreted step costs
     explanation = torch._dynamo.explain(mixer)(x)
     assert (explanation.graph_count, explanation.graph_break_count) == (1, 0), explanation.break_reasons
     y, _ = mixer(x)
