@@ -90,7 +90,7 @@ while IFS= read -r stage <&3; do
   done
   [ "$code" = 0 ] || status=1
 done 3<<< "$RUNS"
-kill $watcher; wait $watcher 2>/dev/null; rm -f "$OUT"/state.tar.*.tmp  # a piece the watcher left half written
+kill $watcher; wait $watcher 2>/dev/null; rm -f "$OUT"/.state.tar.*.tmp-*  # a piece left half written (klalm.fileio)
 # what the parts hold, for a next call sent within the 30 s this warm machine waits, FROM a copy of these files
 # without the parts: it finds the state still here and checks it against this line
 if python3 scripts/run_synthetic.py pack --state .carry/synthetic_state --out "$OUT"; then

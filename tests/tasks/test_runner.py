@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import math
 import os
 import re
 import shutil
@@ -138,6 +139,7 @@ def test_bad_plans_fail_clearly(tmp_path):
         ("--mqar-d-models", "0"): r"mqar.stages\[0\].d_models must be >= 1",
         ("--mqar-d-states", "512"): r"mqar.stages\[0\].d_states must be in \[1, 256\] .*got \[512\]",
         ("--seeds", "0,-1"): r"a5.stages\[0\].seeds: seeds must be >= 0, got \[0, -1\]",
+        ("--seeds", "0,1,0"): r"a5.stages\[0\].seeds: a seed is listed twice, got \[0, 1, 0\]",  # 3 members: 2 rows
         ("--lrs", "1e-3,0"): r"mqar.stages\[0\].lrs: learning rates must be > 0, got \[0.001, 0.0\]",
         ("--mad-weight-decays", "-0.1"): r"mad.weight_decays must be >= 0, got \[-0.1\]",
     }
@@ -645,6 +647,19 @@ def test_merge_appends_only_new_rows_and_stamps_the_commit(tmp_path):
         read_jsonl(mine / "a5.jsonl")
 
 
+def test_merge_appends_a_row_its_source_holds_twice_once_and_on_a_line_of_its_own(tmp_path):
+    """A row twice in --from (two runs into it) was appended twice; a results file whose last line had lost its
+    newline (an editor's save) got the first new row joined to that line, and neither read again."""
+    unit = _a5_unit()
+    mine, theirs = tmp_path / "mine", tmp_path / "theirs"
+    mine.mkdir(), theirs.mkdir()
+    (mine / "a5.jsonl").write_text(json.dumps(_row(unit, 0, 0.5)))  # no newline at its end
+    (theirs / "a5.jsonl").write_text(2 * (json.dumps(_row(unit, 1, 0.6)) + "\n"))
+    (theirs / "rates.jsonl").write_text(2 * (json.dumps(_rate()) + "\n"))
+    assert merge(theirs, mine, "abc123") == {"a5.jsonl": 1, "rates.jsonl": 1}
+    assert [r["seed"] for r in read_jsonl(mine / "a5.jsonl")] == [0, 1] and len(read_jsonl(mine / "rates.jsonl")) == 1
+
+
 def _restore(parts: list[Path], folder: Path) -> dict:
     """What `merge --state` does with the parts: unpack and check them beside `folder`, then swap them in."""
     return units.swap_in_states(units.unpack_states(parts, folder), folder)
@@ -854,8 +869,10 @@ def test_checkpoints_need_a_state_folder_and_a_positive_period(tmp_path):
     plan = _tiny_plan()
     with pytest.raises(ValueError, match="--checkpoint-every-s needs --state"):
         GridBlock(plan, Results(tmp_path, plan.families), None, "cpu", 0, True, None, "abc", checkpoint_every_s=60.0)
-    with pytest.raises(ValueError, match="--checkpoint-every-s must be > 0, got 0.0"):
-        GridBlock(plan, Results(tmp_path, plan.families), tmp_path, "cpu", 0, True, None, "abc", checkpoint_every_s=0.0)
+    for every_s in (0.0, math.nan):  # nan had saved at every evaluation
+        with pytest.raises(ValueError, match=f"--checkpoint-every-s must be > 0, got {every_s}"):
+            GridBlock(plan, Results(tmp_path, plan.families), tmp_path, "cpu", 0, True, None, "abc",
+                      checkpoint_every_s=every_s)  # fmt: skip
 
 
 def test_a_block_with_checkpoints_saves_them_in_its_child_processes_and_removes_them_at_the_end(tmp_path, capfd):

@@ -8,6 +8,7 @@ import contextlib
 import json
 import os
 import signal
+import sys
 import threading
 import time
 from pathlib import Path
@@ -147,6 +148,18 @@ def test_plan_lists_without_a_state_folder_and_writes_nothing(tmp_path, capsys):
     assert list(tmp_path.iterdir()) == []
 
 
+def test_plan_into_a_pipe_closed_early_ends_quietly(tmp_path, monkeypatch, capsys):
+    """`plan ... | head -1`: the table's write into the closed pipe was refused as bad input, "klalm-synthetic: [Errno
+    32] Broken pipe" on stderr, where every other command's table ends quietly (exit code 1, as Unix tools do)."""
+    reader, writer = os.pipe()
+    os.close(reader)
+    with open(writer, "w", buffering=1) as closed:  # line by line: the first line meets the closed pipe in print
+        monkeypatch.setattr(sys, "stdout", closed)
+        with pytest.raises(SystemExit) as info:
+            synthetic(["plan", *CPU_A5, "--results", str(tmp_path / "r")])
+    assert info.value.code == 1 and capsys.readouterr().err == ""
+
+
 def test_folders_that_are_files_are_one_line(tmp_path):
     afile = tmp_path / "afile"
     afile.write_text("not a folder\n")
@@ -157,7 +170,7 @@ def test_folders_that_are_files_are_one_line(tmp_path):
         (["plan", *CPU_A5, "--results", str(afile)], "--results folder"),
         (["run", *CPU_A5, "--results", str(afile / "sub"), *state], f"{afile} is a file, not a folder"),
         (["run", *CPU_A5, "--results", str(tmp_path / "r"), "--state", str(afile)], "--state folder"),
-        (["report", "--plan", "cpu", "--results", str(tmp_path / "rows"), "--out", str(afile)], "--out folder"),
+        (["report", "--plan", "full", "--results", str(tmp_path / "rows"), "--out", str(afile)], "--out folder"),
         (["merge", "--from", str(tmp_path / "rows"), "--results", str(afile)], "--results folder"),
         (["progress", "--state", str(tmp_path), "--results", str(afile)], "--results folder"),
         (["positions", "--results", str(afile)], "--results folder"),
@@ -176,6 +189,18 @@ def test_report_on_an_empty_results_folder_keeps_the_document(tmp_path):
         argv = ["report", "--plan", "cpu", "--families", "a5", "--results", str(tmp_path / "empty"), *where]
         _refused(argv, "holds no row of a5")
     assert "the tables so far" in doc.read_text() and sorted(p.name for p in tmp_path.iterdir()) == ["doc.md", "empty"]
+
+
+def test_report_on_rows_of_another_plan_keeps_the_document(tmp_path):
+    """The committed rows are the full plan's: under `--plan cpu` (or report's default, full, over a CPU run's rows)
+    every table read 'not run', and the document's sections were rewritten so."""
+    doc = tmp_path / "doc.md"
+    doc.write_text("# results\n<!-- synthetic:a5 -->\nthe tables so far\n<!-- /synthetic:a5 -->\n")
+    (tmp_path / "rows").mkdir()
+    (tmp_path / "rows" / "a5.jsonl").write_bytes((COMMITTED / "a5.jsonl").read_bytes())
+    argv = ["report", "--plan", "cpu", "--families", "a5", "--results", str(tmp_path / "rows"), "--doc", str(doc)]
+    _refused(argv, "row(s) of a5 (a5.jsonl, progress.jsonl) but none of a unit of plan 'cpu' with these knobs")
+    assert "the tables so far" in doc.read_text() and not (tmp_path / "img").exists()
 
 
 def test_report_checks_the_document_before_it_writes_a_plot(tmp_path):
@@ -287,6 +312,30 @@ def test_ctrl_c_ends_a_run_with_one_line_and_exit_code_130(tmp_path, monkeypatch
     assert err[-1].startswith("klalm-synthetic: interrupted: 0 row(s) written in this block are kept in")
 
 
+def test_a_second_run_into_the_same_results_folder_is_refused_while_the_first_runs(tmp_path, monkeypatch):
+    """Two runs into one results folder both trained the units left and appended each one's rows twice."""
+    argv = ["run", *CPU_A5, "--results", str(tmp_path / "r"), "--time-budget-s", "inf"]
+    second = []
+
+    def run_beside(self):  # the first block, running: a second command into its folder
+        with pytest.raises(SystemExit) as info:
+            synthetic(argv)
+        second.append(str(info.value.code))
+
+    monkeypatch.setattr(GridBlock, "run", run_beside)
+    synthetic(argv)
+    assert second == [
+        f"klalm-synthetic: --results folder {tmp_path / 'r'} is in use by another `klalm-synthetic "
+        "run`: one run at a time (two would train the same units and write their rows twice)"
+    ]
+    monkeypatch.setattr(GridBlock, "run", lambda self: second.append("ran"))
+    (tmp_path / "r" / "rates.jsonl").write_text("{cut short\n")
+    _refused(argv, "rates.jsonl:1: not a JSON row")  # refused with the folder held: it lets it go too
+    (tmp_path / "r" / "rates.jsonl").unlink()
+    synthetic(argv)  # the first one's end let the folder go
+    assert second[-1] == "ran"
+
+
 def test_ctrl_c_stops_a_block_of_several_slots_from_starting_more_units(tmp_path, monkeypatch):
     """Ctrl-C reaches the main thread, waiting for the slots; before, the slots went on starting every unit left."""
     train = TrainSettings(steps=20, batch_size=4, aux_batch_size=2, eval_batch_size=16)
@@ -322,6 +371,35 @@ def test_ctrl_c_stops_a_block_of_several_slots_from_starting_more_units(tmp_path
         if thread is not threading.main_thread() and thread.name.startswith("Thread"):
             thread.join(timeout=30)
     assert len(started) == 2 and block.failed == []  # interrupted, not failed: the next block runs them
+
+
+@pytest.mark.parametrize("how", ["SIGINT", "SIGTERM"])
+def test_pack_every_s_stopped_ends_in_one_line_and_leaves_no_half_written_piece(tmp_path, monkeypatch, capsys, how):
+    """`kill $watcher` (SIGTERM) ended `pack --every-s` where it was, a piece being written left in --out as a
+    temporary (.state.tar.00.tmp-...: one of the 8 files a device call returns); Ctrl-C gave a traceback, exit 1."""
+    from klalm.fileio import atomic_path
+    from klalm.tasks import runner
+
+    def watch(state, out, every_s):  # stopped while it writes a piece
+        out.mkdir()
+        with atomic_path(out / "state.tar.00") as temporary:
+            temporary.write_bytes(b"half a piece")
+            assert how == "SIGINT" or signal.getsignal(signal.SIGTERM) != signal.SIG_DFL, "SIGTERM kills pack here"
+            os.kill(os.getpid(), getattr(signal, how))
+            time.sleep(30)
+
+    monkeypatch.setattr(runner, "watch_states", watch)
+    (tmp_path / "state").mkdir()
+    handler = signal.signal(signal.SIGINT, signal.default_int_handler)  # a terminal's Ctrl-C, whatever pytest set
+    try:
+        with pytest.raises((SystemExit, KeyboardInterrupt)) as info:
+            synthetic(["pack", "--state", str(tmp_path / "state"), "--out", str(tmp_path / "out"), "--every-s", "20"])
+    finally:
+        signal.signal(signal.SIGINT, handler)
+    assert info.type is SystemExit and info.value.code == {"SIGINT": 130, "SIGTERM": 143}[how]
+    said = {"SIGINT": "interrupted", "SIGTERM": "terminated (SIGTERM)"}[how]
+    assert capsys.readouterr().err == f"klalm-synthetic: pack {said}: {tmp_path / 'out'} holds the pieces packed last\n"
+    assert list((tmp_path / "out").iterdir()) == [] and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
 
 
 def test_evaluate_refuses_a_device_it_cannot_use_and_curves_a_negative_step(tmp_path, monkeypatch):

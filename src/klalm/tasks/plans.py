@@ -422,6 +422,8 @@ def validate(plan: RunPlan) -> None:
     for key, values in seeds.items():
         if any(seed < 0 for seed in values):
             raise ValueError(f"{key}: seeds must be >= 0, got {values}")
+        if len(set(values)) < len(values):  # with members > 1 one unit trained it twice and wrote its row twice
+            raise ValueError(f"{key}: a seed is listed twice, got {values}")
     lrs = {f"mqar.stages[{i}].lrs": stage.lrs for i, stage in enumerate(plan.mqar.stages)} | {"mad.lrs": plan.mad.lrs}
     for key, values in lrs.items():
         if any(lr <= 0 for lr in values):

@@ -141,10 +141,15 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
 
 
 def append_lines(path: Path, rows: list[dict[str, Any]]) -> None:
-    """Append rows as JSON lines in one write call, so a process killed meanwhile leaves no half line behind."""
+    """Append rows as JSON lines in one write call, so a process killed meanwhile leaves no half line behind; after a
+    last line without its newline (an editor's save, a copy made with `head -c`) on a line of their own."""
     data = "".join(json.dumps(row) + "\n" for row in rows).encode("utf-8")
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
     try:
+        if os.lseek(fd, 0, os.SEEK_END) > 0:
+            os.lseek(fd, -1, os.SEEK_END)
+            if os.read(fd, 1) != b"\n":  # else the first new row would join that line, and neither would read again
+                data = b"\n" + data
         written = os.write(fd, data)
         while written < len(data):  # a regular file takes it in one go; this only guards the rare short write
             written += os.write(fd, data[written:])
@@ -358,15 +363,20 @@ def _lines(lines: list[int]) -> str:
 def merge(source: Path, folder: Path, commit: str) -> dict[str, int]:
     """Append to `folder` the rows and rates of `source` (a results folder from another machine) it lacks.
 
-    Rows whose commit is "unknown" get `commit`. Returns the number of new lines per file. Every file of both
-    folders is read before any is appended to, so a file that is not JSON lines (ValueError) leaves `folder` as it was.
+    Rows whose commit is "unknown" get `commit`; a row `source` holds twice is appended once. Returns the number of
+    new lines per file. Every file of both folders is read before any is appended to, so a file that is not JSON lines
+    (ValueError) leaves `folder` as it was.
     """
     added: dict[str, list[dict[str, Any]]] = {}
     for path in sorted(source.glob("*.jsonl")):
         mine = read_jsonl(folder / path.name)
         key = {RATES_FILE: _rate_key, PROGRESS_FILE: progress_key}.get(path.name, row_key)
         known = {key(r) for r in mine}
-        new = [r for r in read_jsonl(path) if key(r) not in known]
+        new = []
+        for row in read_jsonl(path):  # a row twice in `source` (two runs into it, files joined) is appended once
+            if key(row) not in known:
+                known.add(key(row))
+                new.append(row)
         for row in new:
             run = row.get("run", row)  # result rows keep the commit in "run"; rates and progress rows at the top
             if run.get("commit") == "unknown":

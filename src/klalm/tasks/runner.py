@@ -22,6 +22,7 @@ before its deadline (a machine taken back early) resumes from there; `pack` pack
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import logging
@@ -92,6 +93,11 @@ class Terminated(KeyboardInterrupt):
     """SIGTERM on the runner during a block: ends it as Ctrl-C does (exit code 143)."""
 
 
+def _raise_terminated(signum: int, frame: object) -> NoReturn:
+    """SIGTERM on `pack`: ends it as Ctrl-C does."""
+    raise Terminated
+
+
 class NotStarted(RuntimeError):
     """A unit's process not started because the block was stopping: not a failure of the unit."""
 
@@ -131,7 +137,7 @@ class GridBlock:
             raise ValueError("a block with a time budget needs --state (the folder its unfinished units pause into)")
         if checkpoint_every_s is not None and state is None:
             raise ValueError("a block with --checkpoint-every-s needs --state (the folder its checkpoints go to)")
-        if checkpoint_every_s is not None and checkpoint_every_s <= 0:
+        if checkpoint_every_s is not None and not checkpoint_every_s > 0:  # nan too: it saved at every evaluation
             raise ValueError(f"--checkpoint-every-s must be > 0, got {checkpoint_every_s}")
         self.checkpoint_every_s = checkpoint_every_s
         self.plan, self.results, self.state, self.device, self.gpus = plan, results, state, device, gpus
@@ -622,10 +628,16 @@ def _check_report(args: argparse.Namespace, plan: RunPlan) -> None:
 
     results = _results(args.results, plan.families)
     rows = [row for family in plan.families for row in results.rows[family]]
-    if not rows and not any(row.get("family") in plan.families for row in results.progress):
+    rows += [row for row in results.progress if row["family"] in plan.families]
+    planned = {unit.key(seed) for unit in plan_units(plan) for seed in unit.seeds}
+    if not any(row_key(row) in planned for row in rows):  # rows of another plan or other knobs show as 'not run' too
         files = ", ".join(f"{family}.jsonl" for family in plan.families)
-        _refuse(f"results folder {args.results} holds no row of {', '.join(plan.families)} ({files}, progress.jsonl): "
-                "nothing to report, and the tables would all read 'not run'")  # fmt: skip
+        held, unplanned = "no row", ""
+        if rows:
+            held = f"{len(rows)} row(s)"
+            unplanned = f" but none of a unit of plan {args.plan!r} with these knobs (give those they ran with)"
+        _refuse(f"results folder {args.results} holds {held} of {', '.join(plan.families)} ({files}, progress.jsonl)"
+                f"{unplanned}: nothing to report, and the tables would all read 'not run'")  # fmt: skip
     if args.doc is None:
         _folder(args.out, "--out folder", exists=False)
         return
@@ -689,13 +701,24 @@ def run(args: argparse.Namespace) -> None:
         _folder(args.out, "--out folder", exists=False)
         if args.every_s is not None and not 0 < args.every_s < math.inf:
             _refuse(f"--every-s must be > 0, got {args.every_s}")
+        on_main = threading.current_thread() is threading.main_thread()
+        default = on_main and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL  # not one ignored or handled above
+        if default:  # `kill $watcher` as Ctrl-C: the piece being written is removed, not left as a temporary in --out
+            signal.signal(signal.SIGTERM, _raise_terminated)
         try:
             if args.every_s is not None:
-                watch_states(args.state, args.out, args.every_s)  # returns only when killed
+                watch_states(args.state, args.out, args.every_s)  # returns only when stopped
                 return
             parts = pack_states(args.state, args.out)
         except ValueError as err:  # a damaged state: refused before any piece is written
             _refuse(one_line(err))
+        except KeyboardInterrupt as err:  # Ctrl-C, or SIGTERM
+            terminated = isinstance(err, Terminated)
+            how, code = ("terminated (SIGTERM)", 128 + signal.SIGTERM) if terminated else ("interrupted", 130)
+            refuse(PREFIX, f"pack {how}: {args.out} holds the pieces packed last", code)
+        finally:
+            if default:
+                signal.signal(signal.SIGTERM, signal.SIG_DFL)
         states = [*args.state.glob("*.json"), *args.state.glob("*.pt")]  # what pack_states packs
         mib = {"state_mib": _mib(states), "packed_mib": _mib(parts)}
         print(json.dumps({"parts": [p.name for p in parts], "units": len(saved_states(args.state)), **mib}))
@@ -767,32 +790,63 @@ def run(args: argparse.Namespace) -> None:
         _folder(args.state, "--state folder", exists=False)
     if args.verb in ("run", "plan"):
         _folder(args.results, "--results folder", exists=False)
+    held = contextlib.ExitStack()  # `run`: the --results folder's lock (_only_run_into), until the block ends
     try:
         plan = apply_args(load_plan(args.plan), args)
         if args.verb == "report":
             _check_report(args, plan)
             print(write_doc(plan, args.results, args.doc) if args.doc else write_folder(plan, args.results, args.out))
             return
+        if args.verb == "run" and args.results.is_dir():  # before the block reads its rows or drops a state
+            held.enter_context(_only_run_into(args.results))
         block = _block(args, plan)
         if args.verb == "plan":
             print(plan_table(block))
             return
-        args.results.mkdir(parents=True, exist_ok=True)
+        if not args.results.is_dir():  # a new folder: made once the block is set up
+            args.results.mkdir(parents=True, exist_ok=True)
+            held.enter_context(_only_run_into(args.results))
+    except BrokenPipeError:  # the table's reader has gone (`plan ... | head`): not bad input; ended quietly above
+        raise
     except (KeyError, ValueError, OSError) as err:  # a bad plan, knob, results folder or file, device
+        held.close()
         _refuse(one_line(err))
-    try:
-        block.run()
-    except KeyboardInterrupt as err:
-        if block.failed:  # units that failed before the Ctrl-C, not those it interrupted
-            print(_failures(block), file=sys.stderr)
-        terminated = isinstance(err, Terminated)
-        how, code = ("terminated (SIGTERM)", 128 + signal.SIGTERM) if terminated else ("interrupted", 130)
-        print(f"{PREFIX}: {how}: {block.finished_rows} row(s) written in this block are kept in {args.results}; "
-              "the units that were running start again in the next block, from their last checkpoint in --state "
-              "(--checkpoint-every-s) or else from step 0", file=sys.stderr)  # fmt: skip
-        sys.exit(code)
+    with held:
+        try:
+            block.run()
+        except KeyboardInterrupt as err:
+            if block.failed:  # units that failed before the Ctrl-C, not those it interrupted
+                print(_failures(block), file=sys.stderr)
+            terminated = isinstance(err, Terminated)
+            how, code = ("terminated (SIGTERM)", 128 + signal.SIGTERM) if terminated else ("interrupted", 130)
+            print(f"{PREFIX}: {how}: {block.finished_rows} row(s) written in this block are kept in {args.results}; "
+                  "the units that were running start again in the next block, from their last checkpoint in --state "
+                  "(--checkpoint-every-s) or else from step 0", file=sys.stderr)  # fmt: skip
+            sys.exit(code)
     if block.failed:
         sys.exit(_failures(block))
+
+
+@contextlib.contextmanager
+def _only_run_into(folder: Path):
+    """Hold an flock on the --results folder itself while a block runs into it: a second `run` into it is refused,
+    since both would train the units left and append their rows twice. Where there is no flock (Windows), nothing
+    is held."""
+    try:
+        import fcntl  # POSIX: Linux (the GPU machines, CI) and macOS
+    except ImportError:
+        yield
+        return
+    fd = os.open(folder, os.O_RDONLY)  # not inherited by the units' processes
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            _refuse(f"--results folder {folder} is in use by another `klalm-synthetic run`: one run at a time (two "
+                    "would train the same units and write their rows twice)")  # fmt: skip
+        yield
+    finally:
+        os.close(fd)
 
 
 def _failures(block: GridBlock) -> str:
