@@ -14,15 +14,16 @@ from pathlib import Path
 
 import pytest
 
-# One intra-op thread per test process and the processes it starts (unless OMP_NUM_THREADS is set): the tests' tensors
-# are tiny, and `make test`'s two workers on two cores each spun a second OpenMP thread that only waited. With one,
-# tests/tasks/test_training.py's beats-chance runs took 5.5 s of CPU instead of 26.5 s (2026-12-06, 2 cores). The
-# variable must be set before torch (and its OpenMP runtime) loads; torch.set_num_threads also covers a plugin that
-# imported torch first.
-os.environ.setdefault("OMP_NUM_THREADS", "1")
+# One intra-op thread per test process of `make test`'s workers and the processes they start (unless OMP_NUM_THREADS
+# is set; not in a single-process run, e.g. the GPU tests on a many-core host): the tests' tensors are tiny, and the
+# two workers on two cores each spun a second OpenMP thread that only waited. With one, tests/tasks/test_training.py's
+# beats-chance runs took 5.5 s of CPU instead of 26.5 s (2026-12-06, 2 cores). The variable must be set before torch
+# (and its OpenMP runtime) loads; torch.set_num_threads also covers a plugin that imported torch first.
+if "PYTEST_XDIST_WORKER" in os.environ:
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
 import torch  # noqa: E402
 
-if os.environ["OMP_NUM_THREADS"].isdigit():
+if os.environ.get("OMP_NUM_THREADS", "").isdigit() and int(os.environ["OMP_NUM_THREADS"]) > 0:
     torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 if not torch.cuda.is_available():

@@ -319,7 +319,15 @@ def test_an_override_hydra_cannot_read_is_refused_in_one_line_naming_it(override
 
 @pytest.mark.parametrize(
     "arguments",
-    [["run_name='\"a]b\"'"], ["-m", "optim.lr=1e-3,2e-3"], ["--cfg", "job"], ["optim.lr=range(1,3)"], ["x=[1,2]"]],
+    [
+        ["run_name='\"a]b\"'"],
+        ["-m", "optim.lr=1e-3,2e-3"],
+        ["--cfg", "job"],
+        ["optim.lr=range(1,3)"],
+        ["x=[1,2]"],
+        ["--config-dir", "/tmp/cfg=v2", "seed=1"],
+        ["-cd", "/tmp/[x", "seed=1"],
+    ],
 )
 def test_overrides_hydra_reads_pass_the_syntax_check(arguments):
     assert override_syntax_message(arguments) is None

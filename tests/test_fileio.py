@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -74,8 +75,13 @@ def test_a_write_removes_the_temporaries_dead_writers_of_the_file_left(tmp_path)
     stale = [f"{prefix}{dead.stdout.strip()}-0", f"{prefix}{os.getpid()}-999999"]
     kept = [f"{prefix}{os.getppid()}-0", f".other.json.tmp-{fileio._HOST}-{dead.stdout.strip()}-0",
             f".summary.json.tmp-elsewhere-{dead.stdout.strip()}-0"]  # fmt: skip
-    for name in stale + kept:
+    recent = f"{prefix}{dead.stdout.strip()}-1"  # maybe a writer in a container sharing the host's name: too new
+    long_ago = time.time() - fileio.STALE_AFTER_S - 1
+    for name in stale + kept + [recent, f"{prefix}{10**30}-0"]:  # (a pid no process can have: left alone)
         (tmp_path / name).write_text("half writ")
+        if name != recent:
+            os.utime(tmp_path / name, (long_ago, long_ago))
+    kept += [recent, f"{prefix}{10**30}-0"]
     with atomic_path(tmp_path / "summary.json") as outer:
         write_atomic(tmp_path / "summary.json", "inner")  # a write in progress (`outer`) is not stale
         outer.write_text("outer")

@@ -260,13 +260,12 @@ def override_syntax_message(arguments: list[str]) -> str | None:
     """For a command line with an override Hydra's grammar cannot read (`trainer.max_steps=[1,2`, an unquoted `[` or
     `]` in a text value), the one-line refusal naming that override: Hydra says only "no viable alternative at input
     '[1,2'" and where its grammar is documented, in four lines. None when every override reads."""
+    from hydra._internal.utils import get_args_parser
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import OverrideParseException
 
     parser = OverridesParser.create()
-    for argument in arguments:
-        if argument.startswith("-") or "=" not in argument:  # a flag or a flag's value (`--cfg job`)
-            continue
+    for argument in get_args_parser().parse_known_args(arguments)[0].overrides:  # not a flag's value (`--cfg job`)
         try:
             parser.parse_overrides([argument])
         except OverrideParseException as err:

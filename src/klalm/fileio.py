@@ -4,8 +4,10 @@ dies, not a machine that loses power (nothing is fsynced).
 
 A temporary path is `.<name>.tmp-<host>-<pid>-<n>` (`n` counts this process's writes), so what a killed writer left
 is recognisable: the next write of the same file removes the temporaries of that file left by processes of this
-host that are gone. Those of another host (a folder shared between machines) are left alone, since whether their
-writer lives cannot be told from here.
+host that are gone, once untouched for `STALE_AFTER_S` (a container may share the host's name but not its process
+table, so a pid not running here does not prove its writer gone). Those of another host (a folder shared between
+machines) are left alone, since whether their writer lives cannot be told from here; on a system without POSIX
+process probes (Windows) none is removed.
 
 Importing it costs nothing (no klalm module, no third-party package), so any layer may use it.
 """
@@ -17,12 +19,14 @@ import itertools
 import os
 import re
 import socket
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 _HOST = re.sub(r"[^\w-]", "_", socket.gethostname())
 _WRITES = itertools.count()
 _IN_FLIGHT: set[Path] = set()  # this process's temporaries not yet replaced or removed
+STALE_AFTER_S = 600  # a temporary untouched this long, of a pid not running here, is a dead writer's
 
 
 @contextlib.contextmanager
@@ -50,23 +54,30 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
 
 
 def _remove_stale_temporaries(folder: Path, prefix: str) -> None:
-    """Removes the files `<folder>/<prefix><pid>-<n>` of processes that are gone, and this process's own that none of
-    its writes holds (left by an earlier process that had the same pid)."""
-    for name in os.listdir(folder) if folder.is_dir() else []:
+    """Removes the files `<folder>/<prefix><pid>-<n>` untouched for `STALE_AFTER_S` of processes that are gone, and
+    this process's own that none of its writes holds (left by an earlier process that had the same pid)."""
+    if os.name != "posix":  # os.kill(pid, 0) is no probe there (it sends CTRL_C_EVENT)
+        return
+    try:
+        names = os.listdir(folder)
+    except OSError:  # not there (the write reports it) or not listable: nothing to clean
+        return
+    for name in names:
         match = re.fullmatch(r"(\d+)-\d+", name[len(prefix) :]) if name.startswith(prefix) else None
         if match is None or folder / name in _IN_FLIGHT or (int(match[1]) != os.getpid() and _alive(int(match[1]))):
             continue
         with contextlib.suppress(OSError):  # removed meanwhile, or not ours to remove: the write goes on
-            (folder / name).unlink()
+            if time.time() - (folder / name).stat().st_mtime >= STALE_AFTER_S:
+                (folder / name).unlink()
 
 
 def _alive(pid: int) -> bool:
-    """Whether a process `pid` runs on this host."""
+    """Whether a process `pid` may run on this host (a pid no process can have counts as alive: left alone)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    except PermissionError:  # another user's
+    except (PermissionError, OverflowError, ValueError):  # another user's; a number beyond any pid
         return True
     return True
 

@@ -8,6 +8,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -73,6 +74,8 @@ def test_validation_files_that_give_a_consumer_no_document_are_refused_before_fi
         "workers) no usable document: it holds fewer than the consumers, or none"
     )
     empty.setup("validate")  # (checked for fitting only)
+    empty.trainer = SimpleNamespace(limit_val_batches=0)  # a run that never validates: Lightning never asks for it
+    empty.setup("fit")
     local_files(str(corpus["train"]), str(tmp_path / "one.jsonl"), num_workers=0, **options).setup("fit")  # wraps
     two_workers = local_files(str(corpus["train"]), str(tmp_path / "one.jsonl"), num_workers=2, **options)
     with pytest.raises(NoDocumentsError, match="gives consumer 1 of 2 "):

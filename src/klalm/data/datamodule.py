@@ -173,8 +173,10 @@ class TextDataModule(L.LightningDataModule):
         """Lightning's hook before fitting, on every rank (distributed set up): a validation source that would give
         some consumer (rank x loader worker) no batch is refused now (`check_validation_source`), not at the first
         validation, which a run without sanity validation (the CPU trainer config) reaches only after
-        ``train.val_every_n_steps`` steps."""
-        if stage == "fit" and self.val_source_config is not None:
+        ``train.val_every_n_steps`` steps. A run that never validates (`trainer.limit_val_batches=0`: Lightning never
+        asks for the loader) is not checked."""
+        never_validates = self.trainer is not None and self.trainer.limit_val_batches == 0
+        if stage == "fit" and self.val_source_config is not None and not never_validates:
             _, world_size = resolve_rank(self.rank, self.world_size)
             workers = max(self.num_workers, 1)
             givers = min(workers, self.val_batches or workers)  # the first workers of a rank: the others get no batch
@@ -253,7 +255,8 @@ def check_validation_source(source: Any, consumers: int, reading: set[int], *, s
     validation: token shards with fewer windows of ``seq_len + 1`` tokens per consumer than one batch (each of the
     ``consumers`` gets at least ``windows // consumers``), or a local document source (files, python_docs) that gives
     one of the consumers that read (``reading``: those with a batch to give) no usable document; it is read until each
-    has one, so a good source costs a few records. A hub stream is not read ahead.
+    has one, so a good source costs a few records. A `kind: hf` source (a hub stream, or the datasets library's
+    builders over local files) is not read ahead.
 
     Raises:
         NoDocumentsError: naming the source (its files or folder)."""

@@ -351,7 +351,7 @@ def _unsqueezed(blob: bytes) -> bytes:
 
 
 def state_parts(folder: Path) -> list[Path]:
-    """The pieces of a packed state folder in `folder`, in order (unfinished `.tmp` pieces left out)."""
+    """The pieces of a packed state folder in `folder`, in order (unfinished ones, `.state.tar.NN.tmp-*`, left out)."""
     return sorted(path for path in Path(folder).glob("state.tar.*") if STATE_PART.fullmatch(path.name))
 
 
