@@ -18,3 +18,9 @@ def fill_sections(text: str, sections: dict[str, str], tag: str) -> str:
             raise ValueError(f"the document lacks the markers <!-- {tag}:{name} --> … <!-- /{tag}:{name} -->")
         text = pattern.sub(lambda m, body=body: m.group(1) + body.rstrip("\n") + "\n" + m.group(2), text)
     return text
+
+
+def percent(value: float, stderr: float | None, signed: bool = False) -> str:
+    """``value ± stderr`` in points of % (two decimals); the stderr is "n/a" where lm-eval could not compute it (None,
+    e.g. for one example)."""
+    return f"{100 * value:{'+' if signed else ''}.2f} ± " + ("n/a" if stderr is None else f"{100 * stderr:.2f}")

@@ -338,3 +338,20 @@ def test_token_shards_as_the_source_are_refused_before_anything_is_written(share
     for extra in ([], ["--max-documents", "3"]):
         message = _refused(["--data", "shards", *extra], tmp_path / "out")
         assert f"split 'train' reads token shards ({tmp_path / 'shards'}/train), which are prepared already" in message
+
+
+def test_an_out_under_a_folder_that_cannot_be_read_is_refused_in_one_line(tmp_path, monkeypatch):
+    """`--out`'s state was read before any check: a PermissionError traceback. (Path.exists is patched: root, as
+    tests may run, reads any folder.)"""
+    locked, exists = tmp_path / "locked", Path.exists
+
+    def exists_or_denied(path, *args, **kwargs):
+        if locked in path.parents:
+            raise PermissionError(13, "Permission denied", str(path))
+        return exists(path, *args, **kwargs)
+
+    args = parse_args([*REQUIRED, str(locked / "out")])
+    monkeypatch.setattr(Path, "exists", exists_or_denied)
+    with pytest.raises(SystemExit, match=r"^klalm-prepare-data: --out .*locked/out: .*Permission denied") as err:
+        run(args)
+    assert "\n" not in str(err.value.code)

@@ -152,3 +152,17 @@ def test_shard_loader_resumes_exactly(shard_dir, workers):
     resumed.load_state_dict(state)
     again = iter(resumed)
     assert all(torch.equal(a, next(again)["input_ids"]) for a in expected)
+
+
+def test_the_tokenizer_hash_ignores_truncation_and_padding(gpt2_config):
+    """`tokenizer_sha256` hashed the backend's truncation and padding settings, which a call such as
+    `tok(text, truncation=True, max_length=16)` changes."""
+    from klalm.data.tokenizer import load_tokenizer, tokenizer_sha256
+
+    tok = load_tokenizer(gpt2_config)  # not the session's: the call below changes its backend
+    before = tokenizer_sha256(tok)
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+    tok(["a short text", "another"], truncation=True, max_length=16, padding="max_length")
+    assert tok.backend_tokenizer.truncation is not None  # (the settings did change)
+    assert tokenizer_sha256(tok) == before

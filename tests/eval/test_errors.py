@@ -5,6 +5,7 @@ from __future__ import annotations
 import gzip
 import json
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -240,3 +241,35 @@ def test_a_checkpoint_that_fails_to_load_keeps_the_results_of_those_before_it(
     report = json.loads((tmp_path / "results.json").read_text())
     assert len(loads) == 2 and list(report["results"]) == checkpoint_labels(tiny_checkpoints[:2])[:1]
     assert (tmp_path / "results.md").is_file()
+
+
+@pytest.mark.parametrize(
+    ("line", "reason"),
+    [('{"sol1": "a", "sol2": "b"}', "a row has no field 'goal'"), ('["g", "a", "b"]', "a row is not a JSON object")],
+)
+def test_piqa_rows_of_another_shape_are_refused_naming_the_file(tmp_path, line, reason):
+    """A PIQA row without "goal" (KeyError) or a line that is a list (TypeError) was a traceback."""
+    from klalm.eval.harness import check_local_rows
+
+    (tmp_path / "piqa").mkdir()
+    (tmp_path / "piqa" / "valid.jsonl").write_text(line + "\n")
+    (tmp_path / "piqa" / "valid-labels.lst").write_text("0\n")
+    files = [tmp_path / "piqa" / "valid.jsonl", tmp_path / "piqa" / "valid-labels.lst"]
+    with pytest.raises(ConfigError, match=rf"^data_dir: task 'piqa' cannot read its data: .*valid\.jsonl.*: {reason}"):
+        check_local_rows("piqa", tmp_path, files)
+
+
+def test_a_hub_tokenizer_id_the_cache_cannot_load_still_asks_the_hub(monkeypatch):
+    """The cached attempt (local_files_only) raised a ValueError past the hub check, unlike the second load."""
+    import transformers
+
+    def from_pretrained(*args, **kwargs):
+        raise ValueError("Unrecognized tokenizer")
+
+    def check_hub(what, hint):
+        raise FileNotFoundError(f"{what}: the hub cannot be reached")
+
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", from_pretrained)
+    monkeypatch.setattr(checkpoint_module, "check_hub", check_hub)
+    with pytest.raises(FileNotFoundError, match="the hub cannot be reached"):
+        checkpoint_module._tokenizer_from(Path("org/tokenizer"))

@@ -54,3 +54,17 @@ def test_bench_rates_read_the_study_shape_first_file_first(tmp_path):
     assert rates == {"gpt_45m": (5.0, str(tmp_path / "a.json")), "kla_45m": (3.0, str(tmp_path / "b.json"))}
     with pytest.raises(FileNotFoundError, match=r"cost.bench_rows: .*missing.json does not exist"):
         bench_rates([tmp_path / "missing.json"])
+
+
+def test_a_null_stderr_is_shown_as_n_a():
+    """klalm-eval stores a stderr lm-eval cannot compute (limit=1) as null: the tables formatted 100 * None."""
+    from klalm.study.report import _difference, _pct
+
+    def run(acc, stderr):
+        return {"eval": {"results": {"hf": {"piqa": {"acc": acc, "acc_stderr": stderr}}}}}
+
+    base, known, unknown = run(0.25, 0.01), run(0.5, 0.01), run(0.5, None)
+    assert _pct(unknown, "piqa", "acc") == "50.00 ± n/a" and _pct(known, "piqa", "acc") == "50.00 ± 1.00"
+    assert _difference(unknown, base, "piqa", "acc") == "+25.00 ± n/a"
+    assert _difference(base, unknown, "piqa", "acc") == "-25.00 ± n/a"
+    assert _difference(known, base, "piqa", "acc") == "+25.00 ± 1.41 (> 2σ)"

@@ -185,3 +185,27 @@ def test_a_cell_whose_evaluation_failed_is_evaluated_again_not_trained_again(sma
     assert cell_tokens(small_spec, more_data, cell) != cell_tokens(small_spec, recipe, cell)
     StudyRunner(small_spec, more_data, shard_folder, work, tmp_path, 1, 60, "abc").train_cell(cell, [0])
     assert ran == ["klalm.train"]
+
+
+@pytest.mark.parametrize("text", ['{"train": "12"}\n', "[12.0]\n", "{}\n"])
+def test_a_trained_json_without_training_seconds_is_trained_again(small_spec, shard_folder, tmp_path, monkeypatch,
+                                                                   caplog, text):  # fmt: skip
+    """A trained.json that parses but holds no {"train": seconds} was taken as trained (and its time used later)."""
+    ran = []
+
+    def run_logged(command, log_path, env):
+        ran.append(command[command.index("-m") + 1])
+        return 0, 12.0
+
+    monkeypatch.setattr(runner, "_run_logged", run_logged)
+    recipe = read_recipe(small_spec, shard_folder)
+    cell, work = small_spec.sweep_cells()[0], tmp_path / "work"
+    StudyRunner(small_spec, recipe, shard_folder, work, tmp_path, 1, 60, "abc").train_cell(cell, [0])
+    with caplog.at_level("INFO", logger="klalm.study"):
+        StudyRunner(small_spec, recipe, shard_folder, work, tmp_path, 1, 60, "abc").train_cell(cell, [0])
+    assert ran == ["klalm.train"] and "delete that file to train it again" in caplog.text
+    (work / "sweep" / cell.name / runner.TRAINED_FILE).write_text(text)
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="klalm.study"):
+        StudyRunner(small_spec, recipe, shard_folder, work, tmp_path, 1, 60, "abc").train_cell(cell, [0])
+    assert ran == ["klalm.train", "klalm.train"] and "holds no training seconds" in caplog.text

@@ -488,7 +488,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     ends it the same way and leaves ``--out`` as it was. Ctrl-C ends it with one line saying what ``--out`` holds
     and exit status 130: as it was (a new ``--out`` not created), unless the splits had been moved in already.
     """
-    existed, tokenizer = args.out.exists(), _folder_id(args.out / "tokenizer")
+    try:
+        existed, tokenizer = args.out.exists(), _folder_id(args.out / "tokenizer")
+    except OSError as err:  # e.g. --out under a folder that cannot be read
+        _fail(f"--out {args.out}: {one_line(err)}")
     try:
         results = _prepare(args)
     except KeyboardInterrupt:

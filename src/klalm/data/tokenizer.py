@@ -202,11 +202,15 @@ def load_tokenizer(config: dict[str, Any]) -> PreTrainedTokenizerBase:
 def tokenizer_sha256(tokenizer: PreTrainedTokenizerBase) -> str:
     """The identity of a tokenizer, the same wherever it is loaded from (a saved copy, the cache): the SHA-256 of a
     fast tokenizer's whole definition (vocabulary, merges, normaliser, pre-tokeniser, added tokens), of a slow one's
-    vocabulary. Two tokenizers of one vocabulary size but other tokens differ in it."""
-    spec = (
-        tokenizer.backend_tokenizer.to_str() if tokenizer.is_fast else json.dumps(tokenizer.get_vocab(), sort_keys=True)
-    )
-    return hashlib.sha256(spec.encode()).hexdigest()
+    vocabulary. Two tokenizers of one vocabulary size but other tokens differ in it. The backend's `truncation` and
+    `padding` settings are left out: a call such as `tokenizer(text, truncation=True, max_length=16)` changes them."""
+    if tokenizer.is_fast:
+        definition = json.loads(tokenizer.backend_tokenizer.to_str())
+        definition.pop("truncation", None)
+        definition.pop("padding", None)
+    else:
+        definition = tokenizer.get_vocab()
+    return hashlib.sha256(json.dumps(definition, sort_keys=True).encode()).hexdigest()
 
 
 def encode_texts(tokenizer: PreTrainedTokenizerBase, texts: list[str]) -> list[list[int]]:

@@ -133,7 +133,7 @@ def _tokenizer_from(folder: Path) -> Any:
     if not folder.is_dir():
         try:
             return AutoTokenizer.from_pretrained(folder, local_files_only=True)
-        except OSError:
+        except (OSError, ValueError):
             check_hub(f"tokenizer={folder}", "name a tokenizer folder (e.g. a run's hf/)")
     try:
         return AutoTokenizer.from_pretrained(folder)

@@ -87,10 +87,16 @@ def check_local_rows(name: str, data_dir: str | Path, files: list[Path]) -> None
     """
     from klalm.eval.tasks.utils import read_hellaswag, read_piqa
 
+    read = {"hellaswag": read_hellaswag, "piqa": read_piqa}[name]
     try:
-        {"hellaswag": read_hellaswag, "piqa": read_piqa}[name](data_dir)
-    except (ValueError, EOFError, OSError) as err:  # (UnicodeDecodeError is a ValueError, a bad .gz an OSError)
+        read(data_dir)
+    except (ValueError, EOFError, OSError, KeyError, TypeError) as err:  # (UnicodeDecodeError is a ValueError, a bad
+        # .gz an OSError; a row without a field a KeyError, a line that is not a JSON object a TypeError)
         reason = one_line(err)
+        if isinstance(err, KeyError):
+            reason = f"a row has no field {err}"
+        elif isinstance(err, TypeError):
+            reason = f"a row is not a JSON object ({reason})"
         if not any(str(path) in reason for path in files):
             reason = f"{' / '.join(map(str, files))}: {reason}"
         raise ConfigError(f"data_dir: task {name!r} cannot read its data: {reason}") from None

@@ -21,6 +21,7 @@ from typing import Any
 
 from klalm.eval.harness import METRICS, TaskSpec
 from klalm.fileio import atomic_path, write_atomic
+from klalm.markdown import percent
 
 _VERSIONED = ("klalm", "lm_eval", "torch", "transformers")
 
@@ -59,8 +60,7 @@ def build_report(
 
 
 def _cell(scores: dict[str, Any], metric: str) -> str:
-    stderr = scores[f"{metric}_stderr"]  # None for one example
-    return f"{100 * scores[metric]:.2f} ± " + ("n/a" if stderr is None else f"{100 * stderr:.2f}")
+    return percent(scores[metric], scores[f"{metric}_stderr"])  # stderr None for one example
 
 
 def markdown_table(report: dict[str, Any]) -> str:

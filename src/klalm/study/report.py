@@ -18,7 +18,7 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from klalm.fileio import write_atomic
-from klalm.markdown import fill_sections
+from klalm.markdown import fill_sections, percent
 from klalm.study import results
 from klalm.study.files import read_json
 from klalm.study.spec import Spec
@@ -43,7 +43,7 @@ def _scores(run: dict[str, Any], task: str) -> dict[str, float]:
 
 def _pct(run: dict[str, Any], task: str, metric: str) -> str:
     scores = _scores(run, task)
-    return f"{100 * scores[metric]:.2f} ± {100 * scores[metric + '_stderr']:.2f}"
+    return percent(scores[metric], scores[metric + "_stderr"])  # stderr None: lm-eval could not compute it
 
 
 def section_setup(spec: Spec, runs: list[dict[str, Any]]) -> str:
@@ -173,10 +173,10 @@ def section_sweep(spec: Spec, runs: list[dict[str, Any]]) -> str:
 
 def _difference(run: dict[str, Any], base: dict[str, Any], task: str, metric: str) -> str:
     a, b = _scores(run, task), _scores(base, task)
-    delta = 100 * (a[metric] - b[metric])
-    noise = 100 * math.hypot(a[metric + "_stderr"], b[metric + "_stderr"])
-    flag = " (> 2σ)" if abs(delta) > 2 * noise else ""
-    return f"{delta:+.2f} ± {noise:.2f}{flag}"
+    delta, errors = a[metric] - b[metric], (a[metric + "_stderr"], b[metric + "_stderr"])
+    noise = None if None in errors else math.hypot(*errors)  # n/a when either stderr is
+    flag = " (> 2σ)" if noise is not None and abs(delta) > 2 * noise else ""
+    return percent(delta, noise, signed=True) + flag
 
 
 def section_differences(spec: Spec, runs: list[dict[str, Any]]) -> str:

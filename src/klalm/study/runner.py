@@ -264,6 +264,10 @@ class StudyRunner:
         except ValueError as err:  # damaged: the cell is trained again, as before the record
             log.warning("%s: %s; training it again", cell.name, one_line(err))
             return None
+        if not isinstance(trained, dict) or not isinstance(trained.get("train"), (int, float)):
+            log.warning('%s: %s holds no training seconds ({"train": s}); training it again',
+                        cell.name, run_dir / TRAINED_FILE)  # fmt: skip
+            return None
         lr = cell_lr(self.spec, cell)
         if lr is None or launched.get("overrides") != train_overrides(self.spec, self.recipe, cell, lr, run_dir):
             return None
@@ -279,7 +283,8 @@ class StudyRunner:
         run_dir = self.run_dir(cell)
         trained = self.trained_before(cell)
         if trained is not None:
-            log.info("%s: trained in an earlier block (%s); evaluating it", cell.name, run_dir / TRAINED_FILE)
+            log.info("%s: trained in an earlier block (%s); evaluating it (delete that file to train it again)",
+                     cell.name, run_dir / TRAINED_FILE)  # fmt: skip
             return run_dir, trained
         lr = cell_lr(self.spec, cell)
         if run_dir.exists():
