@@ -37,19 +37,17 @@ class _Data(pl.LightningDataModule):
         return torch.utils.data.DataLoader(ids, batch_size=2)
 
 
+def _trainer(tmp_path, callback, **options) -> pl.Trainer:
+    """A CPU trainer with `callback`, logging to a CSV file under `tmp_path`, and nothing else."""
+    return pl.Trainer(accelerator="cpu", logger=pl.loggers.CSVLogger(tmp_path), callbacks=[callback],
+                      enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                      **options)  # fmt: skip
+
+
 def test_evaluates_every_n_steps_and_at_end(tmp_path, shared_data, gpt2_tokenizer):
     callback = ZeroShotEval(tasks=["piqa"], data_dir=shared_data, every_n_steps=2, limit=3, batch_size=3)
     module = _TinyLM(len(gpt2_tokenizer))
-    trainer = pl.Trainer(
-        max_steps=3,
-        accelerator="cpu",
-        logger=pl.loggers.CSVLogger(tmp_path),
-        callbacks=[callback],
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        log_every_n_steps=1,
-    )
+    trainer = _trainer(tmp_path, callback, max_steps=3, log_every_n_steps=1)
     trainer.fit(module, datamodule=_Data(gpt2_tokenizer))
     assert [row["step"] for row in callback.history] == [2, 3]
     assert all(0.0 <= row["zeroshot/piqa_acc"] <= 1.0 for row in callback.history)
@@ -69,15 +67,7 @@ def test_a_stderr_lm_eval_cannot_compute_is_not_logged(tmp_path, shared_data, gp
     """limit=1: no stderr (None) is left out of the row, not handed to the loggers as lm-eval's "N/A"."""
     callback = ZeroShotEval(tasks=["piqa"], data_dir=shared_data, every_n_steps=0, limit=1, batch_size=2)
     module = _TinyLM(len(gpt2_tokenizer))
-    trainer = pl.Trainer(
-        max_steps=1,
-        accelerator="cpu",
-        logger=pl.loggers.CSVLogger(tmp_path),
-        callbacks=[callback],
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-    )
+    trainer = _trainer(tmp_path, callback, max_steps=1)
     trainer.fit(module, datamodule=_Data(gpt2_tokenizer))
     [row] = callback.history
     assert sorted(row) == ["step", "zeroshot/piqa_acc", "zeroshot/piqa_acc_norm"]

@@ -54,19 +54,26 @@ def test_the_logged_lr_is_the_one_its_step_used(tmp_path):
     assert [logged[k] for k in sorted(logged)] == expected
 
 
+def _finish_and_resume(run_dir, val_every: int) -> tuple[list, list, dict, dict]:
+    """Trains TINY's 4 steps (validating every `val_every`, checkpoints every 2, a final validation), then resumes the
+    finished run: (its overrides, its metrics rows, its summary, the resumed run's summary)."""
+    overrides = [*TINY, *WITH_CKPT, f"train.val_every_n_steps={val_every}", "callbacks.checkpoint.every_n_steps=2",
+                 "train.final_eval=true"]  # fmt: skip
+    first = run(compose_train(overrides, run_dir))
+    rows = _rows(run_dir)
+    again = run(compose_train([*overrides, f"resume={run_dir}"], run_dir))
+    assert _rows(run_dir) == rows
+    assert (again["val_loss"], again["val_ppl"]) == (first["val_loss"], first["val_ppl"])
+    return overrides, rows, first, again
+
+
 def test_a_resumed_finished_run_adds_no_row(tmp_path):
     """A finished run's checkpoint says its last step was validated: resuming it (it trains nothing) writes no second
     validation row and keeps the validation values of its summary. A checkpoint written before it said so still
     resumes, and validates its last step again, in place of the row of that step's first validation."""
     run_dir = tmp_path / "run"
-    overrides = [*TINY, *WITH_CKPT, "train.val_every_n_steps=2", "callbacks.checkpoint.every_n_steps=2",
-                 "train.final_eval=true"]  # fmt: skip
-    first = run(compose_train(overrides, run_dir))
-    rows = _rows(run_dir)
+    overrides, rows, first, _ = _finish_and_resume(run_dir, val_every=2)
     assert _val_steps(run_dir) == [2, 4]
-    again = run(compose_train([*overrides, f"resume={run_dir}"], run_dir))
-    assert _rows(run_dir) == rows
-    assert (again["val_loss"], again["val_ppl"]) == (first["val_loss"], first["val_ppl"])
 
     ckpt = find_latest([run_dir])
     saved = torch.load(ckpt, weights_only=True)
@@ -81,15 +88,8 @@ def test_a_resumed_finished_run_adds_no_row(tmp_path):
 def test_a_resumed_finished_run_whose_last_step_does_not_validate_adds_no_row(tmp_path):
     """The final validation of a run whose last step is no validation step comes after its last checkpoint, which
     so does not cover it: resuming the finished run validated that step again and added its row a second time."""
-    run_dir = tmp_path / "run"
-    overrides = [*TINY, *WITH_CKPT, "train.val_every_n_steps=3", "callbacks.checkpoint.every_n_steps=2",
-                 "train.final_eval=true"]  # fmt: skip
-    first = run(compose_train(overrides, run_dir))
-    rows = _rows(run_dir)
-    assert _val_steps(run_dir) == [3, 4]
-    again = run(compose_train([*overrides, f"resume={run_dir}"], run_dir))
-    assert _rows(run_dir) == rows
-    assert (again["val_loss"], again["val_ppl"]) == (first["val_loss"], first["val_ppl"])
+    _finish_and_resume(tmp_path / "run", val_every=3)
+    assert _val_steps(tmp_path / "run") == [3, 4]
 
 
 # Runs `python -m klalm.train <args>` whose process ends (like a SIGKILL: nothing flushed, no teardown) right after
