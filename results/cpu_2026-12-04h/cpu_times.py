@@ -35,7 +35,8 @@ def loop_seconds() -> float:
 
 
 def timed(cmd: list[str], env: dict[str, str] | None = None) -> tuple[float, float, str]:
-    """(wall seconds, max RSS GB, the output's last non-empty line) of `cmd` under /usr/bin/time."""
+    """(wall seconds, max RSS GB, the output's last line that counts passed or failed tests, else its last non-empty
+    line) of `cmd` under /usr/bin/time (stdout then stderr: a warning printed to stderr at the end came last)."""
     with tempfile.NamedTemporaryFile("r", suffix=".time") as rusage:
         start = time.perf_counter()
         proc = subprocess.run(["/usr/bin/time", "-f", "%M", "-o", rusage.name, *cmd], cwd=ROOT, env=env,
@@ -45,7 +46,8 @@ def timed(cmd: list[str], env: dict[str, str] | None = None) -> tuple[float, flo
     lines = [line for line in (proc.stdout + proc.stderr).splitlines() if line.strip()]
     if proc.returncode != 0:
         sys.exit(f"{' '.join(cmd)} failed ({proc.returncode}):\n" + "\n".join(lines[-20:]))
-    return wall, rss_gb, lines[-1] if lines else ""
+    summary = [line for line in lines if re.search(r"\d+ (passed|failed)", line)]  # pytest's, above stderr's warnings
+    return wall, rss_gb, summary[-1] if summary else lines[-1] if lines else ""
 
 
 def shown(cmd: list[str]) -> str:
