@@ -277,6 +277,31 @@ def override_syntax_message(arguments: list[str]) -> str | None:
     return None
 
 
+def sweep_value_message(arguments: list[str]) -> str | None:
+    """For `key=a,b` in a command line without --multirun (`checkpoint=runs/a,runs/b` meant as a list), the one-line
+    refusal naming the override and how to write a list or a text: Hydra reads a bare comma as a sweep's values and
+    says so in five lines. None when no override is such a value, or the command line sweeps."""
+    from hydra._internal.utils import get_args_parser
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.core.override_parser.types import ValueType
+    from hydra.errors import OverrideParseException
+
+    args = get_args_parser().parse_known_args(arguments)[0]
+    if args.multirun:
+        return None
+    parser = OverridesParser.create()
+    for argument in args.overrides:
+        try:
+            [override] = parser.parse_overrides([argument])
+        except OverrideParseException:
+            continue  # (override_syntax_message's to say)
+        if override.value_type == ValueType.SIMPLE_CHOICE_SWEEP:
+            key, value = argument.split("=", 1)
+            return (f"{argument}: Hydra reads a comma outside brackets and quotes as a sweep over values; a list is "
+                    f"written '{key}=[{value}]', a text with commas {key}='\"{value}\"'")  # fmt: skip
+    return None
+
+
 def _adds_config_folders(arguments: list[str]) -> bool:
     """Whether the command line adds config folders (`--config-dir`, `hydra.searchpath=...`) or names another config."""
     return any(arg.lstrip("+").startswith(SEARCH_PATH_ARGUMENTS) for arg in arguments)

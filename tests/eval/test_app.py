@@ -64,14 +64,16 @@ def test_main_parses_command_line(tmp_path, monkeypatch, capsys):
 def test_output_dir_holds_the_log_and_the_config_record(tiny_checkpoints, shared_data, tmp_path, monkeypatch, capsys):
     """output_dir=X: eval.log and Hydra's config record go to X with the results (they went to a second folder,
     outputs/eval/<time>_<hex> in the working directory). A second evaluation into X keeps the first one's record and
-    writes its own beside it; a refused one leaves no folder it created."""
+    writes its own beside it, and the first one's samples go with its results (they stayed beside the second's
+    results, which do not describe them); a refused one leaves no folder it created."""
     monkeypatch.chdir(tmp_path)
     out = tmp_path / "ev"
     argv = ["klalm-eval", f"checkpoint={tiny_checkpoints[0]}", "tasks=[piqa]", f"data_dir={shared_data}", "device=cpu",
             "max_length=512", f"output_dir={out}"]  # fmt: skip
-    for limit in (2, 3):
-        monkeypatch.setattr(sys, "argv", [*argv, f"limit={limit}"])
+    for limit, log_samples in ((2, "true"), (3, "false")):
+        monkeypatch.setattr(sys, "argv", [*argv, f"limit={limit}", f"log_samples={log_samples}"])
         evaluate()
+        assert (out / "samples_export_piqa.jsonl").is_file() == (log_samples == "true")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ev"]  # no outputs/
     assert sorted(p.name for p in out.iterdir()) == [".hydra", "eval.log", "results.json", "results.md"]
     assert (out / "eval.log").read_text().count("wrote ") == 2
@@ -93,6 +95,21 @@ def test_output_dir_holds_the_log_and_the_config_record(tiny_checkpoints, shared
     with pytest.raises(SystemExit, match="output_dir"):  # an empty one wrote into the working directory
         evaluate()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ev"]
+
+
+def test_a_comma_separated_value_is_refused_in_one_line_naming_the_key(tmp_path, monkeypatch):
+    """`checkpoint=a,b` (a list meant) without --multirun: Hydra's five lines on being "ambiguous", which named no
+    key of klalm-eval's and offered a sweep; one line naming the override and how to write a list or a text."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "argv", ["klalm-eval", "checkpoint=runs/a/hf,runs/b/hf", "tasks=[piqa]"])
+    with pytest.raises(SystemExit) as exit_info:
+        evaluate()
+    assert exit_info.value.code == (
+        "klalm-eval: checkpoint=runs/a/hf,runs/b/hf: Hydra reads a comma outside brackets and quotes as a sweep over "
+        "values; a list is written 'checkpoint=[runs/a/hf,runs/b/hf]', a text with commas "
+        """checkpoint='"runs/a/hf,runs/b/hf"'"""
+    )
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_main_refuses_the_hub_tasks_at_once_when_the_hub_cannot_be_reached(tiny_checkpoints, tmp_path, monkeypatch):

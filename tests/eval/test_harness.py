@@ -6,7 +6,9 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
+import logging
 import re
+import shutil
 import sys
 from pathlib import Path
 
@@ -19,8 +21,8 @@ from transformers import AutoModelForCausalLM
 from klalm.cli import lm_eval as klalm_lm_eval
 from klalm.config_checks import ConfigError
 from klalm.eval import evaluate_checkpoints
-from klalm.eval.harness import check_run_args
-from klalm.eval.report import write_samples
+from klalm.eval.harness import TaskSpec, check_run_args
+from klalm.eval.report import build_report, write_report, write_samples
 
 LIMIT = 10
 
@@ -102,9 +104,12 @@ def test_accuracies_equal_independent_scoring(tiny_checkpoints, gpt2_tokenizer, 
 
 
 def test_two_checkpoints_one_table_with_provenance(tiny_checkpoints, shared_data, tmp_path):
+    """With the tokenizer= override that ran recorded (results.json did not say one had been given)."""
+    tokenizer = shared_data / "gpt2_tokenizer"
     report = evaluate_checkpoints(
-        list(tiny_checkpoints), ["piqa"], output_dir=tmp_path, data_dir=shared_data, limit=4, device="cpu"
-    )
+        list(tiny_checkpoints), ["piqa"], output_dir=tmp_path, data_dir=shared_data, limit=4, device="cpu",
+        tokenizer=tokenizer,
+    )  # fmt: skip
     assert list(report["results"]) == ["trained/export", "untrained/export"]
     for label, path in zip(report["results"], tiny_checkpoints):
         model = report["models"][label]
@@ -115,6 +120,7 @@ def test_two_checkpoints_one_table_with_provenance(tiny_checkpoints, shared_data
     data_files = [Path(f["path"]).name for f in report["tasks"]["piqa"]["data_files"]]
     assert data_files == ["valid.jsonl", "valid-labels.lst"]
     assert report["settings"]["limit"] == 4 and report["versions"]["lm_eval"].startswith("0.4")
+    assert report["settings"]["tokenizer"] == str(tokenizer.resolve())
     table = (tmp_path / "results.md").read_text()
     assert "| trained/export | gpt |" in table and "| untrained/export | gpt |" in table
     assert "piqa acc_norm" in table
@@ -131,6 +137,53 @@ def test_one_example_has_no_stderr_and_still_writes_the_table(tiny_checkpoints, 
     assert report["results"]["export"]["piqa"] == scores
     table = (tmp_path / "results.md").read_text()
     assert re.search(r"\| export \| gpt \| [\d,]+ \| \d+\.00 ± n/a \| \d+\.00 ± n/a \|", table)
+
+
+def test_a_report_over_an_earlier_one_removes_the_samples_only_that_one_named(tmp_path):
+    """An evaluation into a folder holding an earlier one's results replaced results.json and left the earlier
+    samples files beside it, so the folder mixed two runs' samples. The report's own and files no report of klalm's
+    names stay."""
+    spec = TaskSpec("piqa", "piqa_local", "local", "piqa_local.yaml")
+    scores = {"acc": 0.5, "acc_stderr": 0.1, "acc_norm": 0.5, "acc_norm_stderr": 0.1, "n_evaluated": 2, "n_total": 9}
+    model = {"arch": "gpt", "n_params": 1}
+
+    def report(labels, log_samples):
+        settings = {"limit": 2, "log_samples": log_samples}
+        return build_report({label: {"piqa": scores} for label in labels}, dict.fromkeys(labels, model), [spec],
+                            settings)  # fmt: skip
+
+    write_report(report(["a/export", "b/export"], True), tmp_path)
+    for name in ("samples_a__export_piqa.jsonl", "samples_b__export_piqa.jsonl", "samples_mine.jsonl", "notes.txt"):
+        (tmp_path / name).write_text("{}\n")
+    write_report(report(["a/export"], True), tmp_path)
+    assert not (tmp_path / "samples_b__export_piqa.jsonl").exists()
+    write_report(report(["a/export"], False), tmp_path)
+    names = sorted(p.name for p in tmp_path.iterdir())
+    assert names == ["notes.txt", "results.json", "results.md", "samples_mine.jsonl"]
+
+
+def test_an_evaluation_prints_no_git_error_and_no_token_length_warning(shared_data, tmp_path, monkeypatch, capfd,
+                                                                       caplog):  # fmt: skip
+    """lm-eval ran `git describe` for a record klalm does not keep (outside a repository git printed "fatal: not a
+    git repository"), and the tokenizer of a model trained on 16 tokens warned that a 58-token request "will result
+    in indexing errors", though lm-eval cuts every request to max_length. The caller's tokenizer is left as it was."""
+    from transformers import AutoTokenizer
+
+    from klalm.eval import evaluate_model, resolve_tasks
+    from klalm.models import build_model
+
+    if shutil.which("git") is None:
+        pytest.skip("no git here to print its error")
+    monkeypatch.chdir(tmp_path)  # not inside a git repository
+    monkeypatch.setattr(logging.getLogger("transformers"), "propagate", True)  # (its own handler: into caplog too)
+    tokenizer = AutoTokenizer.from_pretrained(shared_data / "gpt2_tokenizer", model_max_length=16)  # (warns once)
+    model = build_model("gpt", preset="tiny", vocab_size=len(tokenizer)).eval()
+    specs, manager = resolve_tasks(["piqa"], shared_data)
+    capfd.readouterr()
+    evaluate_model(model, tokenizer, specs, manager, limit=2, batch_size=4, max_length=512)
+    printed = "".join(capfd.readouterr())
+    assert "not a git repository" not in printed and "Token indices" not in caplog.text + printed, printed
+    assert tokenizer.model_max_length == 16 and tokenizer.padding_side == "right"
 
 
 def test_samples_are_written_whole_or_not_at_all(tmp_path):

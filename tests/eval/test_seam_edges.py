@@ -21,7 +21,7 @@ from klalm.eval.harness import check_run_args
 from klalm.eval.tasks import TASKS_DIR
 from klalm.models import build_model
 from klalm.models.checkpoint import CheckpointError
-from klalm.models.export import MANIFEST, ExportIntegrityError, save_export
+from klalm.models.export import MANIFEST, SOURCE, ExportIntegrityError, save_export, write_manifest
 
 VOCAB = 300
 
@@ -101,6 +101,38 @@ def test_check_checkpoint_refuses_what_the_load_would_without_building_a_model(e
     (tmp_path / "run2" / "checkpoints" / "step-00000001.ckpt").write_bytes(b"hello")
     with pytest.raises(FileNotFoundError, match=r"run2 has no hf/ export and no valid .*step-00000001\.ckpt cannot"):
         check_checkpoint(tmp_path / "run2")
+
+
+def test_a_run_folder_whose_checkpoints_go_beyond_its_export_is_refused(export, tmp_path):
+    """A run resumed after its export writes checkpoints beyond it until it exports again: klalm-eval (and
+    klalm-generate, load_model) of the run folder scored the older export without a word. The step an export records
+    decides; an export that records none is compared by modification time."""
+    run = tmp_path / "run"
+    shutil.copytree(export.parent, run)
+    (run / "checkpoints").mkdir()
+    later = run / "checkpoints" / "step-00000005.ckpt"
+    later.write_bytes(b"not read")  # (only its name and time are)
+    written = (run / "hf" / MANIFEST).stat().st_mtime
+    os.utime(later, (written + 60, written + 60))
+    tail = (
+        ": name the one to load by its path, or finish the run to export it again (klalm-train with the run's "
+        f"overrides and resume={run})"
+    )
+    stale = f"{run}/hf was written before the run's checkpoint {later}{tail}"
+    for check in (check_checkpoint, lambda path: load_checkpoint(path, device="cpu")):
+        with pytest.raises(CheckpointError, match=f"^{re.escape(stale)}$"):
+            check(run)
+    assert check_checkpoint(run / "hf") == "hf_export"  # named by its path, the export itself loads
+    os.utime(later, (written - 60, written - 60))
+    assert check_checkpoint(run) == "training"
+    (run / "hf" / SOURCE).write_text('{"step": 5}')
+    write_manifest(run / "hf")
+    os.utime(later, (written + 60, written + 60))  # the recorded step decides, not the time
+    assert check_checkpoint(run) == "training"
+    beyond = later.rename(later.with_name("step-00000007.ckpt"))
+    stale = f"{run}/hf holds the weights of step 5, but the run has the later checkpoint {beyond}{tail}"
+    with pytest.raises(CheckpointError, match=f"^{re.escape(stale)}$"):
+        check_checkpoint(run)
 
 
 def test_a_runs_checkpoints_folder_is_refused_naming_the_run_folder(tmp_path):

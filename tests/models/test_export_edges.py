@@ -4,6 +4,7 @@ untouched when the export fails) and the strict loader (weights that do not fit 
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -15,8 +16,10 @@ from klalm.models import build_model
 from klalm.models.checkpoint import load_model
 from klalm.models.export import (
     MANIFEST,
+    SOURCE,
     ExportIntegrityError,
     ExportTargetError,
+    export_step,
     load_export_model,
     save_export,
     verify_export,
@@ -239,3 +242,27 @@ def test_exporting_and_loading_print_no_transformers_chatter(tmp_path, tokenizer
         assert are_progress_bars_disabled("huggingface_hub.http_get")
     finally:
         enable_progress_bars()
+
+
+def test_an_unlisted_file_a_load_would_read_is_refused_but_not_a_readme(tmp_path, tokenizer):
+    """A file beside the listed ones passed verify_export unnoticed, although transformers loads some of them first:
+    a model.safetensors copied into a sharded export wins over the listed shards. A file no load reads stays allowed
+    (a model card, a hub download's .cache/)."""
+    export = save_export(_model(), tmp_path / "hf", tokenizer)
+    (export / "README.md").write_text("# my model")
+    (export / ".cache" / "huggingface").mkdir(parents=True)
+    (export / ".cache" / "huggingface" / "model.safetensors.metadata").write_text("x")
+    assert verify_export(export)
+    for name in ("pytorch_model.bin", "model-00001-of-00002.safetensors", "added_tokens.json"):
+        (export / name).write_bytes(b"stale")
+        refusal = rf"hf/{re.escape(name)}: not listed in SHA256SUMS, but a load of the export may read it .*remove"
+        with pytest.raises(ExportIntegrityError, match=refusal):
+            load_model(export)
+        (export / name).unlink()
+
+
+def test_an_export_records_the_step_it_was_made_at(tmp_path, tokenizer):
+    assert export_step(save_export(_model(), tmp_path / "a", tokenizer)) is None
+    export = save_export(_model(), tmp_path / "b", tokenizer, step=12)
+    assert json.loads((export / SOURCE).read_text()) == {"step": 12} and export_step(export) == 12
+    assert SOURCE in (export / MANIFEST).read_text() and verify_export(export)

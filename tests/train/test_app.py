@@ -16,6 +16,7 @@ from transformers import AutoModelForCausalLM
 from klalm.config_checks import ConfigError
 from klalm.data.loader import NoDocumentsError
 from klalm.models.checkpoint import find_latest, list_checkpoints, load_model
+from klalm.models.export import export_step
 from klalm.train import callbacks as callbacks_lib
 from klalm.train import module as module_lib
 from klalm.train.app import run
@@ -49,7 +50,9 @@ def test_tiny_run_writes_metrics_checkpoints_export(tmp_path):
     assert (run_dir / "loss.png").stat().st_size > 0
     assert json.loads((run_dir / "summary.json").read_text())["steps"] == 4
 
-    # the export, the run dir and the .ckpt all load to the same weights, and `import klalm` suffices for Auto*
+    # the export (of the last step, which it records), the run dir and the .ckpt all load to the same weights, and
+    # `import klalm` suffices for Auto*
+    assert export_step(run_dir / "hf") == 4
     exported = AutoModelForCausalLM.from_pretrained(run_dir / "hf")
     from_ckpt, tokenizer = load_model(find_latest([run_dir]))
     from_dir, _ = load_model(run_dir)

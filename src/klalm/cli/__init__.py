@@ -39,6 +39,7 @@ from klalm.config_checks import (
     check_run_dir,
     check_train_config,
     override_syntax_message,
+    sweep_value_message,
     unknown_key_message,
 )
 from klalm.errors import in_command_terms, one_line
@@ -257,7 +258,10 @@ def evaluate() -> None:
         check_hydra_flags(sys.argv[1:])
     except ConfigError as err:
         sys.exit(f"klalm-eval: {err}")
-    message = override_syntax_message(sys.argv[1:]) or unknown_key_message("eval", sys.argv[1:])
+    arguments = sys.argv[1:]
+    message = (
+        override_syntax_message(arguments) or sweep_value_message(arguments) or unknown_key_message("eval", arguments)
+    )
     if message is not None:
         sys.exit(f"klalm-eval: {message}")
     _eval_app()

@@ -5,8 +5,8 @@ Two kinds, told apart by what is on disk (`checkpoint_kind`):
   `klalm.models.export.load_export_model` (SHA256SUMS verified, weights that do not fit config.json refused) and
   `AutoTokenizer` (klalm's classes are registered with the Auto classes).
 - "training": a Lightning `.ckpt` file, or a run folder (holding checkpoints or an export subfolder such as `hf/`);
-  a run folder's `hf/` export loads as above, anything else with `klalm.models.checkpoint.load_model(path) ->
-  (model, tokenizer)`.
+  a run folder's `hf/` export loads as above (refused when the run has checkpoints beyond it), anything else with
+  `klalm.models.checkpoint.load_model(path) -> (model, tokenizer)`.
 
 Whatever cannot be loaded ends in one `FileNotFoundError`, `CheckpointError` or `ExportIntegrityError` naming the
 path, and so does a tokenizer with ids beyond the model's embedding (`ConfigError`, naming `tokenizer=`).
@@ -26,7 +26,7 @@ import torch
 from klalm.config_checks import EVAL_DTYPES, ConfigError
 from klalm.data.hub import check_hub
 from klalm.errors import one_line
-from klalm.models.checkpoint import HF_DIR, load_model, newest_valid, verify_checkpoint
+from klalm.models.checkpoint import HF_DIR, check_export_current, load_model, newest_valid, verify_checkpoint
 from klalm.models.export import (  # (klalm.models registers the klalm classes with the Auto classes)
     MANIFEST,
     ExportIntegrityError,
@@ -85,8 +85,9 @@ def checkpoint_kind(path: str | Path) -> str:
 
 def check_checkpoint(path: str | Path) -> str:
     """`checkpoint_kind`, and the checks of what `load_checkpoint` would load that need no model built: an export's
-    SHA256SUMS and config.json, a `.ckpt`'s sha256 and structure (tensors mapped, not read), a run folder's newest
-    valid `.ckpt`. Run on every checkpoint before the first is evaluated, so a bad one fails in seconds.
+    SHA256SUMS and config.json, a run folder's export not older than its checkpoints (`check_export_current`), a
+    `.ckpt`'s sha256 and structure (tensors mapped, not read), a run folder's newest valid `.ckpt`. Run on every
+    checkpoint before the first is evaluated, so a bad one fails in seconds.
 
     Raises:
         FileNotFoundError, CheckpointError, ExportIntegrityError: as `load_checkpoint` would, naming the path.
@@ -94,6 +95,8 @@ def check_checkpoint(path: str | Path) -> str:
     path = Path(path).expanduser()
     kind = checkpoint_kind(path)
     export = path / HF_DIR if (path / HF_DIR / "config.json").is_file() else path
+    if export != path:
+        check_export_current(path)
     if (export / "config.json").is_file():
         if (export / MANIFEST).is_file():  # (without one, the load warns that the files cannot be verified)
             verify_export(export)

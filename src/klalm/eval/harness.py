@@ -18,6 +18,7 @@ refusals of its arguments (a bad JSON option while parsing, an unknown task name
 from __future__ import annotations
 
 import argparse
+import copy
 import difflib
 import hashlib
 import json
@@ -30,6 +31,7 @@ import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 from klalm.config_checks import ConfigError
 from klalm.errors import one_line
@@ -152,6 +154,11 @@ def make_lm(model: Any, tokenizer: Any, *, max_length: int, batch_size: int) -> 
 
     The log-softmax over the vocabulary runs in float32 for float32/bfloat16/float16 weights (float64 for
     float64 weights): in half precision it would round the choices' log-likelihoods to ~3 significant digits.
+
+    HFLM gets a copy of the tokenizer whose `model_max_length` is `max_length`, the window it cuts every request to:
+    an export's is the context it was trained on (64 tokens for a smoke run), and transformers warned at the first
+    request beyond it ("Token indices sequence length is longer than ... (92 > 64)") that the model would fail on a
+    sequence it never sees uncut. (The copy also keeps HFLM's padding side off the caller's tokenizer.)
     """
     from lm_eval.models.huggingface import HFLM
 
@@ -159,6 +166,8 @@ def make_lm(model: Any, tokenizer: Any, *, max_length: int, batch_size: int) -> 
         raise ValueError(f"max_length ({max_length}) and batch_size ({batch_size}) must be positive")
     weight_dtype = next(model.parameters()).dtype
     softmax_dtype = compute_dtype(weight_dtype)
+    tokenizer = copy.copy(tokenizer)
+    tokenizer.model_max_length = max_length
     return HFLM(
         pretrained=model,
         tokenizer=tokenizer,
@@ -212,18 +221,21 @@ def evaluate_model(
     Raises:
         ConfigError: an answer longer than `max_length` tokens (lm-eval's bare AssertionError).
     """
-    from lm_eval import simple_evaluate
+    from lm_eval import evaluator, simple_evaluate
 
     lm = make_lm(model, tokenizer, max_length=max_length, batch_size=batch_size)
+    # lm-eval records the working folder's git commit in its results, which klalm does not keep, by running
+    # `git describe`: outside a repository git's "fatal: not a git repository" reached the console on every run.
     try:
-        raw = simple_evaluate(
-            model=lm,
-            tasks=[spec.lm_eval_name for spec in specs],
-            num_fewshot=0,
-            limit=limit,
-            log_samples=log_samples,
-            task_manager=task_manager,
-        )
+        with mock.patch.object(evaluator, "get_git_commit_hash", lambda: None):
+            raw = simple_evaluate(
+                model=lm,
+                tasks=[spec.lm_eval_name for spec in specs],
+                num_fewshot=0,
+                limit=limit,
+                log_samples=log_samples,
+                task_manager=task_manager,
+            )
     except AssertionError as err:  # lm-eval asserts that each whole answer fits the window, with no message
         if not _raised_in(err, "lm_eval.models.huggingface"):
             raise

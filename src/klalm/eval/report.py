@@ -4,9 +4,12 @@ results.json layout:
     {"results": {label: {task: {acc, acc_stderr, acc_norm, acc_norm_stderr, n_evaluated, n_total}}},
      "models": {label: {checkpoint, kind, arch, model_type, model_class, n_params, dtype, device, ...}},
      "tasks": {task: {lm_eval_name, source, config, data_files}},
-     "settings": {limit, num_fewshot, batch_size, max_length, log_samples},
+     "settings": {limit, num_fewshot, batch_size, max_length, log_samples, data_dir, tokenizer},
      "versions": {klalm, lm_eval, torch, transformers}, "date": ISO 8601 UTC, "host": hostname}
-`label` is the checkpoint folder or file name (made unique with its parent folders when names repeat).
+`label` is the checkpoint folder or file name (made unique with its parent folders when names repeat). With
+log_samples, each label × task has its `samples_<label>_<task>.jsonl` beside it (`samples_file`); writing a report
+over an earlier one removes the earlier one's samples files that this one does not name, so the folder's samples are
+the ones its results.json describes.
 """
 
 from __future__ import annotations
@@ -83,26 +86,50 @@ def markdown_table(report: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def samples_file(label: str, task: str) -> str:
+    """The name of one checkpoint's samples of one task: `samples_<label>_<task>.jsonl` (label's "/" → "__")."""
+    return f"samples_{label.replace('/', '__')}_{task}.jsonl"
+
+
+def _samples_files(report: Any) -> set[str]:
+    """The samples files a results.json document names (none without log_samples, or for one of another shape)."""
+    try:
+        if not report["settings"]["log_samples"]:
+            return set()
+        return {samples_file(label, task) for label, tasks in report["results"].items() for task in tasks}
+    except (KeyError, TypeError, AttributeError):
+        return set()
+
+
 def write_report(report: dict[str, Any], output_dir: str | Path) -> tuple[Path, Path]:
-    """Write results.json and results.md into `output_dir` (created); returns both paths."""
+    """Write results.json and results.md into `output_dir` (created); returns both paths. The samples files of the
+    results.json it replaces that this report does not name are removed: an earlier evaluation's, which the folder
+    would otherwise mix with this one's."""
     out = Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)
     json_path, md_path = out / "results.json", out / "results.md"
+    try:
+        earlier = _samples_files(json.loads(json_path.read_text(encoding="utf-8")))
+    except (OSError, ValueError):  # none, or not JSON: no samples files known to be klalm's
+        earlier = set()
     write_atomic(json_path, json.dumps(report, indent=2) + "\n")
     write_atomic(md_path, markdown_table(report))
+    for name in sorted(earlier - _samples_files(report)):
+        if (out / name).parent == out:  # (a hand-edited task name could point elsewhere)
+            (out / name).unlink(missing_ok=True)
     return json_path, md_path
 
 
 def write_samples(samples: dict[str, list[dict[str, Any]]], label: str, output_dir: str | Path) -> list[Path]:
-    """Per-sample lm-eval records as `samples_<label>_<task>.jsonl` (label's "/" → "__"), each written whole or not at
-    all (`klalm.fileio.atomic_path`); returns the paths."""
+    """Per-sample lm-eval records as `samples_file(label, task)`, each written whole or not at all
+    (`klalm.fileio.atomic_path`); returns the paths."""
     from lm_eval.utils import handle_non_serializable
 
     out = Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)
     paths = []
     for task, records in samples.items():
-        path = out / f"samples_{label.replace('/', '__')}_{task}.jsonl"
+        path = out / samples_file(label, task)
         with atomic_path(path) as temporary, temporary.open("w", encoding="utf-8") as handle:
             for record in records:
                 handle.write(json.dumps(record, default=handle_non_serializable, ensure_ascii=False) + "\n")

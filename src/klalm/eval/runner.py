@@ -45,6 +45,15 @@ def _make_output_dir(output_dir: str | Path) -> Path:
     return out
 
 
+def _tokenizer_setting(tokenizer: str | Path | None) -> str | None:
+    """What results.json records of `tokenizer=`: a folder by its absolute path, a hub id as given, None for the
+    checkpoints' own tokenizers."""
+    if tokenizer is None:
+        return None
+    path = Path(tokenizer).expanduser()
+    return str(path.resolve()) if path.is_dir() else str(tokenizer)
+
+
 def evaluate_checkpoints(
     checkpoints: Sequence[str | Path],
     tasks: Sequence[str],
@@ -64,7 +73,8 @@ def evaluate_checkpoints(
     Args:
         checkpoints: HF export folders, Lightning `.ckpt` files or training run folders (mixed freely).
         tasks: user-facing task names, e.g. ["hellaswag", "piqa"].
-        output_dir: where results.json, results.md and samples_*.jsonl go (created).
+        output_dir: where results.json, results.md and samples_*.jsonl go (created; the samples files of an earlier
+            evaluation there that this one's results.json does not name are removed with its report).
         data_dir: local data folder (layout of ../shared/data) → offline local tasks; None → upstream hub tasks.
         limit: at most this many examples per task (the first ones); None = the whole validation set.
         batch_size: lm-eval requests per forward pass.
@@ -113,6 +123,7 @@ def evaluate_checkpoints(
         "max_length": max_length,
         "log_samples": log_samples,
         "data_dir": None if data_dir is None else str(Path(data_dir).expanduser().resolve()),
+        "tokenizer": _tokenizer_setting(tokenizer),
     }
     results, models = {}, {}
     for label, path in tqdm(list(zip(labels, checkpoints)), desc="checkpoints", unit="ckpt"):

@@ -7,9 +7,9 @@ Layout of a run directory (`paths.run_dir`; `klalm.train.checkpoint` writes it):
     checkpoints/step-00000100.ckpt.sha256   its sha256, written before the checkpoint gets its name
                                      (`sha256sum -c` format)
     tokenizer/                       the run's tokenizer (HF `save_pretrained` layout)
-    hf/                              final export (klalm.models.export): model, tokenizer, model code and
-                                     SHA256SUMS; `AutoModelForCausalLM.from_pretrained` after `import klalm`,
-                                     or with trust_remote_code=True
+    hf/                              final export (klalm.models.export): model, tokenizer, model code, the step
+                                     it was made at and SHA256SUMS; `AutoModelForCausalLM.from_pretrained` after
+                                     `import klalm`, or with trust_remote_code=True
 
 `verify_checkpoint` checks a file against its sha256 and the safe loader before a resume uses it (a zip checkpoint
 carries no checksum that torch checks: flipped bytes inside a tensor would load silently). Checkpoints are read only
@@ -32,7 +32,7 @@ from transformers import AutoTokenizer
 
 from klalm.errors import one_line
 from klalm.models import build_model
-from klalm.models.export import load_export_model, weight_mismatch
+from klalm.models.export import MANIFEST, export_step, load_export_model, weight_mismatch
 from klalm.param_names import clean_name
 
 log = logging.getLogger(__name__)
@@ -187,6 +187,36 @@ def newest_valid(run_dirs: list[Path]) -> tuple[Path | None, list[str]]:
     return None, skipped
 
 
+def check_export_current(run_dir: Path) -> None:
+    """A run folder's `hf/` export must hold the run's latest weights. A run resumed after it exported (for more steps)
+    writes checkpoints beyond the export until it finishes and exports again; loading the folder then gave the older
+    model without a word. The export's step (`klalm.models.export.export_step`) is compared with the run's highest
+    checkpoint step; for an export that records none, the checkpoint's modification time with the export's.
+
+    Raises:
+        CheckpointError: one line naming the export and the later checkpoint, how to load either by its own path, and
+            the command that exports again.
+    """
+    checkpoints = list_checkpoints(run_dir)
+    if not checkpoints:
+        return
+    export, newest = run_dir / HF_DIR, checkpoints[-1]
+    step = export_step(export)
+    if step is not None:
+        if checkpoint_step(newest) <= step:
+            return
+        stale = f"{export} holds the weights of step {step}, but the run has the later checkpoint {newest}"
+    else:
+        written = export / MANIFEST if (export / MANIFEST).is_file() else export / "config.json"
+        if newest.stat().st_mtime <= written.stat().st_mtime:
+            return
+        stale = f"{export} was written before the run's checkpoint {newest}"
+    raise CheckpointError(
+        f"{stale}: name the one to load by its path, or finish the run to export it again (klalm-train with the "
+        f"run's overrides and resume={run_dir})"
+    )
+
+
 def model_state_from_checkpoint(checkpoint: dict[str, Any]) -> dict[str, torch.Tensor]:
     """The inner model's state dict from a Lightning checkpoint of `LMModule` (prefix `model.` removed)."""
     state = checkpoint["state_dict"]
@@ -197,8 +227,9 @@ def load_model(path: str | os.PathLike) -> tuple[Any, Any]:
     """Loads a trained model and its tokenizer from a run directory, an HF export or a Lightning `.ckpt`.
 
     Args:
-        path: a run directory (uses its `hf/` export if present, else its newest valid checkpoint), an HF export folder
-            (`config.json` inside), or a `step-<N>.ckpt` file written by `klalm-train`.
+        path: a run directory (uses its `hf/` export if present, refused when older than the run's checkpoints, else
+            its newest valid checkpoint), an HF export folder (`config.json` inside), or a `step-<N>.ckpt` file written
+            by `klalm-train`.
 
     Returns:
         (model, tokenizer): a `transformers.PreTrainedModel` in eval mode on the CPU and the run's tokenizer (None for
@@ -206,12 +237,14 @@ def load_model(path: str | os.PathLike) -> tuple[Any, Any]:
 
     Raises:
         FileNotFoundError: naming the path when it holds neither an export nor a checkpoint.
-        CheckpointError: a `.ckpt` that cannot be read, is not trusted, or does not rebuild into its model.
+        CheckpointError: a `.ckpt` that cannot be read, is not trusted, or does not rebuild into its model; a run
+            directory whose `hf/` export is older than its checkpoints (`check_export_current`).
         klalm.models.export.ExportIntegrityError: an export file differs from the export's SHA256SUMS, or the export
             cannot be loaded or its weights do not fit its config.json (`load_export_model`).
     """
     path = Path(path)
     if path.is_dir() and (path / HF_DIR / "config.json").is_file():
+        check_export_current(path)
         path = path / HF_DIR
     if path.is_dir() and (path / "config.json").is_file():
         return load_export_model(path).eval(), _load_tokenizer(path)

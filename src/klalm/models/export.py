@@ -7,9 +7,11 @@ An export is `save_pretrained` output (safetensors) plus:
   itself (the copied code imports klalm, which must be installed, as fla's exports need fla);
 - the tokenizer's EOS / BOS / padding ids in config.json and generation_config.json (padding = EOS when the tokenizer
   has no padding token), and `model_max_length` = the context the model was trained on in the tokenizer files;
+- `source.json`, where the caller says which optimiser step the weights are from (`klalm-train` does): a run folder
+  whose checkpoints go beyond it holds a stale export (`klalm.models.checkpoint.check_export_current`);
 - `SHA256SUMS`: the sha256 of every other file, written last (`sha256sum -c SHA256SUMS` checks it too).
   `verify_export` recomputes it; `klalm-eval` and `klalm.models.checkpoint.load_model` refuse an export whose files
-  changed since.
+  changed since, or that holds an unlisted file its load may read (a leftover of another export).
 
 The folder is written beside its target and renamed into place, so a failed export leaves nothing behind, and one
 killed between setting the earlier export aside and renaming the new one is mended by the next export (the new one
@@ -44,6 +46,7 @@ from klalm.models.config import KLALMConfig
 log = logging.getLogger(__name__)
 
 MANIFEST = "SHA256SUMS"
+SOURCE = "source.json"  # {"step": N}: the optimiser step the exported weights are from
 _CHUNK_BYTES = 1 << 20
 
 
@@ -75,23 +78,28 @@ def write_manifest(folder: str | Path) -> Path:
 
 
 def verify_export(folder: str | Path) -> bool:
-    """Checks every file listed in `<folder>/SHA256SUMS` against its sha256.
+    """Checks every file listed in `<folder>/SHA256SUMS` against its sha256, and that no unlisted file is one that a
+    load may read (`LOADED_FILE_PATTERNS`): e.g. a model.safetensors copied beside a sharded export, which
+    transformers loads before the listed shards. Other files (a README, a hub download's .cache/) are left alone.
 
     Returns:
         True when verified; False (with a warning) for a folder without SHA256SUMS, e.g. a third-party export.
 
     Raises:
-        ExportIntegrityError: a listed file is missing or its content changed; the message names the file.
+        ExportIntegrityError: a listed file is missing or its content changed, or an unlisted file may be loaded;
+            the message names the file.
     """
     folder = Path(folder)
     manifest = folder / MANIFEST
     if not manifest.is_file():
         log.warning("%s has no %s: its files cannot be verified", folder, MANIFEST)
         return False
+    listed = set()
     for number, line in enumerate(manifest.read_text(encoding="utf-8").splitlines(), start=1):
         expected, _, name = line.partition("  ")
         if len(expected) != 64 or not name:
             raise ExportIntegrityError(f"{manifest}: line {number} is not `<sha256>  <file>`: {line!r}")
+        listed.add(name)
         path = folder / name
         if not path.is_file():
             raise ExportIntegrityError(f"{path}: listed in {MANIFEST} but missing; refusing to load the export")
@@ -100,7 +108,22 @@ def verify_export(folder: str | Path) -> bool:
                 f"{path}: sha256 differs from {MANIFEST} (the file changed or is corrupt since export); "
                 "refusing to load the export"
             )
+    for path in sorted(folder.iterdir()):
+        if path.is_file() and path.name not in listed and _matches(path.name, LOADED_FILE_PATTERNS):
+            raise ExportIntegrityError(
+                f"{path}: not listed in {MANIFEST}, but a load of the export may read it (left from another export?); "
+                "refusing to load the export: remove the file or export again"
+            )
     return True
+
+
+def export_step(folder: str | Path) -> int | None:
+    """The optimiser step an export's weights are from (its `source.json`); None where it records none."""
+    try:
+        step = json.loads((Path(folder) / SOURCE).read_text(encoding="utf-8")).get("step")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return step if isinstance(step, int) and not isinstance(step, bool) else None
 
 
 def _special_token_ids(tokenizer: Any) -> dict[str, int | None]:
@@ -117,6 +140,7 @@ def save_export(
     *,
     max_length: int | None = None,
     state_dict: dict[str, Any] | None = None,
+    step: int | None = None,
 ) -> Path:
     """Writes a self-contained export of `model` (see the module docstring) and its SHA256SUMS.
 
@@ -126,6 +150,7 @@ def save_export(
         tokenizer: the model's tokenizer (None: a model without one, e.g. trained on random tokens).
         max_length: the context length the model was trained on, saved as the tokenizer's `model_max_length`.
         state_dict: the weights to write instead of `model.state_dict()` (e.g. gathered from FSDP shards).
+        step: the optimiser step the weights are from, recorded in `source.json` (None: nothing recorded).
 
     Returns:
         out_dir.
@@ -152,6 +177,8 @@ def save_export(
         model.save_pretrained(staging, state_dict=state_dict)
         if tokenizer is not None:
             tokenizer.save_pretrained(staging)
+        if step is not None:
+            (staging / SOURCE).write_text(json.dumps({"step": step}) + "\n", encoding="utf-8")
         write_manifest(staging)
     return out_dir
 
@@ -165,12 +192,21 @@ def _listed_files(folder: Path) -> set[str]:
 
 
 # What `save_export` writes besides SHA256SUMS (save_pretrained's weights and configs, the model code, a tokenizer's
-# files): a folder of only these, whose config.json is a klalm model's, is an earlier export made without SHA256SUMS.
+# files, source.json): a folder of only these, whose config.json is a klalm model's, is an earlier export made without
+# SHA256SUMS.
 EXPORT_FILE_PATTERNS = (
     "config.json", "generation_config.json", "model.safetensors", "model-*-of-*.safetensors",
     "model.safetensors.index.json", "config.py", "hf.py", "tokenizer.json", "tokenizer_config.json",
-    "special_tokens_map.json", "vocab.json", "merges.txt", "added_tokens.json", "chat_template.jinja",
+    "special_tokens_map.json", "vocab.json", "merges.txt", "added_tokens.json", "chat_template.jinja", SOURCE,
 )  # fmt: skip
+# What a load of an export folder may read: the above (source.json: klalm's check of a run folder), and transformers'
+# PyTorch weights files.
+LOADED_FILE_PATTERNS = (*EXPORT_FILE_PATTERNS, "pytorch_model.bin", "pytorch_model-*-of-*.bin",
+                        "pytorch_model.bin.index.json")  # fmt: skip
+
+
+def _matches(name: str, patterns: tuple[str, ...]) -> bool:
+    return any(fnmatch.fnmatch(name, pattern) for pattern in patterns)
 
 
 def _unlisted_klalm_export(folder: Path) -> bool:
@@ -181,7 +217,7 @@ def _unlisted_klalm_export(folder: Path) -> bool:
         return False
     files = [path for path in folder.rglob("*") if not path.is_dir()]
     return model_type == KLALMConfig.model_type and all(
-        path.parent == folder and any(fnmatch.fnmatch(path.name, p) for p in EXPORT_FILE_PATTERNS) for path in files
+        path.parent == folder and _matches(path.name, EXPORT_FILE_PATTERNS) for path in files
     )
 
 

@@ -284,8 +284,8 @@ def _fsync_dir(path: Path) -> None:
 
 
 def export_hf(trainer: pl.Trainer, out_dir: Path, tokenizer: Any, max_length: int | None = None) -> Path | None:
-    """Writes the trained model (and tokenizer) as a self-contained export (`klalm.models.export.save_export`);
-    every rank must call it. `max_length`: the trained context length.
+    """Writes the trained model (and tokenizer) as a self-contained export (`klalm.models.export.save_export`) that
+    records the step it was made at; every rank must call it. `max_length`: the trained context length.
 
     The full state dict is gathered through the strategy (so sharded FSDP runs export too) and rank 0 writes it.
     """
@@ -295,7 +295,8 @@ def export_hf(trainer: pl.Trainer, out_dir: Path, tokenizer: Any, max_length: in
     if not trainer.is_global_zero:
         return None
     weights = model_state_from_checkpoint({"state_dict": state})
-    save_export(trainer.lightning_module.model, out_dir, tokenizer, max_length=max_length, state_dict=weights)
+    model = trainer.lightning_module.model
+    save_export(model, out_dir, tokenizer, max_length=max_length, state_dict=weights, step=trainer.global_step)
     log.info("exported Hugging Face model to %s", out_dir)
     return out_dir
 
