@@ -436,22 +436,37 @@ def check_target_arguments(key: str, node: DictConfig, target: Any) -> None:
         raise ConfigError(f"{key}.{name} is not an argument of {node._target_}{hint}")
 
 
-def check_partial_targets(cfg: DictConfig) -> None:
-    """`check_target_arguments` for each of `PARTIAL_GROUPS` (`+optim.llr=1e-3`: AdamW takes no `llr`), for a sweep's
-    check of its jobs before the first one trains (`klalm.train.sweep`); a single run checks each as it instantiates
-    it (`klalm.train.app.instantiate_group`). Unlike the rest of this module, this imports the targets (the
-    optimiser's: torch). A target that does not import is left to Hydra, which refuses it as the job builds it."""
-    from hydra.utils import get_object
+def resolve_target(key: str, node: DictConfig) -> Any:
+    """The callable that `node._target_` (the config at `key`) names, located as Hydra's instantiate locates it. A
+    target that cannot be (no dotted path, a missing module or name, a module that raises as it is imported, not a
+    callable) is refused in one line naming the key and the target, where Hydra printed four lines as each job built it.
 
+    Raises:
+        ConfigError: naming `<key>._target_`, the target and why (for an import, the error the import raised)."""
+    from hydra._internal.utils import _locate  # (hydra.utils.get_object logs its failure as an error first)
+
+    target = node._target_
+    if not isinstance(target, str):
+        raise ConfigError(f"{key}._target_={target!r} is invalid: must be a dotted path such as torch.optim.AdamW")
+    try:
+        found = _locate(target)
+    except Exception as err:  # a relative path's ValueError, or whatever the import raised, wrapped in ImportError
+        cause = err.__cause__ if isinstance(err.__cause__, Exception) else err  # (its repr: one line)
+        raise ConfigError(f"{key}._target_={target} cannot be imported: {cause!r}") from err
+    if not callable(found):
+        raise ConfigError(f"{key}._target_={target} is not a callable but of type {type(found).__name__}")
+    return found
+
+
+def check_partial_targets(cfg: DictConfig) -> None:
+    """`resolve_target` and `check_target_arguments` for each of `PARTIAL_GROUPS` (`+optim.llr=1e-3`: AdamW takes no
+    `llr`), for a sweep's check of its jobs before the first one trains (`klalm.train.sweep`); a single run checks
+    each as it instantiates it (`klalm.train.app.instantiate_group`). Unlike the rest of this module, this imports
+    the targets (the optimiser's: torch)."""
     for key in PARTIAL_GROUPS:
         node = OmegaConf.select(cfg, key)
-        if not isinstance(node, DictConfig) or "_target_" not in node:
-            continue
-        try:
-            target = get_object(node._target_)
-        except (ImportError, ValueError):
-            continue
-        check_target_arguments(key, node, target)
+        if isinstance(node, DictConfig) and "_target_" in node:
+            check_target_arguments(key, node, resolve_target(key, node))
 
 
 def _check_kernel_backends(cfg: DictConfig) -> None:
@@ -504,13 +519,15 @@ def _check_run_length(cfg: DictConfig) -> None:
         )
 
 
-def check_train_config(cfg: DictConfig, *, check_paths: bool = True) -> None:
+def check_train_config(cfg: DictConfig, *, check_paths: bool = True, check_length: bool = True) -> None:
     """The `klalm-train` checks: known keys, TRAIN_RULES, no renamed mixer option, Triton only on a GPU, a fresh run
     longer than its warmup, and that an explicit `resume` path exists.
 
     `check_paths=False` leaves out that last check, the only one of a file the run reads (`resume` is still
     type-checked): for a sweep's check of every job before the first one starts (`klalm.train.sweep`), since an
-    earlier job of the sweep may create that path. Each job runs every check again as it starts."""
+    earlier job of the sweep may create that path. Each job runs every check again as it starts. `check_length=False`
+    leaves out the run's length (`_check_run_length`): for a config whose `train.max_tokens` no run uses, the study's
+    experiment, whose cells each set their own and are checked with it (`klalm.study.runner.read_recipe`)."""
     check_known_keys(cfg)
     _check_switchable_entries(cfg)
     check(cfg, TRAIN_RULES)
@@ -521,7 +538,8 @@ def check_train_config(cfg: DictConfig, *, check_paths: bool = True) -> None:
             message = renamed_option_message(f"model.mixer_options.{mixer}.{option}")
             if message is not None:
                 raise ConfigError(message)
-    _check_run_length(cfg)
+    if check_length:
+        _check_run_length(cfg)
     if check_paths and cfg.resume not in (None, "auto") and not Path(cfg.resume).exists():
         raise ConfigError(f"resume={cfg.resume!r}: no such checkpoint file or run directory")
 

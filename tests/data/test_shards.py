@@ -20,7 +20,7 @@ from klalm.data import (
     prepare_shards,
 )
 from klalm.data.loader import NoDocumentsError
-from klalm.data.tokenizer import decode_tokens
+from klalm.data.tokenizer import decode_tokens, load_tokenizer, train_bpe_tokenizer
 
 from .conftest import read_texts
 
@@ -96,7 +96,21 @@ def test_a_damaged_shard_folder_is_a_data_file_error_naming_the_file(tmp_path, s
         TokenShards(folder)
 
 
-def test_too_few_windows_or_another_vocabulary_are_refused_as_user_errors(shard_dir, gpt2):
+@pytest.fixture(scope="module")
+def bpes(tmp_path_factory) -> dict:
+    """Configs of two 300-token BPEs trained on two corpora (their text files beside them): one vocabulary size,
+    other tokens."""
+    folder = tmp_path_factory.mktemp("bpes")
+    configs = {}
+    for name, words in {"a": ("alpha", "beta"), "b": ("gamma", "delta")}.items():
+        corpus = [f"{words[0]}{i} {words[1]}{i * 7}" for i in range(500)]
+        train_bpe_tokenizer(corpus, 300, folder / name)
+        (folder / f"{name}.txt").write_text(" ".join(corpus))
+        configs[name] = {"kind": "hf", "name_or_path": str(folder / name)}
+    return configs
+
+
+def test_too_few_windows_or_another_vocabulary_are_refused_as_user_errors(shard_dir, gpt2_config, bpes):
     """Both were plain ValueErrors, which klalm-train reported with Hydra's traceback, leaving the run folder."""
     from klalm.config_checks import ConfigError
     from klalm.data.datamodule import _shard_dataset
@@ -106,8 +120,37 @@ def test_too_few_windows_or_another_vocabulary_are_refused_as_user_errors(shard_
     dataset = ShardDataset(source=source, seq_len=len(source.shards), batch_size=2, shuffle=False, loop=False)
     with pytest.raises(NoDocumentsError, match="gets 0 windows of .* fewer than one batch of 2"):
         next(iter(dataset))
-    with pytest.raises(ConfigError, match=r"were tokenised with vocab 50257 \(.*\), the tokenizer config has 4"):
-        _shard_dataset(source, ["a", "b", "c", "d"], "raise", 1, seq_len=8, batch_size=1)
+    with pytest.raises(
+        ConfigError, match=r"were tokenised with another tokenizer, .* \(vocab 50257, sha256 .*\), than"
+    ):
+        _shard_dataset(source, load_tokenizer(bpes["a"]), "raise", 1, seq_len=8, batch_size=1)
+
+
+@pytest.mark.parametrize("index", ["hashed", "older"])
+def test_shards_of_another_tokenizer_of_the_same_size_are_refused_by_hash(tmp_path, bpes, index):
+    """Only the vocabulary sizes were compared: a run trained on shards of another 300-token BPE, every id another
+    token. An index written before the hash was recorded is still compared by vocabulary size."""
+    from klalm.config_checks import ConfigError
+    from klalm.data.datamodule import _shard_dataset
+
+    folder, (tok_a, tok_b) = tmp_path / "shards", (bpes[name]["name_or_path"] for name in "ab")
+    prepare_shards({"kind": "files", "paths": f"{tok_a}.txt"}, bpes["a"], folder, progress=False)
+    if index == "older":
+        older = {k: v for k, v in json.loads((folder / "index.json").read_text()).items() if k != "tokenizer_sha256"}
+        (folder / "index.json").write_text(json.dumps(older))
+    source = ShardSource(str(folder))
+    _shard_dataset(source, load_tokenizer(bpes["a"]), "raise", 1, seq_len=8, batch_size=1)  # its own: fine
+    if index == "older":
+        _shard_dataset(source, load_tokenizer(bpes["b"]), "raise", 1, seq_len=8, batch_size=1)  # as before
+        return
+    with pytest.raises(ConfigError) as err:
+        _shard_dataset(source, load_tokenizer(bpes["b"]), "raise", 1, seq_len=8, batch_size=1)
+    assert re.fullmatch(
+        rf"shards {folder} were tokenised with another tokenizer, {tok_a} \(vocab 300, sha256 [0-9a-f]{{12}}\), than "
+        rf"the tokenizer config's, {tok_b} \(vocab 300, sha256 [0-9a-f]{{12}}\): train with the tokenizer they were "
+        r"prepared with \(the tokenizer/ folder klalm-prepare-data wrote beside them\) or prepare them again",
+        str(err.value),
+    ), err.value
 
 
 def _windows(dataset_kwargs, rank, world, workers):

@@ -14,7 +14,7 @@ from klalm.study import results, runner
 from klalm.study.runner import StudyRunner, cell_tokens, estimate_s, read_recipe, train_command, train_overrides
 from klalm.study.spec import Cell
 from klalm.study.staging import pack, stage
-from tests.study.conftest import SEQ_LEN, spec_file, write_run_dir
+from tests.study.conftest import SEQ_LEN, spec_file, write_run_dir, write_split
 
 SMALL = [f"data.seq_len={SEQ_LEN}", "train.global_batch_tokens=64", "data.batch_size=2"]  # 4 windows a step
 
@@ -160,6 +160,19 @@ def test_read_recipe_refuses_a_warmup_that_outlasts_the_sweep_cells(shard_folder
         "reach optim.lr"
     )
     read_recipe(load_spec(str(spec_file(tmp_path, overrides=[*SMALL, f"scheduler.warmup={steps - 1}"]))), shard_folder)
+
+
+def test_read_recipe_checks_the_cells_budgets_not_the_experiments_own(tmp_path):
+    """The experiment's own train.max_tokens, which every cell replaces, was checked too: an experiment whose budget
+    holds no global batch of the spec's (smoke's 10,240 tokens, batches of 16,384) was refused, naming that budget,
+    although every cell's holds whole batches."""
+    from klalm.study.spec import load_spec
+
+    write_split(tmp_path / "shards" / "train", [list(range(1, 500))] * 100, shard_tokens=100_000)  # 50,000 tokens
+    big_batches = [f"data.seq_len={SEQ_LEN}", "train.global_batch_tokens=16384", "data.batch_size=2"]
+    spec = load_spec(str(spec_file(tmp_path, experiment="smoke", overrides=big_batches)))
+    recipe = read_recipe(spec, tmp_path / "shards")
+    assert [cell_tokens(spec, recipe, cell) for cell in (spec.sweep_cells()[0], spec.run_cells()[0])] == [16384, 32768]
 
 
 def test_a_cell_whose_evaluation_failed_is_evaluated_again_not_trained_again(small_spec, shard_folder, tmp_path,

@@ -116,6 +116,35 @@ def test_a_warmup_longer_than_the_run_is_refused_in_one_line_and_leaves_no_folde
     assert not (tmp_path / "r").exists()
 
 
+@pytest.mark.parametrize(
+    ("target", "refusal"),
+    [
+        ("torch.optim.AdamWW", """cannot be imported: ModuleNotFoundError("No module named 'torch.optim.AdamWW'")"""),
+        ("klalm_test_broken.Opt", "cannot be imported: RuntimeError('broken at import')"),
+        ("torch..optim", "cannot be imported: ValueError(\"Error loading 'torch..optim': invalid dotstring.\\nRelative "
+         "imports are not supported.\")"),
+        ("1", "is invalid: must be a dotted path such as torch.optim.AdamW"),
+        ("math.pi", "is not a callable but of type float"),
+    ],
+    ids=["missing-name", "raises-at-import", "relative", "not-a-string", "not-callable"],
+)  # fmt: skip
+def test_a_target_that_cannot_be_resolved_is_refused_in_one_line_naming_it(tmp_path, monkeypatch, target, refusal):
+    """A sweep's check of its jobs (`check_partial_targets`) skipped a target that did not import, and a target that
+    is no string raised AttributeError, which Hydra turned into a warning, skipping the check of every job; each job
+    (or a single run) then ended in Hydra's four lines, its run folder left behind."""
+    from klalm.config_checks import check_partial_targets
+    from klalm.train.app import instantiate_group
+
+    (tmp_path / "klalm_test_broken.py").write_text("raise RuntimeError('broken at import')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    cfg = compose_train([*TINY, f"optim._target_={target}"])
+    with pytest.raises(ConfigError) as checked:
+        check_partial_targets(cfg)
+    with pytest.raises(ConfigError) as built:
+        instantiate_group(cfg, "optim")
+    assert str(checked.value) == str(built.value) == f"optim._target_={target} {refusal}"
+
+
 def test_wsd_bad_shape_fails_naming_the_key(tmp_path):
     """Refused by the config check, before anything is built (was a KeyError from the scheduler, after the model)."""
     with pytest.raises(ConfigError, match="scheduler.shape='cubic' is invalid: must be linear, 1-sqrt or cosine"):

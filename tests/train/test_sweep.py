@@ -297,6 +297,26 @@ def test_check_sweep_jobs_leaves_a_resume_path_an_earlier_job_creates_to_the_job
         check_train_config(compose_train(["experiment=smoke", "resume=/no/such/run"]))  # a single run's: checked
 
 
+def test_a_sweep_jobs_resume_auto_continues_its_own_folder_never_a_single_run(tmp_path, caplog):
+    """resume=auto in a sweep's job looked past its own folder into the single runs of its run_name
+    (paths.resume_glob): a sweep re-run whose job had no checkpoint yet (or any sweep started with resume=auto, in a
+    new hydra.sweep.dir) resumed another run, here a finished single run, so the job trained nothing."""
+    from klalm.train.app import run
+    from klalm.train.sweep import _as_job
+
+    out, sweep = tmp_path / "out", tmp_path / "sweep"
+    with_checkpoints = [*ONE_STEP, "callbacks=default", "callbacks.sampler=null", "callbacks.progress=null"]
+    run(compose_train(with_checkpoints, out / "bench" / "single"))  # a run of the jobs' run_name, with a checkpoint
+    overrides = [*with_checkpoints, "resume=auto", f"paths.log_dir={out}", f"hydra.sweep.dir={sweep}"]
+    with _multirun_config([*overrides, "hydra.mode=MULTIRUN"]) as config:  # (the override `-m` adds)
+        job = _job_config(GlobalHydra.instance().config_loader(), config, overrides, 0)
+        task = OmegaConf.masked_copy(job, [key for key in job if key != "hydra"])
+        with _as_job(job), caplog.at_level(logging.INFO, logger="klalm.train.resume"):
+            run(task)
+    assert "resume=auto (this run's folder): no valid checkpoint, starting fresh" in caplog.messages
+    assert [p.name for p in (sweep / "0_bench" / "checkpoints").glob("*.ckpt")] == ["step-00000001.ckpt"]
+
+
 def test_check_sweep_jobs_names_job_folders_from_the_jobs_hydra_config(caplog):
     """`hydra.sweep.subdir=${hydra:job.override_dirname}` resolves with the job's config in HydraConfig, as in
     `run_job`: the check neither steps aside nor lets a bad job through."""

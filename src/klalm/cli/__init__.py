@@ -74,15 +74,13 @@ def _refuse_run(err: BaseException, started: float) -> NoReturn:
     `check_train_config` refuses never gets that far in a sweep (`klalm.train.sweep.check_sweep_jobs` checks every
     job before the first starts), so this is for what is found once a job runs (missing data, the token budget).
     """
-    from hydra.types import RunMode
-
-    from klalm.train.rundir import discard_unused_run_dir
+    from klalm.train.rundir import discard_unused_run_dir, in_sweep
 
     message = in_command_terms(one_line(err), "data.on_bad_record=skip")
     log = logging.getLogger("klalm.train.app")
     if os.environ.get("HYDRA_FULL_ERROR") == "1":
         raise err
-    if HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN:
+    if in_sweep():
         log.error("refused: %s", message)
         raise err
     if not discard_unused_run_dir(since=started):

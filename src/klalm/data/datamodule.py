@@ -25,7 +25,7 @@ from klalm.data.packing import PackedTextDataset
 from klalm.data.records import expand_paths
 from klalm.data.shards import ShardDataset, ShardSource
 from klalm.data.sources import HFSource, build_source
-from klalm.data.tokenizer import load_tokenizer, named_tokenizer
+from klalm.data.tokenizer import load_tokenizer, named_tokenizer, same_tokenizer, tokenizer_label, tokenizer_meta
 
 log = logging.getLogger(__name__)
 
@@ -61,10 +61,13 @@ def _packed_dataset(source: Any, tokenizer: Any, on_bad_record: str, block_docs:
 
 
 def _shard_dataset(source: Any, tokenizer: Any, on_bad_record: str, block_docs: int, **common: Any) -> Any:
-    if source.shards.index["vocab_size"] != len(tokenizer):
+    """Refuses shards of another tokenizer (`same_tokenizer`: by hash, an older index by vocabulary size)."""
+    index, this = source.shards.index, tokenizer_meta(tokenizer)
+    if not same_tokenizer(index, this):
         raise ConfigError(
-            f"shards {source.shards.path} were tokenised with vocab {source.shards.index['vocab_size']}"
-            f" ({source.shards.index.get('tokenizer')}), the tokenizer config has {len(tokenizer)}"
+            f"shards {source.shards.path} were tokenised with another tokenizer, {tokenizer_label(index)}, than the "
+            f"tokenizer config's, {tokenizer_label(this)}: train with the tokenizer they were prepared with (the "
+            "tokenizer/ folder klalm-prepare-data wrote beside them) or prepare them again"
         )
     return ShardDataset(source, **common)
 

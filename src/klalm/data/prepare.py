@@ -33,7 +33,7 @@ from klalm.config_checks import SPLIT_KEYS, config_group_options
 from klalm.data.records import BadRecordPolicy
 from klalm.data.shards import DTYPES, FORMAT, INDEX_FILE
 from klalm.data.sources import build_source
-from klalm.data.tokenizer import encode_texts, load_tokenizer, tokenizer_sha256
+from klalm.data.tokenizer import encode_texts, load_tokenizer, same_tokenizer, tokenizer_label, tokenizer_meta
 from klalm.errors import in_command_terms, one_line, refuse
 
 
@@ -168,14 +168,9 @@ def _write_shards(
     if writer.documents == 0:
         raise ValueError(f"no documents in {src.describe()} (skipped: {dict(policy.counts) or 'none'})")
     seconds = time.perf_counter() - start
-    meta = {**_tokenizer_meta(tok), "source": source, "skipped": dict(policy.counts)}
+    meta = {**tokenizer_meta(tok), "source": source, "skipped": dict(policy.counts)}
     index = writer.close(meta)
     return {**index, "seconds": seconds, "tokens_per_s": index["total_tokens"] / max(seconds, 1e-9)}
-
-
-def _tokenizer_meta(tok: Any) -> dict[str, Any]:
-    """What a shard index records of the tokenizer that wrote it: name, vocabulary size and `tokenizer_sha256`."""
-    return {"vocab_size": len(tok), "tokenizer": tok.name_or_path, "tokenizer_sha256": tokenizer_sha256(tok)}
 
 
 def _read(src: Any) -> Iterator[Any]:
@@ -345,34 +340,25 @@ def _check_replaceable(out_dir: Path, names: list[str]) -> None:
 
 def _check_kept_splits(out_dir: Path, plan: dict[str, Any], tok: Any) -> None:
     """Refuses to write some splits beside kept ones of another tokenizer: `--splits train` into a folder whose val/
-    was tokenised otherwise replaced train/ and tokenizer/ and left a folder no run could read. The tokenizers are
-    compared by `tokenizer_sha256` (a vocabulary of the same size passed when only the sizes were), an index written
-    before it was recorded (2026-12-06) by its vocabulary size.
+    was tokenised otherwise replaced train/ and tokenizer/ and left a folder no run could read (`same_tokenizer`).
 
     Raises:
         ValueError: naming the kept split and both tokenizers."""
-    this = _tokenizer_meta(tok)
+    this = tokenizer_meta(tok)
     for split in sorted(set(SPLIT_KEYS) - set(plan)):
         index_file = out_dir / split / INDEX_FILE
         if index_file.is_file():
             try:
                 kept = json.loads(index_file.read_text())
-                key = "tokenizer_sha256" if "tokenizer_sha256" in kept else "vocab_size"
-                same = kept.get(key) == this[key]
+                same = same_tokenizer(kept, this)
             except (json.JSONDecodeError, TypeError, AttributeError) as err:  # not JSON, or not an object
                 raise ValueError(f"{index_file} is not a shard index ({one_line(err)})") from err
             if not same:
                 raise ValueError(
-                    f"{out_dir / split} was tokenised with another tokenizer, {_tokenizer_name(kept)}, than this "
-                    f"one, {_tokenizer_name(this)}: write every split again (leave out --splits) or choose another "
+                    f"{out_dir / split} was tokenised with another tokenizer, {tokenizer_label(kept)}, than this "
+                    f"one, {tokenizer_label(this)}: write every split again (leave out --splits) or choose another "
                     "--out"
                 )
-
-
-def _tokenizer_name(meta: dict[str, Any]) -> str:
-    """A tokenizer as an error names it, from its `_tokenizer_meta` (or an older index's part of it)."""
-    digest = meta.get("tokenizer_sha256")
-    return f"{meta.get('tokenizer')} (vocab {meta.get('vocab_size')}{f', sha256 {digest[:12]}' if digest else ''})"
 
 
 STAGING_PREFIX = ".partial-"  # write_dataset's temporary folder in --out

@@ -213,6 +213,29 @@ def tokenizer_sha256(tokenizer: PreTrainedTokenizerBase) -> str:
     return hashlib.sha256(json.dumps(definition, sort_keys=True).encode()).hexdigest()
 
 
+def tokenizer_meta(tokenizer: PreTrainedTokenizerBase) -> dict[str, Any]:
+    """What a shard index records of the tokenizer that wrote it: name, vocabulary size and `tokenizer_sha256`."""
+    return {
+        "vocab_size": len(tokenizer),
+        "tokenizer": tokenizer.name_or_path,
+        "tokenizer_sha256": tokenizer_sha256(tokenizer),
+    }
+
+
+def same_tokenizer(recorded: Mapping[str, Any], meta: Mapping[str, Any]) -> bool:
+    """Whether a shard index's tokenizer (``recorded``) is the one of ``meta`` (a `tokenizer_meta`): compared by
+    `tokenizer_sha256` (a vocabulary of the same size passed when only the sizes were), an index written before it
+    was recorded (2026-12-06) by its vocabulary size."""
+    key = "tokenizer_sha256" if "tokenizer_sha256" in recorded else "vocab_size"
+    return recorded.get(key) == meta[key]
+
+
+def tokenizer_label(meta: Mapping[str, Any]) -> str:
+    """A tokenizer as an error names it, from its `tokenizer_meta` (or an older shard index's part of it)."""
+    digest = meta.get("tokenizer_sha256")
+    return f"{meta.get('tokenizer')} (vocab {meta.get('vocab_size')}{f', sha256 {digest[:12]}' if digest else ''})"
+
+
 def encode_texts(tokenizer: PreTrainedTokenizerBase, texts: list[str]) -> list[list[int]]:
     """Token ids of each text, without special tokens (the Rust batch encoder when the tokenizer is fast)."""
     if not texts:

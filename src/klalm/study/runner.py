@@ -53,9 +53,10 @@ def read_recipe(spec: Spec, shards: Path) -> Recipe:
     """Sequence length and global batch from the experiment; the one-pass budget from the shards that arrived.
 
     Raises:
-        ValueError: the experiment and the spec's overrides do not compose or pass klalm-train's checks (also with
-            the token budget of the runs and of the sweep cells), the train split's index.json does not parse, or its
-            tokens make no whole global batch.
+        ValueError: the experiment and the spec's overrides do not compose or pass klalm-train's checks (the run
+            length with the token budget of the runs and of the sweep cells, not with the experiment's own
+            `train.max_tokens`, which every cell replaces), the train split's index.json does not parse, or its tokens
+            make no whole global batch.
     """
     from hydra import compose, initialize_config_module
     from hydra.errors import HydraException
@@ -66,7 +67,7 @@ def read_recipe(spec: Spec, shards: Path) -> Recipe:
     try:
         with initialize_config_module("klalm.configs", version_base="1.3"):
             cfg = compose("train", overrides=overrides)
-        check_train_config(cfg, check_paths=False)
+        check_train_config(cfg, check_paths=False, check_length=False)  # the length: each cell's, below
     except (HydraException, ValueError) as err:  # no such experiment, an override that does not compose or check
         raise ValueError(f"study {spec.name}: klalm-train {' '.join(overrides)}: {one_line(err)}") from None
     seq_len, batch = int(cfg.data.seq_len), int(cfg.train.global_batch_tokens)

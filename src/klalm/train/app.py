@@ -29,7 +29,7 @@ from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from omegaconf import DictConfig, OmegaConf
 
-from klalm.config_checks import ConfigError, check_target_arguments, check_train_config
+from klalm.config_checks import ConfigError, check_target_arguments, check_train_config, resolve_target
 from klalm.data.loader import LoaderStateError, NoDocumentsError
 from klalm.data.records import BadRecordError, DataFileError
 from klalm.fileio import write_atomic
@@ -42,7 +42,14 @@ from klalm.train.csv_logger import ContinuingCSVLogger
 from klalm.train.module import LMModule, NonFiniteLossError
 from klalm.train.plots import plot_losses
 from klalm.train.resume import check_model, check_settings, check_tokenizer, resolve_resume, resume_settings
-from klalm.train.rundir import RunDirTakenError, check_run_dir_free, is_global_rank_zero, lock_run_dir, unlock_run_dir
+from klalm.train.rundir import (
+    RunDirTakenError,
+    check_run_dir_free,
+    in_sweep,
+    is_global_rank_zero,
+    lock_run_dir,
+    unlock_run_dir,
+)
 
 log = logging.getLogger(__name__)
 
@@ -85,9 +92,10 @@ def build_trainer(cfg: DictConfig) -> pl.Trainer:
 def instantiate_group(cfg: DictConfig, key: str, **kwargs: Any) -> Any:
     """`hydra.utils.instantiate(cfg.<key>)`, with the input errors it meets as one-line ConfigErrors naming the key.
 
-    A key its target takes no argument for (`+optim.foo=1`; targets without `**kwargs` only) is refused with the
-    nearest argument (a partial target, such as the optimiser, as soon as Hydra has located it, before it is called);
-    a missing file or folder the target names passes through as it is; a value the target refuses while it is built
+    A target that cannot be located or is no callable is refused naming it (`resolve_target`); a key its target takes
+    no argument for (`+optim.foo=1`; targets without `**kwargs` only) is refused with the nearest argument (a partial
+    target, such as the optimiser, as soon as Hydra has located it, before it is called); a missing file or folder
+    the target names passes through as it is; a value the target refuses while it is built
     (TypeError, ValueError, KeyError, Lightning's refusal of a trainer setting, e.g. `trainer.accelerator=gpu`
     without a GPU, or another OSError, e.g. a folder where files belong), which Hydra wraps, becomes
     `<key>: <its message> (<its type>; ...)`.
@@ -97,10 +105,12 @@ def instantiate_group(cfg: DictConfig, key: str, **kwargs: Any) -> Any:
         built = hydra.utils.instantiate(node, **kwargs)
     except InstantiationException as err:
         cause = err.__cause__
+        if cause is None or isinstance(cause, (ImportError, ValueError)):  # perhaps a target Hydra could not locate
+            resolve_target(key, node)  # (or no callable): refused in one line; a target that resolves goes on below
         if isinstance(cause, (FileNotFoundError, ConfigError)):
             raise cause from err
         if isinstance(cause, TypeError) and "unexpected keyword argument" in str(cause):
-            check_target_arguments(key, node, hydra.utils.get_object(node._target_))  # located and authorised by Hydra
+            check_target_arguments(key, node, resolve_target(key, node))  # located and authorised by Hydra
         if isinstance(cause, (TypeError, ValueError, KeyError, MisconfigurationException, OSError)):
             text = cause.args[0] if isinstance(cause, KeyError) and cause.args else str(cause)
             raise ConfigError(f"{key}: {text} ({type(cause).__name__}; HYDRA_FULL_ERROR=1 shows where)") from err
@@ -227,7 +237,8 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     run_dir = Path(cfg.paths.run_dir)
     lock_run_dir(run_dir)
     try:
-        ckpt_path = resolve_resume(cfg.resume, cfg.paths.resume_glob, run_dir)  # verified: safe and intact
+        search_glob = None if in_sweep() else cfg.paths.resume_glob  # a sweep's job: its own folder only
+        ckpt_path = resolve_resume(cfg.resume, search_glob, run_dir)  # verified: safe and intact
         check_run_dir_free(run_dir, ckpt_path)
         if is_global_rank_zero():
             remove_stale_temporaries(run_dir)

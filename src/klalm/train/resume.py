@@ -3,7 +3,8 @@
     resume=null         a fresh run
     resume=auto         the newest valid checkpoint of the run folder itself (a launcher's `$KLALM_RUN_ID` folder,
                         requeued), else of the earlier run with this run_name (`paths.resume_glob`) that wrote a
-                        checkpoint last, or a fresh run when there is none
+                        checkpoint last, or a fresh run when there is none; in a sweep's job only its own folder
+                        (hydra.sweep.dir/<num>_<run_name>): the single runs of its run_name are other runs
     resume=<run dir>    the newest valid checkpoint in that folder
     resume=<file>       that checkpoint; if it fails verification the run stops, naming the file and why
 
@@ -64,9 +65,10 @@ FREE_KEYS = ("optim.fused",)
 MAX_NAMED = 5  # model settings a refused resume names
 
 
-def resolve_resume(resume: str | None, search_glob: str, run_dir: Path) -> Path | None:
+def resolve_resume(resume: str | None, search_glob: str | None, run_dir: Path) -> Path | None:
     """The verified checkpoint to resume from (None: a fresh run); see the module docstring. With resume=auto,
-    the newest valid checkpoint of `run_dir` (the run folder `klalm.train.rundir.run_dir_for` chose) comes first.
+    the newest valid checkpoint of `run_dir` (the run folder `klalm.train.rundir.run_dir_for` chose) comes first,
+    then those of the runs `search_glob` matches; None (a sweep's job) looks in `run_dir` only.
 
     Raises:
         CheckpointError: an explicit file, or every checkpoint of an explicit run folder, fails verification.
@@ -76,7 +78,7 @@ def resolve_resume(resume: str | None, search_glob: str, run_dir: Path) -> Path 
         return None
     if resume == "auto":
         own, skipped = newest_valid([run_dir])
-        if own is not None:
+        if own is not None or search_glob is None:
             return _logged("resume=auto (this run's folder)", own, skipped)
         runs = sorted(Path(p) for p in glob(search_glob))
         return _logged(f"resume=auto (over {search_glob})", *newest_valid(runs))

@@ -99,6 +99,14 @@ def is_global_rank_zero() -> bool:
     return all(int(os.environ.get(name, "0")) == 0 for name in _RANK_VARIABLES)
 
 
+def in_sweep() -> bool:
+    """Whether this process runs a job of a sweep (Hydra's multirun), whose folder hydra.sweep.dir places."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
+
+
 def lock_run_dir(run_dir: str | Path) -> None:
     """Makes this process the only writer of `run_dir` (global rank 0 only; a no-op where the lock is already held).
 

@@ -263,13 +263,13 @@ def _check_job(cfg: DictConfig) -> None:
 def check_sweep_jobs(config: DictConfig) -> None:
     """Before a multirun's first job: composes every job's config and runs `check_train_config` on each (nothing
     heavier than omegaconf is imported, unless a job's folder holds checkpoints), so that a grid holding a bad value
-    is refused before any job trains. Once every job passed those, `check_partial_targets` refuses a key the
-    optimiser or the schedule takes no argument for (`+optim.llr=1e-3,3e-3`, which each job refused only as it
-    started, after building its data and model), importing their targets (torch) as the jobs would. Each job is
-    checked as `run_job` will run it: its folder named and `${hydra:...}` resolved from its own Hydra config, with its
-    `hydra.job.env_set` in the environment; only what an earlier job may create on disk (a `resume` path) is left to
-    the job's own check as it starts. A fresh job whose folder already holds a run is refused too (a re-run into an
-    earlier sweep's hydra.sweep.dir): nothing of that sweep is overwritten.
+    is refused before any job trains. Once every job passed those, `check_partial_targets` refuses a target of the
+    optimiser or the schedule that does not import and a key it takes no argument for (`+optim.llr=1e-3,3e-3`,
+    which each job refused only as it started, after building its data and model), importing their targets (torch)
+    as the jobs would. Each job is checked as `run_job` will run it: its folder named and `${hydra:...}` resolved
+    from its own Hydra config, with its `hydra.job.env_set` in the environment; only what an earlier job may create
+    on disk (a `resume` path) is left to the job's own check as it starts. A fresh job whose folder already holds a
+    run is refused too (a re-run into an earlier sweep's hydra.sweep.dir): nothing of that sweep is overwritten.
 
     Only the basic sweeper's sweeps are expanded. Another sweeper plugin (optuna, nevergrad, ax: none is installed
     or configured by klalm today) chooses its jobs as it goes, so there is no grid to check: the check is skipped and
