@@ -1,5 +1,5 @@
 """klalm.fileio: a file is replaced whole on success and left as it was on an error, with no temporary file left (nor
-one a killed writer left), and a symbolic link is written through."""
+one a killed writer left), and a symbolic link is written through; an flock on a path holds until let go."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import time
 import pytest
 
 from klalm import fileio
-from klalm.fileio import atomic_path, write_atomic
+from klalm.fileio import atomic_path, flock_path, flocked, write_atomic
 
 
 @pytest.mark.parametrize("data", ["text ü\n", b"\x00bytes\xff"])
@@ -99,3 +99,15 @@ def test_a_symbolic_link_is_written_through_to_its_target(tmp_path):
     write_atomic(link, "new")
     assert link.is_symlink() and target.read_text() == "new"
     assert sorted(p.name for p in tmp_path.rglob("*")) == ["latest.json", "results.json", "runs"]
+
+
+def test_flock_path_holds_a_folder_or_a_file_until_closed_and_nothing_without_flock(tmp_path, monkeypatch):
+    first = flock_path(tmp_path)  # a folder, opened read-only
+    with pytest.raises(BlockingIOError):
+        flock_path(tmp_path)  # another open file, as another process's: refused, not waited for
+    os.close(first)
+    with flocked(tmp_path / ".lock", os.O_CREAT | os.O_WRONLY, wait=True), pytest.raises(BlockingIOError):
+        flock_path(tmp_path / ".lock")
+    os.close(flock_path(tmp_path / ".lock"))  # the block let it go
+    monkeypatch.setitem(sys.modules, "fcntl", None)  # `import fcntl` fails, as on Windows
+    assert flock_path(tmp_path / "new", os.O_CREAT | os.O_WRONLY) is None and not (tmp_path / "new").exists()

@@ -1,6 +1,7 @@
 """Writing a file atomically: to a temporary path beside it, then `os.replace`d onto it, so a reader (or a process
 started after a kill mid-write) finds the old file or the new one, never a part. It guards against a process that
-dies, not a machine that loses power (nothing is fsynced).
+dies, not a machine that loses power (nothing is fsynced). And holding an flock on a path (`flock_path`, `flocked`):
+one process at a time writes there.
 
 A temporary path is `.<name>.tmp-<host>-<pid>-<n>` (`n` counts this process's writes), so what a killed writer left
 is recognisable: the next write of the same file removes the temporaries of that file left by processes of this
@@ -89,3 +90,32 @@ def write_atomic(path: str | Path, data: str | bytes) -> None:
             temporary.write_text(data, encoding="utf-8")
         else:
             temporary.write_bytes(data)
+
+
+def flock_path(path: str | Path, flags: int = os.O_RDONLY, *, wait: bool = False) -> int | None:
+    """An open descriptor of `path` (a folder, or a file: `flags` as os.open's, e.g. `os.O_CREAT | os.O_WRONLY`)
+    holding an exclusive flock on it, which closing it releases, as the process's end does however it ends. Without
+    `wait`, BlockingIOError while another process holds it; flock's other errors (a file system without working
+    locks) are raised as well, the descriptor closed. None where there is no flock (Windows): nothing is opened."""
+    try:
+        import fcntl  # POSIX: Linux (the GPU machines, CI) and macOS
+    except ImportError:
+        return None
+    descriptor = os.open(path, flags, 0o644)  # not inherited by child processes
+    try:
+        fcntl.flock(descriptor, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+    except BaseException:
+        os.close(descriptor)
+        raise
+    return descriptor
+
+
+@contextlib.contextmanager
+def flocked(path: str | Path, flags: int = os.O_RDONLY, *, wait: bool = False) -> Iterator[None]:
+    """`flock_path` held for the block."""
+    descriptor = flock_path(path, flags, wait=wait)
+    try:
+        yield
+    finally:
+        if descriptor is not None:
+            os.close(descriptor)

@@ -98,6 +98,27 @@ def test_paused_units_show_their_progress_as_unfinished(tmp_path):
         plan, tmp_path, tmp_path, "")["a5"]  # the row recorded last, not the one of most steps  # fmt: skip
 
 
+def test_write_folder_replaces_results_md_whole_or_not_at_all(tmp_path, monkeypatch):
+    """`report --out` wrote results.md in place: a write cut short (a full disk, a kill) left part of a table over
+    the last report."""
+    monkeypatch.setattr(report, "sections", lambda plan, folder, image_dir, prefix: {"a5": "| the new table |"})
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "results.md").write_text("## a5\n\n| the last report |\n")
+
+    def cut_short(path, data, **kwargs):
+        with open(path, "w", encoding="utf-8") as handle:
+            handle.write(data[:4])
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(Path, "write_text", cut_short)
+    with pytest.raises(OSError, match="No space left"):
+        write_folder(_plan(), tmp_path, out)
+    monkeypatch.undo()
+    assert [p.name for p in out.iterdir()] == ["results.md"]
+    assert (out / "results.md").read_text() == "## a5\n\n| the last report |\n"
+
+
 def test_write_doc_fills_only_the_marked_sections(tmp_path):
     plan = _plan()
     doc = tmp_path / "doc.md"

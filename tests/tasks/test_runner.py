@@ -11,6 +11,7 @@ import os
 import re
 import shutil
 import time
+import types
 from pathlib import Path
 
 import pytest
@@ -825,6 +826,44 @@ def test_damaged_states_are_refused_in_one_line_naming_the_file_before_anything_
                 synthetic([*verb, "--state", str(damaged.parent)])
             assert re.fullmatch(f"klalm-synthetic: state file {re.escape(str(damaged))} ({why}).*", refused.value.code)
     assert not results.exists() and not out.exists()
+
+
+def test_a_save_killed_between_its_weights_and_its_json_leaves_the_last_pair_whole(tmp_path, monkeypatch):
+    """_save_state replaced X.pt, then X.json: a process killed between the two left the new weights beside the last
+    save's step, which the runner reads (estimates, packs of units paused at one step) and progress recorded with the
+    new weights' evaluations."""
+    unit = _a5_unit()
+    name = units.state_name(unit)
+
+    def save(step: int) -> None:
+        member = types.SimpleNamespace(step=step, state_dict=lambda: {"step": step})
+        evals = [[{"step": step, "loss": 1.0, "token_acc": 0.5, "seq_acc": 0.0}]]
+        units._save_state(tmp_path, unit, [member], evals, {"train_s": step, "wall_s": step, "blocks": 1})
+
+    def steps() -> tuple[int, int, int]:  # what the .json says, what its weights hold, what progress records
+        (row,) = paused_rows(tmp_path, "abc")
+        weights = units._load_state(tmp_path, unit, torch.device("cpu"))["members"][0]["step"]
+        return units.saved_states(tmp_path)[name]["step"], weights, row["evals"][-1][0]
+
+    def killed(path, data):
+        raise KeyboardInterrupt  # the process ended before the .json was written
+
+    save(10)
+    monkeypatch.setattr(units, "write_atomic", killed)
+    with pytest.raises(KeyboardInterrupt):
+        save(20)
+    monkeypatch.undo()
+    assert steps() == (10, 10, 10)  # the last save, whole
+    assert [p.name for p in units.state_files(tmp_path)] == [f"{name}.json", f"{name}.pt"]  # packed: not the cut one
+    save(30)  # writes over the cut save's weights, then removes the last save's
+    assert steps() == (30, 30, 30) and sorted(p.name for p in tmp_path.glob("*.pt")) == [f"{name}.1.pt"]
+    info = json.loads((tmp_path / f"{name}.json").read_text())
+    for weights, why in ((f"{name}.pt", f"{name}.pt is missing"), ("../other.pt", "names weights '../other.pt'")):
+        (tmp_path / f"{name}.json").write_text(json.dumps({**info, "weights": weights}))  # a pair put together by hand
+        with pytest.raises(ValueError, match=re.escape(why)):
+            units.check_states(tmp_path)
+    units.remove_state(tmp_path, name)
+    assert [p.name for p in tmp_path.iterdir()] == [".lock"]
 
 
 def test_pack_every_s_sends_each_new_checkpoint_until_killed(tmp_path):

@@ -20,6 +20,7 @@ from klalm.tasks.plans import A5Plan, A5Stage, Estimate, RunPlan
 from klalm.tasks.results import Results, read_jsonl
 from klalm.tasks.runner import GridBlock
 from klalm.tasks.train import TrainSettings
+from klalm.tasks.units import state_name
 
 COMMITTED = Path(__file__).resolve().parents[2] / "results" / "synthetic"
 CPU_A5 = ["--plan", "cpu", "--families", "a5", "--archs", "gpt", "--a5-lengths", "3", "--a5-depths", "1"]
@@ -69,7 +70,6 @@ def test_help_and_usage_errors_answer_before_torch_is_imported(console_in_fresh_
         (["--mad-weight-decays", "nan"], "mad.weight_decays must be finite"),
         (["--max-state-mib", "-3"], "max_state_mib=-3.0 must be > 0"),
         (["--gpus", "-1"], "--gpus must be >= 0, got -1"),
-        (["--time-budget-s", "nan"], "--time-budget-s nan must be a number of seconds (inf: no deadline)"),
         (["--lrs", "-inf"], "learning rates must be > 0, got [-inf]"),
         (["--archs", ""], "--archs names nothing"),
         (["--seeds", ""], "--seeds names nothing"),
@@ -81,6 +81,23 @@ def test_nonsense_knobs_are_one_line_and_make_no_folder(tmp_path, knob, message)
     for verb in ("plan", "run"):
         _refused([verb, *CPU_A5, "--results", str(tmp_path / "new"), "--state", str(tmp_path / "s"), *knob], message)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_run_refuses_a_budget_flag_it_cannot_use_and_plan_ignores_the_budget(tmp_path, monkeypatch):
+    """`plan --time-budget-s nan` was refused although plan ignores the budget; `--finish-only` without a deadline,
+    and `--gpus N` on the CPU (N CPU slots), were taken silently."""
+    import torch
+
+    monkeypatch.setattr(GridBlock, "run", lambda self: pytest.fail("a block ran"))
+    run = ["run", *CPU_A5, "--results", str(tmp_path / "r"), "--state", str(tmp_path / "s")]
+    _refused([*run, "--time-budget-s", "nan"], "--time-budget-s nan must be a number of seconds (inf: no deadline)")
+    _refused([*run, "--time-budget-s", "inf", "--finish-only"], "--finish-only needs a deadline (--time-budget-s, or")
+    _refused([*run, "--gpus", "2"], "--gpus 2: units run on the CPU here (device='cpu'), where --procs-per-gpu alone")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    _refused(["plan", *CPU_A5, "--device", "auto", "--results", str(tmp_path / "r"), "--gpus", "1"],
+             "--gpus 1: units run on the CPU here (torch sees no CUDA device)")  # fmt: skip
+    assert list(tmp_path.iterdir()) == []
+    synthetic(["plan", *CPU_A5, "--results", str(tmp_path / "r"), "--time-budget-s", "nan", "--gpus", "0"])
 
 
 @pytest.mark.parametrize(
@@ -325,8 +342,8 @@ def test_a_second_run_into_the_same_results_folder_is_refused_while_the_first_ru
     monkeypatch.setattr(GridBlock, "run", run_beside)
     synthetic(argv)
     assert second == [
-        f"klalm-synthetic: --results folder {tmp_path / 'r'} is in use by another `klalm-synthetic "
-        "run`: one run at a time (two would train the same units and write their rows twice)"
+        f"klalm-synthetic: --results folder {tmp_path / 'r'} is in use by another `klalm-synthetic` run, merge or "
+        "progress: one at a time (two runs would train the same units and write their rows twice)"
     ]
     monkeypatch.setattr(GridBlock, "run", lambda self: second.append("ran"))
     (tmp_path / "r" / "rates.jsonl").write_text("{cut short\n")
@@ -334,6 +351,54 @@ def test_a_second_run_into_the_same_results_folder_is_refused_while_the_first_ru
     (tmp_path / "r" / "rates.jsonl").unlink()
     synthetic(argv)  # the first one's end let the folder go
     assert second[-1] == "ran"
+
+
+def test_merge_and_progress_into_a_results_folder_a_run_holds_are_refused(tmp_path, monkeypatch):
+    """merge and progress append to the folder a block appends to (merge a row the block may train as well) and took
+    no lock."""
+    row = (COMMITTED / "a5.jsonl").read_text().splitlines()[0]
+    (tmp_path / "back").mkdir()
+    (tmp_path / "back" / "a5.jsonl").write_text(row + "\n")
+    _saved_state(tmp_path / "s", _cpu_a5_unit())
+    results = str(tmp_path / "r")
+    beside = []
+
+    def run_beside(self):  # a block running into r: merge and progress into it
+        for argv, why in (
+            (["merge", "--from", str(tmp_path / "back"), "--results", results], "merge once it has"),
+            (["progress", "--state", str(tmp_path / "s"), "--results", results], "record once it"),
+        ):
+            beside.append(_refused(argv, f"in use by another `klalm-synthetic` run, merge or progress: {why}"))
+        assert _files(tmp_path / "r") == {}
+
+    monkeypatch.setattr(GridBlock, "run", run_beside)
+    synthetic(["run", *CPU_A5, "--results", results, "--time-budget-s", "inf"])
+    assert len(beside) == 2
+    synthetic(["merge", "--from", str(tmp_path / "back"), "--results", results])  # the run has ended
+    synthetic(["progress", "--state", str(tmp_path / "s"), "--results", results])
+    assert sorted(_files(tmp_path / "r")) == ["a5.jsonl", "progress.jsonl"]
+
+
+def test_merge_and_progress_refuse_a_folder_that_is_not_a_results_folder(tmp_path, capsys):
+    """`merge --results results` appended a5.jsonl to the folder of the results folders."""
+    row = (COMMITTED / "a5.jsonl").read_text().splitlines()[0]
+    (tmp_path / "back").mkdir()
+    (tmp_path / "back" / "a5.jsonl").write_text(row + "\n")
+    _saved_state(tmp_path / "s", _cpu_a5_unit())
+    parent = tmp_path / "results"
+    (parent / "synthetic").mkdir(parents=True)
+    (parent / "README.md").write_text("results folders\n")
+    before = _files(tmp_path)
+    for argv in (["merge", "--from", str(tmp_path / "back"), "--results", str(parent)],
+                 ["progress", "--state", str(tmp_path / "s"), "--results", str(parent)]):  # fmt: skip
+        _refused(argv, f"--results folder {parent} is not a results folder: it holds none of a5.jsonl, mqar.jsonl, "
+                 "mad.jsonl, rates.jsonl, progress.jsonl and is not empty (a new one must be)")  # fmt: skip
+    assert _files(tmp_path) == before
+    (parent / "synthetic" / "rates.jsonl").write_text("")  # a results file, with or without rows, marks one
+    synthetic(["merge", "--from", str(tmp_path / "back"), "--results", str(parent / "synthetic")])
+    synthetic(["progress", "--state", str(tmp_path / "s"), "--results", str(tmp_path / "new")])  # made: empty
+    assert [json.loads(line) for line in capsys.readouterr().out.splitlines()] == [{"a5.jsonl": 1},
+                                                                                   {"progress.jsonl": 1}]  # fmt: skip
 
 
 def test_ctrl_c_stops_a_block_of_several_slots_from_starting_more_units(tmp_path, monkeypatch):
@@ -413,19 +478,23 @@ def test_evaluate_refuses_a_device_it_cannot_use_and_curves_a_negative_step(tmp_
     _refused(["curves", "--results", str(tmp_path / "rows"), "--steps", "0,-1"], "--steps: steps must be >= 0")
 
 
-def _cpu_a5_plan() -> RunPlan:
+def _cpu_a5_plan(knobs: list[str] = CPU_A5) -> RunPlan:
     from klalm.cli.synthetic_args import parse_args
     from klalm.tasks.plans import apply_args, load_plan
 
-    args = parse_args(["run", *CPU_A5, "--results", "x"])
+    args = parse_args(["run", *knobs, "--results", "x"])
     return apply_args(load_plan(args.plan), args)
+
+
+def _plan_units(knobs: list[str]):
+    from klalm.tasks.plans import plan_units
+
+    return plan_units(_cpu_a5_plan(knobs))
 
 
 def _cpu_a5_unit():
     """The one unit of CPU_A5 (gpt, length 3, depth 1)."""
-    from klalm.tasks.plans import plan_units
-
-    return plan_units(_cpu_a5_plan())[0]
+    return _plan_units(CPU_A5)[0]
 
 
 def _saved_state(folder: Path, unit) -> None:
@@ -457,6 +526,29 @@ def test_plan_keeps_the_state_of_a_unit_finished_meanwhile(tmp_path, capsys):
     assert _files(tmp_path) == before
     block = GridBlock(_cpu_a5_plan(), Results(tmp_path / "r", ["a5"]), tmp_path / "s", "cpu", 0, True, None, "abc")
     assert block.saved() == {}  # a block does drop it: the state above is a stale one
+
+
+def test_a_state_saved_under_other_members_or_steps_is_named_before_its_seeds_restart(tmp_path, capsys, caplog):
+    """A paused unit's state saved under other --members or --steps matches no unit of the plan (its name digests the
+    unit's seeds and steps): it was ignored without a word and its seeds trained again from step 0."""
+    two = ["--seeds", "0,1"]
+    (unit,) = _plan_units([*CPU_A5, *two, "--members", "2"])
+    _saved_state(tmp_path / "s", unit)
+    state = f"{tmp_path / 's' / state_name(unit)}.json ({unit.label()}, paused at step 5) is resumed by no unit of this"
+    plan = ["plan", *CPU_A5, "--results", str(tmp_path / "r"), "--state", str(tmp_path / "s"), *two]
+    for knobs, differs in (
+        ([], "seeds [0, 1] side by side there, [0] and [1] in the plan (--members, or rows of"),
+        (["--members", "2", "--steps", "50"], "300 steps there, 50 in the plan (--steps)"),
+    ):
+        synthetic([*plan, *knobs])
+        assert f"{state} plan: {differs}" in capsys.readouterr().out
+    synthetic([*plan, "--members", "2"])  # the knobs it ran with: it resumes
+    assert "| resumes |" in capsys.readouterr().out
+    synthetic([*plan, "--a5-lengths", "5"])  # another cell's state: not this plan's business
+    assert "resumed by no unit" not in capsys.readouterr().out
+    with caplog.at_level("WARNING", logger="klalm.synthetic"):
+        synthetic(["run", *plan[1:], "--time-budget-s", "0"])
+    assert f"{state} plan: seeds [0, 1] side by side there" in caplog.text
 
 
 @pytest.mark.parametrize("budget", ["-10", "-1e3", "0", "-inf"])

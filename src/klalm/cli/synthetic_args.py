@@ -47,13 +47,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             "plan": "accepted and ignored (plan has no deadline)",
         }
         cmd.add_argument("--time-budget-s", type=float, help=budget_help[verb])
-        cmd.add_argument("--gpus", type=int, help="GPUs to use (default: every visible one)")
+        cmd.add_argument("--gpus", type=int, help="GPUs to use (default: every visible one; none on the CPU)")
         cmd.add_argument("--state", type=Path, help="folder of paused units' states: resumed from, paused into "
                          "(needed by a run with a time budget)")  # fmt: skip
         if verb == "run":
             cmd.add_argument("--in-process", action="store_true", help="run units in this process (one slot)")
             cmd.add_argument("--finish-only", action="store_true", help="start only units estimated to end before "
-                             "the deadline (the last block before the states would be lost)")  # fmt: skip
+                             "the deadline (the last block before the states would be lost; needs one)")  # fmt: skip
             cmd.add_argument("--checkpoint-every-s", type=float, help="also save running units' states this often "
                              "(at an evaluation), so a block killed early resumes from there")  # fmt: skip
         else:

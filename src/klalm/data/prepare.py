@@ -35,6 +35,7 @@ from klalm.data.shards import DTYPES, FORMAT, INDEX_FILE
 from klalm.data.sources import build_source
 from klalm.data.tokenizer import encode_texts, load_tokenizer, same_tokenizer, tokenizer_label, tokenizer_meta
 from klalm.errors import in_command_terms, one_line, refuse
+from klalm.fileio import flock_path
 
 
 def choose_dtype(vocab_size: int) -> str:
@@ -388,26 +389,15 @@ def _remove_stale_staging(out_dir: Path) -> None:
 
 
 def _lock(path: Path) -> int | None:
-    """An open descriptor of `path` (created if missing) holding an exclusive flock on it, or None where the file
-    system has no locks; BlockingIOError when another process holds it. The lock ends when the descriptor is closed
-    or the process ends, however it ends."""
-    import fcntl  # (Unix only, as flock; imported here so that klalm.data imports everywhere)
-
-    descriptor = os.open(path, os.O_CREAT | os.O_WRONLY, 0o644)
+    """An open descriptor of `path` (created if missing) holding an exclusive flock on it (`flock_path`), or None
+    where there are no locks (a file system without them, or Windows); BlockingIOError when another process holds it.
+    The lock ends when the descriptor is closed or the process ends, however it ends."""
     try:
-        fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(descriptor)
-        raise
-    except OSError as err:
-        os.close(descriptor)
+        return flock_path(path, os.O_CREAT | os.O_WRONLY)
+    except OSError as err:  # BlockingIOError (EAGAIN) is none of NO_LOCKS
         if err.errno in NO_LOCKS:
             return None
         raise
-    except BaseException:
-        os.close(descriptor)
-        raise
-    return descriptor
 
 
 def _swap_in(staging: Path, out_dir: Path, names: list[str]) -> None:

@@ -620,5 +620,5 @@ def write_folder(plan: RunPlan, folder: Path, out: Path) -> str:
     """results.md (every section) and the plots in `out`; returns the Markdown."""
     out.mkdir(parents=True, exist_ok=True)
     markdown = "\n\n".join(f"## {family}\n\n{text}" for family, text in sections(plan, folder, out, "").items()) + "\n"
-    (out / "results.md").write_text(markdown)
+    write_atomic(out / "results.md", markdown)
     return markdown

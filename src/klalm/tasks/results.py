@@ -58,7 +58,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from klalm.tasks.plans import Estimate, kla_default_d_state
+from klalm.tasks.plans import FAMILY_NAMES, Estimate, kla_default_d_state
 from klalm.tasks.units import CELL_FIELDS, Unit, UnitOutcome, row_key
 
 RATES_FILE = "rates.jsonl"
@@ -159,6 +159,15 @@ def append_lines(path: Path, rows: list[dict[str, Any]]) -> None:
 
 def family_file(folder: Path, family: str) -> Path:
     return folder / f"{family}.jsonl"
+
+
+RESULTS_FILES = (*(f"{family}.jsonl" for family in FAMILY_NAMES), RATES_FILE, PROGRESS_FILE)
+
+
+def is_results_folder(folder: Path) -> bool:
+    """Whether `folder` is a results folder: one that holds a results file (`RESULTS_FILES`), or an empty one (made
+    for a first merge, before any row: scripts/device_synthetic.sh's `$OUT/synthetic` without committed rows)."""
+    return any((folder / name).is_file() for name in RESULTS_FILES) or not any(folder.iterdir())
 
 
 class Results:

@@ -41,9 +41,10 @@ from typing import Any, NoReturn
 import torch
 
 from klalm.errors import one_line, refuse
+from klalm.fileio import flocked
 from klalm.provenance import git_commit
 from klalm.tasks.plans import RunPlan, apply_args, load_plan, plan_units
-from klalm.tasks.results import Results, estimate_s, merge
+from klalm.tasks.results import RESULTS_FILES, Results, estimate_s, is_results_folder, merge
 from klalm.tasks.units import (
     CELL_FIELDS,
     Execution,
@@ -59,6 +60,7 @@ from klalm.tasks.units import (
     row_key,
     run_units,
     saved_states,
+    state_files,
     state_mib,
     state_name,
     state_parts,
@@ -102,6 +104,14 @@ class NotStarted(RuntimeError):
     """A unit's process not started because the block was stopping: not a failure of the unit."""
 
 
+def _seed_cells(unit: Unit, seeds: list[int]) -> set[str]:
+    """The keys of `unit`'s `seeds` (`Unit.key`) without the step count: where a unit saved under other --steps or
+    --members meets the plan's."""
+    cell = unit.cell()
+    del cell["train"]["steps"]
+    return {json.dumps({**cell, "seed": seed}, sort_keys=True) for seed in seeds}
+
+
 def solved_depths(rows: list[dict]) -> dict[str, set[int]]:
     """A5 rows -> depth group -> depths at which some seed reached its stop threshold."""
     solved: dict[str, set[int]] = {}
@@ -139,6 +149,9 @@ class GridBlock:
             raise ValueError("a block with --checkpoint-every-s needs --state (the folder its checkpoints go to)")
         if checkpoint_every_s is not None and not checkpoint_every_s > 0:  # nan too: it saved at every evaluation
             raise ValueError(f"--checkpoint-every-s must be > 0, got {checkpoint_every_s}")
+        if finish_only and time_budget_s is None:  # a block without a deadline pauses no unit anyway
+            raise ValueError("--finish-only needs a deadline (--time-budget-s, or the plan's time_budget_s): without "
+                             "one no unit pauses, so it changes nothing")  # fmt: skip
         self.checkpoint_every_s = checkpoint_every_s
         self.plan, self.results, self.state, self.device, self.gpus = plan, results, state, device, gpus
         self.slots = max(gpus, 1) * plan.procs_per_gpu
@@ -197,6 +210,32 @@ class GridBlock:
             if steps:
                 lost.append((unit, max(steps)))
         return lost
+
+    def orphaned_states(self) -> list[str]:
+        """One line per state in the state folder that no unit of the plan resumes though the plan runs some of its
+        seeds on its cell but for the step count: saved under other --members or --steps (or before rows of some of
+        its seeds came), it is ignored and those seeds start again from step 0. States of other cells (another
+        stage's or family's) are not named."""
+        planned = [(unit, self.free_seeds(unit)) for unit in self.units]
+        resumed = {state_name(dataclasses.replace(unit, seeds=seeds)) for unit, seeds in planned}
+        cells = [_seed_cells(unit, seeds) for unit, seeds in planned]
+        lines = []
+        for name, saved in self.saved().items():
+            paused = Unit.from_dict(saved["unit"])
+            sharing = [planned[i] for i, held in enumerate(cells) if held & _seed_cells(paused, paused.seeds)]
+            if name in resumed or not sharing:
+                continue
+            differs = []
+            steps = sorted({unit.train.steps for unit, _ in sharing} - {paused.train.steps})
+            if steps:
+                differs.append(f"{paused.train.steps} steps there, {', '.join(map(str, steps))} in the plan (--steps)")
+            if [seeds for _, seeds in sharing] != [paused.seeds]:
+                groups = " and ".join(str(seeds) for _, seeds in sharing)
+                differs.append(f"seeds {paused.seeds} side by side there, {groups} in the plan (--members, or rows "
+                               "of some seeds since)")  # fmt: skip
+            lines.append(f"{self.state / name}.json ({saved['label']}, paused at step {saved['step']}) is resumed by "
+                         f"no unit of this plan: {'; '.join(differs)}; its seeds start again from step 0")  # fmt: skip
+        return lines
 
     def _drop_stale_states(self) -> None:
         """Remove the states of units whose seeds all have rows, or whose A5 cell was solved at a lower depth."""
@@ -422,6 +461,8 @@ class GridBlock:
         for unit, step in self.lost_pauses():
             log.warning("%s: progress.jsonl records it paused at step %d, but %s holds no state for it: it starts "
                         "again from step 0", unit.label(), step, self.state)  # fmt: skip
+        for line in self.orphaned_states():
+            log.warning(line)
         if self.deadline is not None and self.deadline <= time.time():
             log.info("no time left (a time budget <= 0 s less the time taken so far): the block starts nothing")
         elif (reason := self.too_short()) is not None:  # a stage given less than a unit needs: skipped, not failed
@@ -541,6 +582,7 @@ def plan_table(block: GridBlock) -> str:
     for unit, step in block.lost_pauses():
         lines.append(f"{unit.label()}: paused at step {step} by progress.jsonl, but its state is not in {block.state}: "
                      "it starts again from step 0")  # fmt: skip
+    lines += block.orphaned_states()
     if block.plan.units_per_process > 1:
         lines.append(f"each unit is estimated alone; packs of up to {block.plan.units_per_process} units run side by "
                      "side in one process and take less GPU time than the sum")  # fmt: skip
@@ -568,13 +610,19 @@ def _block(args: argparse.Namespace, plan: RunPlan) -> GridBlock:
     visible = torch.cuda.device_count() if device == "cuda" else 0
     if args.gpus is not None and args.gpus < 0:
         raise ValueError(f"--gpus must be >= 0, got {args.gpus}")
+    if device == "cpu" and args.gpus:  # it had made that many CPU slots
+        why = "torch sees no CUDA device" if plan.device == "auto" else "device='cpu'"
+        raise ValueError(f"--gpus {args.gpus}: units run on the CPU here ({why}), where --procs-per-gpu alone sets "
+                         "the slots")  # fmt: skip
     if device == "cuda" and args.gpus is not None and not 1 <= args.gpus <= visible:
         raise ValueError(f"--gpus {args.gpus}: give 1 to {visible} (the GPUs torch sees here)")
     gpus = args.gpus if args.gpus is not None else visible
-    budget = args.time_budget_s if args.time_budget_s is not None else plan.time_budget_s
+    budget = None  # plan lists units and estimates: no deadline (its --time-budget-s is ignored), no state folder
+    if args.verb == "run":
+        budget = args.time_budget_s if args.time_budget_s is not None else plan.time_budget_s
     if budget is not None and math.isnan(budget):  # 0 or below: no time left (a late stage), nothing starts
         raise ValueError(f"--time-budget-s {budget} must be a number of seconds (inf: no deadline)")
-    if budget == math.inf or args.verb == "plan":  # plan lists units and estimates: no deadline, no state folder
+    if budget == math.inf:
         budget = None
     results = Results(args.results, plan.families, create=False)
     return GridBlock(plan, results, args.state, device, gpus, getattr(args, "in_process", False), budget,
@@ -660,8 +708,15 @@ def _merge(args: argparse.Namespace) -> None:
         _refuse(f"--from {args.source} holds no results file (*.jsonl){beside}: nothing to merge (a call's rows come "
                 "back in its synthetic/ folder, its states' parts beside it)")  # fmt: skip
     _folder(args.results, "--results folder", exists=True)
+    _results_folder(args.results)
     if args.state is not None:
         _folder(args.state, "--state folder", exists=False)
+    with _one_writer(args.results, "merge"):
+        _merge_into(args, parts)
+
+
+def _merge_into(args: argparse.Namespace, parts: list[Path]) -> None:
+    """`merge`'s writes, its folders checked and --results held (`_one_writer`)."""
     commit = args.commit or git_commit()
     staged = None  # the parts unpacked beside --state and checked before any row is merged: a bad archive merges none
     if args.state is not None and parts:
@@ -719,8 +774,7 @@ def run(args: argparse.Namespace) -> None:
         finally:
             if default:
                 signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        states = [*args.state.glob("*.json"), *args.state.glob("*.pt")]  # what pack_states packs
-        mib = {"state_mib": _mib(states), "packed_mib": _mib(parts)}
+        mib = {"state_mib": _mib(state_files(args.state)), "packed_mib": _mib(parts)}
         print(json.dumps({"parts": [p.name for p in parts], "units": len(saved_states(args.state)), **mib}))
         return
     if args.verb in ("evaluate", "positions"):
@@ -779,18 +833,22 @@ def run(args: argparse.Namespace) -> None:
     if args.verb == "progress":
         _folder(args.state, "state folder", exists=True)
         _folder(args.results, "--results folder", exists=False)  # created when missing: a folder to merge later
-        try:  # the states read first: a damaged one leaves no --results folder behind
-            rows = paused_rows(args.state, args.commit or git_commit())
-            results = Results(args.results, [])
-        except (ValueError, OSError) as err:  # a damaged state, a progress.jsonl not JSON lines, an uncreatable folder
-            _refuse(one_line(err))
-        print(json.dumps({"progress.jsonl": results.record_progress(rows)}))
+        _results_folder(args.results)
+        with contextlib.ExitStack() as held:
+            try:  # the states read first: a damaged one leaves no --results folder behind
+                rows = paused_rows(args.state, args.commit or git_commit())
+                args.results.mkdir(parents=True, exist_ok=True)
+                held.enter_context(_one_writer(args.results, "progress"))
+                results = Results(args.results, [])
+            except (ValueError, OSError) as err:  # a damaged state, a progress.jsonl not JSON lines, no folder made
+                _refuse(one_line(err))
+            print(json.dumps({"progress.jsonl": results.record_progress(rows)}))
         return
     if getattr(args, "state", None) is not None:
         _folder(args.state, "--state folder", exists=False)
     if args.verb in ("run", "plan"):
         _folder(args.results, "--results folder", exists=False)
-    held = contextlib.ExitStack()  # `run`: the --results folder's lock (_only_run_into), until the block ends
+    held = contextlib.ExitStack()  # `run`: the --results folder's lock (_one_writer), until the block ends
     try:
         plan = apply_args(load_plan(args.plan), args)
         if args.verb == "report":
@@ -798,14 +856,14 @@ def run(args: argparse.Namespace) -> None:
             print(write_doc(plan, args.results, args.doc) if args.doc else write_folder(plan, args.results, args.out))
             return
         if args.verb == "run" and args.results.is_dir():  # before the block reads its rows or drops a state
-            held.enter_context(_only_run_into(args.results))
+            held.enter_context(_one_writer(args.results, "run"))
         block = _block(args, plan)
         if args.verb == "plan":
             print(plan_table(block))
             return
         if not args.results.is_dir():  # a new folder: made once the block is set up
             args.results.mkdir(parents=True, exist_ok=True)
-            held.enter_context(_only_run_into(args.results))
+            held.enter_context(_one_writer(args.results, "run"))
     except BrokenPipeError:  # the table's reader has gone (`plan ... | head`): not bad input; ended quietly above
         raise
     except (KeyError, ValueError, OSError) as err:  # a bad plan, knob, results folder or file, device
@@ -827,26 +885,32 @@ def run(args: argparse.Namespace) -> None:
         sys.exit(_failures(block))
 
 
+_IN_USE = {  # why a command waits for the one that holds its --results folder (`_one_writer`)
+    "run": "one at a time (two runs would train the same units and write their rows twice)",
+    "merge": "merge once it has ended (its block would not see the rows merged, and train their units again)",
+    "progress": "record once it has ended (its block records its paused units' progress too: rows twice)",
+}
+
+
 @contextlib.contextmanager
-def _only_run_into(folder: Path):
-    """Hold an flock on the --results folder itself while a block runs into it: a second `run` into it is refused,
-    since both would train the units left and append their rows twice. Where there is no flock (Windows), nothing
-    is held."""
-    try:
-        import fcntl  # POSIX: Linux (the GPU machines, CI) and macOS
-    except ImportError:
-        yield
-        return
-    fd = os.open(folder, os.O_RDONLY)  # not inherited by the units' processes
-    try:
+def _one_writer(folder: Path, verb: str):
+    """Hold an flock on the --results folder itself while `verb` (run, merge or progress) writes into it: another of
+    them into it meanwhile is refused, `_IN_USE` saying why. Where there is no flock (Windows), nothing is held."""
+    with contextlib.ExitStack() as held:
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            held.enter_context(flocked(folder))  # its descriptor is not inherited by the units' processes
         except BlockingIOError:
-            _refuse(f"--results folder {folder} is in use by another `klalm-synthetic run`: one run at a time (two "
-                    "would train the same units and write their rows twice)")  # fmt: skip
+            _refuse(f"--results folder {folder} is in use by another `klalm-synthetic` run, merge or progress: "
+                    f"{_IN_USE[verb]}")  # fmt: skip
         yield
-    finally:
-        os.close(fd)
+
+
+def _results_folder(folder: Path) -> None:
+    """Refuse an existing --results folder that writing rows into would spoil: one with none of the results files
+    and other things in it (`merge --results results` had put a5.jsonl beside the results folders)."""
+    if folder.is_dir() and not is_results_folder(folder):
+        _refuse(f"--results folder {folder} is not a results folder: it holds none of {', '.join(RESULTS_FILES)} "
+                "and is not empty (a new one must be)")  # fmt: skip
 
 
 def _failures(block: GridBlock) -> str:

@@ -7,12 +7,14 @@ again whatever unit it ran in.
 
 A unit that reaches its deadline unfinished pauses: it saves its state into a state folder and returns no rows,
 only its measured rate; run again with the same folder, it resumes exactly where it paused (see klalm.tasks.train)
-and removes its state once it finishes. In the folder, unit X is `X.pt` (every member's `Member.state_dict`, the
-evaluations so far, the time spent) and `X.json` (the unit, the step reached, the time spent: what the runner reads),
-X a digest of the unit's cell and seeds (`state_name`). Both are written to a temporary name and renamed, the .json
-last, so a .json always has its .pt, under the folder's lock (`.lock`), so `pack_states` reads a matching pair. With
-`checkpoint_every_s`, a unit also saves that state at an evaluation while it trains (`Checkpoints`): a process
-killed before its deadline resumes from the last one.
+and removes its state once it finishes. In the folder, unit X is `X.json` (the unit, the step reached, the time
+spent: what the runner reads) and the .pt it names (`weights`: every member's `Member.state_dict`, the evaluations so
+far, the time spent), X a digest of the unit's cell and seeds (`state_name`). A save writes the .pt under the other
+of its two names (`X.pt`, `X.1.pt`), then the .json naming it, each to a temporary name and renamed, then removes
+the last save's .pt, all under the folder's lock (`.lock`): a process killed between the two leaves the last pair
+whole (its .pt was not overwritten), and `pack_states` reads a matching pair. With `checkpoint_every_s`, a unit also
+saves that state at an evaluation while it trains (`Checkpoints`): a process killed before its deadline resumes
+from the last one.
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ from typing import Any
 import torch
 
 from klalm.errors import one_line
-from klalm.fileio import atomic_path, write_atomic
+from klalm.fileio import atomic_path, flocked, write_atomic
 from klalm.ops.backends import recording
 from klalm.tasks import make_task, materialize
 from klalm.tasks.base import SyntheticTask
@@ -226,7 +228,7 @@ def state_name(unit: Unit) -> str:
     return hashlib.sha256(json.dumps({**unit.cell(), "seeds": unit.seeds}, sort_keys=True).encode()).hexdigest()[:16]
 
 
-STATE_KEYS = ("unit", "label", "step", "spent")  # what `_save_state` writes in a state's .json
+STATE_KEYS = ("unit", "label", "step", "spent")  # what `_save_state` writes in a state's .json, with `weights`
 
 
 def saved_states(folder: Path) -> dict[str, dict[str, Any]]:
@@ -246,7 +248,28 @@ def _read_info(path: Path) -> dict[str, Any]:
         raise ValueError(f"state file {path} is not JSON: {one_line(err)}") from err
     if not isinstance(info, dict) or not set(STATE_KEYS) <= info.keys():
         raise ValueError(f"state file {path} is not a paused unit's state (a JSON object with {', '.join(STATE_KEYS)})")
+    if info.get("weights", f"{path.stem}.pt") not in weights_names(path.stem):
+        raise ValueError(f"state file {path} names weights {info['weights']!r}, not one of {weights_names(path.stem)}")
     return info
+
+
+def weights_names(name: str) -> tuple[str, str]:
+    """The two names the .pt of state `name` alternates between (`_save_state`)."""
+    return f"{name}.pt", f"{name}.1.pt"
+
+
+def weights_file(folder: Path, name: str, info: dict[str, Any]) -> Path:
+    """The .pt of state `name` in `folder`: the one its .json (`info`) names; `X.pt` in states saved before the .json
+    named it."""
+    return folder / info.get("weights", f"{name}.pt")
+
+
+def state_files(folder: Path) -> list[Path]:
+    """Every state's .json in `folder` and the .pt each names: what `pack_states` packs (a .pt that no .json names, of
+    a save cut short, stays out)."""
+    states = saved_states(folder)
+    weights = [weights_file(folder, name, info) for name, info in states.items()]
+    return [folder / f"{name}.json" for name in states] + weights
 
 
 def check_states(folder: Path) -> None:
@@ -257,8 +280,8 @@ def check_states(folder: Path) -> None:
     Raises:
         ValueError: naming the first file that is not so.
     """
-    for name in saved_states(folder):
-        _check_weights(folder / f"{name}.pt")
+    for name, info in saved_states(folder).items():
+        _check_weights(weights_file(folder, name, info))
 
 
 def _check_weights(weights: Path) -> None:
@@ -356,7 +379,7 @@ def state_parts(folder: Path) -> list[Path]:
 
 
 def pack_states(folder: Path, out: Path, part_bytes: int = 15 * 2**20) -> list[Path]:
-    """Pack the paused units' states in `folder` (every .json and .pt, under its lock) into `out` as the pieces
+    """Pack the paused units' states in `folder` (`state_files`, under its lock) into `out` as the pieces
     `unpack_states` reads (a tar archive, its bytes in planes and deflated: `SQUEEZED`): `state.tar.00`,
     `state.tar.01`, ... of at most `part_bytes` each (a device call sends
     back files of up to 16 MiB). Each piece is written to a temporary name and renamed, and pieces left from a larger
@@ -367,7 +390,7 @@ def pack_states(folder: Path, out: Path, part_bytes: int = 15 * 2**20) -> list[P
     buffer = io.BytesIO()
     with _locked(Path(folder)), tarfile.open(fileobj=buffer, mode="w") as archive:
         check_states(Path(folder))  # before any piece is written: a damaged state is refused, not shipped
-        for path in sorted(Path(folder).glob("*.json")) + sorted(Path(folder).glob("*.pt")):
+        for path in state_files(Path(folder)):
             archive.add(path, arcname=path.name)
     data = _squeezed(buffer.getvalue())
     out.mkdir(parents=True, exist_ok=True)
@@ -402,26 +425,15 @@ def remove_state(folder: Path, name: str) -> None:
     if not folder.is_dir():
         return
     with _locked(folder):
-        for suffix in (".json", ".pt"):
-            (folder / name).with_suffix(suffix).unlink(missing_ok=True)
+        for file in (f"{name}.json", *weights_names(name)):
+            (folder / file).unlink(missing_ok=True)
 
 
-@contextlib.contextmanager
-def _locked(folder: Path):
-    """Hold the state folder's lock (an flock on `folder/.lock`): one process writes or packs its states at a time.
-    Where there is no flock (Windows), nothing is locked: run no `pack --every-s` beside a block there."""
+def _locked(folder: Path) -> contextlib.AbstractContextManager[None]:
+    """Hold the state folder's lock (an flock on `folder/.lock`, waited for): one process writes or packs its states
+    at a time. Where there is no flock (Windows), nothing is locked: run no `pack --every-s` beside a block there."""
     folder.mkdir(parents=True, exist_ok=True)
-    try:
-        import fcntl  # POSIX: Linux (the GPU machines, CI) and macOS
-    except ImportError:
-        yield
-        return
-    with open(folder / ".lock", "a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+    return flocked(folder / ".lock", os.O_CREAT | os.O_WRONLY, wait=True)
 
 
 def _save_state(folder: Path, unit: Unit, members: list[Member], evals: list[list[dict]], spent: dict) -> None:
@@ -429,9 +441,16 @@ def _save_state(folder: Path, unit: Unit, members: list[Member], evals: list[lis
     state = {"members": [m.state_dict() for m in members], "evals": evals, "spent": spent}
     info = {"unit": dataclasses.asdict(unit), "label": unit.label(), "step": step, "spent": spent}
     with _locked(folder):
-        with atomic_path(folder / f"{name}.pt") as temporary:
+        try:  # the .pt of the last save, kept until the new pair is whole (module doc)
+            last = weights_file(folder, name, _read_info(folder / f"{name}.json")).name
+        except (OSError, ValueError):  # none yet (or a damaged .json, replaced here)
+            last = None
+        first, second = weights_names(name)
+        weights, other = (second, first) if last == first else (first, second)
+        with atomic_path(folder / weights) as temporary:
             torch.save(state, temporary)
-        write_atomic(folder / f"{name}.json", json.dumps(info))
+        write_atomic(folder / f"{name}.json", json.dumps({**info, "weights": weights}))
+        (folder / other).unlink(missing_ok=True)
 
 
 def _load_state(folder: Path, unit: Unit, device: torch.device) -> dict[str, Any] | None:
@@ -440,14 +459,16 @@ def _load_state(folder: Path, unit: Unit, device: torch.device) -> dict[str, Any
     name = state_name(unit)
     if not (folder / f"{name}.json").is_file():
         return None
-    if _read_info(folder / f"{name}.json")["unit"] != json.loads(json.dumps(dataclasses.asdict(unit))):
+    info = _read_info(folder / f"{name}.json")
+    if info["unit"] != json.loads(json.dumps(dataclasses.asdict(unit))):
         raise ValueError(f"{folder / name}.json holds another unit than {unit.label()}; remove it")
-    _check_weights(folder / f"{name}.pt")  # torch.load would take damaged bytes as weights
+    weights = weights_file(folder, name, info)
+    _check_weights(weights)  # torch.load would take damaged bytes as weights
     try:
-        return torch.load(folder / f"{name}.pt", map_location=device, weights_only=True)
+        return torch.load(weights, map_location=device, weights_only=True)
     except (RuntimeError, OSError, EOFError, pickle.UnpicklingError) as err:  # cut short, damaged, missing
         reason = one_line(err).split(". ")[0]  # torch adds sentences of advice
-        raise ValueError(f"state file {folder / name}.pt cannot be loaded: {reason}") from err
+        raise ValueError(f"state file {weights} cannot be loaded: {reason}") from err
 
 
 def paused_rows(folder: Path, commit: str) -> list[dict[str, Any]]:
