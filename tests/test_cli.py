@@ -598,3 +598,15 @@ def test_a_command_started_with_stdout_closed_ends_as_it_would_otherwise(tmp_pat
     proc = subprocess.run(["bash", "-c", f'exec "{sys.executable}" -c "{code}" >&-'], capture_output=True, text=True,
                           cwd=tmp_path, timeout=120)  # fmt: skip
     assert proc.returncode == 0 and proc.stderr == ""
+
+
+def test_a_comma_separated_value_without_m_is_refused_in_one_line_saying_a_sweep_needs_it():
+    """`optim.lr=1e-3,2e-3` without -m: Hydra's five lines on an "ambiguous" value; klalm-train runs sweeps with -m."""
+    with pytest.raises(ConfigError) as refused:
+        check_overrides(["experiment=smoke", "optim.lr=1e-3,2e-3"])
+    assert str(refused.value) == (
+        "optim.lr=1e-3,2e-3: Hydra reads a comma outside brackets and quotes as a sweep over values, which needs -m "
+        "(`klalm-train -m ... optim.lr=1e-3,2e-3` runs one job per value); a list is written 'optim.lr=[1e-3,2e-3]', "
+        """a text with commas optim.lr='"1e-3,2e-3"'"""
+    )
+    check_overrides(["-m", "experiment=smoke", "optim.lr=1e-3,2e-3"])

@@ -1,5 +1,6 @@
 """klalm.fileio: a file is replaced whole on success and left as it was on an error, with no temporary file left (nor
-one a killed writer left), and a symbolic link is written through; an flock on a path holds until let go."""
+one a killed writer left), and a symbolic link is written through; a plot likewise; an flock on a path holds until
+let go."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import time
 import pytest
 
 from klalm import fileio
-from klalm.fileio import atomic_path, flock_path, flocked, write_atomic
+from klalm.fileio import atomic_path, flock_path, flocked, save_figure, write_atomic
 
 
 @pytest.mark.parametrize("data", ["text ü\n", b"\x00bytes\xff"])
@@ -99,6 +100,45 @@ def test_a_symbolic_link_is_written_through_to_its_target(tmp_path):
     write_atomic(link, "new")
     assert link.is_symlink() and target.read_text() == "new"
     assert sorted(p.name for p in tmp_path.rglob("*")) == ["latest.json", "results.json", "runs"]
+
+
+def test_an_error_about_the_temporary_names_the_file_being_written(tmp_path):
+    """A missing folder's error named the temporary (`.summary.json.tmp-<host>-<pid>-<n>`), a file nobody asked for."""
+    path = tmp_path / "no" / "such" / "summary.json"
+    with pytest.raises(FileNotFoundError) as raised:
+        write_atomic(path, "x")
+    assert raised.value.filename == str(path) and str(raised.value).endswith(f"'{path}'")
+    with pytest.raises(ValueError, match="^not about a file$"), atomic_path(tmp_path / "a"):
+        raise ValueError("not about a file")
+
+
+class _Figure:
+    """What `save_figure` needs of a matplotlib Figure: `savefig` into a file object, the format named."""
+
+    def __init__(self, fails: bool = False) -> None:
+        self.fails = fails
+
+    def savefig(self, out, format=None, **kwargs):
+        out.write(f"{format} {kwargs}".encode())
+        if self.fails:
+            raise OSError("cut off mid-write")
+
+
+def test_save_figure_writes_the_format_its_suffix_names_over_an_old_file(tmp_path):
+    (tmp_path / "loss.svg").write_text("old")
+    save_figure(_Figure(), tmp_path / "loss.svg", dpi=120)
+    save_figure(_Figure(), tmp_path / "loss", dpi=120)  # no suffix: matplotlib's default format
+    assert (tmp_path / "loss.svg").read_text() == "svg {'dpi': 120}"
+    assert (tmp_path / "loss").read_text() == "None {'dpi': 120}"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["loss", "loss.svg"]
+
+
+def test_a_figure_cut_off_mid_write_leaves_the_old_image_whole(tmp_path):
+    (tmp_path / "loss.png").write_bytes(b"old image")
+    with pytest.raises(OSError, match="cut off mid-write"):
+        save_figure(_Figure(fails=True), tmp_path / "loss.png")
+    assert (tmp_path / "loss.png").read_bytes() == b"old image"
+    assert [p.name for p in tmp_path.iterdir()] == ["loss.png"]
 
 
 def test_flock_path_holds_a_folder_or_a_file_until_closed_and_nothing_without_flock(tmp_path, monkeypatch):

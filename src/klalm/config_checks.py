@@ -235,9 +235,10 @@ SEARCH_PATH_ARGUMENTS = ("--config-dir", "-cd", "--config-path", "-cp", "--confi
 def check_overrides(overrides: list[str]) -> None:
     """Refuses a command-line override of a renamed key (Hydra would only say the key is not in the config), or one
     that picks a config group option that does not exist (`model=kla_45`: Hydra prints every option, private ones and
-    its search path included, over 30 lines; this names the nearest option in one), or one that sets a key the
-    composed config lacks (`unknown_key_message`). Options and keys are looked for only in klalm's configs, so the
-    last two checks are left to Hydra when the command line adds folders to the search path."""
+    its search path included, over 30 lines; this names the nearest option in one), or a value with a bare comma
+    without -m (`sweep_value_message`), or one that sets a key the composed config lacks (`unknown_key_message`).
+    Options and keys are looked for only in klalm's configs, so those two checks are left to Hydra when the command
+    line adds folders to the search path."""
     message = override_syntax_message(overrides)
     if message is not None:
         raise ConfigError(message)
@@ -250,6 +251,9 @@ def check_overrides(overrides: list[str]) -> None:
             message = unknown_group_option_message(override)
         if message is not None:
             raise ConfigError(message)
+    message = sweep_value_message(overrides, sweeps="klalm-train")
+    if message is not None:
+        raise ConfigError(message)
     if own_configs_only:
         message = unknown_key_message("train", overrides)
         if message is not None:
@@ -277,10 +281,11 @@ def override_syntax_message(arguments: list[str]) -> str | None:
     return None
 
 
-def sweep_value_message(arguments: list[str]) -> str | None:
+def sweep_value_message(arguments: list[str], sweeps: str | None = None) -> str | None:
     """For `key=a,b` in a command line without --multirun (`checkpoint=runs/a,runs/b` meant as a list), the one-line
     refusal naming the override and how to write a list or a text: Hydra reads a bare comma as a sweep's values and
-    says so in five lines. None when no override is such a value, or the command line sweeps."""
+    says so in five lines. `sweeps`: the command, where it runs Hydra's sweeps (`klalm-train`), so that the line also
+    says a sweep needs -m. None when no override is such a value, or the command line sweeps."""
     from hydra._internal.utils import get_args_parser
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.core.override_parser.types import ValueType
@@ -297,8 +302,9 @@ def sweep_value_message(arguments: list[str]) -> str | None:
             continue  # (override_syntax_message's to say)
         if override.value_type == ValueType.SIMPLE_CHOICE_SWEEP:
             key, value = argument.split("=", 1)
-            return (f"{argument}: Hydra reads a comma outside brackets and quotes as a sweep over values; a list is "
-                    f"written '{key}=[{value}]', a text with commas {key}='\"{value}\"'")  # fmt: skip
+            sweep = f", which needs -m (`{sweeps} -m ... {argument}` runs one job per value)" if sweeps else ""
+            return (f"{argument}: Hydra reads a comma outside brackets and quotes as a sweep over values{sweep}; a "
+                    f"list is written '{key}=[{value}]', a text with commas {key}='\"{value}\"'")  # fmt: skip
     return None
 
 

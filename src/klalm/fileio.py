@@ -1,7 +1,7 @@
-"""Writing a file atomically: to a temporary path beside it, then `os.replace`d onto it, so a reader (or a process
-started after a kill mid-write) finds the old file or the new one, never a part. It guards against a process that
-dies, not a machine that loses power (nothing is fsynced). And holding an flock on a path (`flock_path`, `flocked`):
-one process at a time writes there.
+"""Writing a file atomically (`atomic_path`, `write_atomic`, `save_figure` for a plot): to a temporary path beside it,
+then `os.replace`d onto it, so a reader (or a process started after a kill mid-write) finds the old file or the new
+one, never a part. It guards against a process that dies, not a machine that loses power (nothing is fsynced). And
+holding an flock on a path (`flock_path`, `flocked`): one process at a time writes there.
 
 A temporary path is `.<name>.tmp-<host>-<pid>-<n>` (`n` counts this process's writes), so what a killed writer left
 is recognisable: the next write of the same file removes the temporaries of that file left by processes of this
@@ -16,6 +16,8 @@ Importing it costs nothing (no klalm module, no third-party package), so any lay
 from __future__ import annotations
 
 import contextlib
+import errno
+import io
 import itertools
 import os
 import re
@@ -23,6 +25,7 @@ import socket
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 _HOST = re.sub(r"[^\w-]", "_", socket.gethostname())
 _WRITES = itertools.count()
@@ -38,8 +41,9 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
     A `path` that is a symbolic link is written through: the file it resolves to is replaced (its temporary beside
     that file, on its file system) and the link stays, as `open(path, "w")` would leave it; `os.replace` onto the
     link itself would have put a file in the link's place. Temporaries of `path` left by dead processes of this host
-    are removed first (module docstring)."""
-    path = Path(os.path.realpath(path))
+    are removed first (module docstring). An OSError about the temporary (a folder that is not there) is raised naming
+    `path` instead: the temporary's name is no file the caller knows."""
+    given, path = path, Path(os.path.realpath(path))
     prefix = f".{path.name}.tmp-{_HOST}-"
     _remove_stale_temporaries(path.parent, prefix)
     temporary = path.with_name(f"{prefix}{os.getpid()}-{next(_WRITES)}")
@@ -47,8 +51,10 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
     try:
         yield temporary
         os.replace(temporary, path)
-    except BaseException:
+    except BaseException as err:
         temporary.unlink(missing_ok=True)
+        if isinstance(err, OSError) and str(err.filename) == str(temporary):
+            raise OSError(err.errno, err.strerror, os.fspath(given)) from err  # (OSError picks the errno's subclass)
         raise
     finally:
         _IN_FLIGHT.discard(temporary)
@@ -92,11 +98,25 @@ def write_atomic(path: str | Path, data: str | bytes) -> None:
             temporary.write_bytes(data)
 
 
+# flock's errors where a file system has no working locks (NFS without its lock service, some FUSE and Lustre mounts)
+NO_LOCKS = frozenset({errno.ENOLCK, errno.ENOSYS, errno.EOPNOTSUPP, errno.EINVAL})
+
+
+def save_figure(figure: Any, path: str | Path, **savefig: Any) -> None:
+    """`figure.savefig(path, **savefig)` (a matplotlib Figure) written atomically (`write_atomic`): a kill or an error
+    mid-draw leaves the old image whole, not a truncated one that a document links to. Drawn into memory in the format
+    `path`'s suffix names, as savefig would take it from `path` (a temporary's name has none)."""
+    image = io.BytesIO()
+    figure.savefig(image, format=Path(path).suffix[1:] or None, **savefig)
+    write_atomic(path, image.getvalue())
+
+
 def flock_path(path: str | Path, flags: int = os.O_RDONLY, *, wait: bool = False) -> int | None:
     """An open descriptor of `path` (a folder, or a file: `flags` as os.open's, e.g. `os.O_CREAT | os.O_WRONLY`)
     holding an exclusive flock on it, which closing it releases, as the process's end does however it ends. Without
     `wait`, BlockingIOError while another process holds it; flock's other errors (a file system without working
-    locks) are raised as well, the descriptor closed. None where there is no flock (Windows): nothing is opened."""
+    locks: errno in `NO_LOCKS`) are raised as well, the descriptor closed. None where there is no flock (Windows):
+    nothing is opened."""
     try:
         import fcntl  # POSIX: Linux (the GPU machines, CI) and macOS
     except ImportError:

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from klalm.markdown import fill_sections
-from klalm.study.report import write_report
+from klalm.study.report import plot_val_curves, write_report
 from klalm.study.results import bench_rates
 from klalm.study.spec import load_spec
 
@@ -68,3 +68,14 @@ def test_a_null_stderr_is_shown_as_n_a():
     assert _difference(unknown, base, "piqa", "acc") == "+25.00 ± n/a"
     assert _difference(base, unknown, "piqa", "acc") == "-25.00 ± n/a"
     assert _difference(known, base, "piqa", "acc") == "+25.00 ± 1.41 (> 2σ)"
+
+
+@pytest.mark.filterwarnings("ignore:No artists with labels")  # no runs: an empty legend
+def test_the_plot_cut_off_mid_write_leaves_the_old_image_whole(tmp_path, savefig_cut_off):
+    """img/study_val_loss.png was written in place: a kill mid-write left a truncated image that the doc links to."""
+    plot = tmp_path / "img" / "study_val_loss.png"
+    plot.parent.mkdir()
+    plot.write_bytes(b"old image")
+    with pytest.raises(OSError, match="cut off mid-write"):
+        plot_val_curves(load_spec(), [], plot)
+    assert plot.read_bytes() == b"old image" and [p.name for p in plot.parent.iterdir()] == [plot.name]

@@ -243,3 +243,14 @@ def test_the_mad_plot_draws_bars_only_where_a_run_finished_and_marks_tasks_never
     report.plot_bars(cells, "MAD-Lab", tmp_path / "p.png")
     assert drawn["kla"] == [75.0, 100.0] and drawn["gpt"] == [25.0]
     assert drawn["texts"] == [(1, "not run")]
+
+
+def test_a_figure_cut_off_mid_write_leaves_the_old_image_whole(tmp_path, savefig_cut_off):
+    """A report's PNGs were written in place: a kill mid-write left a truncated image that results.md links to."""
+    import matplotlib.pyplot as plt
+
+    (tmp_path / "a5.png").write_bytes(b"old image")
+    with pytest.raises(OSError, match="cut off mid-write"):
+        report._save(plt.figure(), tmp_path / "a5.png")
+    assert (tmp_path / "a5.png").read_bytes() == b"old image"
+    assert [p.name for p in tmp_path.iterdir()] == ["a5.png"]

@@ -19,6 +19,7 @@ import torch
 
 from klalm.cli import synthetic
 from klalm.cli.synthetic_args import parse_args
+from klalm.fileio import flock_path
 from klalm.models import build_model
 from klalm.tasks import MAD_TASKS, materialize, runner, units
 from klalm.tasks.plans import (
@@ -696,7 +697,8 @@ def test_merge_restores_the_state_that_came_back_and_keeps_the_old_one_otherwise
     synthetic(args)
     added = json.loads(capsys.readouterr().out)
     assert added["a5.jsonl"] == 1 and added["state"]["units"] == 1
-    assert sorted(p.name for p in state.iterdir()) == sorted(name[2:] for name in files)  # replaced, not added to
+    kept = sorted([".lock", *(name[2:] for name in files)])  # the state folder's lock file stays
+    assert sorted(p.name for p in state.iterdir()) == kept  # replaced, not added to
     # a call killed before its block's end brought back a checkpoint and no progress rows: merge records them
     assert added["progress.jsonl from the state"] == 2
     assert [(r["seed"], r["steps"], r["ended"]) for r in read_jsonl(mine / "progress.jsonl")] == [
@@ -707,12 +709,12 @@ def test_merge_restores_the_state_that_came_back_and_keeps_the_old_one_otherwise
         part.unlink()
     synthetic(args)
     assert json.loads(capsys.readouterr().out) == {"a5.jsonl": 0, "state": f"none came back: kept {state}"}
-    assert sorted(p.name for p in state.iterdir()) == sorted(name[2:] for name in files)
+    assert sorted(p.name for p in state.iterdir()) == kept
     _state_parts(back, {"../outside.json": b"{}"})  # a member outside the folder: refused, the state kept
     with pytest.raises(SystemExit, match="cannot be unpacked"):
         synthetic(args)
     assert not (tmp_path / "outside.json").exists()
-    assert sorted(p.name for p in state.iterdir()) == sorted(name[2:] for name in files)
+    assert sorted(p.name for p in state.iterdir()) == kept
     # a new row beside an archive cut short, or whole but holding a state cut short: the archive is checked first,
     # so nothing is merged (neither the row nor the state)
     (back / "synthetic" / "a5.jsonl").write_text(json.dumps(_row(_a5_unit(), 1, 0.5, run={"commit": "x"})) + "\n")
@@ -729,7 +731,7 @@ def test_merge_restores_the_state_that_came_back_and_keeps_the_old_one_otherwise
         with pytest.raises(SystemExit, match=why):
             synthetic(args)
         assert (mine / "a5.jsonl").read_text() == rows
-        assert sorted(p.name for p in state.iterdir()) == sorted(name[2:] for name in files)
+        assert sorted(p.name for p in state.iterdir()) == kept
         assert not state.with_name("state.restoring").exists()
     with pytest.raises(SystemExit, match="does not exist"):
         synthetic(["merge", "--from", str(tmp_path / "nowhere"), "--results", str(mine)])
@@ -764,13 +766,13 @@ def test_pack_writes_the_pieces_merge_restores_and_drops_stale_ones(tmp_path, ca
     assert units.state_parts(out) == parts
     assert sum(p.stat().st_size for p in parts) < 0.92 * len(files["abc.pt"])  # in planes (plain deflate: 0.93)
     _restore(units.state_parts(out), back)
-    assert {p.name: p.read_bytes() for p in back.iterdir()} == files  # and no lock file or stray notes
+    assert {p.name: p.read_bytes() for p in back.iterdir()} == {**files, ".lock": b""}  # no stray notes, its own lock
     whole = parts[-1].read_bytes()
     for damaged in (whole[:-5], whole + b"stale"):  # a piece cut short, a stray one after it: refused, the folder kept
         parts[-1].write_bytes(damaged)
         with pytest.raises(ValueError, match="cannot be unpacked"):
             _restore(units.state_parts(out), back)
-    assert {p.name: p.read_bytes() for p in back.iterdir()} == files
+    assert {p.name: p.read_bytes() for p in back.iterdir()} == {**files, ".lock": b""}
     (state / "abc.pt").write_bytes(_saved(noise[:10].clone()))
     synthetic(["pack", "--state", str(state), "--out", str(out)])
     assert json.loads(capsys.readouterr().out) == {"parts": ["state.tar.00"], "units": 2, "state_mib": 0.0,
@@ -828,17 +830,75 @@ def test_damaged_states_are_refused_in_one_line_naming_the_file_before_anything_
     assert not results.exists() and not out.exists()
 
 
+def _pause(folder: Path, unit: Unit, step: int) -> None:
+    """units._save_state of a one-seed `unit` paused at `step`, its member a stand-in (its state is its step)."""
+    member = types.SimpleNamespace(step=step, state_dict=lambda: {"step": step})
+    evals = [[{"step": step, "loss": 1.0, "token_acc": 0.5, "seq_acc": 0.0}]]
+    units._save_state(folder, unit, [member], evals, {"train_s": step, "wall_s": step, "blocks": 1})
+
+
+def _saved_unless_locked(folder: Path, save) -> bool:
+    """Run `save`, another process's save into the state folder `folder` at this moment, unless the folder's lock is
+    held (that save would wait for it); returns whether it ran."""
+    folder.mkdir(parents=True, exist_ok=True)  # as units._locked does
+    try:
+        os.close(flock_path(folder / ".lock", os.O_CREAT | os.O_WRONLY))
+    except BlockingIOError:
+        return False
+    save()
+    return True
+
+
+def test_merge_replaces_the_states_under_the_lock_a_save_takes(tmp_path, monkeypatch, capsys):
+    """merge --state removed the state folder and renamed the unpacked one into its place without the folder's lock:
+    a block pausing into that folder meanwhile (its rows going to another --results) had its save removed, or made
+    the folder anew, and the swap failed ("Directory not empty"), the old states gone and the new ones beside it."""
+    back, state = tmp_path / "back", tmp_path / "state"
+    (tmp_path / "mine").mkdir()
+    _pause(tmp_path / "paused", _a5_unit(length=4), 10)
+    units.pack_states(tmp_path / "paused", back)
+    _pause(state, _a5_unit(length=5), 5)  # what the merge replaces
+    pausing, replace, meanwhile = _a5_unit(length=6), os.replace, []
+
+    def swap(source, target):  # the swap's first rename: the block's unit pauses now
+        if "state.restoring" in str(source) and not meanwhile:
+            meanwhile.append(_saved_unless_locked(state, lambda: _pause(state, pausing, 20)))
+        replace(source, target)
+
+    monkeypatch.setattr(os, "replace", swap)
+    synthetic(["merge", "--from", str(back / "synthetic"), "--results", str(tmp_path / "mine"), "--state", str(state)])
+    assert json.loads(capsys.readouterr().out)["state"]["units"] == 1 and meanwhile == [False]
+    _pause(state, pausing, 20)  # the save that waited for the lock
+    assert sorted(units.saved_states(state)) == sorted(units.state_name(_a5_unit(length=n)) for n in (4, 6))
+    units.check_states(state)
+
+
+def test_readers_of_saved_states_take_the_lock_a_save_takes(tmp_path, monkeypatch):
+    """paused_rows and evaluate_saved read a state's .json, then the .pt it named, without the folder's lock: a save
+    between the two (a block pausing or checkpointing into the folder beside `progress` or `evaluate`) had removed
+    that .pt, and the state was refused as missing."""
+    unit = plan_units(_tiny_plan(families=["a5"], archs=["kla"]))[0]
+    members = [build_member(unit, seed, torch.device("cpu"), None) for seed in unit.seeds]  # untrained: step 0
+    evals = [[{"step": 0, "loss": 1.0, "token_acc": 0.5, "seq_acc": 0.0}] for _ in unit.seeds]
+    spent = {"train_s": 1.0, "wall_s": 1.0, "blocks": 1}
+    units._save_state(tmp_path, unit, members, evals, spent)
+    check = units._check_weights
+
+    def saved_meanwhile(weights: Path) -> None:  # after the reader read the .json: the unit saves again
+        _saved_unless_locked(tmp_path, lambda: units._save_state(tmp_path, unit, members, evals, spent))
+        check(weights)
+
+    monkeypatch.setattr(units, "_check_weights", saved_meanwhile)
+    assert [(row["seed"], row["steps"]) for row in paused_rows(tmp_path, "abc")] == [(0, 0), (1, 0)]
+    assert [(row["seed"], row["steps"]) for row in evaluate_saved(tmp_path, torch.device("cpu"))] == [(0, 0), (1, 0)]
+
+
 def test_a_save_killed_between_its_weights_and_its_json_leaves_the_last_pair_whole(tmp_path, monkeypatch):
     """_save_state replaced X.pt, then X.json: a process killed between the two left the new weights beside the last
     save's step, which the runner reads (estimates, packs of units paused at one step) and progress recorded with the
     new weights' evaluations."""
     unit = _a5_unit()
     name = units.state_name(unit)
-
-    def save(step: int) -> None:
-        member = types.SimpleNamespace(step=step, state_dict=lambda: {"step": step})
-        evals = [[{"step": step, "loss": 1.0, "token_acc": 0.5, "seq_acc": 0.0}]]
-        units._save_state(tmp_path, unit, [member], evals, {"train_s": step, "wall_s": step, "blocks": 1})
 
     def steps() -> tuple[int, int, int]:  # what the .json says, what its weights hold, what progress records
         (row,) = paused_rows(tmp_path, "abc")
@@ -848,14 +908,14 @@ def test_a_save_killed_between_its_weights_and_its_json_leaves_the_last_pair_who
     def killed(path, data):
         raise KeyboardInterrupt  # the process ended before the .json was written
 
-    save(10)
+    _pause(tmp_path, unit, 10)
     monkeypatch.setattr(units, "write_atomic", killed)
     with pytest.raises(KeyboardInterrupt):
-        save(20)
+        _pause(tmp_path, unit, 20)
     monkeypatch.undo()
     assert steps() == (10, 10, 10)  # the last save, whole
     assert [p.name for p in units.state_files(tmp_path)] == [f"{name}.json", f"{name}.pt"]  # packed: not the cut one
-    save(30)  # writes over the cut save's weights, then removes the last save's
+    _pause(tmp_path, unit, 30)  # writes over the cut save's weights, then removes the last save's
     assert steps() == (30, 30, 30) and sorted(p.name for p in tmp_path.glob("*.pt")) == [f"{name}.1.pt"]
     info = json.loads((tmp_path / f"{name}.json").read_text())
     for weights, why in ((f"{name}.pt", f"{name}.pt is missing"), ("../other.pt", "names weights '../other.pt'")):

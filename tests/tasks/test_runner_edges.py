@@ -401,6 +401,54 @@ def test_merge_and_progress_refuse_a_folder_that_is_not_a_results_folder(tmp_pat
                                                                                    {"progress.jsonl": 1}]  # fmt: skip
 
 
+def test_merge_and_progress_work_where_the_file_system_has_no_locks(tmp_path, monkeypatch, capsys, caplog):
+    """On a file system without working flocks (NFS without its lock service), merge and progress, which took no lock
+    before, ended in a traceback (merge) or were refused (progress): as klalm-train's run folders, they warn that one
+    writer is not enforced and go on."""
+    import errno
+
+    fcntl = pytest.importorskip("fcntl")  # (POSIX)
+
+    def no_locks(descriptor, operation):
+        raise OSError(errno.ENOLCK, os.strerror(errno.ENOLCK))
+
+    row = (COMMITTED / "a5.jsonl").read_text().splitlines()[0]
+    (tmp_path / "back").mkdir()
+    (tmp_path / "back" / "a5.jsonl").write_text(row + "\n")
+    _saved_state(tmp_path / "s", _cpu_a5_unit())
+    results = tmp_path / "r"
+    results.mkdir()
+    monkeypatch.setattr(fcntl, "flock", no_locks)
+    with caplog.at_level("WARNING", logger="klalm.synthetic"):
+        synthetic(["merge", "--from", str(tmp_path / "back"), "--results", str(results)])
+        synthetic(["progress", "--state", str(tmp_path / "s"), "--results", str(results)])
+    assert [json.loads(line) for line in capsys.readouterr().out.splitlines()] == [{"a5.jsonl": 1},
+                                                                                   {"progress.jsonl": 1}]  # fmt: skip
+    assert caplog.text.count("file locks unsupported here") == 2
+
+
+def test_run_refuses_a_folder_that_is_not_a_results_folder_but_takes_one_holding_only_its_state(tmp_path, monkeypatch):
+    """`run --results results` appended its rows beside the results folders; the CPU example keeps its --state in its
+    results folder, which a block killed before its first rate line leaves holding that folder alone."""
+    ran = []
+    monkeypatch.setattr(GridBlock, "run", lambda self: ran.append(self.results.folder))
+    parent = tmp_path / "results"
+    (parent / "cpu_2026-12-01").mkdir(parents=True)
+    (parent / "README.md").write_text("results folders\n")
+    before = _files(tmp_path)
+    files = "a5.jsonl, mqar.jsonl, mad.jsonl, rates.jsonl, progress.jsonl"
+    for flags, but in ((["--state", str(parent / "state")], " but for the --state folder"),
+                       (["--time-budget-s", "inf"], "")):  # fmt: skip
+        _refused(["run", *CPU_A5, "--results", str(parent), *flags],
+                 f"--results folder {parent} is not a results folder: it holds none of {files} and is not empty{but} "
+                 "(a new one must be)")  # fmt: skip
+    assert _files(tmp_path) == before and ran == []
+    cpu = tmp_path / "synthetic_cpu"
+    _saved_state(cpu / "state", _cpu_a5_unit())
+    synthetic(["run", *CPU_A5, "--results", str(cpu), "--state", str(cpu / "state")])
+    assert ran == [cpu]
+
+
 def test_ctrl_c_stops_a_block_of_several_slots_from_starting_more_units(tmp_path, monkeypatch):
     """Ctrl-C reaches the main thread, waiting for the slots; before, the slots went on starting every unit left."""
     train = TrainSettings(steps=20, batch_size=4, aux_batch_size=2, eval_batch_size=16)

@@ -9,7 +9,6 @@ command line and --help are `klalm.cli.prepare_data_args`, parsed before this mo
 from __future__ import annotations
 
 import argparse
-import errno
 import itertools
 import json
 import os
@@ -35,7 +34,7 @@ from klalm.data.shards import DTYPES, FORMAT, INDEX_FILE
 from klalm.data.sources import build_source
 from klalm.data.tokenizer import encode_texts, load_tokenizer, same_tokenizer, tokenizer_label, tokenizer_meta
 from klalm.errors import in_command_terms, one_line, refuse
-from klalm.fileio import flock_path
+from klalm.fileio import NO_LOCKS, flock_path
 
 
 def choose_dtype(vocab_size: int) -> str:
@@ -365,8 +364,6 @@ def _check_kept_splits(out_dir: Path, plan: dict[str, Any], tok: Any) -> None:
 STAGING_PREFIX = ".partial-"  # write_dataset's temporary folder in --out
 STAGING_LOCK = ".lock"  # in it: locked (flock) by the run writing it for as long as it runs
 STALE_AFTER_S = 60  # a folder younger than this may be one whose run is taking its lock this instant: left alone
-# flock's errors where a file system has no working locks (NFS without its lock service, some FUSE and Lustre mounts)
-NO_LOCKS = frozenset({errno.ENOLCK, errno.ENOSYS, errno.EOPNOTSUPP, errno.EINVAL})
 
 
 def _remove_stale_staging(out_dir: Path) -> None:

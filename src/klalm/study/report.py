@@ -17,7 +17,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from klalm.fileio import write_atomic
+from klalm.fileio import save_figure, write_atomic
 from klalm.markdown import fill_sections, percent
 from klalm.study import results
 from klalm.study.files import read_json
@@ -272,7 +272,7 @@ def plot_val_curves(spec: Spec, runs: list[dict[str, Any]], out_png: Path) -> Pa
     ax.legend()
     fig.tight_layout()
     out_png.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out_png, dpi=120)
+    save_figure(fig, out_png, dpi=120)
     plt.close(fig)
     return out_png
 

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from klalm.config_checks import A5_CRITERIA
-from klalm.fileio import write_atomic
+from klalm.fileio import save_figure, write_atomic
 from klalm.markdown import fill_sections
 from klalm.tasks.plans import RunPlan, plan_units
 from klalm.tasks.results import Results
@@ -53,11 +53,11 @@ def _done(runs: dict[int, Row | None]) -> list[Row]:
 
 
 def _save(fig: Any, path: Path) -> None:
-    """Lay out, write (PNG, 120 dpi) and close a report figure."""
+    """Lay out, write (PNG, 120 dpi, atomically) and close a report figure."""
     import matplotlib.pyplot as plt
 
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    save_figure(fig, path, dpi=120)
     plt.close(fig)
 
 

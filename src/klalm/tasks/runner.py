@@ -41,7 +41,7 @@ from typing import Any, NoReturn
 import torch
 
 from klalm.errors import one_line, refuse
-from klalm.fileio import flocked
+from klalm.fileio import NO_LOCKS, flocked
 from klalm.provenance import git_commit
 from klalm.tasks.plans import RunPlan, apply_args, load_plan, plan_units
 from klalm.tasks.results import RESULTS_FILES, Results, estimate_s, is_results_folder, merge
@@ -561,7 +561,9 @@ def _cell_label(row: dict) -> str:
 
 
 def plan_table(block: GridBlock) -> str:
-    """Markdown: every unit with its state and estimated seconds (pending seconds summed per slot)."""
+    """Markdown: every unit with its state and estimated seconds, their unit-minutes per (family, state), and the
+    pending units' (ready, resumes or waits) seconds summed over all of them: unit time, not the wall time of the
+    block's slots running side by side."""
     lines = ["| unit | state | est. s | rate from |", "| --- | --- | ---: | --- |"]
     pending = 0.0
     by_family: dict[tuple[str, str], list[float]] = {}  # (family, state) -> estimated seconds of its units
@@ -848,6 +850,8 @@ def run(args: argparse.Namespace) -> None:
         _folder(args.state, "--state folder", exists=False)
     if args.verb in ("run", "plan"):
         _folder(args.results, "--results folder", exists=False)
+    if args.verb == "run":
+        _results_folder(args.results, args.state)
     held = contextlib.ExitStack()  # `run`: the --results folder's lock (_one_writer), until the block ends
     try:
         plan = apply_args(load_plan(args.plan), args)
@@ -895,22 +899,33 @@ _IN_USE = {  # why a command waits for the one that holds its --results folder (
 @contextlib.contextmanager
 def _one_writer(folder: Path, verb: str):
     """Hold an flock on the --results folder itself while `verb` (run, merge or progress) writes into it: another of
-    them into it meanwhile is refused, `_IN_USE` saying why. Where there is no flock (Windows), nothing is held."""
+    them into it meanwhile is refused, `_IN_USE` saying why. Where there is no flock (Windows), nothing is held; on a
+    file system without working locks (`NO_LOCKS`) a warning says so and nothing is held, as merge and progress took
+    no lock before and klalm-train's run folders do."""
     with contextlib.ExitStack() as held:
         try:
             held.enter_context(flocked(folder))  # its descriptor is not inherited by the units' processes
         except BlockingIOError:
             _refuse(f"--results folder {folder} is in use by another `klalm-synthetic` run, merge or progress: "
                     f"{_IN_USE[verb]}")  # fmt: skip
+        except OSError as err:
+            if err.errno not in NO_LOCKS:
+                raise
+            log.warning("--results folder %s: file locks unsupported here (%s); one writer is not enforced", folder,
+                        err)  # fmt: skip
         yield
 
 
-def _results_folder(folder: Path) -> None:
+def _results_folder(folder: Path, state: Path | None = None) -> None:
     """Refuse an existing --results folder that writing rows into would spoil: one with none of the results files
-    and other things in it (`merge --results results` had put a5.jsonl beside the results folders)."""
-    if folder.is_dir() and not is_results_folder(folder):
+    but other things in it (`merge --results results` had put a5.jsonl beside the results folders). `state`, `run`'s
+    --state folder, is not counted: the CPU example keeps it in its results folder, where a block killed before its
+    first rate line leaves it alone."""
+    beside = [] if state is None else [state.resolve()]
+    if folder.is_dir() and not is_results_folder(folder) and any(p.resolve() not in beside for p in folder.iterdir()):
+        but = "" if state is None else " but for the --state folder"
         _refuse(f"--results folder {folder} is not a results folder: it holds none of {', '.join(RESULTS_FILES)} "
-                "and is not empty (a new one must be)")  # fmt: skip
+                f"and is not empty{but} (a new one must be)")  # fmt: skip
 
 
 def _failures(block: GridBlock) -> str:

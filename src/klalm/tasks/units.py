@@ -12,7 +12,9 @@ spent: what the runner reads) and the .pt it names (`weights`: every member's `M
 far, the time spent), X a digest of the unit's cell and seeds (`state_name`). A save writes the .pt under the other
 of its two names (`X.pt`, `X.1.pt`), then the .json naming it, each to a temporary name and renamed, then removes
 the last save's .pt, all under the folder's lock (`.lock`): a process killed between the two leaves the last pair
-whole (its .pt was not overwritten), and `pack_states` reads a matching pair. With `checkpoint_every_s`, a unit also
+whole (its .pt was not overwritten), and a reader that takes the lock (`pack_states`, `paused_rows`,
+`evaluate_saved`) finds the .pt its .json names; `swap_in_states` (`merge --state`) replaces the states under it
+too, so a save meanwhile waits and lands beside the new states. With `checkpoint_every_s`, a unit also
 saves that state at an evaluation while it trains (`Checkpoints`): a process killed before its deadline resumes
 from the last one.
 """
@@ -332,13 +334,24 @@ def unpack_states(parts: list[Path], folder: Path) -> Path:
 
 
 def swap_in_states(staging: Path, folder: Path) -> dict[str, Any]:
-    """Replace `folder` by the staging folder `unpack_states` filled; returns the units and MiB now paused in it."""
+    """Replace what `folder` holds by what the staging folder `unpack_states` filled holds, and remove that; returns
+    the units and MiB now paused in it. In place and under the folder's lock, which stays: a block saving into the
+    folder meanwhile waits, then saves beside the new states (replacing the folder itself had removed the save under
+    way, or the save had made the folder anew and the swap failed: "Directory not empty")."""
     import shutil
 
-    shutil.rmtree(folder, ignore_errors=True)
-    os.replace(staging, folder)
-    mib = sum(path.stat().st_size for path in folder.rglob("*") if path.is_file()) / 2**20
-    return {"units": len(saved_states(folder)), "mib": round(mib, 1)}
+    with _locked(folder):
+        for path in folder.iterdir():
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path)
+            elif path.name != LOCK_FILE:
+                path.unlink()
+        for path in staging.iterdir():
+            if path.name != LOCK_FILE:  # one a plain tar of a whole folder holds (`unpack_states`): not the one held
+                os.replace(path, folder / path.name)
+        shutil.rmtree(staging)
+        mib = sum(path.stat().st_size for path in folder.rglob("*") if path.is_file()) / 2**20
+        return {"units": len(saved_states(folder)), "mib": round(mib, 1)}
 
 
 STATE_PART = re.compile(r"state\.tar\.\d+")  # the name of one piece of a packed state folder
@@ -429,11 +442,15 @@ def remove_state(folder: Path, name: str) -> None:
             (folder / file).unlink(missing_ok=True)
 
 
+LOCK_FILE = ".lock"  # in a state folder: the file `_locked` holds an flock on
+
+
 def _locked(folder: Path) -> contextlib.AbstractContextManager[None]:
-    """Hold the state folder's lock (an flock on `folder/.lock`, waited for): one process writes or packs its states
-    at a time. Where there is no flock (Windows), nothing is locked: run no `pack --every-s` beside a block there."""
+    """Hold the state folder's lock (an flock on `folder/.lock`, waited for): one process writes, reads, packs or
+    replaces its states at a time. Where there is no flock (Windows), nothing is locked: run no `pack --every-s`,
+    `progress` or `evaluate` beside a block there."""
     folder.mkdir(parents=True, exist_ok=True)
-    return flocked(folder / ".lock", os.O_CREAT | os.O_WRONLY, wait=True)
+    return flocked(folder / LOCK_FILE, os.O_CREAT | os.O_WRONLY, wait=True)
 
 
 def _save_state(folder: Path, unit: Unit, members: list[Member], evals: list[list[dict]], spent: dict) -> None:
@@ -471,15 +488,26 @@ def _load_state(folder: Path, unit: Unit, device: torch.device) -> dict[str, Any
         raise ValueError(f"state file {weights} cannot be loaded: {reason}") from err
 
 
+def _load_states(folder: Path) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    """The .json and the state (on the CPU) of every unit paused in `folder` ([] when the folder does not exist),
+    read under the folder's lock: a save meanwhile (a block pausing or checkpointing into it) had removed the .pt a
+    .json named between the two reads, and the state was refused as missing."""
+    if not folder.is_dir():
+        return []
+    with _locked(folder):
+        saved = saved_states(folder).values()
+        return [(info, _load_state(folder, Unit.from_dict(info["unit"]), torch.device("cpu"))) for info in saved]
+
+
 def paused_rows(folder: Path, commit: str) -> list[dict[str, Any]]:
     """One progress row per seed of every unit paused in `folder`: its cell and seed, the step it paused at, its
     evaluations so far (as a result row's `evals`), the last one's accuracies, and `commit` (the code that ran it).
     States are not committed and do not outlive the machine that holds them; these rows are what a lost one leaves
     behind (klalm.tasks.results, progress.jsonl)."""
     rows = []
-    for saved in saved_states(folder).values():
+    for saved, state in _load_states(folder):
         unit = Unit.from_dict(saved["unit"])
-        for seed, seed_evals in zip(unit.seeds, _load_state(folder, unit, torch.device("cpu"))["evals"], strict=True):
+        for seed, seed_evals in zip(unit.seeds, state["evals"], strict=True):
             last = seed_evals[-1] if seed_evals else {}
             rows.append({**unit.cell(), "seed": seed, "steps": saved["step"], "planned_steps": unit.train.steps,
                          "ended": "paused", "token_acc": last.get("token_acc"), "seq_acc": last.get("seq_acc"),
@@ -493,9 +521,8 @@ def evaluate_saved(folder: Path, device: torch.device) -> list[dict[str, Any]]:
     held-out split (`train.evaluate`, so with per-position accuracy): one row per seed with the unit's label, arch,
     task, depth, seed, step, and the accuracy its last evaluation in training recorded (`recorded_token_acc`)."""
     rows = []
-    for saved in saved_states(folder).values():
+    for saved, state in _load_states(folder):
         unit = Unit.from_dict(saved["unit"])
-        state = _load_state(folder, unit, torch.device("cpu"))
         task = make_task(**unit.task)
         test = materialize(task, unit.num_test, DATA_SEED, "test")
         for seed, member_state, evals in zip(unit.seeds, state["members"], state["evals"], strict=True):

@@ -6,6 +6,8 @@ import csv
 import math
 from pathlib import Path
 
+from klalm.fileio import save_figure
+
 
 def read_metric(csv_path: str | Path, name: str) -> tuple[list[int], list[float]]:
     """(steps, values) of one metric column, skipping rows where it is empty."""
@@ -57,6 +59,6 @@ def plot_losses(csv_paths: dict[str, Path], out_png: str | Path, *, title: str =
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
-    fig.savefig(out_png, dpi=120)
+    save_figure(fig, out_png, dpi=120)
     plt.close(fig)
     return Path(out_png)
