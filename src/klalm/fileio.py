@@ -23,7 +23,7 @@ import os
 import re
 import socket
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -131,9 +131,22 @@ def flock_path(path: str | Path, flags: int = os.O_RDONLY, *, wait: bool = False
 
 
 @contextlib.contextmanager
-def flocked(path: str | Path, flags: int = os.O_RDONLY, *, wait: bool = False) -> Iterator[None]:
-    """`flock_path` held for the block."""
-    descriptor = flock_path(path, flags, wait=wait)
+def flocked(
+    path: str | Path,
+    flags: int = os.O_RDONLY,
+    *,
+    wait: bool = False,
+    unsupported: Callable[[OSError], None] | None = None,
+) -> Iterator[None]:
+    """`flock_path` held for the block. With `unsupported`, a file system without working locks (flock's errno in
+    `NO_LOCKS`) runs the block unlocked after calling it with flock's error (to warn); without, that error is raised."""
+    try:
+        descriptor = flock_path(path, flags, wait=wait)
+    except OSError as err:
+        if unsupported is None or err.errno not in NO_LOCKS:
+            raise
+        unsupported(err)
+        descriptor = None
     try:
         yield
     finally:

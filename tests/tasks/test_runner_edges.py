@@ -424,7 +424,8 @@ def test_merge_and_progress_work_where_the_file_system_has_no_locks(tmp_path, mo
         synthetic(["progress", "--state", str(tmp_path / "s"), "--results", str(results)])
     assert [json.loads(line) for line in capsys.readouterr().out.splitlines()] == [{"a5.jsonl": 1},
                                                                                    {"progress.jsonl": 1}]  # fmt: skip
-    assert caplog.text.count("file locks unsupported here") == 2
+    assert caplog.text.count("--results folder") == 2 and caplog.text.count("file locks unsupported here") == 3
+    assert caplog.text.count(f"state folder {tmp_path / 's'}: file locks unsupported here") == 1  # progress read it
 
 
 def test_run_refuses_a_folder_that_is_not_a_results_folder_but_takes_one_holding_only_its_state(tmp_path, monkeypatch):

@@ -41,7 +41,7 @@ from typing import Any, NoReturn
 import torch
 
 from klalm.errors import one_line, refuse
-from klalm.fileio import NO_LOCKS, flocked
+from klalm.fileio import flocked
 from klalm.provenance import git_commit
 from klalm.tasks.plans import RunPlan, apply_args, load_plan, plan_units
 from klalm.tasks.results import RESULTS_FILES, Results, estimate_s, is_results_folder, merge
@@ -902,17 +902,16 @@ def _one_writer(folder: Path, verb: str):
     them into it meanwhile is refused, `_IN_USE` saying why. Where there is no flock (Windows), nothing is held; on a
     file system without working locks (`NO_LOCKS`) a warning says so and nothing is held, as merge and progress took
     no lock before and klalm-train's run folders do."""
+
+    def unsupported(err: OSError) -> None:
+        log.warning("--results folder %s: file locks unsupported here (%s); one writer is not enforced", folder, err)
+
     with contextlib.ExitStack() as held:
-        try:
-            held.enter_context(flocked(folder))  # its descriptor is not inherited by the units' processes
+        try:  # the descriptor is not inherited by the units' processes
+            held.enter_context(flocked(folder, unsupported=unsupported))
         except BlockingIOError:
             _refuse(f"--results folder {folder} is in use by another `klalm-synthetic` run, merge or progress: "
                     f"{_IN_USE[verb]}")  # fmt: skip
-        except OSError as err:
-            if err.errno not in NO_LOCKS:
-                raise
-            log.warning("--results folder %s: file locks unsupported here (%s); one writer is not enforced", folder,
-                        err)  # fmt: skip
         yield
 
 

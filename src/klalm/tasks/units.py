@@ -447,10 +447,21 @@ LOCK_FILE = ".lock"  # in a state folder: the file `_locked` holds an flock on
 
 def _locked(folder: Path) -> contextlib.AbstractContextManager[None]:
     """Hold the state folder's lock (an flock on `folder/.lock`, waited for): one process writes, reads, packs or
-    replaces its states at a time. Where there is no flock (Windows), nothing is locked: run no `pack --every-s`,
-    `progress` or `evaluate` beside a block there."""
+    replaces its states at a time. Where there is no flock (Windows) or it does not work (a file system without
+    locks: warned once a folder), nothing is locked: run no `pack --every-s`, `progress` or `evaluate` beside a block
+    there."""
     folder.mkdir(parents=True, exist_ok=True)
-    return flocked(folder / LOCK_FILE, os.O_CREAT | os.O_WRONLY, wait=True)
+
+    def unsupported(err: OSError) -> None:
+        if folder not in _UNLOCKED:
+            _UNLOCKED.add(folder)
+            log.warning("state folder %s: file locks unsupported here (%s); its readers and writers are not kept "
+                        "apart", folder, err)  # fmt: skip
+
+    return flocked(folder / LOCK_FILE, os.O_CREAT | os.O_WRONLY, wait=True, unsupported=unsupported)
+
+
+_UNLOCKED: set[Path] = set()  # state folders warned about by `_locked`
 
 
 def _save_state(folder: Path, unit: Unit, members: list[Member], evals: list[list[dict]], spent: dict) -> None:
