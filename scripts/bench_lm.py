@@ -31,7 +31,8 @@ tokens/s over wall-clock time including data and optimiser, MFU from klalm.train
 CUDA memory in that window. `--profile` profiles the second-to-last step (klalm.train.profiling.ProfileSteps); with
 `--out`, every profiled run's table of all its kernels goes beside it (`<out>_<model>_B.._T.._<compiled>_kernels.md`).
 `--out` is rewritten after every (T, compile) setting, so a command stopped by a time limit keeps the settings it
-finished (on the device, where a call ends at 600 s, also run each slow-compiling model in its own command). SIGTERM
+finished (on the device, where a call ends at 600 s, also run each slow-compiling model in its own command); each file
+(tables, rows, kernels, `--plot`) is replaced whole, so a kill mid-write leaves the previous one. SIGTERM
 (`timeout`, a scheduler) stops the command at once, even inside a compile that takes minutes (Lightning alone would
 wait for the step to end, and torch's compiler may catch the exception or wrap it in its own: SIGTERM is sent again
 every 2 s): the setting in progress keeps the rows of the models that ran, the stopped model's row says "Stopped",
@@ -60,6 +61,7 @@ import torch
 from hydra import compose, initialize_config_module
 from omegaconf import DictConfig
 
+from klalm.fileio import save_figure, write_atomic
 from klalm.provenance import git_commit
 from klalm.train.app import run
 
@@ -391,32 +393,34 @@ def plot_sweep(rows: list[dict], models: list[str], path: Path) -> Path:
     if not speed:
         raise ValueError("no row has a tokens/s value to plot")
     fig, (ax_speed, ax_ratio) = plt.subplots(1, 2, figsize=(11, 4))
-    colors = {model: f"C{i % 10}" for i, model in enumerate(models)}  # one colour per model in both panels
-    for compiled in dict.fromkeys(s.compile for s, _ in speed):
-        style = {False: "--s", True: "-o", "blocks": ":^"}[compiled]
-        for model in models:
-            points = sorted((s.seq_len, v) for (s, m), v in speed.items() if m == model and s.compile == compiled)
-            if not points:
-                continue
-            label = f"{model}, compile {COMPILE_NAMES[compiled]}"
-            ax_speed.plot(*zip(*points), style, color=colors[model], label=label)
-            ratios = sorted((s.seq_len, v / speed[s, gpt_of(m)]) for (s, m), v in speed.items()
-                            if m == model and s.compile == compiled and (s, gpt_of(m)) in speed)  # fmt: skip
-            if ratios:
-                ax_ratio.plot(*zip(*ratios), style, color=colors[model], label=f"{label} / {gpt_of(model)}")
-    ax_ratio.axhline(1.0, color="grey", linewidth=1, linestyle=":")
-    lengths = sorted({s.seq_len for s, _ in speed})
-    for ax, ylabel in ((ax_speed, "tokens/s"), (ax_ratio, "tokens/s relative to the gpt of its size")):
-        ax.set_xscale("log", base=2)
-        ax.set_xticks(lengths, [str(t) for t in lengths])
-        ax.minorticks_off()
-        ax.set_xlabel("context length T (tokens per sequence; B·T fixed per run)")
-        ax.set_ylabel(ylabel)
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    try:
+        colors = {model: f"C{i % 10}" for i, model in enumerate(models)}  # one colour per model in both panels
+        for compiled in dict.fromkeys(s.compile for s, _ in speed):
+            style = {False: "--s", True: "-o", "blocks": ":^"}[compiled]
+            for model in models:
+                points = sorted((s.seq_len, v) for (s, m), v in speed.items() if m == model and s.compile == compiled)
+                if not points:
+                    continue
+                label = f"{model}, compile {COMPILE_NAMES[compiled]}"
+                ax_speed.plot(*zip(*points), style, color=colors[model], label=label)
+                ratios = sorted((s.seq_len, v / speed[s, gpt_of(m)]) for (s, m), v in speed.items()
+                                if m == model and s.compile == compiled and (s, gpt_of(m)) in speed)  # fmt: skip
+                if ratios:
+                    ax_ratio.plot(*zip(*ratios), style, color=colors[model], label=f"{label} / {gpt_of(model)}")
+        ax_ratio.axhline(1.0, color="grey", linewidth=1, linestyle=":")
+        lengths = sorted({s.seq_len for s, _ in speed})
+        for ax, ylabel in ((ax_speed, "tokens/s"), (ax_ratio, "tokens/s relative to the gpt of its size")):
+            ax.set_xscale("log", base=2)
+            ax.set_xticks(lengths, [str(t) for t in lengths])
+            ax.minorticks_off()
+            ax.set_xlabel("context length T (tokens per sequence; B·T fixed per run)")
+            ax.set_ylabel(ylabel)
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize=7)
+        fig.tight_layout()
+        save_figure(fig, path, dpi=120)
+    finally:
+        plt.close(fig)
     return path
 
 
@@ -432,7 +436,7 @@ def save_rows(rows: list[dict], path: Path) -> None:
     """The rows as JSON (settings as dicts, profiles left out), for `--merge`."""
     plain = [{**{k: v for k, v in r.items() if k not in ("profile", "kernels")}, "setting": r["setting"]._asdict()}
              for r in rows]  # fmt: skip
-    path.write_text(json.dumps(plain, indent=1) + "\n")
+    write_atomic(path, json.dumps(plain, indent=1) + "\n")
 
 
 def kernels_path(out: Path, row: dict) -> Path:
@@ -485,11 +489,11 @@ def merge(paths: list[Path]) -> tuple[str, list[dict]]:
 
 def write_out(out: Path, texts: list[str], rows: list[dict]) -> None:
     """The tables so far into `out`, their rows beside it as .json (for `--merge`) and any profiled run's kernels."""
-    out.write_text("\n".join(texts))
+    write_atomic(out, "\n".join(texts))
     save_rows(rows, out.with_suffix(".json"))
     for row in rows:  # --profile: every kernel of each profiled run, beside the tables
         if "kernels" in row:
-            kernels_path(out, row).write_text(row["kernels"])
+            write_atomic(kernels_path(out, row), row["kernels"])
 
 
 def main(argv: list[str] | None = None) -> int:

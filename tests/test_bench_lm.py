@@ -149,6 +149,43 @@ def test_sweep_plot_draws_the_measured_rows_and_refuses_none(tmp_path):
         bench_lm.plot_sweep([{"setting": long, "model": "kla_45m", "error": "OOM"}], ["kla_45m"], tmp_path / "x.png")
 
 
+@pytest.mark.parametrize("cut", [0, 1, 2])
+def test_out_files_cut_off_mid_write_leave_the_old_ones_whole(tmp_path, monkeypatch, cut):
+    """--out's table, its rows (.json) and a profiled run's kernels were written in place, after every setting: a
+    command killed mid-write (a time limit) left a truncated file where the previous setting's had been."""
+    row = {"setting": Setting(16, 2048, False), "model": "gpt_45m", "perf/tokens_per_s": 4.0, "kernels": "| k |"}
+    out = tmp_path / "lm.md"
+    files = [out, out.with_suffix(".json"), bench_lm.kernels_path(out, row)]  # in the order they are written
+    for path in files:
+        path.write_text("old")
+    write_text, calls = Path.write_text, []
+
+    def cut_off_at(path, data, **kwargs):
+        calls.append(path)
+        if len(calls) <= cut:
+            return write_text(path, data, **kwargs)
+        write_text(path, data[:2], **kwargs)
+        raise OSError("cut off mid-write")
+
+    monkeypatch.setattr(Path, "write_text", cut_off_at)
+    with pytest.raises(OSError, match="cut off mid-write"):
+        bench_lm.write_out(out, ["| table |"], [row])
+    assert files[cut].read_bytes() == b"old" and sorted(tmp_path.iterdir()) == sorted(files)
+
+
+def test_the_sweep_plot_cut_off_mid_write_leaves_the_old_image_whole(tmp_path, savefig_cut_off):
+    """--plot's image was written in place (a docs image), and pyplot kept the figure of a failed save."""
+    import matplotlib.pyplot as plt
+
+    (plot := tmp_path / "sweep.png").write_bytes(b"old image")
+    open_before = plt.get_fignums()
+    with pytest.raises(OSError, match="cut off mid-write"):
+        bench_lm.plot_sweep([{"setting": Setting(16, 2048, True), "model": "gpt_45m", "perf/tokens_per_s": 4.0}],
+                            ["gpt_45m"], plot)  # fmt: skip
+    assert plot.read_bytes() == b"old image" and list(tmp_path.iterdir()) == [plot]
+    assert plt.get_fignums() == open_before
+
+
 def test_repeated_runs_give_the_median_run_and_their_spread():
     setting = Setting(16, 2048, True)
     runs = [{"setting": setting, "model": "kla_45m", "perf/tokens_per_s": v, "wall_s": 1.0} for v in (90, 110, 100.0)]

@@ -49,11 +49,15 @@ def test_an_output_it_cannot_write_is_refused_in_one_line(tmp_path, capsys):
 
 
 def test_a_plot_cut_off_mid_write_leaves_the_old_image_whole(tmp_path, savefig_cut_off):
-    """loss.png was written in place: a kill mid-write left a truncated image where the old one had been."""
+    """loss.png was written in place: a kill mid-write left a truncated image where the old one had been. The figure
+    is closed all the same (pyplot kept it)."""
+    import matplotlib.pyplot as plt
+
     (tmp_path / "csv").mkdir()
     (tmp_path / "csv" / "metrics.csv").write_text("step,train/loss\n1,3.5\n2,3.25\n")
     (tmp_path / "loss.png").write_bytes(b"old image")
+    open_before = plt.get_fignums()
     with pytest.raises(SystemExit, match="^plot_loss: cut off mid-write$"):
         plot_loss.main([str(tmp_path), "--out", str(tmp_path / "loss.png")])
-    assert (tmp_path / "loss.png").read_bytes() == b"old image"
+    assert (tmp_path / "loss.png").read_bytes() == b"old image" and plt.get_fignums() == open_before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["csv", "loss.png"]

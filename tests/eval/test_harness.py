@@ -162,11 +162,12 @@ def test_a_report_over_an_earlier_one_removes_the_samples_only_that_one_named(tm
     assert names == ["notes.txt", "results.json", "results.md", "samples_mine.jsonl"]
 
 
-def test_an_evaluation_prints_no_git_error_and_no_token_length_warning(shared_data, tmp_path, monkeypatch, capfd,
-                                                                       caplog):  # fmt: skip
+def test_an_evaluation_prints_no_git_error_and_no_known_warning(shared_data, tmp_path, monkeypatch, capfd, caplog):
     """lm-eval ran `git describe` for a record klalm does not keep (outside a repository git printed "fatal: not a
-    git repository"), and the tokenizer of a model trained on 16 tokens warned that a 58-token request "will result
-    in indexing errors", though lm-eval cuts every request to max_length. The caller's tokenizer is left as it was."""
+    git repository"), the tokenizer of a model trained on 16 tokens warned that a 58-token request "will result
+    in indexing errors", though lm-eval cuts every request to max_length, and lm-eval warned on every run of what klalm
+    does on purpose (an in-memory model, local tasks, num_fewshot=0). Any other lm-eval warning still prints, during
+    the run and after it, and the caller's tokenizer is left as it was."""
     from transformers import AutoTokenizer
 
     from klalm.eval import evaluate_model, resolve_tasks
@@ -178,11 +179,24 @@ def test_an_evaluation_prints_no_git_error_and_no_token_length_warning(shared_da
     monkeypatch.setattr(logging.getLogger("transformers"), "propagate", True)  # (its own handler: into caplog too)
     tokenizer = AutoTokenizer.from_pretrained(shared_data / "gpt2_tokenizer", model_max_length=16)  # (warns once)
     model = build_model("gpt", preset="tiny", vocab_size=len(tokenizer)).eval()
+    loggers = [logging.getLogger(f"lm_eval.{name}") for name in ("models.huggingface", "api.task", "evaluator")]
+
+    def warn(*_) -> None:
+        for logger in loggers:
+            logger.warning("something else")
+
+    model.register_forward_pre_hook(warn)
     specs, manager = resolve_tasks(["piqa"], shared_data)
     capfd.readouterr()
+    caplog.clear()
     evaluate_model(model, tokenizer, specs, manager, limit=2, batch_size=4, max_length=512)
     printed = "".join(capfd.readouterr())
     assert "not a git repository" not in printed and "Token indices" not in caplog.text + printed, printed
+    known = ("not of type `str`", "already-initialized model", "Custom kwargs", "Overwriting default num_fewshot")
+    assert not [text for text in known if text in caplog.text], caplog.text
+    assert {r.name for r in caplog.records if r.getMessage() == "something else"} == {lg.name for lg in loggers}
+    loggers[2].warning("Overwriting default num_fewshot of piqa_local from None to 0")  # (outside a run: not known)
+    assert caplog.records[-1].getMessage().startswith("Overwriting")
     assert tokenizer.model_max_length == 16 and tokenizer.padding_side == "right"
 
 

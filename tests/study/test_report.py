@@ -72,10 +72,15 @@ def test_a_null_stderr_is_shown_as_n_a():
 
 @pytest.mark.filterwarnings("ignore:No artists with labels")  # no runs: an empty legend
 def test_the_plot_cut_off_mid_write_leaves_the_old_image_whole(tmp_path, savefig_cut_off):
-    """img/study_val_loss.png was written in place: a kill mid-write left a truncated image that the doc links to."""
+    """img/study_val_loss.png was written in place: a kill mid-write left a truncated image that the doc links to. The
+    figure is closed all the same (pyplot kept it)."""
+    import matplotlib.pyplot as plt
+
     plot = tmp_path / "img" / "study_val_loss.png"
     plot.parent.mkdir()
     plot.write_bytes(b"old image")
+    open_before = plt.get_fignums()
     with pytest.raises(OSError, match="cut off mid-write"):
         plot_val_curves(load_spec(), [], plot)
     assert plot.read_bytes() == b"old image" and [p.name for p in plot.parent.iterdir()] == [plot.name]
+    assert plt.get_fignums() == open_before

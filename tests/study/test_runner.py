@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import re
 
 import pytest
 from hydra import compose, initialize_config_module
@@ -59,6 +60,20 @@ def test_every_cell_override_composes(small_spec, shard_folder, tmp_path):
         cfg = compose("train", overrides=[o for o in overrides if not o.startswith("hydra.")])
     assert cfg.model.arch == "kla" and cfg.optim.lr == 5e-4 and cfg.train.dynamics_lr_scale == 0.1
     assert cfg.train.max_tokens == recipe.max_tokens and cfg.run_name == "kla_45m-s1234"
+
+
+def test_a_spec_override_of_a_key_each_cell_sets_is_refused(small_spec, shard_folder, tmp_path):
+    """The spec's overrides come last on each cell's command: a key that the cells set replaced all their values."""
+    from klalm.study.spec import load_spec
+
+    recipe = read_recipe(small_spec, shard_folder)
+    own = train_overrides(small_spec, recipe, Cell("kla_45m", 1234), 5e-4, tmp_path / "run")[: -len(SMALL)]
+    assert len(own) == 8
+    for override in own:
+        key = override.split("=", 1)[0]
+        with pytest.raises(ValueError, match=rf"study overrides: '\+\+{re.escape(override)}' sets {re.escape(key)}, "
+                                             "which the study sets per cell"):  # fmt: skip
+            load_spec(str(spec_file(tmp_path, overrides=[*SMALL, f"++{override}"])))
 
 
 def test_commands_for_one_and_several_gpus():

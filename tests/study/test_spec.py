@@ -50,6 +50,10 @@ SHIPPED = load_spec()
         ({"extra_seeds": {"gpt_45m": [1.5]}}, "extra_seeds.gpt_45m="),
         ({"models": {**SHIPPED.models, "gpt_45m": {"lr": "sweep", "dynamics_lr_scale": "x"}}}, "dynamics_lr_scale='x'"),
         ({"overrides": [3]}, "overrides=\\[3\\] must be a list of Hydra overrides"),
+        # after each cell's own budget on its command: it replaced every cell's, silently
+        ({"overrides": ["data.seq_len=32", "train.max_tokens=1000"]},
+         r"study overrides: 'train.max_tokens=1000' sets train.max_tokens, which the study sets per cell \(from one "
+         "pass over the staged train split"),
         # a cell named twice: trained again once finished, or its folder deleted while it trained (two GPUs)
         ({"seeds": [1234, 1234]}, r"study seeds=\[1234, 1234\]: seed 1234 is given twice \(a cell, <model>-s1234,"),
         ({"extra_seeds": {"kla_45m": [1234]}}, r"extra_seeds.kla_45m=\[1234\]: seed 1234 is in seeds already"),

@@ -246,11 +246,13 @@ def test_the_mad_plot_draws_bars_only_where_a_run_finished_and_marks_tasks_never
 
 
 def test_a_figure_cut_off_mid_write_leaves_the_old_image_whole(tmp_path, savefig_cut_off):
-    """A report's PNGs were written in place: a kill mid-write left a truncated image that results.md links to."""
+    """A report's PNGs were written in place: a kill mid-write left a truncated image that results.md links to. The
+    figure is closed all the same (pyplot kept it)."""
     import matplotlib.pyplot as plt
 
     (tmp_path / "a5.png").write_bytes(b"old image")
+    open_before = plt.get_fignums()
     with pytest.raises(OSError, match="cut off mid-write"):
         report._save(plt.figure(), tmp_path / "a5.png")
-    assert (tmp_path / "a5.png").read_bytes() == b"old image"
+    assert (tmp_path / "a5.png").read_bytes() == b"old image" and plt.get_fignums() == open_before
     assert [p.name for p in tmp_path.iterdir()] == ["a5.png"]

@@ -18,6 +18,7 @@ refusals of its arguments (a bad JSON option while parsing, an unknown task name
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import difflib
 import hashlib
@@ -28,6 +29,7 @@ import re
 import sys
 import tempfile
 import traceback
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -192,6 +194,40 @@ def task_metrics(raw: dict[str, Any], spec: TaskSpec) -> dict[str, Any]:
     return out
 
 
+# lm-eval's warnings that hold for every klalm evaluation, by logger, each matched from the start of its message: klalm
+# hands HFLM a model already loaded (twice told that other arguments may be ignored), its local tasks load their rows
+# through a function (told to pass kwargs through --metadata), and it asks for num_fewshot=0 where a task has none.
+_LM_EVAL_NOISE = {
+    "lm_eval.models.huggingface": re.compile(
+        r"`pretrained` model kwarg is not of type `str`|Passed an already-initialized model through `pretrained`"
+    ),
+    "lm_eval.api.task": re.compile(r"\S+: Custom kwargs can be passed to `--metadata`"),
+    "lm_eval.evaluator": re.compile(r"Overwriting default num_fewshot of \S+ from None to 0$"),
+}
+
+
+@contextlib.contextmanager
+def _quiet_lm_eval() -> Iterator[None]:
+    """Keeps what lm-eval prints on every klalm evaluation, and that says nothing about it, off the console while
+    inside: the `_LM_EVAL_NOISE` warnings (any other lm-eval warning still prints), and git's "fatal: not a git
+    repository" outside a repository (lm-eval runs `git describe` for a record of the working folder's commit that
+    klalm does not keep)."""
+    from lm_eval import evaluator
+
+    def wanted(record: logging.LogRecord) -> bool:
+        return not _LM_EVAL_NOISE[record.name].match(record.getMessage())
+
+    loggers = [logging.getLogger(name) for name in _LM_EVAL_NOISE]
+    for logger in loggers:
+        logger.addFilter(wanted)
+    try:
+        with mock.patch.object(evaluator, "get_git_commit_hash", lambda: None):
+            yield
+    finally:
+        for logger in loggers:
+            logger.removeFilter(wanted)
+
+
 def evaluate_model(
     model: Any,
     tokenizer: Any,
@@ -221,13 +257,11 @@ def evaluate_model(
     Raises:
         ConfigError: an answer longer than `max_length` tokens (lm-eval's bare AssertionError).
     """
-    from lm_eval import evaluator, simple_evaluate
+    from lm_eval import simple_evaluate
 
-    lm = make_lm(model, tokenizer, max_length=max_length, batch_size=batch_size)
-    # lm-eval records the working folder's git commit in its results, which klalm does not keep, by running
-    # `git describe`: outside a repository git's "fatal: not a git repository" reached the console on every run.
-    try:
-        with mock.patch.object(evaluator, "get_git_commit_hash", lambda: None):
+    with _quiet_lm_eval():
+        lm = make_lm(model, tokenizer, max_length=max_length, batch_size=batch_size)
+        try:
             raw = simple_evaluate(
                 model=lm,
                 tasks=[spec.lm_eval_name for spec in specs],
@@ -236,12 +270,12 @@ def evaluate_model(
                 log_samples=log_samples,
                 task_manager=task_manager,
             )
-    except AssertionError as err:  # lm-eval asserts that each whole answer fits the window, with no message
-        if not _raised_in(err, "lm_eval.models.huggingface"):
-            raise
-        names = ", ".join(spec.name for spec in specs)
-        raise ConfigError(f"max_length={max_length}: an answer of {names} is longer than that many tokens, and "
-                          "lm-eval scores each whole answer in the window: raise max_length") from None  # fmt: skip
+        except AssertionError as err:  # lm-eval asserts that each whole answer fits the window, with no message
+            if not _raised_in(err, "lm_eval.models.huggingface"):
+                raise
+            names = ", ".join(spec.name for spec in specs)
+            raise ConfigError(f"max_length={max_length}: an answer of {names} is longer than that many tokens, and "
+                              "lm-eval scores each whole answer in the window: raise max_length") from None  # fmt: skip
     metrics = {spec.name: task_metrics(raw, spec) for spec in specs}
     samples = {spec.name: raw.get("samples", {}).get(spec.lm_eval_name, []) for spec in specs}
     return metrics, samples

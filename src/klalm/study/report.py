@@ -259,21 +259,24 @@ def plot_val_curves(spec: Spec, runs: list[dict[str, Any]], out_png: Path) -> Pa
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7.5, 4.5))
-    for run in runs:
-        with open(results.cell_dir(spec, run) / "val.csv", newline="", encoding="utf-8") as handle:
-            rows = list(csv.DictReader(handle))
-        tokens = [int(r["tokens"]) / 1e6 for r in rows]
-        (line,) = ax.plot(tokens, [float(r["val/loss"]) for r in rows], label=f"{run['model']} (seed {run['seed']})")
-        ax.plot([run["tokens"] / 1e6], [run["val"]["loss"]], "o", color=line.get_color())
-    ax.set_xlabel("training tokens (millions)")
-    ax.set_ylabel("validation loss (nats/token)")
-    ax.set_title("45M models on Wikipedia: validation loss (dots: whole validation shard)")
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    out_png.parent.mkdir(parents=True, exist_ok=True)
-    save_figure(fig, out_png, dpi=120)
-    plt.close(fig)
+    try:
+        for run in runs:
+            with open(results.cell_dir(spec, run) / "val.csv", newline="", encoding="utf-8") as handle:
+                rows = list(csv.DictReader(handle))
+            tokens = [int(r["tokens"]) / 1e6 for r in rows]
+            label = f"{run['model']} (seed {run['seed']})"
+            (line,) = ax.plot(tokens, [float(r["val/loss"]) for r in rows], label=label)
+            ax.plot([run["tokens"] / 1e6], [run["val"]["loss"]], "o", color=line.get_color())
+        ax.set_xlabel("training tokens (millions)")
+        ax.set_ylabel("validation loss (nats/token)")
+        ax.set_title("45M models on Wikipedia: validation loss (dots: whole validation shard)")
+        ax.grid(alpha=0.3)
+        ax.legend()
+        fig.tight_layout()
+        out_png.parent.mkdir(parents=True, exist_ok=True)
+        save_figure(fig, out_png, dpi=120)
+    finally:
+        plt.close(fig)
     return out_png
 
 

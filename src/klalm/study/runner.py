@@ -30,7 +30,7 @@ from klalm.errors import one_line
 from klalm.fileio import write_atomic
 from klalm.study import results
 from klalm.study.files import read_json
-from klalm.study.spec import Cell, Spec
+from klalm.study.spec import CELL_KEYS, Cell, Spec
 
 log = logging.getLogger("klalm.study")
 
@@ -123,18 +123,11 @@ def estimate_s(spec: Spec, recipe: Recipe, cell: Cell, gpus: int) -> tuple[float
 
 
 def train_overrides(spec: Spec, recipe: Recipe, cell: Cell, lr: float, run_dir: Path) -> list[str]:
-    """The Hydra overrides of one cell (all of them: run.json records this list)."""
-    return [
-        f"experiment={spec.experiment}",
-        f"model={cell.model}",
-        f"optim.lr={lr:g}",
-        f"train.dynamics_lr_scale={spec.models[cell.model]['dynamics_lr_scale']:g}",
-        f"train.max_tokens={cell_tokens(spec, recipe, cell)}",
-        f"seed={cell.seed}",
-        f"run_name={cell.name}",
-        f"hydra.run.dir={run_dir}",
-        *spec.overrides,
-    ]
+    """The Hydra overrides of one cell (all of them: run.json records this list): its `CELL_KEYS`, then the spec's."""
+    scale = spec.models[cell.model]["dynamics_lr_scale"]
+    values = [spec.experiment, cell.model, f"{lr:g}", f"{scale:g}", cell_tokens(spec, recipe, cell), cell.seed,
+              cell.name, run_dir]  # fmt: skip
+    return [*(f"{key}={value}" for key, value in zip(CELL_KEYS, values, strict=True)), *spec.overrides]
 
 
 def train_command(overrides: list[str], gpus: int) -> list[str]:

@@ -20,6 +20,19 @@ DEFAULT_SPEC = "enwiki_45m"
 _TYPES = {"experiment": str, "results": str, "models": dict, "seeds": list, "extra_seeds": dict, "sweep": dict,
           "eval": dict, "estimate": dict, "overrides": list, "cost": dict}  # fmt: skip
 _KIND_NAMES = {str: "string", dict: "mapping", list: "list"}
+# The keys `klalm.study.runner.train_overrides` sets on every cell's command, in its order, each with where the study
+# takes it from: the spec's `overrides` follow them there, so one of these keys would silently replace every cell's own
+# value (a train.max_tokens, the budget the study checked).
+CELL_KEYS = {
+    "experiment": "the spec's experiment",
+    "model": "models",
+    "optim.lr": "the sweep",
+    "train.dynamics_lr_scale": "models.<model>.dynamics_lr_scale",
+    "train.max_tokens": "one pass over the staged train split, sweep.fraction of it for a sweep cell",
+    "seed": "seeds and extra_seeds",
+    "run_name": "the cell's name",
+    "hydra.run.dir": "the cell's run folder under --work",
+}
 
 
 @dataclass(frozen=True)
@@ -87,6 +100,11 @@ def _check_parts(spec: Spec) -> None:
             raise ValueError(f"study models.{model}.dynamics_lr_scale={scale!r} must be a positive number")
     if not all(isinstance(o, str) for o in spec.overrides):
         raise ValueError(f"study overrides={spec.overrides!r} must be a list of Hydra overrides (strings)")
+    for override in spec.overrides:
+        key = override.lstrip("~+").split("=", 1)[0].strip()
+        if key in CELL_KEYS:
+            raise ValueError(f"study overrides: {override!r} sets {key}, which the study sets per cell (from "
+                             f"{CELL_KEYS[key]})")  # fmt: skip
     if set(spec.eval) != _EVAL_KEYS:
         raise ValueError(f"study eval: keys must be {sorted(_EVAL_KEYS)}, got {sorted(spec.eval, key=str)}")
     tasks, limit = spec.eval["tasks"], spec.eval["limit"]

@@ -56,9 +56,11 @@ def _save(fig: Any, path: Path) -> None:
     """Lay out, write (PNG, 120 dpi, atomically) and close a report figure."""
     import matplotlib.pyplot as plt
 
-    fig.tight_layout()
-    save_figure(fig, path, dpi=120)
-    plt.close(fig)
+    try:
+        fig.tight_layout()
+        save_figure(fig, path, dpi=120)
+    finally:
+        plt.close(fig)
 
 
 # ------------------------------------------------------------------------------------------------------------ A5

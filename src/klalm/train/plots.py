@@ -38,27 +38,29 @@ def plot_losses(csv_paths: dict[str, Path], out_png: str | Path, *, title: str =
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4))
-    plotted = 0
-    for index, (label, path) in enumerate(csv_paths.items()):
-        if not Path(path).is_file():
-            raise FileNotFoundError(f"metrics file {path} does not exist")
-        steps, losses = read_metric(path, "train/loss")
-        finite = [(s, v) for s, v in zip(steps, losses) if math.isfinite(v)]
-        colour = f"C{index % 10}"  # a run's train and validation curves in one colour
-        if finite:
-            ax.plot(*zip(*finite), color=colour, label=f"{label} train")
-            plotted += 1
-        val_steps, val_losses = read_metric(path, "val/loss")
-        if val_steps:
-            ax.plot(val_steps, val_losses, "o--", color=colour, label=f"{label} val")
-    if not plotted:
-        raise ValueError(f"no train/loss values in {sorted(map(str, csv_paths.values()))}")
-    ax.set_xlabel("optimiser step")
-    ax.set_ylabel("loss (nats/token)")
-    ax.set_title(title)
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    save_figure(fig, out_png, dpi=120)
-    plt.close(fig)
+    try:
+        plotted = 0
+        for index, (label, path) in enumerate(csv_paths.items()):
+            if not Path(path).is_file():
+                raise FileNotFoundError(f"metrics file {path} does not exist")
+            steps, losses = read_metric(path, "train/loss")
+            finite = [(s, v) for s, v in zip(steps, losses) if math.isfinite(v)]
+            colour = f"C{index % 10}"  # a run's train and validation curves in one colour
+            if finite:
+                ax.plot(*zip(*finite), color=colour, label=f"{label} train")
+                plotted += 1
+            val_steps, val_losses = read_metric(path, "val/loss")
+            if val_steps:
+                ax.plot(val_steps, val_losses, "o--", color=colour, label=f"{label} val")
+        if not plotted:
+            raise ValueError(f"no train/loss values in {sorted(map(str, csv_paths.values()))}")
+        ax.set_xlabel("optimiser step")
+        ax.set_ylabel("loss (nats/token)")
+        ax.set_title(title)
+        ax.grid(alpha=0.3)
+        ax.legend()
+        fig.tight_layout()
+        save_figure(fig, out_png, dpi=120)
+    finally:
+        plt.close(fig)
     return Path(out_png)
