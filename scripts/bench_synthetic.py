@@ -35,9 +35,10 @@ from pathlib import Path
 import torch
 
 from klalm.cli.synthetic_args import int_list, name_list
+from klalm.tasks.cells import Unit
 from klalm.tasks.plans import load_plan
 from klalm.tasks.train import GroupTrainer
-from klalm.tasks.units import Execution, Unit, build_member, rate_record, run_record
+from klalm.tasks.units import Execution, build_member, rate_record, run_record
 
 SETTLE_STEPS = 20  # untimed steps after capture
 CHUNK = 50  # steps between clock reads (each a device sync)

@@ -1,5 +1,5 @@
 """Seconds to save a paused unit's state (`torch.save` of its .pt, loaded to host memory) and to pack its state
-folder into state.tar pieces (`klalm.tasks.units.pack_states`), median of five each, on this machine.
+folder into state.tar pieces (`klalm.tasks.states.pack_states`), median of five each, on this machine.
 
     .venv/bin/python results/cpu_2026-12-03f/state_save_time.py .carry/synthetic_state \
         > results/cpu_2026-12-03f/state_save_time.md
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from klalm.tasks.units import pack_states, saved_states
+from klalm.tasks.states import pack_states, saved_states
 
 
 def median_s(work) -> float:

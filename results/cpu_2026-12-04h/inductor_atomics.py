@@ -22,9 +22,11 @@ import sys
 import torch
 from torch._inductor.utils import run_and_get_code
 
-from klalm.tasks import make_task, materialize
-from klalm.tasks.train import TrainSettings, deterministic_algorithms, train_step
-from klalm.tasks.units import Unit, build_member
+from klalm.tasks.base import materialize
+from klalm.tasks.cells import TrainSettings, Unit
+from klalm.tasks.registry import make_task
+from klalm.tasks.train import deterministic_algorithms, train_step
+from klalm.tasks.units import build_member
 
 # a small (64, 4) cell: the step's ops are the grid's
 TASK = {"name": "mqar", "length": 64, "num_pairs": 4, "vocab": 512}

@@ -176,7 +176,7 @@ EVAL_RULES: tuple[Rule, ...] = (
 SPLIT_KEYS = {"train": "source", "val": "val_source"}
 
 # The six MAD-Lab tasks of klalm-synthetic, as its plans (klalm.tasks.plans) and command line name them; the registry
-# klalm.tasks.TASKS pairs them, in this order, with their classes.
+# klalm.tasks.registry.TASKS pairs them, in this order, with their classes.
 MAD_TASKS = (
     "mad_in_context_recall",
     "mad_noisy_recall",
@@ -491,6 +491,20 @@ def _check_kernel_backends(cfg: DictConfig) -> None:
 def warmup_steps_of(warmup: float, total_steps: int) -> int:
     """`warmup` < 1 is a fraction of the run, ≥ 1 a step count."""
     return int(round(warmup * total_steps)) if warmup < 1 else int(warmup)
+
+
+def check_schedule(
+    total_steps: int, warmup_steps: int, min_lr_ratio: float, warmup_key: str = "scheduler.warmup"
+) -> None:
+    """Raise ConfigError (a ValueError; `klalm-train` refuses it in one line) naming the scheduler key that is out of
+    range (`warmup_key`: the warmup's key as the caller's config names it): found once the run knows its length."""
+    if total_steps <= 0:
+        raise ConfigError(f"scheduler total_steps must be positive, got {total_steps}")
+    if not 0 <= warmup_steps < total_steps:
+        raise ConfigError(f"{warmup_key} gives {warmup_steps} warmup steps: must be in [0, {total_steps}), the run's "
+                          f"steps")  # fmt: skip
+    if not 0.0 <= min_lr_ratio <= 1.0:
+        raise ConfigError(f"scheduler.min_lr_ratio={min_lr_ratio} must be in [0, 1]")
 
 
 def check_takes_a_step(max_tokens: int, global_batch_tokens: int) -> None:

@@ -9,8 +9,11 @@ import numpy as np
 import pytest
 import torch
 
-from klalm.tasks import MAD_TASKS, TASKS, TaskDataset, TaskStream, base, make_task, materialize
+from klalm.config_checks import MAD_TASKS
+from klalm.tasks import base
 from klalm.tasks.a5 import MULTIPLICATION_TABLE, PERMUTATIONS, prefix_products
+from klalm.tasks.base import TaskDataset, TaskStream, materialize
+from klalm.tasks.registry import TASKS, make_task
 
 # ---------------------------------------------------------------- A5
 

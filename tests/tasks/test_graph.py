@@ -9,10 +9,13 @@ import time
 import pytest
 import torch
 
-from klalm.tasks import MAD_TASKS, make_task, materialize
+from klalm.config_checks import MAD_TASKS
+from klalm.tasks.base import materialize
+from klalm.tasks.cells import TrainSettings, Unit
+from klalm.tasks.registry import make_task
 from klalm.tasks.streams import FreshStream, SplitStream
-from klalm.tasks.train import WARMUP_STEPS, GroupTrainer, StopRule, TrainSettings, evaluate, train_group
-from klalm.tasks.units import Execution, Unit, build_member, run_unit, run_units
+from klalm.tasks.train import WARMUP_STEPS, GroupTrainer, StopRule, evaluate, train_group
+from klalm.tasks.units import Execution, build_member, run_unit, run_units
 
 pytestmark = pytest.mark.gpu
 CUDA = torch.device("cuda")

@@ -19,11 +19,14 @@ import torch
 
 from klalm.cli import synthetic
 from klalm.cli.synthetic_args import parse_args
+from klalm.config_checks import MAD_TASKS
 from klalm.fileio import flock_path
 from klalm.models import build_model
-from klalm.tasks import MAD_TASKS, materialize, runner, units
+from klalm.tasks import runner, states, units
+from klalm.tasks.base import materialize
+from klalm.tasks.cells import FAMILY_NAMES, TrainSettings, Unit
+from klalm.tasks.estimates import estimate_s
 from klalm.tasks.plans import (
-    FAMILY_NAMES,
     A5Plan,
     A5Stage,
     Estimate,
@@ -35,12 +38,10 @@ from klalm.tasks.plans import (
     load_plan,
     plan_units,
 )
-from klalm.tasks.results import Results, estimate_s, merge, read_jsonl
+from klalm.tasks.results import Results, UnitOutcome, merge, read_jsonl
 from klalm.tasks.runner import MARGIN_S, MIN_TRAIN_S, GridBlock, plan_table, solved_depths
-from klalm.tasks.train import TrainSettings
 from klalm.tasks.units import (
     Execution,
-    Unit,
     build_member,
     evaluate_saved,
     pack_key,
@@ -384,8 +385,6 @@ def test_a5_depths_wait_for_shallower_ones_and_stop_once_solved(tmp_path):
 
 
 def _outcome(rows):
-    from klalm.tasks.units import UnitOutcome
-
     return UnitOutcome(rows, _rate(step_s=1e-3))
 
 
@@ -664,7 +663,7 @@ def test_merge_appends_a_row_its_source_holds_twice_once_and_on_a_line_of_its_ow
 
 def _restore(parts: list[Path], folder: Path) -> dict:
     """What `merge --state` does with the parts: unpack and check them beside `folder`, then swap them in."""
-    return units.swap_in_states(units.unpack_states(parts, folder), folder)
+    return states.swap_in_states(states.unpack_states(parts, folder), folder)
 
 
 def _state_parts(folder: Path, files: dict[str, bytes], part_bytes: int = 700) -> None:
@@ -723,7 +722,7 @@ def test_merge_restores_the_state_that_came_back_and_keeps_the_old_one_otherwise
         for part in back.glob("state.tar.*"):
             part.unlink()
         if cut_short == "archive":
-            (piece,) = units.pack_states(paused, back)
+            (piece,) = states.pack_states(paused, back)
             piece.write_bytes(piece.read_bytes()[:-1000])
         else:
             _state_parts(back, {**files, pt: files[pt][:-100]}, part_bytes=40_000)
@@ -759,27 +758,54 @@ def test_pack_writes_the_pieces_merge_restores_and_drops_stale_ones(tmp_path, ca
     for name, data in files.items():
         (state / name).write_bytes(data)
     (state / "notes.txt").write_text("not a state")
-    parts = units.pack_states(state, out, part_bytes=2000)
+    parts = states.pack_states(state, out, part_bytes=2000)
     assert [p.name for p in parts] == [f"state.tar.{i:02d}" for i in range(len(parts))] and len(parts) > 2
     assert max(p.stat().st_size for p in parts) == 2000
     (out / "state.tar.00.tmp").write_bytes(b"half written")  # a piece cut off mid-write is not one
-    assert units.state_parts(out) == parts
+    assert states.state_parts(out) == parts
     assert sum(p.stat().st_size for p in parts) < 0.92 * len(files["abc.pt"])  # in planes (plain deflate: 0.93)
-    _restore(units.state_parts(out), back)
+    _restore(states.state_parts(out), back)
     assert {p.name: p.read_bytes() for p in back.iterdir()} == {**files, ".lock": b""}  # no stray notes, its own lock
     whole = parts[-1].read_bytes()
     for damaged in (whole[:-5], whole + b"stale"):  # a piece cut short, a stray one after it: refused, the folder kept
         parts[-1].write_bytes(damaged)
         with pytest.raises(ValueError, match="cannot be unpacked"):
-            _restore(units.state_parts(out), back)
+            _restore(states.state_parts(out), back)
     assert {p.name: p.read_bytes() for p in back.iterdir()} == {**files, ".lock": b""}
     (state / "abc.pt").write_bytes(_saved(noise[:10].clone()))
     synthetic(["pack", "--state", str(state), "--out", str(out)])
     assert json.loads(capsys.readouterr().out) == {"parts": ["state.tar.00"], "units": 2, "state_mib": 0.0,
                                                    "packed_mib": 0.0}  # fmt: skip
-    assert units.state_parts(out) == [out / "state.tar.00"]  # the larger pack's other pieces are gone
+    assert states.state_parts(out) == [out / "state.tar.00"]  # the larger pack's other pieces are gone
     with pytest.raises(SystemExit, match="state folder .*nowhere does not exist"):
         synthetic(["pack", "--state", str(tmp_path / "nowhere"), "--out", str(out)])
+
+
+def test_merge_and_pack_import_no_torch(tmp_path):
+    """merge and pack only move files, but imported torch and transformers through klalm.tasks (5 s of imports on a
+    2-core machine, after and beside every device call): in a process of its own, as the command runs, neither is
+    imported (this test process has imported torch already)."""
+    import subprocess
+    import sys
+
+    back, results, state, out = tmp_path / "back", tmp_path / "results", tmp_path / "state", tmp_path / "out"
+    back.mkdir(), results.mkdir(), state.mkdir()
+    (back / "a5.jsonl").write_text(json.dumps(_row(_a5_unit(), 0, 0.5)) + "\n")
+    (state / "abc.json").write_bytes(_info())
+    (state / "abc.pt").write_bytes(_saved({"members": [torch.ones(8)], "evals": [[]], "spent": {}}))
+    merge_args = ["merge", "--from", str(back), "--results", str(results), "--state", str(state)]
+    code = f"""
+import sys
+from klalm.cli import synthetic
+synthetic({merge_args!r})
+synthetic({["pack", "--state", str(state), "--out", str(out)]!r})
+print(sorted(name for name in ("torch", "transformers", "lightning") if name in sys.modules))
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    merged, packed, heavy = done.stdout.splitlines()
+    assert json.loads(merged) == {"a5.jsonl": 1, "state": f"none came back: kept {state}"}
+    assert json.loads(packed)["parts"] == ["state.tar.00"] and heavy == "[]"
 
 
 def test_state_folders_work_where_there_is_no_flock(tmp_path, monkeypatch):
@@ -790,8 +816,8 @@ def test_state_folders_work_where_there_is_no_flock(tmp_path, monkeypatch):
     state.mkdir()
     (state / "abc.json").write_bytes(_info())
     (state / "abc.pt").write_bytes(_saved({}))
-    assert [p.name for p in units.pack_states(state, out)] == ["state.tar.00"]
-    units.remove_state(state, "abc")
+    assert [p.name for p in states.pack_states(state, out)] == ["state.tar.00"]
+    states.remove_state(state, "abc")
     assert list(state.iterdir()) == []  # no lock file either
 
 
@@ -840,7 +866,7 @@ def _pause(folder: Path, unit: Unit, step: int) -> None:
 def _saved_unless_locked(folder: Path, save) -> bool:
     """Run `save`, another process's save into the state folder `folder` at this moment, unless the folder's lock is
     held (that save would wait for it); returns whether it ran."""
-    folder.mkdir(parents=True, exist_ok=True)  # as units._locked does
+    folder.mkdir(parents=True, exist_ok=True)  # as states.locked does
     try:
         os.close(flock_path(folder / ".lock", os.O_CREAT | os.O_WRONLY))
     except BlockingIOError:
@@ -856,7 +882,7 @@ def test_merge_replaces_the_states_under_the_lock_a_save_takes(tmp_path, monkeyp
     back, state = tmp_path / "back", tmp_path / "state"
     (tmp_path / "mine").mkdir()
     _pause(tmp_path / "paused", _a5_unit(length=4), 10)
-    units.pack_states(tmp_path / "paused", back)
+    states.pack_states(tmp_path / "paused", back)
     _pause(state, _a5_unit(length=5), 5)  # what the merge replaces
     pausing, replace, meanwhile = _a5_unit(length=6), os.replace, []
 
@@ -869,8 +895,8 @@ def test_merge_replaces_the_states_under_the_lock_a_save_takes(tmp_path, monkeyp
     synthetic(["merge", "--from", str(back / "synthetic"), "--results", str(tmp_path / "mine"), "--state", str(state)])
     assert json.loads(capsys.readouterr().out)["state"]["units"] == 1 and meanwhile == [False]
     _pause(state, pausing, 20)  # the save that waited for the lock
-    assert sorted(units.saved_states(state)) == sorted(units.state_name(_a5_unit(length=n)) for n in (4, 6))
-    units.check_states(state)
+    assert sorted(states.saved_states(state)) == sorted(units.state_name(_a5_unit(length=n)) for n in (4, 6))
+    states.check_states(state)
 
 
 def test_readers_of_saved_states_take_the_lock_a_save_takes(tmp_path, monkeypatch):
@@ -882,13 +908,13 @@ def test_readers_of_saved_states_take_the_lock_a_save_takes(tmp_path, monkeypatc
     evals = [[{"step": 0, "loss": 1.0, "token_acc": 0.5, "seq_acc": 0.0}] for _ in unit.seeds]
     spent = {"train_s": 1.0, "wall_s": 1.0, "blocks": 1}
     units._save_state(tmp_path, unit, members, evals, spent)
-    check = units._check_weights
+    check = units.check_weights
 
     def saved_meanwhile(weights: Path) -> None:  # after the reader read the .json: the unit saves again
         _saved_unless_locked(tmp_path, lambda: units._save_state(tmp_path, unit, members, evals, spent))
         check(weights)
 
-    monkeypatch.setattr(units, "_check_weights", saved_meanwhile)
+    monkeypatch.setattr(units, "check_weights", saved_meanwhile)
     assert [(row["seed"], row["steps"]) for row in paused_rows(tmp_path, "abc")] == [(0, 0), (1, 0)]
     assert [(row["seed"], row["steps"]) for row in evaluate_saved(tmp_path, torch.device("cpu"))] == [(0, 0), (1, 0)]
 
@@ -903,7 +929,7 @@ def test_a_save_killed_between_its_weights_and_its_json_leaves_the_last_pair_who
     def steps() -> tuple[int, int, int]:  # what the .json says, what its weights hold, what progress records
         (row,) = paused_rows(tmp_path, "abc")
         weights = units._load_state(tmp_path, unit, torch.device("cpu"))["members"][0]["step"]
-        return units.saved_states(tmp_path)[name]["step"], weights, row["evals"][-1][0]
+        return states.saved_states(tmp_path)[name]["step"], weights, row["evals"][-1][0]
 
     def killed(path, data):
         raise KeyboardInterrupt  # the process ended before the .json was written
@@ -914,15 +940,15 @@ def test_a_save_killed_between_its_weights_and_its_json_leaves_the_last_pair_who
         _pause(tmp_path, unit, 20)
     monkeypatch.undo()
     assert steps() == (10, 10, 10)  # the last save, whole
-    assert [p.name for p in units.state_files(tmp_path)] == [f"{name}.json", f"{name}.pt"]  # packed: not the cut one
+    assert [p.name for p in states.state_files(tmp_path)] == [f"{name}.json", f"{name}.pt"]  # packed: not the cut one
     _pause(tmp_path, unit, 30)  # writes over the cut save's weights, then removes the last save's
     assert steps() == (30, 30, 30) and sorted(p.name for p in tmp_path.glob("*.pt")) == [f"{name}.1.pt"]
     info = json.loads((tmp_path / f"{name}.json").read_text())
     for weights, why in ((f"{name}.pt", f"{name}.pt is missing"), ("../other.pt", "names weights '../other.pt'")):
         (tmp_path / f"{name}.json").write_text(json.dumps({**info, "weights": weights}))  # a pair put together by hand
         with pytest.raises(ValueError, match=re.escape(why)):
-            units.check_states(tmp_path)
-    units.remove_state(tmp_path, name)
+            states.check_states(tmp_path)
+    states.remove_state(tmp_path, name)
     assert [p.name for p in tmp_path.iterdir()] == [".lock"]
 
 
@@ -942,10 +968,10 @@ def test_pack_every_s_sends_each_new_checkpoint_until_killed(tmp_path):
         """Whether the pieces in `out` come to hold abc.json at `step` (None: no state) within two minutes."""
         deadline = time.time() + 120
         while time.time() < deadline:
-            if units.state_parts(out):
+            if states.state_parts(out):
                 back = tmp_path / "back"
-                _restore(units.state_parts(out), back)
-                saved = units.saved_states(back)
+                _restore(states.state_parts(out), back)
+                saved = states.saved_states(back)
                 if (saved.get("abc", {}).get("step") if saved else None) == step:
                     return True
             time.sleep(0.05)
@@ -957,7 +983,7 @@ def test_pack_every_s_sends_each_new_checkpoint_until_killed(tmp_path):
             (state / "new").write_bytes(data)
             os.replace(state / "new", state / name)
         assert unpacked(2)
-        units.remove_state(state, "abc")  # its unit finished: the pieces must not bring the state back
+        states.remove_state(state, "abc")  # its unit finished: the pieces must not bring the state back
         assert unpacked(None)
     finally:
         watcher.kill()
@@ -982,7 +1008,7 @@ def test_a_block_with_checkpoints_saves_them_in_its_child_processes_and_removes_
     block.run()
     assert len(read_jsonl(tmp_path / "mqar.jsonl")) == 2 and not block.failed
     assert capfd.readouterr().err.count("checkpoint at step 10: 1 unit(s) saved") == 2
-    assert units.saved_states(tmp_path / "state") == {}  # the checkpoints of finished units are removed
+    assert states.saved_states(tmp_path / "state") == {}  # the checkpoints of finished units are removed
 
 
 def test_plan_verb_lists_units_with_estimates(tmp_path, capsys):
@@ -1260,13 +1286,13 @@ def test_the_device_script_runs_its_stages_in_order_on_the_budget(tmp_path):
     out_home.mkdir()
     paused = plan_units(_tiny_plan(families=["a5"], archs=["kla"]))[0]
     run_unit(paused, torch.device("cpu"), Execution(), deadline=time.time(), state=packed)  # paused at step 10
-    units.pack_states(packed, home / ".carry" / "state_in")
+    states.pack_states(packed, home / ".carry" / "state_in")
     restored = subprocess.run(["bash", "scripts/device_synthetic.sh"], cwd=home, capture_output=True, text=True,
                               env={**env, "KLALM_DEVICE_SETUP": str(home), "OUT": str(out_home), "RUNS": lines[0],
                                    "FROM": ".carry/state_in"})  # fmt: skip
     assert restored.returncode == 0, restored.stdout[-2000:] + restored.stderr[-2000:]
     assert '"state": {"units": 1' in (out_home / "block.log").read_text()
-    assert sorted(units.saved_states(home / ".carry" / "synthetic_state")) == [units.state_name(paused)]
+    assert sorted(states.saved_states(home / ".carry" / "synthetic_state")) == [units.state_name(paused)]
     # FROM: the next call, sent before this one was merged at home, carries what it returned; on a fresh machine
     # (results without its rows, a stale state folder) it starts from those rows and parts: the finished unit is not
     # trained again, and the state folder becomes the one that came back (empty)

@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 
 from klalm.cli import synthetic
+from klalm.tasks.cells import TrainSettings
 from klalm.tasks.plans import A5Plan, A5Stage, Estimate, RunPlan
 from klalm.tasks.results import Results, read_jsonl
 from klalm.tasks.runner import GridBlock
-from klalm.tasks.train import TrainSettings
 from klalm.tasks.units import state_name
 
 COMMITTED = Path(__file__).resolve().parents[2] / "results" / "synthetic"
@@ -492,7 +492,7 @@ def test_pack_every_s_stopped_ends_in_one_line_and_leaves_no_half_written_piece(
     """`kill $watcher` (SIGTERM) ended `pack --every-s` where it was, a piece being written left in --out as a
     temporary (.state.tar.00.tmp-...: one of the 8 files a device call returns); Ctrl-C gave a traceback, exit 1."""
     from klalm.fileio import atomic_path
-    from klalm.tasks import runner
+    from klalm.tasks import folders
 
     def watch(state, out, every_s):  # stopped while it writes a piece
         out.mkdir()
@@ -502,7 +502,7 @@ def test_pack_every_s_stopped_ends_in_one_line_and_leaves_no_half_written_piece(
             os.kill(os.getpid(), getattr(signal, how))
             time.sleep(30)
 
-    monkeypatch.setattr(runner, "watch_states", watch)
+    monkeypatch.setattr(folders, "watch_states", watch)
     (tmp_path / "state").mkdir()
     handler = signal.signal(signal.SIGINT, signal.default_int_handler)  # a terminal's Ctrl-C, whatever pytest set
     try:
@@ -642,7 +642,7 @@ def test_ctrl_c_names_the_units_that_failed_before_it(tmp_path, monkeypatch, cap
 
 
 def test_merge_restores_the_states_of_a_call_whose_results_did_not_come_back(tmp_path, capsys):
-    from klalm.tasks.units import pack_states, saved_states
+    from klalm.tasks.states import pack_states, saved_states
 
     unit = _cpu_a5_unit()
     _saved_state(tmp_path / "paused", unit)
@@ -667,7 +667,7 @@ def test_merge_restores_the_states_of_a_call_whose_results_did_not_come_back(tmp
 def test_merge_of_a_missing_synthetic_folder_restores_the_parts_beside_it_and_refuses_a_typo(tmp_path, capsys):
     """A call whose results files all stayed behind returns no synthetic/ folder (the device tool returns files, not
     folders): its parts are restored. A typo in --from (`synthetc`) must not restore them unnoticed."""
-    from klalm.tasks.units import pack_states
+    from klalm.tasks.states import pack_states
 
     _saved_state(tmp_path / "paused", _cpu_a5_unit())
     call = tmp_path / "call"
@@ -711,8 +711,8 @@ from pathlib import Path
 signal.signal(signal.SIGINT, signal.default_int_handler)  # also when the tests run with SIGINT ignored
 from klalm.cli import synthetic
 from klalm.tasks import runner
+from klalm.tasks.cells import TrainSettings
 from klalm.tasks.plans import A5Plan, A5Stage, Estimate, RunPlan
-from klalm.tasks.train import TrainSettings
 folder, child = Path(sys.argv[1]), sys.argv[2]
 def popen(command, **kwargs):  # the unit's process, started as the runner starts it, runs `child`
     return subprocess.Popen([sys.executable, "-c", child, str(folder)], **kwargs)
@@ -855,7 +855,7 @@ def test_a_units_process_ends_once_the_runner_is_killed(tmp_path):
 def test_a_second_sigterm_while_the_block_stops_is_ignored(tmp_path):
     """The handler marks the block stopping at once: `timeout` also signals the group, and a second Terminated raised
     inside the first one's handling skipped the units' SIGINT and the progress record."""
-    from klalm.tasks.runner import Terminated
+    from klalm.tasks.folders import Terminated
 
     block = GridBlock(_cpu_a5_plan(), Results(tmp_path, ["a5"]), tmp_path / "s", "cpu", 0, False, None, "abc")
     with pytest.raises(Terminated):

@@ -7,8 +7,9 @@ import random
 import pytest
 import torch
 
-from klalm.tasks import make_task, materialize
 from klalm.tasks.a5 import prefix_products
+from klalm.tasks.base import materialize
+from klalm.tasks.registry import make_task
 from klalm.tasks.streams import MASK32, FreshStream, SplitStream, counter_ints, mix, stream_key
 
 CPU = torch.device("cpu")

@@ -17,14 +17,16 @@ from torch import nn
 
 from klalm.loss import IGNORE_INDEX, token_cross_entropy
 from klalm.models import build_model
-from klalm.tasks import make_task, materialize
+from klalm.tasks.base import materialize
+from klalm.tasks.cells import TrainSettings, Unit
 from klalm.tasks.readouts import TokenReadout, wrap_readout
+from klalm.tasks.registry import make_task
+from klalm.tasks.states import saved_states
 from klalm.tasks.streams import FreshStream, SplitStream
 from klalm.tasks.train import (
     GroupTrainer,
     Member,
     StopRule,
-    TrainSettings,
     evaluate,
     readout_loss,
     stream_loss,
@@ -34,11 +36,9 @@ from klalm.tasks.train import (
 from klalm.tasks.units import (
     Checkpoints,
     Execution,
-    Unit,
     build_member,
     run_unit,
     run_units,
-    saved_states,
     state_name,
 )
 from klalm.train.optim import classify_parameters, cosine_multiplier, param_groups, warmup_cosine
@@ -49,9 +49,9 @@ AUX = {"name": "a5", "length": 2}
 
 
 def test_the_trainer_scores_with_the_token_loss_and_the_tasks_ignore_index():
-    from klalm import tasks
+    from klalm.tasks import mad, mqar
 
-    assert tasks.IGNORE_INDEX is IGNORE_INDEX  # generators mark what the trainer's loss skips
+    assert mad.IGNORE_INDEX is mqar.IGNORE_INDEX is IGNORE_INDEX  # generators mark what the trainer's loss skips
     logits = torch.randn(3, 5, 7, dtype=torch.float64)
     labels = torch.randint(7, (3, 5))
     labels[0, :2] = labels[2, 4] = IGNORE_INDEX

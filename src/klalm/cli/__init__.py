@@ -344,10 +344,19 @@ def _parse_lm_eval_args(parser: Any) -> argparse.Namespace:
 
 @quiet_when_the_reader_stops
 def synthetic(argv: list[str] | None = None) -> None:
-    """`klalm-synthetic`: run the synthetic benchmarks (A5, MQAR, MAD) block by block; report tables and plots."""
+    """`klalm-synthetic`: run the synthetic benchmarks (A5, MQAR, MAD) block by block; report tables and plots.
+
+    `merge` and `pack` only move files, in `klalm.tasks.folders`, which imports no torch; the other verbs are
+    `klalm.tasks.runner`'s."""
     from klalm.cli.synthetic_args import parse_args
 
     args = parse_args(argv)
+    from klalm.tasks import folders
+
+    logging.basicConfig(level=logging.INFO, format="[synthetic %(asctime)s] %(message)s", datefmt="%H:%M:%S")
+    if args.verb in folders.VERBS:
+        folders.run(args)
+        return
     from klalm.tasks.runner import run
 
     run(args)

@@ -16,7 +16,8 @@
 """
 
 # The command line only (this docstring is its --help), with nothing heavier than omegaconf (klalm.config_checks):
-# `--help` and usage errors answer before klalm.tasks.runner, which does the work, and with it torch are imported.
+# `--help` and usage errors answer before the modules that do the work are imported (klalm.tasks.runner, and with it
+# torch; merge and pack: klalm.tasks.folders, without).
 
 from __future__ import annotations
 

@@ -1,74 +1,11 @@
 """Synthetic benchmarks of the KLA paper: A5 state tracking, Zoology MQAR and the six MAD-Lab tasks.
 
-    from klalm.tasks import make_task, TaskDataset
-    task = make_task("mqar", length=256, num_pairs=16)
-    test = TaskDataset(task, num_examples=3000, seed=0, split="test")
-    test[0]  # {"input_ids": LongTensor[256], "labels": LongTensor[256]}, labels -100 where not scored
+The generators (`a5`, `mqar`, `mad`, on `base`) and their registry by name (`registry.make_task`); a unit of work and
+the identity of its result rows (`cells`), how it trains and runs (`train`, `units`), the grid's plans (`plans`), the
+results and state folders (`results`, `states`), time estimates (`estimates`), tables and plots (`report`).
+`scripts/run_synthetic.py` (`klalm-synthetic`: `runner`, and `folders` for its verbs that only move files) trains
+models on them and writes tables and plots.
 
-`scripts/run_synthetic.py` (klalm.tasks.runner) trains models on them and writes tables and plots.
+The package imports none of its modules: `klalm-synthetic merge` and `pack` read and write results and state files
+with `results`, `states` and `folders` alone, without torch (seconds of imports on a machine whose time is budgeted).
 """
-
-from __future__ import annotations
-
-import dataclasses
-
-from klalm.config_checks import MAD_TASKS
-from klalm.loss import IGNORE_INDEX
-from klalm.tasks.a5 import A5Task
-from klalm.tasks.base import SyntheticTask, TaskDataset, TaskStream, materialize
-from klalm.tasks.mad import (
-    CompressionTask,
-    FuzzyRecallTask,
-    InContextRecallTask,
-    MemorizationTask,
-    NoisyRecallTask,
-    SelectiveCopyTask,
-)
-from klalm.tasks.mqar import MQARTask
-
-# The MAD-Lab tasks in the order of their names, MAD_TASKS (in klalm.config_checks: a command line reads them there,
-# without torch).
-_MAD_CLASSES = (
-    InContextRecallTask,
-    NoisyRecallTask,
-    FuzzyRecallTask,
-    SelectiveCopyTask,
-    CompressionTask,
-    MemorizationTask,
-)
-TASKS: dict[str, type[SyntheticTask]] = {
-    "a5": A5Task,
-    "mqar": MQARTask,
-    **dict(zip(MAD_TASKS, _MAD_CLASSES, strict=True)),
-}
-
-
-def make_task(name: str, **settings) -> SyntheticTask:
-    """Build a task by registry name; `settings` override its fields (e.g. length, num_pairs)."""
-    if name not in TASKS:
-        raise KeyError(f"unknown synthetic task {name!r}; valid: {sorted(TASKS)}")
-    fields = sorted(f.name for f in dataclasses.fields(TASKS[name]))
-    unknown = sorted(set(settings) - set(fields))
-    if unknown:
-        raise KeyError(f"task {name!r} has no settings {unknown}; valid: {fields}")
-    return TASKS[name](**settings)
-
-
-__all__ = [
-    "IGNORE_INDEX",
-    "MAD_TASKS",
-    "TASKS",
-    "A5Task",
-    "CompressionTask",
-    "FuzzyRecallTask",
-    "InContextRecallTask",
-    "MQARTask",
-    "MemorizationTask",
-    "NoisyRecallTask",
-    "SelectiveCopyTask",
-    "SyntheticTask",
-    "TaskDataset",
-    "TaskStream",
-    "make_task",
-    "materialize",
-]

@@ -1,5 +1,5 @@
 """Plans of the synthetic benchmarks: the dataclasses a plan YAML fills, the command-line knobs (parsed by
-klalm.cli.synthetic_args) applied to one, and the ordered list of units (klalm.tasks.units.Unit) a plan asks for.
+klalm.cli.synthetic_args) applied to one, and the ordered list of units (klalm.tasks.cells.Unit) a plan asks for.
 
 A plan is a YAML file in configs/synthetic/ (`full`, `quick`, `cpu`) or a path; every key is checked against these
 dataclasses (an unknown key raises KeyError naming it and the valid ones). A5 and MQAR list their work in stages,
@@ -25,13 +25,11 @@ import yaml
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from klalm.config_checks import A5_CRITERIA
+from klalm.config_checks import A5_CRITERIA, MAD_TASKS
 from klalm.errors import one_line
-from klalm.tasks import MAD_TASKS, make_task
-from klalm.tasks.train import TrainSettings
-from klalm.tasks.units import Unit
+from klalm.tasks.cells import FAMILY_NAMES, TrainSettings, Unit
+from klalm.tasks.registry import make_task
 
-FAMILY_NAMES = ("a5", "mqar", "mad")
 A5_AUX_LENGTH = 2  # SLiCE: a batch of length-2 sequences joins every A5 step
 
 

@@ -24,9 +24,10 @@ from typing import Any
 from klalm.config_checks import A5_CRITERIA
 from klalm.fileio import save_figure, write_atomic
 from klalm.markdown import fill_sections
+from klalm.tasks.cells import Unit, kla_d_state, row_key
 from klalm.tasks.plans import RunPlan, plan_units
 from klalm.tasks.results import Results
-from klalm.tasks.units import EVAL_COLUMNS, Unit, kla_d_state, row_key
+from klalm.tasks.units import EVAL_COLUMNS
 
 Row = dict[str, Any]
 Figure = tuple[Path, str]  # (PNG file to write, its path as the Markdown links it)

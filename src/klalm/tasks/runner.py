@@ -4,7 +4,7 @@ work of `klalm-synthetic`, whose command line (its --help, with examples of ever
 A block first resumes the units paused in the state folder (plan order), then walks the plan's other units in
 order (klalm.tasks.plans) and starts each that is ready: its (cell, seed)s have no row yet; for A5, every shallower
 depth of its (arch, length) listed before it has finished without solving the cell, and no depth up to its own
-has solved it. A unit starts while its estimated overhead (klalm.tasks.results) plus MIN_TRAIN_S of training fit
+has solved it. A unit starts while its estimated overhead (klalm.tasks.estimates) plus MIN_TRAIN_S of training fit
 before the deadline; one that cannot finish in time pauses at the deadline, its state saved in the state folder
 (klalm.tasks.units), and the next block resumes it exactly. States of units that finished or were solved meanwhile
 (rows merged from elsewhere) are removed when a block starts. Slots run units side by side: `procs_per_gpu` child
@@ -17,6 +17,7 @@ estimate ends before the deadline: the last block before the states would be los
 `--checkpoint-every-s N` also saves each running unit's state at an evaluation every N seconds, so a block killed
 before its deadline (a machine taken back early) resumes from there; `pack` packs a state folder into the pieces
 `merge --state` unpacks (with `--every-s`, again whenever it changes, until killed: run it beside such a block).
+Those two verbs, which only move files, are klalm.tasks.folders', which imports no torch.
 """
 
 from __future__ import annotations
@@ -28,7 +29,6 @@ import json
 import logging
 import math
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -36,37 +36,26 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any, NoReturn
 
 import torch
 
-from klalm.errors import one_line, refuse
-from klalm.fileio import flocked
+from klalm.errors import one_line
 from klalm.provenance import git_commit
+from klalm.tasks.cells import CELL_FIELDS, Unit, row_key
+from klalm.tasks.estimates import estimate_s
+from klalm.tasks.folders import PREFIX, Terminated, check_folder, check_results_folder, one_writer, refuse_input
 from klalm.tasks.plans import RunPlan, apply_args, load_plan, plan_units
-from klalm.tasks.results import RESULTS_FILES, Results, estimate_s, is_results_folder, merge
+from klalm.tasks.results import Results, UnitOutcome
+from klalm.tasks.states import check_states, remove_state, saved_states
 from klalm.tasks.units import (
-    CELL_FIELDS,
     Execution,
-    Unit,
-    UnitOutcome,
-    check_states,
     evaluate_saved,
     pack_key,
-    pack_states,
     pack_tokens,
     paused_rows,
-    remove_state,
-    row_key,
     run_units,
-    saved_states,
-    state_files,
     state_mib,
     state_name,
-    state_parts,
-    swap_in_states,
-    unpack_states,
-    watch_states,
 )
 
 log = logging.getLogger("klalm.synthetic")
@@ -89,15 +78,6 @@ def _row_depth_group(row: dict) -> str:
 def _solved(unit: Unit, solved: dict[str, set[int]]) -> bool:
     """A5: whether a depth up to the unit's own has solved its cell."""
     return unit.family == "a5" and any(d <= unit.n_layers for d in solved.get(_depth_group(unit), ()))
-
-
-class Terminated(KeyboardInterrupt):
-    """SIGTERM on the runner during a block: ends it as Ctrl-C does (exit code 143)."""
-
-
-def _raise_terminated(signum: int, frame: object) -> NoReturn:
-    """SIGTERM on `pack`: ends it as Ctrl-C does."""
-    raise Terminated
 
 
 class NotStarted(RuntimeError):
@@ -632,43 +612,19 @@ def _block(args: argparse.Namespace, plan: RunPlan) -> GridBlock:
                      getattr(args, "checkpoint_every_s", None), read_only=args.verb == "plan")  # fmt: skip
 
 
-PREFIX = "klalm-synthetic"
-
-
-def _refuse(message: str) -> NoReturn:
-    """End the command in one line of stderr (exit code 1), before it writes."""
-    refuse(PREFIX, message)
-
-
-def _mib(paths) -> float:
-    return round(sum(path.stat().st_size for path in paths) / 2**20, 1)
-
-
-def _folder(path: Path, what: str, exists: bool) -> None:
-    """Refuse a folder argument (`what`: "--results folder") that is a file or lies under one, or (`exists`) that
-    does not exist."""
-    if path.exists() and not path.is_dir():
-        _refuse(f"{what} {path} is a file, not a folder")
-    above = next((parent for parent in path.parents if parent.exists()), None)
-    if above is not None and not above.is_dir():
-        _refuse(f"{what} {path}: {above} is a file, not a folder")
-    if exists and not path.is_dir():
-        _refuse(f"{what} {path} does not exist")
-
-
 def _plot(path: Path | None) -> None:
     """Refuse a --plot file whose folder does not exist, before the table is computed."""
     if path is not None and (path.is_dir() or not path.parent.is_dir()):
-        _refuse(f"--plot {path}: " + ("is a folder" if path.is_dir() else f"folder {path.parent} does not exist"))
+        refuse_input(f"--plot {path}: " + ("is a folder" if path.is_dir() else f"folder {path.parent} does not exist"))
 
 
 def _results(folder: Path, families: list[str]) -> Results:
     """An existing results folder's rows; a file in it that is not JSON lines is refused, naming file and line."""
-    _folder(folder, "--results folder", exists=True)
+    check_folder(folder, "--results folder", exists=True)
     try:
         return Results(folder, families, create=False)
     except (ValueError, OSError) as err:
-        _refuse(one_line(err))
+        refuse_input(one_line(err))
 
 
 def _check_report(args: argparse.Namespace, plan: RunPlan) -> None:
@@ -686,62 +642,24 @@ def _check_report(args: argparse.Namespace, plan: RunPlan) -> None:
         if rows:
             held = f"{len(rows)} row(s)"
             unplanned = f" but none of a unit of plan {args.plan!r} with these knobs (give those they ran with)"
-        _refuse(f"results folder {args.results} holds {held} of {', '.join(plan.families)} ({files}, progress.jsonl)"
-                f"{unplanned}: nothing to report, and the tables would all read 'not run'")  # fmt: skip
+        refuse_input(f"results folder {args.results} holds {held} of {', '.join(plan.families)} ({files}, "
+                     f"progress.jsonl){unplanned}: nothing to report, and the tables would all read "
+                     "'not run'")  # fmt: skip
     if args.doc is None:
-        _folder(args.out, "--out folder", exists=False)
+        check_folder(args.out, "--out folder", exists=False)
         return
     if not args.doc.is_file():
-        _refuse(f"--doc {args.doc} " + ("is a folder, not a file" if args.doc.is_dir() else "does not exist"))
+        refuse_input(f"--doc {args.doc} " + ("is a folder, not a file" if args.doc.is_dir() else "does not exist"))
     try:
         fill_sections(args.doc.read_text(encoding="utf-8"), dict.fromkeys(plan.families, ""), "synthetic")
     except ValueError as err:  # a marker is missing
-        _refuse(f"--doc {args.doc}: {err}")
-    _folder(args.doc.parent / "img", "--doc's plot folder", exists=False)
-
-
-def _merge(args: argparse.Namespace) -> None:
-    # a call whose results files did not come back returns no synthetic/ folder, only its states' parts beside where it
-    # would be: a --from named synthetic, missing or empty, still restores them; any other missing --from is a typo
-    parts = state_parts(args.source.resolve().parent) if args.state is not None else []
-    _folder(args.source, "--from folder", exists=not (parts and args.source.name == "synthetic"))
-    if not any(args.source.glob("*.jsonl")) and not parts:
-        beside = " and no state.tar.* parts lie beside it" if args.state is not None else ""
-        _refuse(f"--from {args.source} holds no results file (*.jsonl){beside}: nothing to merge (a call's rows come "
-                "back in its synthetic/ folder, its states' parts beside it)")  # fmt: skip
-    _folder(args.results, "--results folder", exists=True)
-    _results_folder(args.results)
-    if args.state is not None:
-        _folder(args.state, "--state folder", exists=False)
-    with _one_writer(args.results, "merge"):
-        _merge_into(args, parts)
-
-
-def _merge_into(args: argparse.Namespace, parts: list[Path]) -> None:
-    """`merge`'s writes, its folders checked and --results held (`_one_writer`)."""
-    commit = args.commit or git_commit()
-    staged = None  # the parts unpacked beside --state and checked before any row is merged: a bad archive merges none
-    if args.state is not None and parts:
-        try:
-            staged = unpack_states(parts, args.state)
-        except ValueError as err:
-            _refuse(f"{err} (kept {args.state})")
-    try:
-        added: dict[str, Any] = merge(args.source, args.results, commit)
-    except ValueError as err:  # a file of either folder that is not JSON lines: nothing was appended
-        if staged is not None:
-            shutil.rmtree(staged)
-        _refuse(one_line(err))
-    if args.state is not None:
-        added["state"] = swap_in_states(staged, args.state) if staged else f"none came back: kept {args.state}"
-        if staged:  # a call killed before its block's end recorded no progress: its checkpoints' evaluations
-            rows = paused_rows(args.state, commit)
-            added["progress.jsonl from the state"] = Results(args.results, []).record_progress(rows)
-    print(json.dumps(added))
+        refuse_input(f"--doc {args.doc}: {err}")
+    check_folder(args.doc.parent / "img", "--doc's plot folder", exists=False)
 
 
 def run(args: argparse.Namespace) -> None:
-    """`klalm-synthetic` (and scripts/run_synthetic.py) with its arguments parsed (`klalm.cli.synthetic_args`).
+    """`klalm-synthetic` (and scripts/run_synthetic.py) with its arguments parsed (`klalm.cli.synthetic_args`), for
+    every verb but merge and pack (`klalm.tasks.folders.run`).
 
     Input it cannot use (flags, plan, folders, files) ends it with one line on stderr before anything is written;
     Ctrl-C ends a block with one line too (exit code 130; SIGTERM: 143), after the units that failed before it,
@@ -749,36 +667,6 @@ def run(args: argparse.Namespace) -> None:
     """
     from klalm.tasks.report import write_doc, write_folder  # lazy: matplotlib
 
-    logging.basicConfig(level=logging.INFO, format="[synthetic %(asctime)s] %(message)s", datefmt="%H:%M:%S")
-    if args.verb == "merge":
-        _merge(args)
-        return
-    if args.verb == "pack":
-        _folder(args.state, "state folder", exists=True)
-        _folder(args.out, "--out folder", exists=False)
-        if args.every_s is not None and not 0 < args.every_s < math.inf:
-            _refuse(f"--every-s must be > 0, got {args.every_s}")
-        on_main = threading.current_thread() is threading.main_thread()
-        default = on_main and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL  # not one ignored or handled above
-        if default:  # `kill $watcher` as Ctrl-C: the piece being written is removed, not left as a temporary in --out
-            signal.signal(signal.SIGTERM, _raise_terminated)
-        try:
-            if args.every_s is not None:
-                watch_states(args.state, args.out, args.every_s)  # returns only when stopped
-                return
-            parts = pack_states(args.state, args.out)
-        except ValueError as err:  # a damaged state: refused before any piece is written
-            _refuse(one_line(err))
-        except KeyboardInterrupt as err:  # Ctrl-C, or SIGTERM
-            terminated = isinstance(err, Terminated)
-            how, code = ("terminated (SIGTERM)", 128 + signal.SIGTERM) if terminated else ("interrupted", 130)
-            refuse(PREFIX, f"pack {how}: {args.out} holds the pieces packed last", code)
-        finally:
-            if default:
-                signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        mib = {"state_mib": _mib(state_files(args.state)), "packed_mib": _mib(parts)}
-        print(json.dumps({"parts": [p.name for p in parts], "units": len(saved_states(args.state)), **mib}))
-        return
     if args.verb in ("evaluate", "positions"):
         from klalm.tasks.report import (
             plot_positions,
@@ -791,25 +679,25 @@ def run(args: argparse.Namespace) -> None:
         _plot(args.plot)
         colours = None  # a paused unit's rows: numbered in their own order
         if args.verb == "evaluate":
-            _folder(args.state, "--state folder", exists=False)
+            check_folder(args.state, "--state folder", exists=False)
             try:
                 device = torch.device(args.device)
             except RuntimeError as err:  # "gpu"
-                _refuse(f"--device {args.device!r}: {one_line(err).split(' device type')[0]}")
+                refuse_input(f"--device {args.device!r}: {one_line(err).split(' device type')[0]}")
             if device.type == "cuda" and not torch.cuda.is_available():
-                _refuse(f"--device {args.device!r}: torch sees no CUDA device here")
+                refuse_input(f"--device {args.device!r}: torch sees no CUDA device here")
             try:
                 rows = evaluate_saved(args.state, device) if args.state.is_dir() else []
             except ValueError as err:  # a damaged state
-                _refuse(one_line(err))
+                refuse_input(one_line(err))
             if not rows:
-                _refuse(f"no paused unit in {args.state}")
+                refuse_input(f"no paused unit in {args.state}")
         else:
             family, results = args.family, _results(args.results, [args.family])
             rows = run_positions(results.rows[family], results.progress, family, args.archs, args.lengths,
                                  args.depths)  # fmt: skip
             if not rows:
-                _refuse(f"no {family.upper()} row with accuracy by position in {args.results} matches")
+                refuse_input(f"no {family.upper()} row with accuracy by position in {args.results} matches")
             # each run in the colour `curves` gives it, paused runs counted
             colours = run_colours(training_curves(results.rows[family], results.progress, family, args.archs,
                                                   args.lengths, args.depths))  # fmt: skip
@@ -822,36 +710,36 @@ def run(args: argparse.Namespace) -> None:
 
         _plot(args.plot)
         if any(step < 0 for step in args.steps):
-            _refuse(f"--steps: steps must be >= 0, got {args.steps}")
+            refuse_input(f"--steps: steps must be >= 0, got {args.steps}")
         results = _results(args.results, [args.family])
         rows = training_curves(results.rows[args.family], results.progress, args.family, args.archs, args.lengths,
                                args.depths)  # fmt: skip
         if not rows:
-            _refuse(f"no {args.family.upper()} run with evaluations in {args.results} matches")
+            refuse_input(f"no {args.family.upper()} run with evaluations in {args.results} matches")
         print(curves_markdown(rows, args.steps or curve_steps(rows)))
         if args.plot is not None:
             plot_curves(rows, args.plot)
         return
     if args.verb == "progress":
-        _folder(args.state, "state folder", exists=True)
-        _folder(args.results, "--results folder", exists=False)  # created when missing: a folder to merge later
-        _results_folder(args.results)
+        check_folder(args.state, "state folder", exists=True)
+        check_folder(args.results, "--results folder", exists=False)  # created when missing: a folder to merge later
+        check_results_folder(args.results)
         with contextlib.ExitStack() as held:
             try:  # the states read first: a damaged one leaves no --results folder behind
                 rows = paused_rows(args.state, args.commit or git_commit())
                 args.results.mkdir(parents=True, exist_ok=True)
-                held.enter_context(_one_writer(args.results, "progress"))
+                held.enter_context(one_writer(args.results, "progress"))
                 results = Results(args.results, [])
             except (ValueError, OSError) as err:  # a damaged state, a progress.jsonl not JSON lines, no folder made
-                _refuse(one_line(err))
+                refuse_input(one_line(err))
             print(json.dumps({"progress.jsonl": results.record_progress(rows)}))
         return
     if getattr(args, "state", None) is not None:
-        _folder(args.state, "--state folder", exists=False)
+        check_folder(args.state, "--state folder", exists=False)
     if args.verb in ("run", "plan"):
-        _folder(args.results, "--results folder", exists=False)
+        check_folder(args.results, "--results folder", exists=False)
     if args.verb == "run":
-        _results_folder(args.results, args.state)
+        check_results_folder(args.results, args.state)
     held = contextlib.ExitStack()  # `run`: the --results folder's lock (_one_writer), until the block ends
     try:
         plan = apply_args(load_plan(args.plan), args)
@@ -860,19 +748,19 @@ def run(args: argparse.Namespace) -> None:
             print(write_doc(plan, args.results, args.doc) if args.doc else write_folder(plan, args.results, args.out))
             return
         if args.verb == "run" and args.results.is_dir():  # before the block reads its rows or drops a state
-            held.enter_context(_one_writer(args.results, "run"))
+            held.enter_context(one_writer(args.results, "run"))
         block = _block(args, plan)
         if args.verb == "plan":
             print(plan_table(block))
             return
         if not args.results.is_dir():  # a new folder: made once the block is set up
             args.results.mkdir(parents=True, exist_ok=True)
-            held.enter_context(_one_writer(args.results, "run"))
+            held.enter_context(one_writer(args.results, "run"))
     except BrokenPipeError:  # the table's reader has gone (`plan ... | head`): not bad input; ended quietly above
         raise
     except (KeyError, ValueError, OSError) as err:  # a bad plan, knob, results folder or file, device
         held.close()
-        _refuse(one_line(err))
+        refuse_input(one_line(err))
     with held:
         try:
             block.run()
@@ -887,44 +775,6 @@ def run(args: argparse.Namespace) -> None:
             sys.exit(code)
     if block.failed:
         sys.exit(_failures(block))
-
-
-_IN_USE = {  # why a command waits for the one that holds its --results folder (`_one_writer`)
-    "run": "one at a time (two runs would train the same units and write their rows twice)",
-    "merge": "merge once it has ended (its block would not see the rows merged, and train their units again)",
-    "progress": "record once it has ended (its block records its paused units' progress too: rows twice)",
-}
-
-
-@contextlib.contextmanager
-def _one_writer(folder: Path, verb: str):
-    """Hold an flock on the --results folder itself while `verb` (run, merge or progress) writes into it: another of
-    them into it meanwhile is refused, `_IN_USE` saying why. Where there is no flock (Windows), nothing is held; on a
-    file system without working locks (`NO_LOCKS`) a warning says so and nothing is held, as merge and progress took
-    no lock before and klalm-train's run folders do."""
-
-    def unsupported(err: OSError) -> None:
-        log.warning("--results folder %s: file locks unsupported here (%s); one writer is not enforced", folder, err)
-
-    with contextlib.ExitStack() as held:
-        try:  # the descriptor is not inherited by the units' processes
-            held.enter_context(flocked(folder, unsupported=unsupported))
-        except BlockingIOError:
-            _refuse(f"--results folder {folder} is in use by another `klalm-synthetic` run, merge or progress: "
-                    f"{_IN_USE[verb]}")  # fmt: skip
-        yield
-
-
-def _results_folder(folder: Path, state: Path | None = None) -> None:
-    """Refuse an existing --results folder that writing rows into would spoil: one with none of the results files
-    but other things in it (`merge --results results` had put a5.jsonl beside the results folders). `state`, `run`'s
-    --state folder, is not counted: the CPU example keeps it in its results folder, where a block killed before its
-    first rate line leaves it alone."""
-    beside = [] if state is None else [state.resolve()]
-    if folder.is_dir() and not is_results_folder(folder) and any(p.resolve() not in beside for p in folder.iterdir()):
-        but = "" if state is None else " but for the --state folder"
-        _refuse(f"--results folder {folder} is not a results folder: it holds none of {', '.join(RESULTS_FILES)} "
-                f"and is not empty{but} (a new one must be)")  # fmt: skip
 
 
 def _failures(block: GridBlock) -> str:

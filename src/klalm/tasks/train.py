@@ -34,54 +34,14 @@ from typing import Any, Protocol
 import torch
 from torch import Tensor, nn
 
-from klalm.config_checks import warmup_steps_of
 from klalm.loss import IGNORE_INDEX, token_cross_entropy
 from klalm.models import prepare_backends
-from klalm.train.optim import check_schedule, classify_parameters, cosine_multiplier_tensor, param_groups
+from klalm.tasks.cells import TrainSettings
+from klalm.train.optim import classify_parameters, cosine_multiplier_tensor, param_groups
 
 WARMUP_STEPS = 3  # eager steps on a side stream before capture (optimizer state, kernel compilation, autotuning)
 CHECK_EVERY = 250  # steps between host checks of the clock when no evaluation falls sooner (each is one sync)
 FINAL_LOSS_STEPS = 50  # `final_loss` is the mean loss of this many last steps
-
-
-@dataclasses.dataclass
-class TrainSettings:
-    """Optimisation settings of one run.
-
-    Args:
-        steps: optimiser steps (fewer when the run stops early at its accuracy threshold).
-        batch_size: sequences per step.
-        lr: peak learning rate.
-        min_lr: learning rate at the end of the cosine (absolute; the schedule's min_lr_ratio is min_lr / lr).
-        warmup: linear warmup: a fraction of `steps` if < 1, else a step count (the scheduler config's `warmup`).
-        weight_decay: AdamW decoupled weight decay of the "decay" group (klalm.train.optim.classify_parameters:
-            matrices, not embeddings, norms, biases or parameters marked `_no_weight_decay`).
-        betas: AdamW's moment decay rates.
-        eps: AdamW's denominator epsilon.
-        grad_clip: global gradient-norm clip (0 disables).
-        aux_batch_size: A5 only: sequences of length 2 added at every step (SLiCE); 0 disables.
-        eval_batch_size: sequences per evaluation forward.
-    """
-
-    steps: int = 1000
-    batch_size: int = 64
-    lr: float = 1e-3
-    min_lr: float = 1e-5
-    warmup: float = 0.1
-    weight_decay: float = 0.01
-    betas: tuple[float, float] = (0.9, 0.98)
-    eps: float = 1e-8
-    grad_clip: float = 1.0
-    aux_batch_size: int = 0
-    eval_batch_size: int = 256
-
-    def schedule(self) -> dict[str, float]:
-        """Keyword arguments of `cosine_multiplier(_tensor)`; raises ValueError naming a bad setting."""
-        if self.lr <= 0 or not 0 <= self.min_lr <= self.lr:
-            raise ValueError(f"train.lr={self.lr} must be > 0 and train.min_lr={self.min_lr} in [0, lr]")
-        warmup_steps = warmup_steps_of(self.warmup, self.steps)
-        check_schedule(self.steps, warmup_steps, self.min_lr / self.lr, warmup_key="train.warmup")
-        return {"warmup_steps": warmup_steps, "total_steps": self.steps, "min_lr_ratio": self.min_lr / self.lr}
 
 
 class Stream(Protocol):

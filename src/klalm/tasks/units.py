@@ -1,43 +1,27 @@
-"""A unit of synthetic work: one cell (task, arch, depth, width, recipe) trained with one or more seeds side by side,
-and the function that runs it (in the runner's process, or in a child: `python -m klalm.tasks.units`).
-
-Every seed of a unit gives one result row: the cell's fields, the seed, the held-out accuracies and how the run
-went. A row's key (`row_key`) is its cell plus its seed, so a finished (task, arch, length, depth, seed) is found
-again whatever unit it ran in.
+"""Running a unit of synthetic work (klalm.tasks.cells.Unit: one cell trained with one or more seeds side by side), in
+the runner's process or in a child (`python -m klalm.tasks.units`), and saving and loading its paused state.
 
 A unit that reaches its deadline unfinished pauses: it saves its state into a state folder and returns no rows,
 only its measured rate; run again with the same folder, it resumes exactly where it paused (see klalm.tasks.train)
-and removes its state once it finishes. In the folder, unit X is `X.json` (the unit, the step reached, the time
-spent: what the runner reads) and the .pt it names (`weights`: every member's `Member.state_dict`, the evaluations so
-far, the time spent), X a digest of the unit's cell and seeds (`state_name`). A save writes the .pt under the other
-of its two names (`X.pt`, `X.1.pt`), then the .json naming it, each to a temporary name and renamed, then removes
-the last save's .pt, all under the folder's lock (`.lock`): a process killed between the two leaves the last pair
-whole (its .pt was not overwritten), and a reader that takes the lock (`pack_states`, `paused_rows`,
-`evaluate_saved`) finds the .pt its .json names; `swap_in_states` (`merge --state`) replaces the states under it
-too, so a save meanwhile waits and lands beside the new states. With `checkpoint_every_s`, a unit also
-saves that state at an evaluation while it trains (`Checkpoints`): a process killed before its deadline resumes
-from the last one.
+and removes its state once it finishes. The folder's files, how a save writes them and the lock its readers take:
+klalm.tasks.states. With `checkpoint_every_s`, a unit also saves that state at an evaluation while it trains
+(`Checkpoints`): a process killed before its deadline resumes from the last one.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import hashlib
-import io
 import json
 import logging
 import math
 import os
 import pickle
-import re
 import signal
 import sys
 import threading
 import time
-import zipfile
-import zlib
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -45,18 +29,20 @@ from typing import Any
 import torch
 
 from klalm.errors import one_line
-from klalm.fileio import atomic_path, flocked, write_atomic
+from klalm.fileio import atomic_path, write_atomic
 from klalm.ops.backends import recording
-from klalm.tasks import make_task, materialize
-from klalm.tasks.base import SyntheticTask
+from klalm.tasks.base import SyntheticTask, materialize
+from klalm.tasks.cells import Unit
 from klalm.tasks.readouts import wrap_readout
+from klalm.tasks.registry import make_task
+from klalm.tasks.results import UnitOutcome
+from klalm.tasks.states import check_weights, locked, read_info, remove_state, saved_states, weights_file, weights_names
 from klalm.tasks.streams import FreshStream, SplitStream
 from klalm.tasks.train import (
     GroupResult,
     GroupTrainer,
     Member,
     StopRule,
-    TrainSettings,
     deterministic_algorithms,
     evaluate,
     train_group,
@@ -66,84 +52,6 @@ log = logging.getLogger(__name__)
 PROGRESS_EVERY_S = 60.0  # a running unit logs its progress at most this often (ProgressLog)
 DATA_SEED = 0  # every arch and seed trains (split tasks) and is tested on the same fixed splits
 MAIN_STREAM, AUX_STREAM = 0, 1  # stream ids of FreshStream under a seed
-
-
-def kla_d_state(model_overrides: dict[str, Any]) -> int | None:
-    """The KLA mixer's d_state set in an arch's build_model overrides (a unit's or a results row's), else None."""
-    return model_overrides.get("mixer_options", {}).get("kla", {}).get("d_state")
-
-
-@dataclasses.dataclass
-class Unit:
-    """One cell and the seeds trained together on it.
-
-    Args:
-        family: "a5", "mqar" or "mad" (which results file its rows go to).
-        task: make_task's name and settings, e.g. {"name": "a5", "length": 12}.
-        arch: build_model's arch.
-        n_layers: blocks (the depth of the A5 figure).
-        d_model: width.
-        model_overrides: further build_model keyword arguments of this arch (e.g. the KLA block).
-        train: optimisation settings.
-        seeds: one member per seed (model init and data order).
-        num_test: held-out examples (split "test" under DATA_SEED).
-        num_train: size of the fixed training split (under DATA_SEED); None: fresh batches at every step (A5).
-        aux_task: A5: make_task spec of the auxiliary batch (length 2), train.aux_batch_size sequences per step.
-        eval_every: steps between held-out evaluations (None: at the end only).
-        stop: stop early when a member's metric reaches a threshold: {"metric": ..., "threshold": ...}.
-    """
-
-    family: str
-    task: dict[str, Any]
-    arch: str
-    n_layers: int
-    d_model: int
-    model_overrides: dict[str, Any]
-    train: TrainSettings
-    seeds: list[int]
-    num_test: int
-    num_train: int | None = None
-    aux_task: dict[str, Any] | None = None
-    eval_every: int | None = None
-    stop: dict[str, Any] | None = None
-
-    def cell(self) -> dict[str, Any]:
-        """The unit without its seeds, as JSON values."""
-        fields = json.loads(json.dumps(dataclasses.asdict(self)))
-        del fields["seeds"]
-        return fields
-
-    def key(self, seed: int) -> str:
-        return row_key({**self.cell(), "seed": seed})
-
-    def tokens_per_step(self) -> int:
-        """Tokens one member trains on per step (the main batch and the auxiliary one)."""
-        main = min(self.train.batch_size, self.num_train or self.train.batch_size) * make_task(**self.task).seq_len
-        aux = self.train.aux_batch_size * make_task(**self.aux_task).seq_len if self.aux_task else 0
-        return main + aux
-
-    def kla_d_state(self) -> int | None:
-        """The KLA mixer's d_state where the unit sets it (`model_overrides`), else None (the layer's default)."""
-        return kla_d_state(self.model_overrides)
-
-    def label(self) -> str:
-        settings = " ".join(f"{k}={v}" for k, v in self.task.items() if k != "name")
-        seeds = ",".join(map(str, self.seeds))
-        width = f"d={self.d_model}" + (f" S={self.kla_d_state()}" if self.kla_d_state() is not None else "")
-        return f"{self.task['name']} {settings} {self.arch} depth={self.n_layers} {width} " \
-               f"lr={self.train.lr:g} wd={self.train.weight_decay:g} seeds={seeds}"  # fmt: skip
-
-    @classmethod
-    def from_dict(cls, values: dict[str, Any]) -> Unit:
-        return cls(**{**values, "train": TrainSettings(**values["train"])})
-
-
-CELL_FIELDS = tuple(f.name for f in dataclasses.fields(Unit) if f.name != "seeds")
-
-
-def row_key(row: dict[str, Any]) -> str:
-    """The identity of a result row: its cell's fields and its seed, as canonical JSON."""
-    return json.dumps({name: row[name] for name in (*CELL_FIELDS, "seed")}, sort_keys=True)
 
 
 @dataclasses.dataclass
@@ -204,7 +112,7 @@ def run_record(device: torch.device, captured: bool, members: int, execution: Ex
 def rate_record(unit: Unit, run: dict[str, Any], step_s: float, train_s: float, overhead_s: float,
                 ended: str) -> dict[str, Any]:  # fmt: skip
     """One line of rates.jsonl (one per unit run, so one per block of a unit that pauses): what
-    klalm.tasks.results.estimate_s reads."""
+    klalm.tasks.estimates.estimate_s reads."""
     return {
         **run,
         **{name: getattr(unit, name) for name in ("family", "arch", "n_layers", "d_model")},
@@ -217,260 +125,18 @@ def rate_record(unit: Unit, run: dict[str, Any], step_s: float, train_s: float, 
     }
 
 
-@dataclasses.dataclass
-class UnitOutcome:
-    """Rows of a finished unit (none when it paused at the deadline) and the rate it measured."""
-
-    rows: list[dict[str, Any]]
-    rate: dict[str, Any]
-
-
 def state_name(unit: Unit) -> str:
     """The file stem of `unit`'s saved state: a digest of its cell and seeds."""
     return hashlib.sha256(json.dumps({**unit.cell(), "seeds": unit.seeds}, sort_keys=True).encode()).hexdigest()[:16]
-
-
-STATE_KEYS = ("unit", "label", "step", "spent")  # what `_save_state` writes in a state's .json, with `weights`
-
-
-def saved_states(folder: Path) -> dict[str, dict[str, Any]]:
-    """state_name -> the .json of every unit paused in `folder` ({} when the folder does not exist).
-
-    Raises:
-        ValueError: naming the file, for a .json that is not JSON (cut short, damaged) or not a state's.
-    """
-    return {path.stem: _read_info(path) for path in sorted(folder.glob("*.json"))}
-
-
-def _read_info(path: Path) -> dict[str, Any]:
-    """A state's .json (`_save_state`); ValueError naming it when it is not one."""
-    try:
-        info = json.loads(path.read_text(encoding="utf-8"))
-    except ValueError as err:  # JSONDecodeError, UnicodeDecodeError
-        raise ValueError(f"state file {path} is not JSON: {one_line(err)}") from err
-    if not isinstance(info, dict) or not set(STATE_KEYS) <= info.keys():
-        raise ValueError(f"state file {path} is not a paused unit's state (a JSON object with {', '.join(STATE_KEYS)})")
-    if info.get("weights", f"{path.stem}.pt") not in weights_names(path.stem):
-        raise ValueError(f"state file {path} names weights {info['weights']!r}, not one of {weights_names(path.stem)}")
-    return info
-
-
-def weights_names(name: str) -> tuple[str, str]:
-    """The two names the .pt of state `name` alternates between (`_save_state`)."""
-    return f"{name}.pt", f"{name}.1.pt"
-
-
-def weights_file(folder: Path, name: str, info: dict[str, Any]) -> Path:
-    """The .pt of state `name` in `folder`: the one its .json (`info`) names; `X.pt` in states saved before the .json
-    named it."""
-    return folder / info.get("weights", f"{name}.pt")
-
-
-def state_files(folder: Path) -> list[Path]:
-    """Every state's .json in `folder` and the .pt each names: what `pack_states` packs (a .pt that no .json names, of
-    a save cut short, stays out)."""
-    states = saved_states(folder)
-    weights = [weights_file(folder, name, info) for name, info in states.items()]
-    return [folder / f"{name}.json" for name in states] + weights
-
-
-def check_states(folder: Path) -> None:
-    """Check, without loading any tensor, that every unit paused in `folder` has a readable .json (`saved_states`)
-    and a whole .pt: a zip archive (torch.save's format), whose directory is at its end, so a copy cut short is not
-    one, and whose members match their CRC-32s (torch.load does not check them: it loads damaged bytes as weights).
-
-    Raises:
-        ValueError: naming the first file that is not so.
-    """
-    for name, info in saved_states(folder).items():
-        _check_weights(weights_file(folder, name, info))
-
-
-def _check_weights(weights: Path) -> None:
-    """Raises ValueError naming `weights` unless it is a whole zip archive whose members match their CRC-32s."""
-    if not zipfile.is_zipfile(weights):  # also False for a missing file
-        raise ValueError(f"state file {weights} " + ("is missing" if not weights.exists() else
-                         "is not a whole torch.save archive (cut short or damaged)"))  # fmt: skip
-    try:
-        with zipfile.ZipFile(weights) as archive:
-            damaged = archive.testzip()
-    except (zipfile.BadZipFile, OSError, EOFError, zlib.error) as err:
-        raise ValueError(f"state file {weights} is damaged: {one_line(err)}") from err
-    if damaged is not None:
-        raise ValueError(f"state file {weights} is damaged: its member {damaged} fails its CRC-32 check")
-
-
-def unpack_states(parts: list[Path], folder: Path) -> Path:
-    """Unpack the state folder packed in `parts` beside `folder` (regular files only, no path outside it: tarfile's
-    "data" filter) and check its states (`check_states`); returns that staging folder, for `swap_in_states`. `parts`:
-    the pieces, in order, of what `pack_states` writes (a tar archive with its bytes sorted into planes and deflated),
-    or of a plain tar archive (what calls before the thirty-sixth session sent back: `tar -cf - -C STATE . | split -b
-    15M -d - state.tar.`).
-
-    Raises:
-        ValueError: naming the archive, when it is not a readable tar, holds a member the filter refuses, or holds a
-            state `check_states` refuses (the staging folder is then removed).
-    """
-    import shutil
-    import tarfile
-
-    folder = Path(folder)
-    staging = folder.with_name(folder.name + ".restoring")
-    shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir(parents=True)
-    names = ", ".join(p.name for p in parts)
-    try:
-        with tarfile.open(fileobj=io.BytesIO(_unsqueezed(b"".join(p.read_bytes() for p in parts)))) as archive:
-            archive.extractall(staging, filter="data")
-        check_states(staging)
-    except (tarfile.TarError, OSError, zlib.error) as err:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise ValueError(f"state archive {names} cannot be unpacked: {err}") from err
-    except ValueError as err:  # from check_states: the file named as the archive holds it
-        shutil.rmtree(staging, ignore_errors=True)
-        damaged = str(err).replace(str(staging) + os.sep, "")
-        raise ValueError(f"state archive {names} holds a damaged state: {damaged}") from err
-    return staging
-
-
-def swap_in_states(staging: Path, folder: Path) -> dict[str, Any]:
-    """Replace what `folder` holds by what the staging folder `unpack_states` filled holds, and remove that; returns
-    the units and MiB now paused in it. In place and under the folder's lock, which stays: a block saving into the
-    folder meanwhile waits, then saves beside the new states (replacing the folder itself had removed the save under
-    way, or the save had made the folder anew and the swap failed: "Directory not empty")."""
-    import shutil
-
-    with _locked(folder):
-        for path in folder.iterdir():
-            if path.is_dir() and not path.is_symlink():
-                shutil.rmtree(path)
-            elif path.name != LOCK_FILE:
-                path.unlink()
-        for path in staging.iterdir():
-            if path.name != LOCK_FILE:  # one a plain tar of a whole folder holds (`unpack_states`): not the one held
-                os.replace(path, folder / path.name)
-        shutil.rmtree(staging)
-        mib = sum(path.stat().st_size for path in folder.rglob("*") if path.is_file()) / 2**20
-        return {"units": len(saved_states(folder)), "mib": round(mib, 1)}
-
-
-STATE_PART = re.compile(r"state\.tar\.\d+")  # the name of one piece of a packed state folder
-# A packed state is mostly fp32 tensors, whose low mantissa bytes are noise that no compressor shrinks; their sign and
-# exponent bytes repeat. Sorting the archive's bytes into four planes (byte 0 of every 4-byte word, then byte 1, ...;
-# tensor data starts 4-byte aligned in both torch's zip format and tar) lets deflate find those repeats: a
-# d_model-256 MQAR unit's 58.6 MiB state packs to 49.4 MiB in a few seconds (plain: 54.3; results/cpu_2026-12-05b),
-# small enough to carry to the GPU machine beside the 9.9 MB tree (a call carries 64 MiB). Level 6: 0.7 MiB less than
-# level 1 for 2.6 s more; level 9 saves 0.1 MiB more in 4× the time.
-SQUEEZED = b"klalm state: tar in 4 byte planes, deflated\n"
-
-
-def _squeezed(data: bytes) -> bytes:
-    planes = b"".join(data[offset::4] for offset in range(4))
-    return SQUEEZED + len(data).to_bytes(8, "little") + zlib.compress(planes, 6)
-
-
-def _unsqueezed(blob: bytes) -> bytes:
-    """The tar archive in `blob`: unpacked from `_squeezed`'s form, or `blob` itself (a plain tar)."""
-    if not blob.startswith(SQUEEZED):
-        return blob
-    size = int.from_bytes(blob[len(SQUEEZED) : len(SQUEEZED) + 8], "little")
-    stream = zlib.decompressobj()
-    planes = stream.decompress(blob[len(SQUEEZED) + 8 :])
-    if not stream.eof or stream.unused_data or len(planes) != size:  # cut short, a stray piece after it, or damaged
-        raise zlib.error(f"{len(planes)} bytes unpacked of {size}, {len(stream.unused_data)} left over")
-    data, start = bytearray(size), 0
-    for offset in range(4):
-        count = len(range(offset, size, 4))
-        data[offset::4] = planes[start : start + count]
-        start += count
-    return bytes(data)
-
-
-def state_parts(folder: Path) -> list[Path]:
-    """The pieces of a packed state folder in `folder`, in order (unfinished ones, `.state.tar.NN.tmp-*`, left out)."""
-    return sorted(path for path in Path(folder).glob("state.tar.*") if STATE_PART.fullmatch(path.name))
-
-
-def pack_states(folder: Path, out: Path, part_bytes: int = 15 * 2**20) -> list[Path]:
-    """Pack the paused units' states in `folder` (`state_files`, under its lock) into `out` as the pieces
-    `unpack_states` reads (a tar archive, its bytes in planes and deflated: `SQUEEZED`): `state.tar.00`,
-    `state.tar.01`, ... of at most `part_bytes` each (a device call sends
-    back files of up to 16 MiB). Each piece is written to a temporary name and renamed, and pieces left from a larger
-    earlier pack are removed, so `out` holds one whole pack but for the moment between two renames. Returns the
-    pieces."""
-    import tarfile
-
-    buffer = io.BytesIO()
-    with _locked(Path(folder)), tarfile.open(fileobj=buffer, mode="w") as archive:
-        check_states(Path(folder))  # before any piece is written: a damaged state is refused, not shipped
-        for path in state_files(Path(folder)):
-            archive.add(path, arcname=path.name)
-    data = _squeezed(buffer.getvalue())
-    out.mkdir(parents=True, exist_ok=True)
-    parts = []
-    for index, start in enumerate(range(0, len(data), part_bytes)):
-        part = out / f"state.tar.{index:02d}"
-        write_atomic(part, data[start : start + part_bytes])
-        parts.append(part)
-    for stale in state_parts(out)[len(parts) :]:
-        stale.unlink()
-    return parts
-
-
-def watch_states(folder: Path, out: Path, every_s: float) -> None:
-    """Pack `folder` into `out` (`pack_states`) whenever its states change, looking every `every_s` seconds, until
-    killed: beside a run on a machine that may be taken back before the run pauses, so the last checkpoint comes
-    back with the call's files."""
-    packed = None
-    while True:
-        try:
-            with _locked(folder):
-                seen = sorted((p.name, p.stat().st_mtime_ns) for p in folder.glob("*.json"))
-            if seen != packed:  # a new checkpoint or pause, or a state removed (its unit finished)
-                pack_states(folder, out)
-                packed = seen
-        except (OSError, ValueError) as err:  # a full disk, a damaged state: the run goes on, the next look tries again
-            log.warning("could not pack %s into %s: %s", folder, out, err)
-        time.sleep(every_s)
-
-
-def remove_state(folder: Path, name: str) -> None:
-    if not folder.is_dir():
-        return
-    with _locked(folder):
-        for file in (f"{name}.json", *weights_names(name)):
-            (folder / file).unlink(missing_ok=True)
-
-
-LOCK_FILE = ".lock"  # in a state folder: the file `_locked` holds an flock on
-
-
-def _locked(folder: Path) -> contextlib.AbstractContextManager[None]:
-    """Hold the state folder's lock (an flock on `folder/.lock`, waited for): one process writes, reads, packs or
-    replaces its states at a time. Where there is no flock (Windows) or it does not work (a file system without
-    locks: warned once a folder), nothing is locked: run no `pack --every-s`, `progress` or `evaluate` beside a block
-    there."""
-    folder.mkdir(parents=True, exist_ok=True)
-
-    def unsupported(err: OSError) -> None:
-        if folder not in _UNLOCKED:
-            _UNLOCKED.add(folder)
-            log.warning("state folder %s: file locks unsupported here (%s); its readers and writers are not kept "
-                        "apart", folder, err)  # fmt: skip
-
-    return flocked(folder / LOCK_FILE, os.O_CREAT | os.O_WRONLY, wait=True, unsupported=unsupported)
-
-
-_UNLOCKED: set[Path] = set()  # state folders warned about by `_locked`
 
 
 def _save_state(folder: Path, unit: Unit, members: list[Member], evals: list[list[dict]], spent: dict) -> None:
     name, step = state_name(unit), int(members[0].step)
     state = {"members": [m.state_dict() for m in members], "evals": evals, "spent": spent}
     info = {"unit": dataclasses.asdict(unit), "label": unit.label(), "step": step, "spent": spent}
-    with _locked(folder):
+    with locked(folder):
         try:  # the .pt of the last save, kept until the new pair is whole (module doc)
-            last = weights_file(folder, name, _read_info(folder / f"{name}.json")).name
+            last = weights_file(folder, name, read_info(folder / f"{name}.json")).name
         except (OSError, ValueError):  # none yet (or a damaged .json, replaced here)
             last = None
         first, second = weights_names(name)
@@ -487,11 +153,11 @@ def _load_state(folder: Path, unit: Unit, device: torch.device) -> dict[str, Any
     name = state_name(unit)
     if not (folder / f"{name}.json").is_file():
         return None
-    info = _read_info(folder / f"{name}.json")
+    info = read_info(folder / f"{name}.json")
     if info["unit"] != json.loads(json.dumps(dataclasses.asdict(unit))):
         raise ValueError(f"{folder / name}.json holds another unit than {unit.label()}; remove it")
     weights = weights_file(folder, name, info)
-    _check_weights(weights)  # torch.load would take damaged bytes as weights
+    check_weights(weights)  # torch.load would take damaged bytes as weights
     try:
         return torch.load(weights, map_location=device, weights_only=True)
     except (RuntimeError, OSError, EOFError, pickle.UnpicklingError) as err:  # cut short, damaged, missing
@@ -505,7 +171,7 @@ def _load_states(folder: Path) -> list[tuple[dict[str, Any], dict[str, Any]]]:
     .json named between the two reads, and the state was refused as missing."""
     if not folder.is_dir():
         return []
-    with _locked(folder):
+    with locked(folder):
         saved = saved_states(folder).values()
         return [(info, _load_state(folder, Unit.from_dict(info["unit"]), torch.device("cpu"))) for info in saved]
 

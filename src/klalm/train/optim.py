@@ -24,7 +24,7 @@ import torch
 from torch import Tensor, nn
 from torch.optim.lr_scheduler import LambdaLR
 
-from klalm.config_checks import ConfigError, warmup_steps_of
+from klalm.config_checks import check_schedule, warmup_steps_of
 from klalm.param_names import clean_name
 
 
@@ -88,20 +88,6 @@ def param_groups(
         for group, params in buckets.items()
         if params
     ]
-
-
-def check_schedule(
-    total_steps: int, warmup_steps: int, min_lr_ratio: float, warmup_key: str = "scheduler.warmup"
-) -> None:
-    """Raise ConfigError (a ValueError; `klalm-train` refuses it in one line) naming the scheduler key that is out of
-    range (`warmup_key`: the warmup's key as the caller's config names it): found once the run knows its length."""
-    if total_steps <= 0:
-        raise ConfigError(f"scheduler total_steps must be positive, got {total_steps}")
-    if not 0 <= warmup_steps < total_steps:
-        raise ConfigError(f"{warmup_key} gives {warmup_steps} warmup steps: must be in [0, {total_steps}), the run's "
-                          f"steps")  # fmt: skip
-    if not 0.0 <= min_lr_ratio <= 1.0:
-        raise ConfigError(f"scheduler.min_lr_ratio={min_lr_ratio} must be in [0, 1]")
 
 
 def cosine_multiplier(step: int, *, warmup_steps: int, total_steps: int, min_lr_ratio: float) -> float:

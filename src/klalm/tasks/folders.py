@@ -1,0 +1,186 @@
+"""`klalm-synthetic merge` and `pack`, the verbs that only move files between a results or state folder and the
+copies a device call takes and brings back, and what every verb shares: its one-line refusals, the checks of its
+folder arguments, the --results folder's one writer, SIGTERM taken as Ctrl-C.
+
+Nothing here imports torch (klalm.tasks.results and klalm.tasks.states read and write the files): merge and pack run
+after and beside every device call, on a machine whose time is budgeted, where torch and the model zoo took seconds
+to import before any file was touched. The other verbs are klalm.tasks.runner's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import logging
+import math
+import shutil
+import signal
+import threading
+from pathlib import Path
+from typing import Any, NoReturn
+
+from klalm.errors import one_line, refuse
+from klalm.fileio import flocked
+from klalm.provenance import git_commit
+from klalm.tasks.results import RESULTS_FILES, Results, is_results_folder, merge
+from klalm.tasks.states import (
+    pack_states,
+    saved_states,
+    state_files,
+    state_parts,
+    swap_in_states,
+    unpack_states,
+    watch_states,
+)
+
+log = logging.getLogger("klalm.synthetic")
+
+VERBS = ("merge", "pack")  # those `run` does; klalm.tasks.runner.run does the others
+
+
+def run(args: argparse.Namespace) -> None:
+    """`klalm-synthetic merge` or `pack` with its arguments parsed (`klalm.cli.synthetic_args`). Input it cannot use
+    ends it with one line on stderr before anything is written."""
+    {"merge": _merge, "pack": _pack}[args.verb](args)
+
+
+PREFIX = "klalm-synthetic"
+
+
+def refuse_input(message: str) -> NoReturn:
+    """End the command in one line of stderr (exit code 1), before it writes."""
+    refuse(PREFIX, message)
+
+
+def check_folder(path: Path, what: str, exists: bool) -> None:
+    """Refuse a folder argument (`what`: "--results folder") that is a file or lies under one, or (`exists`) that
+    does not exist."""
+    if path.exists() and not path.is_dir():
+        refuse_input(f"{what} {path} is a file, not a folder")
+    above = next((parent for parent in path.parents if parent.exists()), None)
+    if above is not None and not above.is_dir():
+        refuse_input(f"{what} {path}: {above} is a file, not a folder")
+    if exists and not path.is_dir():
+        refuse_input(f"{what} {path} does not exist")
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM on a block (klalm.tasks.runner) or on `pack`: ends it as Ctrl-C does (exit code 143)."""
+
+
+def _raise_terminated(signum: int, frame: object) -> NoReturn:
+    """SIGTERM on `pack`: ends it as Ctrl-C does."""
+    raise Terminated
+
+
+def _merge(args: argparse.Namespace) -> None:
+    # a call whose results files did not come back returns no synthetic/ folder, only its states' parts beside where it
+    # would be: a --from named synthetic, missing or empty, still restores them; any other missing --from is a typo
+    parts = state_parts(args.source.resolve().parent) if args.state is not None else []
+    check_folder(args.source, "--from folder", exists=not (parts and args.source.name == "synthetic"))
+    if not any(args.source.glob("*.jsonl")) and not parts:
+        beside = " and no state.tar.* parts lie beside it" if args.state is not None else ""
+        refuse_input(f"--from {args.source} holds no results file (*.jsonl){beside}: nothing to merge (a call's rows "
+                     "come back in its synthetic/ folder, its states' parts beside it)")  # fmt: skip
+    check_folder(args.results, "--results folder", exists=True)
+    check_results_folder(args.results)
+    if args.state is not None:
+        check_folder(args.state, "--state folder", exists=False)
+    with one_writer(args.results, "merge"):
+        _merge_into(args, parts)
+
+
+def _merge_into(args: argparse.Namespace, parts: list[Path]) -> None:
+    """`merge`'s writes, its folders checked and --results held (`one_writer`)."""
+    commit = args.commit or git_commit()
+    staged = None  # the parts unpacked beside --state and checked before any row is merged: a bad archive merges none
+    if args.state is not None and parts:
+        try:
+            staged = unpack_states(parts, args.state)
+        except ValueError as err:
+            refuse_input(f"{err} (kept {args.state})")
+    try:
+        added: dict[str, Any] = merge(args.source, args.results, commit)
+    except ValueError as err:  # a file of either folder that is not JSON lines: nothing was appended
+        if staged is not None:
+            shutil.rmtree(staged)
+        refuse_input(one_line(err))
+    if args.state is not None:
+        added["state"] = swap_in_states(staged, args.state) if staged else f"none came back: kept {args.state}"
+        if staged:  # a call killed before its block's end recorded no progress: its checkpoints' evaluations
+            from klalm.tasks.units import paused_rows  # lazy: reading the states' evaluations loads them with torch
+
+            rows = paused_rows(args.state, commit)
+            added["progress.jsonl from the state"] = Results(args.results, []).record_progress(rows)
+    print(json.dumps(added))
+
+
+def _pack(args: argparse.Namespace) -> None:
+    """`pack`: the state folder into the pieces `merge --state` unpacks, once or (`--every-s`) until stopped."""
+    check_folder(args.state, "state folder", exists=True)
+    check_folder(args.out, "--out folder", exists=False)
+    if args.every_s is not None and not 0 < args.every_s < math.inf:
+        refuse_input(f"--every-s must be > 0, got {args.every_s}")
+    on_main = threading.current_thread() is threading.main_thread()
+    default = on_main and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL  # not one ignored or handled above
+    if default:  # `kill $watcher` as Ctrl-C: the piece being written is removed, not left as a temporary in --out
+        signal.signal(signal.SIGTERM, _raise_terminated)
+    try:
+        if args.every_s is not None:
+            watch_states(args.state, args.out, args.every_s)  # returns only when stopped
+            return
+        parts = pack_states(args.state, args.out)
+    except ValueError as err:  # a damaged state: refused before any piece is written
+        refuse_input(one_line(err))
+    except KeyboardInterrupt as err:  # Ctrl-C, or SIGTERM
+        terminated = isinstance(err, Terminated)
+        how, code = ("terminated (SIGTERM)", 128 + signal.SIGTERM) if terminated else ("interrupted", 130)
+        refuse(PREFIX, f"pack {how}: {args.out} holds the pieces packed last", code)
+    finally:
+        if default:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    mib = {"state_mib": _mib(state_files(args.state)), "packed_mib": _mib(parts)}
+    print(json.dumps({"parts": [p.name for p in parts], "units": len(saved_states(args.state)), **mib}))
+
+
+def _mib(paths) -> float:
+    return round(sum(path.stat().st_size for path in paths) / 2**20, 1)
+
+
+_IN_USE = {  # why a command waits for the one that holds its --results folder (`one_writer`)
+    "run": "one at a time (two runs would train the same units and write their rows twice)",
+    "merge": "merge once it has ended (its block would not see the rows merged, and train their units again)",
+    "progress": "record once it has ended (its block records its paused units' progress too: rows twice)",
+}
+
+
+@contextlib.contextmanager
+def one_writer(folder: Path, verb: str):
+    """Hold an flock on the --results folder itself while `verb` (run, merge or progress) writes into it: another of
+    them into it meanwhile is refused, `_IN_USE` saying why. Where there is no flock (Windows), nothing is held; on a
+    file system without working locks (`NO_LOCKS`) a warning says so and nothing is held, as merge and progress took
+    no lock before and klalm-train's run folders do."""
+
+    def unsupported(err: OSError) -> None:
+        log.warning("--results folder %s: file locks unsupported here (%s); one writer is not enforced", folder, err)
+
+    with contextlib.ExitStack() as held:
+        try:  # the descriptor is not inherited by the units' processes
+            held.enter_context(flocked(folder, unsupported=unsupported))
+        except BlockingIOError:
+            refuse_input(f"--results folder {folder} is in use by another `klalm-synthetic` run, merge or "
+                         f"progress: {_IN_USE[verb]}")  # fmt: skip
+        yield
+
+
+def check_results_folder(folder: Path, state: Path | None = None) -> None:
+    """Refuse an existing --results folder that writing rows into would spoil: one with none of the results files
+    but other things in it (`merge --results results` had put a5.jsonl beside the results folders). `state`, `run`'s
+    --state folder, is not counted: the CPU example keeps it in its results folder, where a block killed before its
+    first rate line leaves it alone."""
+    beside = [] if state is None else [state.resolve()]
+    if folder.is_dir() and not is_results_folder(folder) and any(p.resolve() not in beside for p in folder.iterdir()):
+        but = "" if state is None else " but for the --state folder"
+        refuse_input(f"--results folder {folder} is not a results folder: it holds none of "
+                     f"{', '.join(RESULTS_FILES)} and is not empty{but} (a new one must be)")  # fmt: skip
