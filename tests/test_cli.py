@@ -610,3 +610,15 @@ def test_a_comma_separated_value_without_m_is_refused_in_one_line_saying_a_sweep
         """a text with commas optim.lr='"1e-3,2e-3"'"""
     )
     check_overrides(["-m", "experiment=smoke", "optim.lr=1e-3,2e-3"])
+
+
+def test_a_comma_separated_value_is_a_sweep_where_an_override_sets_multirun_mode():
+    """`klalm-train sweep=archs_45m` sweeps without -m (configs/sweep/*.yaml set hydra.mode: MULTIRUN), and Hydra then
+    sweeps a `key=a,b` of the command line too: refusing it as "needs -m" was wrong (the grid's jobs are checked by
+    klalm.train.sweep). `hydra.mode=MULTIRUN` likewise; a sweep config that does not set it does not count."""
+    check_overrides(["sweep=archs_45m", "optim.lr=6e-4,1.5e-3"])
+    check_overrides(["experiment=smoke", "sweep=lr", "data.batch_size=2,4"])
+    check_overrides(["experiment=smoke", "hydra.mode=MULTIRUN", "optim.lr=1e-3,2e-3"])
+    for run_mode in (["hydra.mode=RUN"], ["experiment=kla_45m"]):
+        with pytest.raises(ConfigError, match="which needs -m"):
+            check_overrides(["experiment=smoke", *run_mode, "optim.lr=1e-3,2e-3"])

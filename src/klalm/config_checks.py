@@ -285,14 +285,15 @@ def sweep_value_message(arguments: list[str], sweeps: str | None = None) -> str 
     """For `key=a,b` in a command line without --multirun (`checkpoint=runs/a,runs/b` meant as a list), the one-line
     refusal naming the override and how to write a list or a text: Hydra reads a bare comma as a sweep's values and
     says so in five lines. `sweeps`: the command, where it runs Hydra's sweeps (`klalm-train`), so that the line also
-    says a sweep needs -m. None when no override is such a value, or the command line sweeps."""
+    says a sweep needs -m. None when no override is such a value, or the command line sweeps: with -m, or through an
+    override that sets Hydra's multirun mode (`sweep=archs_45m`, `hydra.mode=MULTIRUN`: `_multirun_by_overrides`)."""
     from hydra._internal.utils import get_args_parser
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.core.override_parser.types import ValueType
     from hydra.errors import OverrideParseException
 
     args = get_args_parser().parse_known_args(arguments)[0]
-    if args.multirun:
+    if args.multirun or _multirun_by_overrides(args.overrides):
         return None
     parser = OverridesParser.create()
     for argument in args.overrides:
@@ -311,6 +312,29 @@ def sweep_value_message(arguments: list[str], sweeps: str | None = None) -> str 
 def _adds_config_folders(arguments: list[str]) -> bool:
     """Whether the command line adds config folders (`--config-dir`, `hydra.searchpath=...`) or names another config."""
     return any(arg.lstrip("+").startswith(SEARCH_PATH_ARGUMENTS) for arg in arguments)
+
+
+def _multirun_by_overrides(overrides: list[str]) -> bool:
+    """Whether an override puts Hydra in multirun mode without -m: `hydra.mode=MULTIRUN`, or a config group option of
+    klalm's configs that sets it (`sweep=archs_45m`: configs/sweep/*.yaml, documented without -m). Hydra then sweeps
+    every `key=a,b` of the command line too."""
+    for override in overrides:
+        if "=" not in override:
+            continue
+        key, value = override.split("=", 1)
+        key = key.lstrip("+~")
+        if key == "hydra.mode":
+            if value.strip() == "MULTIRUN":
+                return True
+            continue
+        group = key.split("@")[0]
+        if not re.fullmatch(r"\w+", group) or not files("klalm.configs").joinpath(group).is_dir():
+            continue
+        for option in value.split(","):
+            config = files("klalm.configs").joinpath(group).joinpath(f"{option.strip()}.yaml")
+            if config.is_file() and OmegaConf.select(OmegaConf.create(config.read_text()), "hydra.mode") == "MULTIRUN":
+                return True
+    return False
 
 
 def unknown_key_message(config_name: str, arguments: list[str]) -> str | None:

@@ -428,6 +428,39 @@ def test_merge_and_progress_work_where_the_file_system_has_no_locks(tmp_path, mo
     assert caplog.text.count(f"state folder {tmp_path / 's'}: file locks unsupported here") == 1  # progress read it
 
 
+def test_progress_and_pack_read_a_state_folder_they_cannot_write(tmp_path, monkeypatch, capsys, caplog):
+    """A state folder on a read-only mount (or another user's): progress (and evaluate) read it without a lock before
+    they took the state folder's lock, which opens `.lock` to write; since, progress was refused and evaluate ended in
+    a traceback ("Read-only file system: .../.lock"). Readers now read it unlocked, warned once. The mount is
+    simulated: os.open to write under the folder fails with EROFS and os.access says it is not writable (the tests
+    may run as root, for whom permission bits do not count)."""
+    import errno
+
+    state, results = tmp_path / "s", tmp_path / "r"
+    _saved_state(state, _cpu_a5_unit())
+    real_open, real_access = os.open, os.access
+
+    def read_only_open(path, flags, *args, **kwargs):
+        if Path(path).parent == state and flags & (os.O_WRONLY | os.O_RDWR | os.O_CREAT):
+            raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(path))
+        return real_open(path, flags, *args, **kwargs)
+
+    def read_only_access(path, mode, *args, **kwargs):
+        if Path(path) == state or Path(path).parent == state:
+            return not mode & os.W_OK and real_access(path, mode, *args, **kwargs)
+        return real_access(path, mode, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", read_only_open)
+    monkeypatch.setattr(os, "access", read_only_access)
+    with caplog.at_level("WARNING"):
+        synthetic(["progress", "--state", str(state), "--results", str(results)])
+        synthetic(["pack", "--state", str(state), "--out", str(tmp_path / "out")])
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert lines[0] == {"progress.jsonl": 1} and lines[1]["units"] == 1
+    assert caplog.text.count(f"state folder {state} is read-only here: read without its lock") == 1
+    assert not (state / ".lock").exists()
+
+
 def test_run_refuses_a_folder_that_is_not_a_results_folder_but_takes_one_holding_only_its_state(tmp_path, monkeypatch):
     """`run --results results` appended its rows beside the results folders; the CPU example keeps its --state in its
     results folder, which a block killed before its first rate line leaves holding that folder alone."""

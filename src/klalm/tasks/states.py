@@ -197,7 +197,7 @@ def pack_states(folder: Path, out: Path, part_bytes: int = 15 * 2**20) -> list[P
     earlier pack are removed, so `out` holds one whole pack but for the moment between two renames. Returns the
     pieces."""
     buffer = io.BytesIO()
-    with locked(Path(folder)), tarfile.open(fileobj=buffer, mode="w") as archive:
+    with locked(Path(folder), reading=True), tarfile.open(fileobj=buffer, mode="w") as archive:
         check_states(Path(folder))  # before any piece is written: a damaged state is refused, not shipped
         for path in state_files(Path(folder)):
             archive.add(path, arcname=path.name)
@@ -220,7 +220,7 @@ def watch_states(folder: Path, out: Path, every_s: float) -> None:
     packed = None
     while True:
         try:
-            with locked(folder):
+            with locked(folder, reading=True):
                 seen = sorted((p.name, p.stat().st_mtime_ns) for p in folder.glob("*.json"))
             if seen != packed:  # a new checkpoint or pause, or a state removed (its unit finished)
                 pack_states(folder, out)
@@ -241,12 +241,15 @@ def remove_state(folder: Path, name: str) -> None:
 LOCK_FILE = ".lock"  # in a state folder: the file `locked` holds an flock on
 
 
-def locked(folder: Path) -> contextlib.AbstractContextManager[None]:
+def locked(folder: Path, reading: bool = False) -> contextlib.AbstractContextManager[None]:
     """Hold the state folder's lock (an flock on `folder/.lock`, waited for): one process writes, reads, packs or
     replaces its states at a time. Where there is no flock (Windows) or it does not work (a file system without
     locks: warned once a folder), nothing is locked: run no `pack --every-s`, `progress` or `evaluate` beside a block
-    there."""
+    there. `reading`: the caller only reads the states (`pack`, `progress`, `evaluate`), so a folder it cannot write
+    (a read-only mount, another user's folder), where the lock file cannot be opened to write as flock needs on NFS,
+    is read unlocked, warned once, as those verbs read it before they took the lock."""
     folder.mkdir(parents=True, exist_ok=True)
+    lock = folder / LOCK_FILE
 
     def unsupported(err: OSError) -> None:
         if folder not in _UNLOCKED:
@@ -254,7 +257,13 @@ def locked(folder: Path) -> contextlib.AbstractContextManager[None]:
             log.warning("state folder %s: file locks unsupported here (%s); its readers and writers are not kept "
                         "apart", folder, err)  # fmt: skip
 
-    return flocked(folder / LOCK_FILE, os.O_CREAT | os.O_WRONLY, wait=True, unsupported=unsupported)
+    if reading and not os.access(lock if lock.exists() else folder, os.W_OK):
+        if folder not in _UNLOCKED:
+            _UNLOCKED.add(folder)
+            log.warning("state folder %s is read-only here: read without its lock (a save there meanwhile is not "
+                        "waited for)", folder)  # fmt: skip
+        return contextlib.nullcontext()
+    return flocked(lock, os.O_CREAT | os.O_WRONLY, wait=True, unsupported=unsupported)
 
 
 _UNLOCKED: set[Path] = set()  # state folders warned about by `locked`

@@ -171,7 +171,7 @@ def _load_states(folder: Path) -> list[tuple[dict[str, Any], dict[str, Any]]]:
     .json named between the two reads, and the state was refused as missing."""
     if not folder.is_dir():
         return []
-    with locked(folder):
+    with locked(folder, reading=True):
         saved = saved_states(folder).values()
         return [(info, _load_state(folder, Unit.from_dict(info["unit"]), torch.device("cpu"))) for info in saved]
 
