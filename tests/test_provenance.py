@@ -1,5 +1,6 @@
 """klalm.provenance: the commit a results file records, and the tree of the code that ran when it differs."""
 
+import os
 import subprocess
 
 from klalm.provenance import TREE_DIGITS, git_commit
@@ -92,3 +93,28 @@ def test_the_commit_is_that_of_the_checkout_klalm_runs_from_not_of_the_current_f
     (code / "venv" / "klalm").mkdir(parents=True)
     monkeypatch.setattr(provenance, "SOURCE", code / "venv" / "klalm")
     assert git_commit() == "unknown"
+
+
+def test_a_file_rewritten_in_the_index_s_last_tick_is_hashed_not_trusted(tmp_path, monkeypatch):
+    """A file rewritten to the same size within the time stamp of the index that staged it has the stat data git
+    stored for its old content: git checks such "racily clean" entries by content, knowing them by the index file's own
+    time, which the copy of the index lost (a plain copy is newer than every entry): the recorded tree then held the
+    old content (seen in CI, where the test above writes and commits within one second)."""
+    from klalm import provenance
+
+    monkeypatch.delenv("KLALM_COMMIT", raising=False)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(provenance, "SOURCE", tmp_path)
+    _git("init", "-q")
+    (tmp_path / "f.txt").write_text("a")
+    tick = (os.stat(tmp_path / "f.txt").st_mtime_ns // 10**9 - 10) * 10**9  # a whole second, 10 s ago
+    os.utime(tmp_path / "f.txt", ns=(tick, tick))
+    _git("add", "f.txt")  # the index stores that time with "a"
+    _git("commit", "-qm", "x")
+    (tmp_path / "f.txt").write_text("b")  # the same size, and (below) the same time as the staged "a"
+    for path in (tmp_path / "f.txt", tmp_path / ".git" / "index"):  # the index written in the same tick
+        os.utime(path, ns=(tick, tick))
+    recorded = git_commit()
+    _git("add", "f.txt")
+    _git("commit", "-qm", "y")
+    assert recorded.endswith(f"(tree {_git('rev-parse', 'HEAD^{tree}')[: provenance.TREE_DIGITS]})")

@@ -46,7 +46,9 @@ def worktree_tree(with_untracked: bool = True) -> str:
         index = os.path.join(tmp, "index")
         real = os.path.join(SOURCE, _git("rev-parse", "--git-path", "index"))  # relative to SOURCE, or absolute
         if os.path.exists(real):
-            shutil.copyfile(real, index)  # its stat data spares hashing the files that did not change
+            # its stat data spares hashing the files that did not change; copied with its own time, by which git tells
+            # an entry written in the index's last tick ("racily clean": its content is checked) from a settled one
+            shutil.copy2(real, index)
         env = {**os.environ, "GIT_INDEX_FILE": index}
         _git("add", "--all" if with_untracked else "--update", ":/", env=env)
         return _git("write-tree", env=env)
