@@ -21,6 +21,14 @@ from klalm.train.rundir import fresh_run_name
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 
 
+def _refusal(monkeypatch, argv: list[str]) -> str:
+    """What `klalm-eval` with `argv` exits with: its one-line refusal."""
+    monkeypatch.setattr(sys, "argv", argv)
+    with pytest.raises(SystemExit) as exit_info:
+        evaluate()
+    return exit_info.value.code
+
+
 def _script(name: str) -> str:
     """A console script of this environment (next to the running interpreter)."""
     return str(Path(sys.executable).parent / name)
@@ -55,10 +63,7 @@ def test_main_parses_command_line(tmp_path, monkeypatch, capsys):
     """The real @hydra.main entry in-process: `tasks=[...]` is a plain key (no config group shadows it)."""
     missing = tmp_path / "missing"
     argv = ["klalm-eval", f"checkpoint={missing}", "tasks=[piqa]", "limit=2", f"hydra.run.dir={tmp_path}"]
-    monkeypatch.setattr(sys, "argv", argv)
-    with pytest.raises(SystemExit) as exit_info:
-        evaluate()
-    assert exit_info.value.code == f"klalm-eval: checkpoint {str(missing)!r} does not exist"
+    assert _refusal(monkeypatch, argv) == f"klalm-eval: checkpoint {str(missing)!r} does not exist"
 
 
 def test_output_dir_holds_the_log_and_the_config_record(tiny_checkpoints, shared_data, tmp_path, monkeypatch, capsys):
@@ -101,10 +106,7 @@ def test_a_comma_separated_value_is_refused_in_one_line_naming_the_key(tmp_path,
     """`checkpoint=a,b` (a list meant) without --multirun: Hydra's five lines on being "ambiguous", which named no
     key of klalm-eval's and offered a sweep; one line naming the override and how to write a list or a text."""
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(sys, "argv", ["klalm-eval", "checkpoint=runs/a/hf,runs/b/hf", "tasks=[piqa]"])
-    with pytest.raises(SystemExit) as exit_info:
-        evaluate()
-    assert exit_info.value.code == (
+    assert _refusal(monkeypatch, ["klalm-eval", "checkpoint=runs/a/hf,runs/b/hf", "tasks=[piqa]"]) == (
         "klalm-eval: checkpoint=runs/a/hf,runs/b/hf: Hydra reads a comma outside brackets and quotes as a sweep over "
         "values; a list is written 'checkpoint=[runs/a/hf,runs/b/hf]', a text with commas "
         """checkpoint='"runs/a/hf,runs/b/hf"'"""
@@ -134,10 +136,7 @@ def test_main_refuses_the_hub_tasks_at_once_when_the_hub_cannot_be_reached(tiny_
     monkeypatch.setattr(socket, "getaddrinfo", no_dns)
     monkeypatch.setattr(runner, "load_checkpoint", no_load)
     argv = ["klalm-eval", f"checkpoint={tiny_checkpoints[0]}", "tasks=[piqa]", "limit=2", f"hydra.run.dir={tmp_path}"]
-    monkeypatch.setattr(sys, "argv", argv)
-    with pytest.raises(SystemExit) as exit_info:
-        evaluate()
-    assert exit_info.value.code == (
+    assert _refusal(monkeypatch, argv) == (
         "klalm-eval: evaluating the hub tasks ['piqa'] needs the Hugging Face hub, which cannot be reached "
         "(huggingface.co does not resolve: Name or service not known): give data_dir (a local data folder) for the "
         "offline local tasks, or set HF_HUB_OFFLINE=1 to use their datasets from the Hugging Face cache"
@@ -163,10 +162,7 @@ def test_main_refuses_an_unknown_hub_task_in_one_line(tiny_checkpoints, tmp_path
     monkeypatch.setattr(runner, "load_checkpoint", no_load)
     out = tmp_path / "ev"
     argv = ["klalm-eval", f"checkpoint={tiny_checkpoints[0]}", "tasks=[piqaa]", f"output_dir={out}"]
-    monkeypatch.setattr(sys, "argv", argv)
-    with pytest.raises(SystemExit) as exit_info:
-        evaluate()
-    assert exit_info.value.code == (
+    assert _refusal(monkeypatch, argv) == (
         "klalm-eval: tasks: lm-eval has no task 'piqaa' (closest: ['piqa']; `lm-eval ls tasks` lists all 2); "
         "with data_dir the local tasks are ['hellaswag', 'piqa']"
     )
@@ -182,11 +178,11 @@ def test_main_refuses_an_export_whose_weights_changed(tiny_checkpoints, tmp_path
     data = bytearray(weights.read_bytes())
     data[len(data) // 2 : len(data) // 2 + 4096] = bytes(4096)  # 4 KB zeroed in the middle
     weights.write_bytes(bytes(data))
-    monkeypatch.setattr(sys, "argv", ["klalm-eval", f"checkpoint={copy}", "tasks=[piqa]", f"hydra.run.dir={tmp_path}"])
-    with pytest.raises(SystemExit) as exit_info:
-        evaluate()
-    assert exit_info.value.code == f"klalm-eval: {weights}: sha256 differs from SHA256SUMS (the file changed or " \
-        "is corrupt since export); refusing to load the export"  # fmt: skip
+    argv = ["klalm-eval", f"checkpoint={copy}", "tasks=[piqa]", f"hydra.run.dir={tmp_path}"]
+    assert _refusal(monkeypatch, argv) == (
+        f"klalm-eval: {weights}: sha256 differs from SHA256SUMS (the file changed or is corrupt since export); "
+        "refusing to load the export"
+    )
 
 
 @pytest.mark.slow  # a fresh interpreter importing torch, transformers and lm-eval: ~10-25 s on 2 cores
