@@ -200,6 +200,23 @@ def test_an_evaluation_prints_no_git_error_and_no_known_warning(shared_data, tmp
     assert tokenizer.model_max_length == 16 and tokenizer.padding_side == "right"
 
 
+def test_only_the_custom_kwargs_warning_of_klalms_own_tasks_is_kept_off(caplog):
+    """lm-eval's "Custom kwargs can be passed to `--metadata`" was kept off for any task, though klalm causes it only
+    with its local tasks: an upstream task that loads its rows through a function (ruler's niah_single_1, which takes
+    its lengths from --metadata) lost the advice too."""
+    from klalm.eval.harness import _quiet_lm_eval
+
+    logger = logging.getLogger("lm_eval.api.task")
+    advice = (
+        ": Custom kwargs can be passed to `--metadata` in console (as json string) or to the TaskManager."
+        """\nFor example --metadata='{"max_seq_lengths":[4096, 8192]}'. For details see task Readme."""
+    )  # lm_eval.api.task.ConfigurableTask.download's, after the task's name
+    with caplog.at_level(logging.WARNING, logger=logger.name), _quiet_lm_eval():
+        for task in ("hellaswag_local", "piqa_local", "niah_single_1", "my_piqa_local"):
+            logger.warning(task + advice)
+    assert [record.getMessage() for record in caplog.records] == ["niah_single_1" + advice, "my_piqa_local" + advice]
+
+
 def test_samples_are_written_whole_or_not_at_all(tmp_path):
     """A samples file stopped half-way (Ctrl-C, a full disk) left its first lines in place of the earlier file."""
     path = write_samples({"piqa": [{"doc_id": 0}]}, "a/export", tmp_path)[0]

@@ -106,7 +106,7 @@ def test_check_checkpoint_refuses_what_the_load_would_without_building_a_model(e
 def test_a_run_folder_whose_checkpoints_go_beyond_its_export_is_refused(export, tmp_path):
     """A run resumed after its export writes checkpoints beyond it until it exports again: klalm-eval (and
     klalm-generate, load_model) of the run folder scored the older export without a word. The step an export records
-    decides; an export that records none is compared by modification time."""
+    decides; an export that records none, in a run folder without a summary.json, is compared by modification time."""
     run = tmp_path / "run"
     shutil.copytree(export.parent, run)
     (run / "checkpoints").mkdir()
@@ -118,7 +118,10 @@ def test_a_run_folder_whose_checkpoints_go_beyond_its_export_is_refused(export, 
         ": name the one to load by its path, or finish the run to export it again (klalm-train with the run's "
         f"overrides and resume={run})"
     )
-    stale = f"{run}/hf was written before the run's checkpoint {later}{tail}"
+    stale = (
+        f"{run}/hf was written before the run's checkpoint {later} (by modification time: the export records no step "
+        f"and the run has no summary.json with one){tail}"
+    )
     for check in (check_checkpoint, lambda path: load_checkpoint(path, device="cpu")):
         with pytest.raises(CheckpointError, match=f"^{re.escape(stale)}$"):
             check(run)
@@ -130,8 +133,37 @@ def test_a_run_folder_whose_checkpoints_go_beyond_its_export_is_refused(export, 
     os.utime(later, (written + 60, written + 60))  # the recorded step decides, not the time
     assert check_checkpoint(run) == "training"
     beyond = later.rename(later.with_name("step-00000007.ckpt"))
-    stale = f"{run}/hf holds the weights of step 5, but the run has the later checkpoint {beyond}{tail}"
+    stale = (
+        f"{run}/hf holds the weights of step 5 (its source.json), but the run has the later checkpoint {beyond}{tail}"
+    )
     with pytest.raises(CheckpointError, match=f"^{re.escape(stale)}$"):
+        check_checkpoint(run)
+
+
+def test_an_export_without_a_step_is_dated_by_the_runs_summary_not_by_modification_times(export, tmp_path):
+    """An export made before exports recorded their step was dated by modification times only: a run folder copied
+    without them (`cp -r` may write the final checkpoint after the export) was refused. The step in the run's
+    summary.json, which the finishing start writes after its export, now decides; the times only without it, and the
+    line says which of them did."""
+    run = tmp_path / "run"
+    shutil.copytree(export.parent, run)
+    (run / "checkpoints").mkdir()
+    final = run / "checkpoints" / "step-00000005.ckpt"
+    final.write_bytes(b"not read")  # (only its name and time are)
+    written = (run / "hf" / MANIFEST).stat().st_mtime
+    os.utime(final, (written + 60, written + 60))  # copied after the export
+    (run / "summary.json").write_text(json.dumps({"steps": 5, "tokens_seen": 640}))
+    assert check_checkpoint(run) == "training"
+    beyond = final.rename(final.with_name("step-00000007.ckpt"))  # resumed for more steps, stopped before the export
+    stale = (
+        f"{run}/hf records no step, and the run's summary.json ends at step 5 (where it exported), but the run has the "
+        f"later checkpoint {beyond}: name the one to load by its path"
+    )
+    with pytest.raises(CheckpointError, match=f"^{re.escape(stale)}"):
+        check_checkpoint(run)
+    (run / "summary.json").write_text('{"steps": "7"}')  # no whole number: the times decide
+    stale = f"{run}/hf was written before the run's checkpoint {beyond} (by modification time: the export records no "
+    with pytest.raises(CheckpointError, match=f"^{re.escape(stale)}"):
         check_checkpoint(run)
 
 

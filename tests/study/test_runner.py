@@ -215,6 +215,37 @@ def test_a_cell_whose_evaluation_failed_is_evaluated_again_not_trained_again(sma
     assert ran == ["klalm.train"]
 
 
+def test_a_cell_whose_run_went_beyond_its_export_is_not_evaluated(small_spec, shard_folder, tmp_path, monkeypatch,
+                                                                  caplog):  # fmt: skip
+    """The study evaluated <run>/hf by its path, past klalm-eval's check of a run folder: a cell resumed for more steps
+    after its export (and stopped before it exported again) was scored on the older weights without a word. Now its
+    evaluation is refused in one line naming the export and the later checkpoint; a current export is evaluated."""
+    ran = []
+
+    def run_logged(command, log_path, env):
+        ran.append(command[command.index("-m") + 1])
+        return 0, 6.0
+
+    monkeypatch.setattr(runner, "_run_logged", run_logged)
+    recipe = read_recipe(small_spec, shard_folder)
+    cell, work = small_spec.sweep_cells()[0], tmp_path / "work"
+    block = StudyRunner(small_spec, recipe, shard_folder, work, tmp_path, 1, 60, "abc")
+    run_dir = block.run_dir(cell)
+    write_run_dir(run_dir, cell, lr=cell.lr, val_loss=2.0)
+    (run_dir / "hf").mkdir()
+    (run_dir / "hf" / "source.json").write_text('{"step": 4}')
+    (run_dir / "checkpoints").mkdir()
+    later = run_dir / "checkpoints" / "step-00000006.ckpt"
+    later.write_bytes(b"not read")  # (only its name is)
+    with caplog.at_level("ERROR", logger="klalm.study"):
+        assert block.finish_cell(cell, run_dir, {"train": 12.0}, [0]) is None
+    assert ran == [] and results.load_run(small_spec, cell) is None
+    assert f"{cell.name}: {run_dir}/hf holds the weights of step 4 (its source.json), but the run has the later " \
+           f"checkpoint {later}: name the one to load by its path" in caplog.text  # fmt: skip
+    later.rename(later.with_name("step-00000004.ckpt"))
+    assert block.finish_cell(cell, run_dir, {"train": 12.0}, [0]) is not None and ran == ["klalm.study.validate"]
+
+
 @pytest.mark.parametrize("text", ['{"train": "12"}\n', "[12.0]\n", "{}\n"])
 def test_a_trained_json_without_training_seconds_is_trained_again(small_spec, shard_folder, tmp_path, monkeypatch,
                                                                    caplog, text):  # fmt: skip

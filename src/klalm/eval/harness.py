@@ -196,12 +196,15 @@ def task_metrics(raw: dict[str, Any], spec: TaskSpec) -> dict[str, Any]:
 
 # lm-eval's warnings that hold for every klalm evaluation, by logger, each matched from the start of its message: klalm
 # hands HFLM a model already loaded (twice told that other arguments may be ignored), its local tasks load their rows
-# through a function (told to pass kwargs through --metadata), and it asks for num_fewshot=0 where a task has none.
+# through a function (told, each under its name, to pass kwargs through --metadata: another task that loads so, e.g.
+# ruler's, which reads its lengths from there, is still told), and it asks for num_fewshot=0 where a task has none.
 _LM_EVAL_NOISE = {
     "lm_eval.models.huggingface": re.compile(
         r"`pretrained` model kwarg is not of type `str`|Passed an already-initialized model through `pretrained`"
     ),
-    "lm_eval.api.task": re.compile(r"\S+: Custom kwargs can be passed to `--metadata`"),
+    "lm_eval.api.task": re.compile(
+        f"(?:{'|'.join(re.escape(task.name) for task in TASKS.values())}): Custom kwargs can be passed to `--metadata`"
+    ),
     "lm_eval.evaluator": re.compile(r"Overwriting default num_fewshot of \S+ from None to 0$"),
 }
 

@@ -10,6 +10,8 @@ Layout of a run directory (`paths.run_dir`; `klalm.train.checkpoint` writes it):
     hf/                              final export (klalm.models.export): model, tokenizer, model code, the step
                                      it was made at and SHA256SUMS; `AutoModelForCausalLM.from_pretrained` after
                                      `import klalm`, or with trust_remote_code=True
+    summary.json                     final numbers of the run's last finished start (`steps`: its last step,
+                                     where it exported, unless it ran with train.export_hf=false)
 
 `verify_checkpoint` checks a file against its sha256 and the safe loader before a resume uses it (a zip checkpoint
 carries no checksum that torch checks: flipped bytes inside a tensor would load silently). Checkpoints are read only
@@ -32,7 +34,7 @@ from transformers import AutoTokenizer
 
 from klalm.errors import one_line
 from klalm.models import build_model
-from klalm.models.export import MANIFEST, export_step, load_export_model, weight_mismatch
+from klalm.models.export import MANIFEST, SOURCE, export_step, load_export_model, recorded_step, weight_mismatch
 from klalm.param_names import clean_name
 
 log = logging.getLogger(__name__)
@@ -40,6 +42,7 @@ log = logging.getLogger(__name__)
 CKPT_DIR = "checkpoints"
 TOKENIZER_DIR = "tokenizer"
 HF_DIR = "hf"
+SUMMARY_FILE = "summary.json"
 CHECKSUM_SUFFIX = ".sha256"
 _CKPT_RE = re.compile(r"^step-(\d+)\.ckpt$")
 
@@ -190,12 +193,17 @@ def newest_valid(run_dirs: list[Path]) -> tuple[Path | None, list[str]]:
 def check_export_current(run_dir: Path) -> None:
     """A run folder's `hf/` export must hold the run's latest weights. A run resumed after it exported (for more steps)
     writes checkpoints beyond the export until it finishes and exports again; loading the folder then gave the older
-    model without a word. The export's step (`klalm.models.export.export_step`) is compared with the run's highest
-    checkpoint step; for an export that records none, the checkpoint's modification time with the export's.
+    model without a word. The run's highest checkpoint step is compared with, in this order:
+    - the step the export records (`klalm.models.export.export_step`);
+    - for an export that records none (made before exports did), the `steps` of the run's `summary.json`, the last
+      step of its last finished start, which exports just before it writes the summary (a start run with
+      train.export_hf=false is the exception: it leaves an earlier export behind a later summary);
+    - without either, the modification times of the newest checkpoint and the export, which a copy that did not keep
+      them (`cp -r`) can put in any order.
 
     Raises:
-        CheckpointError: one line naming the export and the later checkpoint, how to load either by its own path, and
-            the command that exports again.
+        CheckpointError: one line naming the export, the later checkpoint and the evidence that decided, how to load
+            either by its own path, and the command that exports again.
     """
     checkpoints = list_checkpoints(run_dir)
     if not checkpoints:
@@ -203,14 +211,22 @@ def check_export_current(run_dir: Path) -> None:
     export, newest = run_dir / HF_DIR, checkpoints[-1]
     step = export_step(export)
     if step is not None:
+        evidence = f"{export} holds the weights of step {step} (its {SOURCE})"
+    else:
+        step = recorded_step(run_dir / SUMMARY_FILE, "steps")
+        evidence = f"{export} records no step, and the run's {SUMMARY_FILE} ends at step {step} (where it exported)"
+    if step is not None:
         if checkpoint_step(newest) <= step:
             return
-        stale = f"{export} holds the weights of step {step}, but the run has the later checkpoint {newest}"
+        stale = f"{evidence}, but the run has the later checkpoint {newest}"
     else:
         written = export / MANIFEST if (export / MANIFEST).is_file() else export / "config.json"
         if newest.stat().st_mtime <= written.stat().st_mtime:
             return
-        stale = f"{export} was written before the run's checkpoint {newest}"
+        stale = (
+            f"{export} was written before the run's checkpoint {newest} (by modification time: the export records no "
+            f"step and the run has no {SUMMARY_FILE} with one)"
+        )
     raise CheckpointError(
         f"{stale}: name the one to load by its path, or finish the run to export it again (klalm-train with the "
         f"run's overrides and resume={run_dir})"

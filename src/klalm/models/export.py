@@ -119,8 +119,14 @@ def verify_export(folder: str | Path) -> bool:
 
 def export_step(folder: str | Path) -> int | None:
     """The optimiser step an export's weights are from (its `source.json`); None where it records none."""
+    return recorded_step(Path(folder) / SOURCE, "step")
+
+
+def recorded_step(path: Path, key: str) -> int | None:
+    """The whole number a JSON file holds under `key` (a step it records); None where it holds none: no file, not a
+    JSON mapping, no such key or another kind of value."""
     try:
-        step = json.loads((Path(folder) / SOURCE).read_text(encoding="utf-8")).get("step")
+        step = json.loads(path.read_text(encoding="utf-8")).get(key)
     except (OSError, ValueError, AttributeError):
         return None
     return step if isinstance(step, int) and not isinstance(step, bool) else None

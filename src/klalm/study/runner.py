@@ -1,7 +1,8 @@
 """Run the study's cells in blocks of GPU time: plan, sweep, train, each block finishing whole cells.
 
 A cell is one `klalm-train` process (one GPU for sweep cells, DDP over every GPU for runs) followed, on one GPU, by
-the whole validation shard (`klalm.study.validate`) and, for runs, zero-shot HellaSwag and PIQA (`klalm-eval`).
+the whole validation shard (`klalm.study.validate`) and, for runs, zero-shot HellaSwag and PIQA (`klalm-eval`) of its
+`hf/` export, once the run folder passes klalm-eval's check that it holds no checkpoint beyond the export.
 Before a cell starts, its GPU time is estimated from this study's measured tokens/s (or the spec's prior until a
 run of that model has finished); a cell that would not end inside the block is left for the next one. Finished
 cells (their run.json exists in the results folder) are skipped, so the same command continues a study. A cell that
@@ -297,7 +298,16 @@ class StudyRunner:
         return run_dir, {"train": seconds}
 
     def finish_cell(self, cell: Cell, run_dir: Path, timing: dict[str, float], devices: list[int]) -> dict | None:
-        """Whole-shard validation and (runs) zero-shot evaluation of a trained cell, then its results folder."""
+        """Whole-shard validation and (runs) zero-shot evaluation of a trained cell's export, then its results folder.
+        An export the run has checkpoints beyond (resumed for more steps, stopped before it exported again) is not
+        evaluated: klalm-eval's check of a run folder (`check_export_current`) refuses it, in one line of the log."""
+        from klalm.models.checkpoint import CheckpointError, check_export_current
+
+        try:
+            check_export_current(run_dir)
+        except (CheckpointError, OSError) as err:  # (OSError: neither a summary.json nor an export to date it by)
+            log.error("%s: %s", cell.name, one_line(err))
+            return None
         ok = self.validate(run_dir, devices, timing) and (cell.sweep or self.evaluate(run_dir, devices, timing))
         if not ok:
             log.error("%s: evaluation failed; see %s", cell.name, run_dir / "eval.log")

@@ -33,6 +33,11 @@ CELL_KEYS = {
     "run_name": "the cell's name",
     "hydra.run.dir": "the cell's run folder under --work",
 }
+# The trainer spans devices only as `klalm.study.runner.train_command` launches it: one GPU for a sweep cell, torchrun
+# with `trainer=ddp trainer.devices=<--gpus>` for a run on several, which the spec's overrides follow there. So they
+# may pick a one-device trainer (`trainer=cpu` for a rehearsal) but neither the devices nor a trainer over several
+# (configs/trainer/ddp.yaml, fsdp.yaml): it replaced the study's choice on every cell.
+MULTI_DEVICE_TRAINERS = ("ddp", "fsdp")
 
 
 @dataclass(frozen=True)
@@ -83,8 +88,9 @@ _EVAL_KEYS = {"tasks", "limit", "batch_size", "val_batch_size"}
 _ESTIMATE_KEYS = {"overhead_s", "eval_s", "ddp_efficiency", "prior_tokens_per_s"}
 
 
-def _check_parts(spec: Spec) -> None:
-    """The types and ranges inside the spec's mappings and lists (what `_check` goes on to cross-check)."""
+def _check_parts(spec: Spec, source: str) -> None:
+    """The types and ranges inside the spec's mappings and lists (what `_check` goes on to cross-check); `source`: the
+    spec's file."""
     for where, seeds in [("seeds", spec.seeds), *((f"extra_seeds.{m}", s) for m, s in spec.extra_seeds.items())]:
         if not isinstance(seeds, list) or not all(is_int(seed) for seed in seeds):
             raise ValueError(f"study {where}={seeds!r} must be a list of whole numbers")
@@ -101,10 +107,15 @@ def _check_parts(spec: Spec) -> None:
     if not all(isinstance(o, str) for o in spec.overrides):
         raise ValueError(f"study overrides={spec.overrides!r} must be a list of Hydra overrides (strings)")
     for override in spec.overrides:
-        key = override.lstrip("~+").split("=", 1)[0].strip()
+        key, _, value = (part.strip() for part in override.lstrip("~+").partition("="))
         if key in CELL_KEYS:
             raise ValueError(f"study overrides: {override!r} sets {key}, which the study sets per cell (from "
                              f"{CELL_KEYS[key]})")  # fmt: skip
+        if key == "trainer.devices" or (key == "trainer" and value in MULTI_DEVICE_TRAINERS):
+            raise ValueError(f"study spec {source}: overrides: {override!r} sets {key} for every model "
+                             f"({', '.join(spec.models)}), which the study sets itself: one GPU for a sweep cell, "
+                             "trainer=ddp trainer.devices=<--gpus> for a run on several (a one-device trainer=cpu or "
+                             "gpu may stay)")  # fmt: skip
     if set(spec.eval) != _EVAL_KEYS:
         raise ValueError(f"study eval: keys must be {sorted(_EVAL_KEYS)}, got {sorted(spec.eval, key=str)}")
     tasks, limit = spec.eval["tasks"], spec.eval["limit"]
@@ -129,8 +140,8 @@ def _check_parts(spec: Spec) -> None:
         raise ValueError(f"study estimate.prior_tokens_per_s={priors!r} must map models to positive tokens/s")
 
 
-def _check(spec: Spec) -> None:
-    _check_parts(spec)
+def _check(spec: Spec, source: str) -> None:
+    _check_parts(spec, source)
     if not spec.seeds:
         raise ValueError("study seeds: name at least one seed (the runs' first, and the sweep's)")
     if set(spec.sweep) != {"lrs", "fraction"}:
@@ -183,13 +194,13 @@ def load_spec(name_or_path: str = DEFAULT_SPEC) -> Spec:
     if path.suffix in (".yaml", ".yml"):
         if not path.is_file():
             raise FileNotFoundError(f"study spec {path} does not exist")
-        raw = read_yaml(path)
+        source = path
     else:
-        resource = files("klalm.configs").joinpath("study", f"{name_or_path}.yaml")
-        if not resource.is_file():
+        source = files("klalm.configs").joinpath("study", f"{name_or_path}.yaml")
+        if not source.is_file():
             raise FileNotFoundError(f"no study spec {name_or_path!r} (configs/study/{name_or_path}.yaml); available: "
                                     f"{', '.join(available_specs())}, or a path to a .yaml file")  # fmt: skip
-        raw = read_yaml(resource)
+    raw = read_yaml(source)
     if not isinstance(raw, dict) or set(raw) != set(_TYPES):
         got = sorted(raw, key=str) if isinstance(raw, dict) else "nothing" if raw is None else f"a {type(raw).__name__}"
         raise ValueError(f"study spec {name_or_path}: keys must be {sorted(_TYPES)}, got {got}")
@@ -197,5 +208,5 @@ def load_spec(name_or_path: str = DEFAULT_SPEC) -> Spec:
         if not isinstance(raw[key], kind):
             raise ValueError(f"study spec {name_or_path}: {key} must be a {_KIND_NAMES[kind]}, got {raw[key]!r}")
     spec = Spec(name=path.stem, **{**raw, "results": Path(raw["results"])})
-    _check(spec)
+    _check(spec, str(source))
     return spec
