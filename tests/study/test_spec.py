@@ -69,7 +69,11 @@ def test_a_mistake_inside_a_section_is_refused_naming_the_key(tmp_path, changes,
         load_spec(str(spec_file(tmp_path, **changes)))
 
 
-@pytest.mark.parametrize("override", ["trainer=ddp", "trainer=fsdp", "trainer.devices=1", "++trainer.devices=4"])
+@pytest.mark.parametrize(
+    "override",
+    ["trainer=ddp", "trainer=fsdp", "trainer.devices=1", "++trainer.devices=4", "trainer.num_nodes=2",
+     "trainer.strategy=fsdp"],
+)  # fmt: skip
 def test_an_override_of_the_trainer_the_study_launches_is_refused_naming_the_file(tmp_path, override):
     """The spec's overrides follow a multi-GPU run's own `trainer=ddp trainer.devices=<--gpus>` on its command, so one
     of these replaced the study's choice on every run (and gave each one-GPU sweep cell a trainer for several): they

@@ -38,6 +38,7 @@ CELL_KEYS = {
 # may pick a one-device trainer (`trainer=cpu` for a rehearsal) but neither the devices nor a trainer over several
 # (configs/trainer/ddp.yaml, fsdp.yaml): it replaced the study's choice on every cell.
 MULTI_DEVICE_TRAINERS = ("ddp", "fsdp")
+DEVICE_KEYS = ("trainer.devices", "trainer.num_nodes", "trainer.strategy")  # what those trainer configs set
 
 
 @dataclass(frozen=True)
@@ -111,7 +112,7 @@ def _check_parts(spec: Spec, source: str) -> None:
         if key in CELL_KEYS:
             raise ValueError(f"study overrides: {override!r} sets {key}, which the study sets per cell (from "
                              f"{CELL_KEYS[key]})")  # fmt: skip
-        if key == "trainer.devices" or (key == "trainer" and value in MULTI_DEVICE_TRAINERS):
+        if key in DEVICE_KEYS or (key == "trainer" and value in MULTI_DEVICE_TRAINERS):
             raise ValueError(f"study spec {source}: overrides: {override!r} sets {key} for every model "
                              f"({', '.join(spec.models)}), which the study sets itself: one GPU for a sweep cell, "
                              "trainer=ddp trainer.devices=<--gpus> for a run on several (a one-device trainer=cpu or "
