@@ -182,17 +182,14 @@ def test_a5_positions_plot_counts_a_units_paused_seeds_in_its_legend(tmp_path, m
     counted apart in the legend."""
     legends = []
 
-    def capture(fig, path):  # instead of writing the figure: its legends
-        import matplotlib.pyplot as plt
-
+    def capture(fig, path, **savefig):  # instead of writing the figure: its legends
         legends.append([t.get_text() for ax in fig.axes for t in ax.get_legend().get_texts()])
-        plt.close(fig)
 
     def row(seed, ended):
         return {"task": {"name": "a5", "length": 3}, "arch": "kla", "n_layers": 1, "seed": seed, "ended": ended,
                 "token_acc": 0.5, "position_acc": [1.0, 0.5, 0.0]}  # fmt: skip
 
-    monkeypatch.setattr(report, "_save", capture)
+    monkeypatch.setattr(report, "save_figure", capture)
     report.plot_positions([row(0, "steps"), row(1, "paused"), row(2, "paused")], tmp_path / "p.png")
     report.plot_positions([row(0, "steps")], tmp_path / "p.png")
     assert legends == [["kla, 1 block (3 seeds, 2 paused)"], ["kla, 1 block (1 seeds)"]]
@@ -206,15 +203,12 @@ def test_a_line_of_the_grid_plots_breaks_where_a_column_has_no_finished_run(tmp_
 
     lines = {}
 
-    def capture(fig, path):  # instead of writing the figure: each line's points
-        import matplotlib.pyplot as plt
-
+    def capture(fig, path, **savefig):  # instead of writing the figure: each line's points
         lines.update({line.get_label(): (list(line.get_xdata()), list(line.get_ydata())) for line in fig.axes[0].lines})
-        plt.close(fig)
 
     cells = {("kla", "a"): ([{"token_acc": 0.5}, {"token_acc": 0.75}], 2, []), ("kla", "b"): ([], 1, []),
              ("kla", "d"): ([{"token_acc": 1.0}], 1, []), ("gpt", "c"): ([{"token_acc": 0.25}], 1, [])}  # fmt: skip
-    monkeypatch.setattr(report, "_save", capture)
+    monkeypatch.setattr(report, "save_figure", capture)
     report.plot_lines(cells, "MAD-Lab", tmp_path / "p.png")
     xs, ys = lines["kla"]
     assert xs == [0, 1, 2, 3]  # the columns in the order they first appear: a, b, d, c
@@ -227,19 +221,16 @@ def test_the_mad_plot_draws_bars_only_where_a_run_finished_and_marks_tasks_never
     accuracy), no bar (not a 0 % one) where an arch has none, and "not run" under a task no arch has finished."""
     drawn = {}
 
-    def capture(fig, path):  # instead of writing the figure: each arch's bars and the texts
-        import matplotlib.pyplot as plt
-
+    def capture(fig, path, **savefig):  # instead of writing the figure: each arch's bars and the texts
         ax = fig.axes[0]
         for container in ax.containers:
             drawn[container.get_label()] = [round(bar.get_height(), 6) for bar in container]
         drawn["texts"] = [(round(t.get_position()[0]), t.get_text()) for t in ax.texts]
-        plt.close(fig)
 
     cells = {("kla", "a"): ([{"token_acc": 0.5}, {"token_acc": 0.75}], 2, []), ("gpt", "a"): ([], 1, []),
              ("kla", "b"): ([], 1, []), ("gpt", "b"): ([], 1, []),
              ("kla", "c"): ([{"token_acc": 1.0}], 1, []), ("gpt", "c"): ([{"token_acc": 0.25}], 1, [])}  # fmt: skip
-    monkeypatch.setattr(report, "_save", capture)
+    monkeypatch.setattr(report, "save_figure", capture)
     report.plot_bars(cells, "MAD-Lab", tmp_path / "p.png")
     assert drawn["kla"] == [75.0, 100.0] and drawn["gpt"] == [25.0]
     assert drawn["texts"] == [(1, "not run")]
@@ -252,7 +243,34 @@ def test_a_figure_cut_off_mid_write_leaves_the_old_image_whole(tmp_path, savefig
 
     (tmp_path / "a5.png").write_bytes(b"old image")
     open_before = plt.get_fignums()
-    with pytest.raises(OSError, match="cut off mid-write"):
-        report._save(plt.figure(), tmp_path / "a5.png")
+    with pytest.raises(OSError, match="cut off mid-write"), report._figure(tmp_path / "a5.png"):
+        pass
     assert (tmp_path / "a5.png").read_bytes() == b"old image" and plt.get_fignums() == open_before
     assert [p.name for p in tmp_path.iterdir()] == ["a5.png"]
+
+
+def test_a_plot_whose_drawing_fails_closes_its_figure_and_writes_nothing(tmp_path, monkeypatch):
+    """A report figure was closed by its save alone: one whose drawing failed before it (rows of a shape the plot
+    did not expect) stayed open in pyplot, which keeps every figure until closed, one more at each failure."""
+    import matplotlib.pyplot as plt
+    from matplotlib.axes import Axes
+
+    def fails(self, *args, **kwargs):
+        raise ValueError("drawing failed")
+
+    a5 = {"task": {"name": "a5", "length": 3}, "arch": "kla", "n_layers": 1, "seed": 0, "unit": "kla L=3 depth=1",
+          "ended": "steps", "token_acc": 0.5, "position_acc": [1.0, 0.5, 0.0],
+          "evals": [[10, 1.0, 0.5, 0.0]]}  # fmt: skip
+    mqar = {**a5, "task": {"name": "mqar", "length": 4, "num_pairs": 1}, "position_acc": [None, None, None, 1.0]}
+    cells = {("kla", "a"): ([{"token_acc": 0.5}], 1, [])}
+    plots = [lambda path: report.plot_a5({("kla", 3): ("1", "solved")}, [3], 2, _plan(), path),
+             lambda path: report.plot_lines(cells, "MQAR", path), lambda path: report.plot_bars(cells, "MAD", path),
+             lambda path: report.plot_positions([a5], path), lambda path: report.plot_positions([mqar], path),
+             lambda path: report.plot_curves([a5], path)]  # fmt: skip
+    monkeypatch.setattr(Axes, "set", fails)  # every plot sets its axes' labels or limits
+    open_before = plt.get_fignums()
+    for plot in plots:
+        with pytest.raises(ValueError, match="drawing failed"):
+            plot(tmp_path / "p.png")
+        assert plt.get_fignums() == open_before
+    assert list(tmp_path.iterdir()) == []

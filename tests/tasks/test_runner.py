@@ -808,6 +808,39 @@ print(sorted(name for name in ("torch", "transformers", "lightning") if name in 
     assert json.loads(packed)["parts"] == ["state.tar.00"] and heavy == "[]"
 
 
+def test_positions_and_curves_import_no_torch(tmp_path):
+    """positions and curves only read a results folder, but ran in klalm.tasks.runner, which imports torch (5 s of
+    imports on a 2-core machine for a table): in a process of its own, neither they nor their plots import it."""
+    import subprocess
+    import sys
+
+    evals = [[10, 1.0, 0.25, 0.0], [20, 0.5, 0.75, 0.0]]
+    row = _row(
+        _a5_unit(length=3, steps=20),
+        0,
+        0.75,
+        evals=evals,
+        planned_steps=20,
+        ended="steps",
+        position_acc=[1.0, 0.5, 0.75],
+    )
+    (tmp_path / "a5.jsonl").write_text(json.dumps(row) + "\n")
+    results, plot = ["--results", str(tmp_path)], ["--plot", str(tmp_path / "p.png")]
+    code = f"""
+import sys
+from klalm.cli import synthetic
+synthetic({["positions", *results, *plot]!r})
+synthetic({["curves", *results, "--steps", "20", *plot]!r})
+print(sorted(name for name in ("torch", "transformers", "lightning") if name in sys.modules))
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = done.stdout.splitlines()
+    assert lines[2] == "| kla L=3 depth=1 | 0 | 20 | 75.0 | 0.0 | 100 | 50 | 75 |"  # positions
+    assert lines[5] == "| kla L=3 depth=1 | 0 | steps at 20 | 75.0 | 75.0 (20) |"  # curves
+    assert lines[-1] == "[]" and (tmp_path / "p.png").stat().st_size > 1000
+
+
 def test_state_folders_work_where_there_is_no_flock(tmp_path, monkeypatch):
     import sys
 
@@ -917,6 +950,24 @@ def test_readers_of_saved_states_take_the_lock_a_save_takes(tmp_path, monkeypatc
     monkeypatch.setattr(units, "check_weights", saved_meanwhile)
     assert [(row["seed"], row["steps"]) for row in paused_rows(tmp_path, "abc")] == [(0, 0), (1, 0)]
     assert [(row["seed"], row["steps"]) for row in evaluate_saved(tmp_path, torch.device("cpu"))] == [(0, 0), (1, 0)]
+
+
+def test_a_block_checks_the_saved_states_under_the_lock_a_save_takes(tmp_path, monkeypatch, capsys):
+    """A block (and `plan`) checked the state folder's states at its start without the folder's lock: a save between
+    reading a .json and checking the .pt it named (a block checkpointing into the folder beside `plan`) had removed
+    that .pt, and the plan was refused ("state file ... is missing")."""
+    state, unit = tmp_path / "state", _a5_unit()
+    _pause(state, unit, 10)
+    check, meanwhile = states.check_weights, []
+
+    def saved_meanwhile(weights: Path) -> None:  # after the block read the .json: the unit checkpoints again
+        meanwhile.append(_saved_unless_locked(state, lambda: _pause(state, unit, 20)))
+        check(weights)
+
+    monkeypatch.setattr(states, "check_weights", saved_meanwhile)
+    knobs = ["--plan", "cpu", "--families", "a5", "--archs", "gpt", "--a5-lengths", "3", "--a5-depths", "1"]
+    synthetic(["plan", *knobs, "--results", str(tmp_path / "r"), "--state", str(state)])
+    assert meanwhile == [False] and "| a5 length=3 gpt depth=1 d=32" in capsys.readouterr().out
 
 
 def test_a_save_killed_between_its_weights_and_its_json_leaves_the_last_pair_whole(tmp_path, monkeypatch):

@@ -342,8 +342,9 @@ def test_a_second_run_into_the_same_results_folder_is_refused_while_the_first_ru
     monkeypatch.setattr(GridBlock, "run", run_beside)
     synthetic(argv)
     assert second == [
-        f"klalm-synthetic: --results folder {tmp_path / 'r'} is in use by another `klalm-synthetic` run, merge or "
-        "progress: one at a time (two runs would train the same units and write their rows twice)"
+        f"klalm-synthetic: --results folder {tmp_path / 'r'} is in use by another klalm-synthetic command (a run, "
+        "merge or progress): try again once it has ended (two at once would write rows twice, a block training the "
+        "units whose rows come meanwhile)"
     ]
     monkeypatch.setattr(GridBlock, "run", lambda self: second.append("ran"))
     (tmp_path / "r" / "rates.jsonl").write_text("{cut short\n")
@@ -355,27 +356,36 @@ def test_a_second_run_into_the_same_results_folder_is_refused_while_the_first_ru
 
 def test_merge_and_progress_into_a_results_folder_a_run_holds_are_refused(tmp_path, monkeypatch):
     """merge and progress append to the folder a block appends to (merge a row the block may train as well) and took
-    no lock."""
+    no lock. The refusal says what holds the folder as far as it is known: another command, not (as it said for
+    whatever held it) a block."""
+    from klalm.tasks import folders
+
     row = (COMMITTED / "a5.jsonl").read_text().splitlines()[0]
     (tmp_path / "back").mkdir()
     (tmp_path / "back" / "a5.jsonl").write_text(row + "\n")
     _saved_state(tmp_path / "s", _cpu_a5_unit())
     results = str(tmp_path / "r")
+    merge = ["merge", "--from", str(tmp_path / "back"), "--results", results]
+    progress = ["progress", "--state", str(tmp_path / "s"), "--results", results]
+    in_use = f"--results folder {results} is in use by another klalm-synthetic command (a run, merge or progress): try"
     beside = []
 
     def run_beside(self):  # a block running into r: merge and progress into it
-        for argv, why in (
-            (["merge", "--from", str(tmp_path / "back"), "--results", results], "merge once it has"),
-            (["progress", "--state", str(tmp_path / "s"), "--results", results], "record once it"),
-        ):
-            beside.append(_refused(argv, f"in use by another `klalm-synthetic` run, merge or progress: {why}"))
+        beside.extend(_refused(argv, in_use) for argv in (merge, progress))
         assert _files(tmp_path / "r") == {}
 
     monkeypatch.setattr(GridBlock, "run", run_beside)
     synthetic(["run", *CPU_A5, "--results", results, "--time-budget-s", "inf"])
-    assert len(beside) == 2
-    synthetic(["merge", "--from", str(tmp_path / "back"), "--results", results])  # the run has ended
-    synthetic(["progress", "--state", str(tmp_path / "s"), "--results", results])
+    merge_into = folders._merge_into
+
+    def progress_beside(args, parts):  # a merge into r: progress into it
+        beside.append(_refused(progress, in_use))
+        merge_into(args, parts)
+
+    monkeypatch.setattr(folders, "_merge_into", progress_beside)
+    synthetic(merge)  # the run has ended
+    assert len(beside) == 3 and beside[2] == beside[1]  # the same words, whatever holds the folder
+    synthetic(progress)
     assert sorted(_files(tmp_path / "r")) == ["a5.jsonl", "progress.jsonl"]
 
 
@@ -431,9 +441,9 @@ def test_merge_and_progress_work_where_the_file_system_has_no_locks(tmp_path, mo
 def test_progress_and_pack_read_a_state_folder_they_cannot_write(tmp_path, monkeypatch, capsys, caplog):
     """A state folder on a read-only mount (or another user's): progress (and evaluate) read it without a lock before
     they took the state folder's lock, which opens `.lock` to write; since, progress was refused and evaluate ended in
-    a traceback ("Read-only file system: .../.lock"). Readers now read it unlocked, warned once. The mount is
-    simulated: os.open to write under the folder fails with EROFS and os.access says it is not writable (the tests
-    may run as root, for whom permission bits do not count)."""
+    a traceback ("Read-only file system: .../.lock"). Readers now read it unlocked, warned once, as `plan` checks
+    its states. The mount is simulated: os.open to write under the folder fails with EROFS and os.access says it is
+    not writable (the tests may run as root, for whom permission bits do not count)."""
     import errno
 
     state, results = tmp_path / "s", tmp_path / "r"
@@ -453,6 +463,8 @@ def test_progress_and_pack_read_a_state_folder_they_cannot_write(tmp_path, monke
     monkeypatch.setattr(os, "open", read_only_open)
     monkeypatch.setattr(os, "access", read_only_access)
     with caplog.at_level("WARNING"):
+        synthetic(["plan", *CPU_A5, "--results", str(results), "--state", str(state)])
+        assert "| a5 length=3 gpt depth=1 d=32" in capsys.readouterr().out
         synthetic(["progress", "--state", str(state), "--results", str(results)])
         synthetic(["pack", "--state", str(state), "--out", str(tmp_path / "out")])
     lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
@@ -461,9 +473,11 @@ def test_progress_and_pack_read_a_state_folder_they_cannot_write(tmp_path, monke
     assert not (state / ".lock").exists()
 
 
-def test_run_refuses_a_folder_that_is_not_a_results_folder_but_takes_one_holding_only_its_state(tmp_path, monkeypatch):
-    """`run --results results` appended its rows beside the results folders; the CPU example keeps its --state in its
-    results folder, which a block killed before its first rate line leaves holding that folder alone."""
+def test_a_folder_that_is_not_a_results_folder_is_refused_but_one_holding_only_its_state_taken(tmp_path, monkeypatch,
+                                                                                               capsys):  # fmt: skip
+    """`run --results results` appended its rows beside the results folders, and `plan --results results` listed
+    every unit as ready; the CPU example keeps its --state in its results folder, which a block killed before its
+    first rate line leaves holding that folder alone."""
     ran = []
     monkeypatch.setattr(GridBlock, "run", lambda self: ran.append(self.results.folder))
     parent = tmp_path / "results"
@@ -471,16 +485,18 @@ def test_run_refuses_a_folder_that_is_not_a_results_folder_but_takes_one_holding
     (parent / "README.md").write_text("results folders\n")
     before = _files(tmp_path)
     files = "a5.jsonl, mqar.jsonl, mad.jsonl, rates.jsonl, progress.jsonl"
-    for flags, but in ((["--state", str(parent / "state")], " but for the --state folder"),
-                       (["--time-budget-s", "inf"], "")):  # fmt: skip
-        _refused(["run", *CPU_A5, "--results", str(parent), *flags],
-                 f"--results folder {parent} is not a results folder: it holds none of {files} and is not empty{but} "
-                 "(a new one must be)")  # fmt: skip
-    assert _files(tmp_path) == before and ran == []
+    for verb in ("run", "plan"):
+        for flags, but in ((["--state", str(parent / "state")], " but for the --state folder"),
+                           (["--time-budget-s", "inf"], "")):  # fmt: skip
+            _refused([verb, *CPU_A5, "--results", str(parent), *flags],
+                     f"--results folder {parent} is not a results folder: it holds none of {files} and is not empty"
+                     f"{but} (a new one must be)")  # fmt: skip
+    assert _files(tmp_path) == before and ran == [] and capsys.readouterr().out == ""
     cpu = tmp_path / "synthetic_cpu"
     _saved_state(cpu / "state", _cpu_a5_unit())
     synthetic(["run", *CPU_A5, "--results", str(cpu), "--state", str(cpu / "state")])
-    assert ran == [cpu]
+    synthetic(["plan", *CPU_A5, "--results", str(cpu), "--state", str(cpu / "state")])
+    assert ran == [cpu] and "| a5 length=3 gpt depth=1 d=32" in capsys.readouterr().out
 
 
 def test_ctrl_c_stops_a_block_of_several_slots_from_starting_more_units(tmp_path, monkeypatch):
@@ -560,6 +576,56 @@ def test_evaluate_refuses_a_device_it_cannot_use_and_curves_a_negative_step(tmp_
     _refused(["curves", "--results", str(tmp_path / "rows"), "--steps", "0,-1"], "--steps: steps must be >= 0")
 
 
+def test_evaluate_refuses_a_state_it_cannot_use_in_one_line_naming_the_file(tmp_path):
+    """evaluate turned only ValueError into one line: a state whose weights are another model's (saved by other
+    code), another .pt in a state's place, a .json whose unit this code's Unit does not make (a field removed, or one
+    with a default added, since it was saved) or a file it cannot read ended in a traceback (RuntimeError, KeyError,
+    TypeError, OSError)."""
+    import dataclasses
+    import shutil
+
+    import torch
+
+    from klalm.tasks import units
+
+    unit = _cpu_a5_unit()
+    name, good, plot = state_name(unit), tmp_path / "good", tmp_path / "p.png"
+    members = [units.build_member(unit, seed, torch.device("cpu"), None) for seed in unit.seeds]
+    units._save_state(good, unit, members, [[] for _ in unit.seeds], {"train_s": 1.0, "wall_s": 1.0, "blocks": 1})
+    weights, fields = f"{name}.pt", dataclasses.asdict(unit)
+
+    def other_model(folder: Path) -> None:  # a parameter the model no longer has
+        state = torch.load(folder / weights, weights_only=True)
+        state["members"][0]["module"]["model.old_weight"] = torch.ones(2)
+        torch.save(state, folder / weights)
+
+    def saved_unit(changed: dict):  # the .json's unit as other code saved it
+        def spoil(folder: Path) -> None:
+            info = json.loads((folder / f"{name}.json").read_text())
+            (folder / f"{name}.json").write_text(json.dumps({**info, "unit": changed}))
+
+        return spoil
+
+    cases = [
+        (other_model, weights, "holds weights that do not fit its unit's model (saved by other code?): Error(s) in "
+         'loading state_dict for TokenReadout: Unexpected key(s) in state_dict: "model.old_weight"'),
+        (lambda folder: torch.save({"weights": torch.ones(2)}, folder / weights), weights,
+         "is not a paused unit's state (members and evals of its 1 seed(s), spent)"),
+        (saved_unit({**fields, "old_field": 1}), f"{name}.json", "holds no unit this code knows (saved by other "
+         "code?): Unit.__init__() got an unexpected keyword argument 'old_field'"),
+        (saved_unit({k: v for k, v in fields.items() if k != "eval_every"}), f"{name}.json",
+         "holds a unit that this code saves as "),  # eval_every: its default, None, names another state
+        (lambda folder: (folder / "other.json").mkdir(), "other.json", "Is a directory"),
+    ]  # fmt: skip
+    for index, (spoil, file, message) in enumerate(cases):
+        folder = tmp_path / str(index)
+        shutil.copytree(good, folder)
+        spoil(folder)
+        said = _refused(["evaluate", "--state", str(folder), "--plot", str(plot)], message)
+        assert str(folder / file) in said, said
+    assert not plot.exists()
+
+
 def _cpu_a5_plan(knobs: list[str] = CPU_A5) -> RunPlan:
     from klalm.cli.synthetic_args import parse_args
     from klalm.tasks.plans import apply_args, load_plan
@@ -589,13 +655,16 @@ def _saved_state(folder: Path, unit) -> None:
 
     folder.mkdir(parents=True, exist_ok=True)
     name = state_name(unit)
-    torch.save({"members": [], "evals": [[] for _ in unit.seeds], "spent": {}}, folder / f"{name}.pt")
+    torch.save(
+        {"members": [{} for _ in unit.seeds], "evals": [[] for _ in unit.seeds], "spent": {}}, folder / f"{name}.pt"
+    )
     info = {"unit": dataclasses.asdict(unit), "label": unit.label(), "step": 5, "spent": {}}
     (folder / f"{name}.json").write_text(json.dumps(info))
 
 
 def test_plan_keeps_the_state_of_a_unit_finished_meanwhile(tmp_path, capsys):
-    """`plan` records nothing: the state a block would drop (its unit's rows came from elsewhere) stays."""
+    """`plan` records nothing: the state a block would drop (its unit's rows came from elsewhere) stays. It reads the
+    state folder under its lock, as every reader does, whose empty file it makes where no save has made it yet."""
     unit = _cpu_a5_unit()
     (tmp_path / "r").mkdir()
     rows = [{**unit.cell(), "seed": seed, "token_acc": 0.5, "seq_acc": 0.0, "steps": 20}
@@ -605,7 +674,7 @@ def test_plan_keeps_the_state_of_a_unit_finished_meanwhile(tmp_path, capsys):
     before = _files(tmp_path)
     synthetic(["plan", *CPU_A5, "--results", str(tmp_path / "r"), "--state", str(tmp_path / "s")])
     assert "| done |" in capsys.readouterr().out
-    assert _files(tmp_path) == before
+    assert _files(tmp_path) == {**before, "s/.lock": b""}
     block = GridBlock(_cpu_a5_plan(), Results(tmp_path / "r", ["a5"]), tmp_path / "s", "cpu", 0, True, None, "abc")
     assert block.saved() == {}  # a block does drop it: the state above is a stale one
 

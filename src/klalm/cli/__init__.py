@@ -346,8 +346,8 @@ def _parse_lm_eval_args(parser: Any) -> argparse.Namespace:
 def synthetic(argv: list[str] | None = None) -> None:
     """`klalm-synthetic`: run the synthetic benchmarks (A5, MQAR, MAD) block by block; report tables and plots.
 
-    `merge` and `pack` only move files, in `klalm.tasks.folders`, which imports no torch; the other verbs are
-    `klalm.tasks.runner`'s."""
+    `merge` and `pack` only move files and `positions` and `curves` only read them, in `klalm.tasks.folders`, which
+    imports no torch; the other verbs are `klalm.tasks.runner`'s."""
     from klalm.cli.synthetic_args import parse_args
 
     args = parse_args(argv)

@@ -17,7 +17,7 @@
 
 # The command line only (this docstring is its --help), with nothing heavier than omegaconf (klalm.config_checks):
 # `--help` and usage errors answer before the modules that do the work are imported (klalm.tasks.runner, and with it
-# torch; merge and pack: klalm.tasks.folders, without).
+# torch; merge, pack, positions and curves: klalm.tasks.folders, without).
 
 from __future__ import annotations
 

@@ -1,10 +1,12 @@
 """`klalm-synthetic merge` and `pack`, the verbs that only move files between a results or state folder and the
-copies a device call takes and brings back, and what every verb shares: its one-line refusals, the checks of its
-folder arguments, the --results folder's one writer, SIGTERM taken as Ctrl-C.
+copies a device call takes and brings back; `positions` and `curves`, which only read a results folder; and what
+every verb shares: its one-line refusals, the checks of its folder and file arguments, the --results folder's one
+writer, SIGTERM taken as Ctrl-C.
 
-Nothing here imports torch (klalm.tasks.results and klalm.tasks.states read and write the files): merge and pack run
-after and beside every device call, on a machine whose time is budgeted, where torch and the model zoo took seconds
-to import before any file was touched. The other verbs are klalm.tasks.runner's.
+Nothing here imports torch (klalm.tasks.results and klalm.tasks.states read and write the files, klalm.tasks.report
+draws the tables and plots): merge and pack run after and beside every device call, on a machine whose time is
+budgeted, where torch and the model zoo took seconds to import before any file was touched, and positions and curves
+are looked at again and again. The other verbs are klalm.tasks.runner's.
 """
 
 from __future__ import annotations
@@ -36,13 +38,13 @@ from klalm.tasks.states import (
 
 log = logging.getLogger("klalm.synthetic")
 
-VERBS = ("merge", "pack")  # those `run` does; klalm.tasks.runner.run does the others
+VERBS = ("merge", "pack", "positions", "curves")  # those `run` does; klalm.tasks.runner.run does the others
 
 
 def run(args: argparse.Namespace) -> None:
-    """`klalm-synthetic merge` or `pack` with its arguments parsed (`klalm.cli.synthetic_args`). Input it cannot use
-    ends it with one line on stderr before anything is written."""
-    {"merge": _merge, "pack": _pack}[args.verb](args)
+    """`klalm-synthetic merge`, `pack`, `positions` or `curves` with its arguments parsed (`klalm.cli.synthetic_args`).
+    Input it cannot use ends it with one line on stderr before anything is written."""
+    {"merge": _merge, "pack": _pack, "positions": _positions, "curves": _curves}[args.verb](args)
 
 
 PREFIX = "klalm-synthetic"
@@ -63,6 +65,21 @@ def check_folder(path: Path, what: str, exists: bool) -> None:
         refuse_input(f"{what} {path}: {above} is a file, not a folder")
     if exists and not path.is_dir():
         refuse_input(f"{what} {path} does not exist")
+
+
+def check_plot(path: Path | None) -> None:
+    """Refuse a --plot file whose folder does not exist, before the table is computed."""
+    if path is not None and (path.is_dir() or not path.parent.is_dir()):
+        refuse_input(f"--plot {path}: " + ("is a folder" if path.is_dir() else f"folder {path.parent} does not exist"))
+
+
+def read_results(folder: Path, families: list[str]) -> Results:
+    """An existing results folder's rows; a file in it that is not JSON lines is refused, naming file and line."""
+    check_folder(folder, "--results folder", exists=True)
+    try:
+        return Results(folder, families, create=False)
+    except (ValueError, OSError) as err:
+        refuse_input(one_line(err))
 
 
 class Terminated(KeyboardInterrupt):
@@ -87,7 +104,7 @@ def _merge(args: argparse.Namespace) -> None:
     check_results_folder(args.results)
     if args.state is not None:
         check_folder(args.state, "--state folder", exists=False)
-    with one_writer(args.results, "merge"):
+    with one_writer(args.results):
         _merge_into(args, parts)
 
 
@@ -144,23 +161,48 @@ def _pack(args: argparse.Namespace) -> None:
     print(json.dumps({"parts": [p.name for p in parts], "units": len(saved_states(args.state)), **mib}))
 
 
+def _positions(args: argparse.Namespace) -> None:
+    """`positions`: the recorded runs' held-out accuracy by position (finished rows, paused runs' progress rows)."""
+    from klalm.tasks.report import plot_positions, positions_markdown, run_colours, run_positions, training_curves
+
+    check_plot(args.plot)
+    family, results = args.family, read_results(args.results, [args.family])
+    rows = run_positions(results.rows[family], results.progress, family, args.archs, args.lengths, args.depths)
+    if not rows:
+        refuse_input(f"no {family.upper()} row with accuracy by position in {args.results} matches")
+    print(positions_markdown(rows))
+    if args.plot is not None:  # each run in the colour `curves` gives it, paused runs counted
+        runs = training_curves(results.rows[family], results.progress, family, args.archs, args.lengths, args.depths)
+        plot_positions(rows, args.plot, run_colours(runs))
+
+
+def _curves(args: argparse.Namespace) -> None:
+    """`curves`: the recorded runs' held-out accuracy by step (finished rows, paused runs' progress rows)."""
+    from klalm.tasks.report import curve_steps, curves_markdown, plot_curves, training_curves
+
+    check_plot(args.plot)
+    if any(step < 0 for step in args.steps):
+        refuse_input(f"--steps: steps must be >= 0, got {args.steps}")
+    family, results = args.family, read_results(args.results, [args.family])
+    rows = training_curves(results.rows[family], results.progress, family, args.archs, args.lengths, args.depths)
+    if not rows:
+        refuse_input(f"no {family.upper()} run with evaluations in {args.results} matches")
+    print(curves_markdown(rows, args.steps or curve_steps(rows)))
+    if args.plot is not None:
+        plot_curves(rows, args.plot)
+
+
 def _mib(paths) -> float:
     return round(sum(path.stat().st_size for path in paths) / 2**20, 1)
 
 
-_IN_USE = {  # why a command waits for the one that holds its --results folder (`one_writer`)
-    "run": "one at a time (two runs would train the same units and write their rows twice)",
-    "merge": "merge once it has ended (its block would not see the rows merged, and train their units again)",
-    "progress": "record once it has ended (its block records its paused units' progress too: rows twice)",
-}
-
-
 @contextlib.contextmanager
-def one_writer(folder: Path, verb: str):
-    """Hold an flock on the --results folder itself while `verb` (run, merge or progress) writes into it: another of
-    them into it meanwhile is refused, `_IN_USE` saying why. Where there is no flock (Windows), nothing is held; on a
-    file system without working locks (`NO_LOCKS`) a warning says so and nothing is held, as merge and progress took
-    no lock before and klalm-train's run folders do."""
+def one_writer(folder: Path):
+    """Hold an flock on the --results folder itself while a run, merge or progress writes into it: another of them
+    into it meanwhile is refused. The holder is not named: the lock is the folder's own (no lock file, which could
+    record it, in a committed results folder). Where there is no flock (Windows), nothing is held; on a file system
+    without working locks (`NO_LOCKS`) a warning says so and nothing is held, as merge and progress took no lock
+    before and klalm-train's run folders do."""
 
     def unsupported(err: OSError) -> None:
         log.warning("--results folder %s: file locks unsupported here (%s); one writer is not enforced", folder, err)
@@ -169,16 +211,18 @@ def one_writer(folder: Path, verb: str):
         try:  # the descriptor is not inherited by the units' processes
             held.enter_context(flocked(folder, unsupported=unsupported))
         except BlockingIOError:
-            refuse_input(f"--results folder {folder} is in use by another `klalm-synthetic` run, merge or "
-                         f"progress: {_IN_USE[verb]}")  # fmt: skip
+            refuse_input(f"--results folder {folder} is in use by another klalm-synthetic command (a run, merge or "
+                         "progress): try again once it has ended (two at once would write rows twice, a block "
+                         "training the units whose rows come meanwhile)")  # fmt: skip
         yield
 
 
 def check_results_folder(folder: Path, state: Path | None = None) -> None:
-    """Refuse an existing --results folder that writing rows into would spoil: one with none of the results files
-    but other things in it (`merge --results results` had put a5.jsonl beside the results folders). `state`, `run`'s
-    --state folder, is not counted: the CPU example keeps it in its results folder, where a block killed before its
-    first rate line leaves it alone."""
+    """Refuse an existing --results folder that writing rows into would spoil, or whose rows `plan` would read as
+    none: one with none of the results files but other things in it (`merge --results results` had put a5.jsonl
+    beside the results folders, and `plan --results results` listed every unit as ready). `state`, the --state folder
+    of `run` or `plan`, is not counted: the CPU example keeps it in its results folder, where a block killed before
+    its first rate line leaves it alone."""
     beside = [] if state is None else [state.resolve()]
     if folder.is_dir() and not is_results_folder(folder) and any(p.resolve() not in beside for p in folder.iterdir()):
         but = "" if state is None else " but for the --state folder"

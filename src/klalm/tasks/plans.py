@@ -28,7 +28,6 @@ from omegaconf.errors import OmegaConfBaseException
 from klalm.config_checks import A5_CRITERIA, MAD_TASKS
 from klalm.errors import one_line
 from klalm.tasks.cells import FAMILY_NAMES, TrainSettings, Unit
-from klalm.tasks.registry import make_task
 
 A5_AUX_LENGTH = 2  # SLiCE: a batch of length-2 sequences joins every A5 step
 
@@ -282,6 +281,8 @@ def with_kla_d_state(overrides: dict[str, Any], d_state: int | None) -> dict[str
 
 def mad_units(plan: RunPlan) -> list[Unit]:
     """Task by task; then learning rate, weight decay, arch."""
+    from klalm.tasks.registry import make_task  # lazy: torch, which `positions` and `curves` (via report) do without
+
     mad, units = plan.mad, []
     for name in mad.tasks:
         settings = mad.task_settings.get(name, {})
@@ -438,6 +439,7 @@ def _validate_mqar_stage(where: str, stage: MQARStage, vocab: int) -> None:
     """An MQAR stage's cells (each a task that can be built), depths, widths and KLA d_states (its learning rates are
     checked with the rest of each unit's training settings)."""
     from klalm.kernels.mobius_scan import MAX_STATE_SIZE  # lazy, as the model zoo in `validate`
+    from klalm.tasks.registry import make_task  # lazy, as in `mad_units`
 
     for cell in stage.cells:
         if len(cell) != 2:

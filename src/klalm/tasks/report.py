@@ -16,8 +16,9 @@ unfinished, never as a result:
 
 from __future__ import annotations
 
+import contextlib
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,8 +27,7 @@ from klalm.fileio import save_figure, write_atomic
 from klalm.markdown import fill_sections
 from klalm.tasks.cells import Unit, kla_d_state, row_key
 from klalm.tasks.plans import RunPlan, plan_units
-from klalm.tasks.results import Results
-from klalm.tasks.units import EVAL_COLUMNS
+from klalm.tasks.results import EVAL_COLUMNS, Results
 
 Row = dict[str, Any]
 Figure = tuple[Path, str]  # (PNG file to write, its path as the Markdown links it)
@@ -53,11 +53,19 @@ def _done(runs: dict[int, Row | None]) -> list[Row]:
     return [r for r in runs.values() if r is not None]
 
 
-def _save(fig: Any, path: Path) -> None:
-    """Lay out, write (PNG, 120 dpi, atomically) and close a report figure."""
+@contextlib.contextmanager
+def _figure(path: Path, *grid: int, **subplots: Any) -> Iterator[tuple[Any, Any]]:
+    """A report figure and its axes (`plt.subplots(*grid, **subplots)`) to draw in, laid out and written to `path`
+    (PNG, 120 dpi, atomically) when the block ends, and closed however it ends: pyplot keeps a figure that is not
+    closed, and one whose drawing failed was left open."""
+    import matplotlib
+
+    matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    fig, axes = plt.subplots(*grid, **subplots)
     try:
+        yield fig, axes
         fig.tight_layout()
         save_figure(fig, path, dpi=120)
     finally:
@@ -193,38 +201,37 @@ BAR_STYLES = {"solved": (None, 1.0), "unsolved": ("//", 0.35), "unfinished": (".
 
 def plot_a5(cells: dict, lengths: list[int], deepest: int, plan: RunPlan, path: Path) -> None:
     """Grouped bars per length: solid at the minimum depth, hatched up to "not solved", light where unfinished."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
     from matplotlib.patches import Patch
 
     archs = list(dict.fromkeys(arch for arch, _ in cells))
     width = 0.8 / max(len(archs), 1)
-    fig, ax = plt.subplots(figsize=(min(12.0, max(6.0, 1.5 + len(lengths) * (0.3 + 0.25 * len(archs)))), 4.5))
-    for i, arch in enumerate(archs):
-        for j, length in enumerate(lengths):
-            if (arch, length) not in cells:
-                continue
-            text, state = cells[arch, length]
-            x = j + (i - (len(archs) - 1) / 2) * width
-            height = int(text.lstrip("≤")) if state == "solved" else deepest + 1
-            hatch, alpha = BAR_STYLES[state]
-            ax.bar(x, height, width, color=f"C{i}", hatch=hatch, alpha=alpha)
-            ax.annotate(text, (x, height + 0.05), ha="center", va="bottom", fontsize=7, rotation=90)
-    ax.axhline(deepest + 0.5, color="grey", lw=0.8, ls=":")
-    ax.set_xticks(range(len(lengths)), [f"L={n}" for n in lengths])
-    ax.set_yticks(range(1, deepest + 2), [*map(str, range(1, deepest + 1)), f"not solved\n(≤ {deepest})"])
-    ax.set_ylim(0, deepest + 2.2)
-    ax.set(xlabel="sequence length", ylabel="minimum blocks")
-    ax.set_title(f"A5: fewest blocks reaching {100 * plan.a5.threshold:.0f}% ({plan.a5.criterion} acc)", fontsize=10)
-    # the legend names the colours (solid, whatever a cell's first bar looks like) and the three bar styles
-    handles = [Patch(color=f"C{i}", label=arch) for i, arch in enumerate(archs)]
-    handles += [Patch(facecolor="grey", hatch=BAR_STYLES[state][0], alpha=BAR_STYLES[state][1], label=label)
-                for state, label in (("unsolved", "not solved"), ("unfinished", "unfinished or not run"))]  # fmt: skip
-    ax.legend(handles=handles, fontsize=8, ncols=len(handles), loc="upper center", bbox_to_anchor=(0.5, -0.14),
-              frameon=False)  # fmt: skip
-    _save(fig, path)
+    size = (min(12.0, max(6.0, 1.5 + len(lengths) * (0.3 + 0.25 * len(archs)))), 4.5)
+    with _figure(path, figsize=size) as (_, ax):
+        for i, arch in enumerate(archs):
+            for j, length in enumerate(lengths):
+                if (arch, length) not in cells:
+                    continue
+                text, state = cells[arch, length]
+                x = j + (i - (len(archs) - 1) / 2) * width
+                height = int(text.lstrip("≤")) if state == "solved" else deepest + 1
+                hatch, alpha = BAR_STYLES[state]
+                ax.bar(x, height, width, color=f"C{i}", hatch=hatch, alpha=alpha)
+                ax.annotate(text, (x, height + 0.05), ha="center", va="bottom", fontsize=7, rotation=90)
+        ax.axhline(deepest + 0.5, color="grey", lw=0.8, ls=":")
+        ax.set_xticks(range(len(lengths)), [f"L={n}" for n in lengths])
+        ax.set_yticks(range(1, deepest + 2), [*map(str, range(1, deepest + 1)), f"not solved\n(≤ {deepest})"])
+        ax.set_ylim(0, deepest + 2.2)
+        ax.set(xlabel="sequence length", ylabel="minimum blocks")
+        ax.set_title(
+            f"A5: fewest blocks reaching {100 * plan.a5.threshold:.0f}% ({plan.a5.criterion} acc)", fontsize=10
+        )
+        # the legend names the colours (solid, whatever a cell's first bar looks like) and the three bar styles
+        handles = [Patch(color=f"C{i}", label=arch) for i, arch in enumerate(archs)]
+        handles += [Patch(facecolor="grey", hatch=BAR_STYLES[state][0], alpha=BAR_STYLES[state][1], label=label)
+                    for state, label in (("unsolved", "not solved"),
+                                         ("unfinished", "unfinished or not run"))]  # fmt: skip
+        ax.legend(handles=handles, fontsize=8, ncols=len(handles), loc="upper center", bbox_to_anchor=(0.5, -0.14),
+                  frameon=False)  # fmt: skip
 
 
 # ------------------------------------------------------------------------------------------------------------ MQAR
@@ -304,21 +311,15 @@ def _line_points(cells: dict, label: str, columns: list[str]) -> list[float]:
 
 def plot_lines(cells: dict, title: str, path: Path) -> None:
     """Accuracy per column (x, categorical) for each row label that has a finished run."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     labels, columns = list(dict.fromkeys(r for r, _ in cells)), list(dict.fromkeys(c for _, c in cells))
-    fig, ax = plt.subplots(figsize=(7, 4))
-    for label in labels:
-        points = _line_points(cells, label, columns)
-        if not all(math.isnan(p) for p in points):
-            ax.plot(range(len(columns)), points, marker="o", label=label)
-    ax.set_xticks(range(len(columns)), columns, rotation=20)
-    ax.set(ylabel="accuracy (%)", ylim=(0, 101), title=title)
-    ax.legend(fontsize=7)
-    _save(fig, path)
+    with _figure(path, figsize=(7, 4)) as (_, ax):
+        for label in labels:
+            points = _line_points(cells, label, columns)
+            if not all(math.isnan(p) for p in points):
+                ax.plot(range(len(columns)), points, marker="o", label=label)
+        ax.set_xticks(range(len(columns)), columns, rotation=20)
+        ax.set(ylabel="accuracy (%)", ylim=(0, 101), title=title)
+        ax.legend(fontsize=7)
 
 
 # ------------------------------------------------------------------------------------------------------------ MAD
@@ -328,25 +329,20 @@ def plot_bars(cells: dict, title: str, path: Path) -> None:
     """Accuracy per column as grouped bars, one bar per row label (none where the label has no finished run), for
     columns that do not form a scale (MAD's tasks, which a line would join as if they did); a column with no finished
     run at all is marked "not run"."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     labels, columns = list(dict.fromkeys(r for r, _ in cells)), list(dict.fromkeys(c for _, c in cells))
     points = {label: _line_points(cells, label, columns) for label in labels}
     width = 0.8 / max(1, len(labels))
-    fig, ax = plt.subplots(figsize=(max(7.0, 1.2 * len(columns)), 4))
-    for i, label in enumerate(labels):  # no bar where a label has no finished run: a missing bar, not a 0 %
-        shown = [(x + (i - (len(labels) - 1) / 2) * width, p) for x, p in enumerate(points[label]) if not math.isnan(p)]
-        ax.bar([x for x, _ in shown], [p for _, p in shown], width, label=label, color=f"C{i}")
-    for x in range(len(columns)):
-        if all(math.isnan(points[label][x]) for label in labels):
-            ax.text(x, 2, "not run", ha="center", va="bottom", fontsize=8, color="0.4")
-    ax.set_xticks(range(len(columns)), columns, rotation=20)
-    ax.set(ylabel="accuracy (%)", ylim=(0, 101), title=title)
-    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))  # beside the axes: bars reach 100 %
-    _save(fig, path)
+    with _figure(path, figsize=(max(7.0, 1.2 * len(columns)), 4)) as (_, ax):
+        for i, label in enumerate(labels):  # no bar where a label has no finished run: a missing bar, not a 0 %
+            offset = (i - (len(labels) - 1) / 2) * width
+            shown = [(x + offset, p) for x, p in enumerate(points[label]) if not math.isnan(p)]
+            ax.bar([x for x, _ in shown], [p for _, p in shown], width, label=label, color=f"C{i}")
+        for x in range(len(columns)):
+            if all(math.isnan(points[label][x]) for label in labels):
+                ax.text(x, 2, "not run", ha="center", va="bottom", fontsize=8, color="0.4")
+        ax.set_xticks(range(len(columns)), columns, rotation=20)
+        ax.set(ylabel="accuracy (%)", ylim=(0, 101), title=title)
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))  # beside the axes: bars reach 100 %
 
 
 def mad_section(plan: RunPlan, rows: list[Row], figure: Figure | None, progress: list[Row] = ()) -> str:
@@ -472,61 +468,55 @@ def plot_positions(rows: list[Row], path: Path, colours: dict[tuple[str, int], s
     each line is a (arch, length, depth) unit's best seed (highest token accuracy, the seed that decides whether the
     cell is solved), the range over its seeds shaded. MQAR rows: `plot_mqar_positions`, one colour per run from
     `colours` (`run_colours`; default: of `rows`)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     if rows[0]["task"]["name"] == "mqar":
-        return plot_mqar_positions(rows, path, plt, colours or run_colours(rows))
+        return plot_mqar_positions(rows, path, colours or run_colours(rows))
 
     lengths = sorted({r["task"]["length"] for r in rows})
     colours = {arch: f"C{i}" for i, arch in enumerate(dict.fromkeys(r["arch"] for r in rows))}
     styles = ["-", "--", ":", "-."]
-    fig, axes = plt.subplots(1, len(lengths), figsize=(3.2 * len(lengths) + 1.0, 3.6), sharey=True, squeeze=False)
-    for ax, length in zip(axes[0], lengths, strict=True):
-        at_length = [r for r in rows if r["task"]["length"] == length]
-        for arch, depth in dict.fromkeys((r["arch"], r["n_layers"]) for r in at_length):
-            seeds = [r for r in at_length if (r["arch"], r["n_layers"]) == (arch, depth)]
-            accs = [[100 * (a or 0.0) for a in r["position_acc"]] for r in seeds]
-            best = accs[max(range(len(seeds)), key=lambda j: seeds[j]["token_acc"])]
-            x = range(len(best))
-            paused = sum(r.get("ended") == "paused" for r in seeds)
-            ax.plot(x, best, marker="o", ms=2.5, color=colours[arch], ls=styles[(depth - 1) % len(styles)],
-                    label=f"{arch}, {depth} block{'s' * (depth > 1)} ({len(seeds)} seeds"
-                          f"{f', {paused} paused' if paused else ''})")  # fmt: skip
-            ax.fill_between(x, [min(c) for c in zip(*accs, strict=True)], [max(c) for c in zip(*accs, strict=True)],
-                            color=colours[arch], alpha=0.12)  # fmt: skip
-        ax.xaxis.get_major_locator().set_params(integer=True)
-        ax.set(title=f"L = {length}", xlabel="position", ylim=(0, 101))
-        ax.legend(fontsize=6.5, loc="lower left")
-    axes[0][0].set_ylabel("held-out token accuracy (%)")
-    fig.suptitle("A5 accuracy by position (line: best seed; shaded: all seeds)", fontsize=10)
-    _save(fig, path)
+    size = (3.2 * len(lengths) + 1.0, 3.6)
+    with _figure(path, 1, len(lengths), figsize=size, sharey=True, squeeze=False) as (fig, axes):
+        for ax, length in zip(axes[0], lengths, strict=True):
+            at_length = [r for r in rows if r["task"]["length"] == length]
+            for arch, depth in dict.fromkeys((r["arch"], r["n_layers"]) for r in at_length):
+                seeds = [r for r in at_length if (r["arch"], r["n_layers"]) == (arch, depth)]
+                accs = [[100 * (a or 0.0) for a in r["position_acc"]] for r in seeds]
+                best = accs[max(range(len(seeds)), key=lambda j: seeds[j]["token_acc"])]
+                x = range(len(best))
+                paused = sum(r.get("ended") == "paused" for r in seeds)
+                ax.plot(x, best, marker="o", ms=2.5, color=colours[arch], ls=styles[(depth - 1) % len(styles)],
+                        label=f"{arch}, {depth} block{'s' * (depth > 1)} ({len(seeds)} seeds"
+                              f"{f', {paused} paused' if paused else ''})")  # fmt: skip
+                ax.fill_between(x, [min(c) for c in zip(*accs, strict=True)], [max(c) for c in zip(*accs, strict=True)],
+                                color=colours[arch], alpha=0.12)  # fmt: skip
+            ax.xaxis.get_major_locator().set_params(integer=True)
+            ax.set(title=f"L = {length}", xlabel="position", ylim=(0, 101))
+            ax.legend(fontsize=6.5, loc="lower left")
+        axes[0][0].set_ylabel("held-out token accuracy (%)")
+        fig.suptitle("A5 accuracy by position (line: best seed; shaded: all seeds)", fontsize=10)
 
 
-def plot_mqar_positions(rows: list[Row], path: Path, plt: Any, colours: dict[tuple[str, int], str]) -> None:
+def plot_mqar_positions(rows: list[Row], path: Path, colours: dict[tuple[str, int], str]) -> None:
     """MQAR held-out accuracy by query position: one panel per (length, pairs) cell, each run's scored positions as
     faint points and the means of its spans (`position_bins`, 4× finer than the table's) as a line, in its colour."""
     cells = list(dict.fromkeys((r["task"]["length"], r["task"]["num_pairs"]) for r in rows))
     lines = max(sum((r["task"]["length"], r["task"]["num_pairs"]) == cell for r in rows) for cell in cells)
     width, height = max(7.0, 4.6 * len(cells) + 1.0), 3.8 + 0.16 * lines  # room for the legend below the axes
-    fig, axes = plt.subplots(1, len(cells), figsize=(width, height), sharey=True, squeeze=False)
-    for ax, cell in zip(axes[0], cells, strict=True):
-        for r in (r for r in rows if (r["task"]["length"], r["task"]["num_pairs"]) == cell):
-            colour = colours[r["unit"], r["seed"]]
-            scored = [(t, 100 * a) for t, a in enumerate(r["position_acc"]) if a is not None]
-            ax.plot(*zip(*scored, strict=True), ".", ms=2, color=colour, alpha=0.25)
-            spans = position_bins(r, 4 * POSITION_BINS)
-            paused = r.get("ended") == "paused"  # dashed, as in the curves plot
-            ax.plot([(first + last) / 2 for first, last, _ in spans], [100 * mean for _, _, mean in spans],
-                    "--" if paused else "-", color=colour,
-                    label=f"{r['unit']} seed {r['seed']} ({_pct(r['token_acc'])} %{', paused' * paused})")  # fmt: skip
-        ax.set(title=f"L = {cell[0]}, K = {cell[1]}", xlabel="query position", ylim=(0, 101))
-        ax.legend(fontsize=6.5, loc="upper center", bbox_to_anchor=(0.5, -0.18), frameon=False)  # below the axes
-    axes[0][0].set_ylabel("held-out accuracy (%)")
-    fig.suptitle("MQAR accuracy by query position (points: positions; lines: means over spans)", fontsize=10)
-    _save(fig, path)
+    with _figure(path, 1, len(cells), figsize=(width, height), sharey=True, squeeze=False) as (fig, axes):
+        for ax, cell in zip(axes[0], cells, strict=True):
+            for r in (r for r in rows if (r["task"]["length"], r["task"]["num_pairs"]) == cell):
+                colour = colours[r["unit"], r["seed"]]
+                scored = [(t, 100 * a) for t, a in enumerate(r["position_acc"]) if a is not None]
+                ax.plot(*zip(*scored, strict=True), ".", ms=2, color=colour, alpha=0.25)
+                spans = position_bins(r, 4 * POSITION_BINS)
+                paused = r.get("ended") == "paused"  # dashed, as in the curves plot
+                label = f"{r['unit']} seed {r['seed']} ({_pct(r['token_acc'])} %{', paused' * paused})"
+                ax.plot([(first + last) / 2 for first, last, _ in spans], [100 * mean for _, _, mean in spans],
+                        "--" if paused else "-", color=colour, label=label)  # fmt: skip
+            ax.set(title=f"L = {cell[0]}, K = {cell[1]}", xlabel="query position", ylim=(0, 101))
+            ax.legend(fontsize=6.5, loc="upper center", bbox_to_anchor=(0.5, -0.18), frameon=False)  # below the axes
+        axes[0][0].set_ylabel("held-out accuracy (%)")
+        fig.suptitle("MQAR accuracy by query position (points: positions; lines: means over spans)", fontsize=10)
 
 
 # -------------------------------------------------------------------------------------------- accuracy by step
@@ -584,30 +574,24 @@ def curves_markdown(rows: list[Row], steps: list[int]) -> str:
 def plot_curves(rows: list[Row], path: Path) -> None:
     """Held-out token accuracy against step, one line per run (dashed: paused) in its `run_colours` colour, one panel
     per task cell."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     by_cell: dict[tuple, list[Row]] = {}
     for r in rows:
         by_cell.setdefault(tuple(sorted(r["task"].items())), []).append(r)
     width, height = max(7.0, 4.6 * len(by_cell) + 1.0), 3.8 + 0.16 * max(map(len, by_cell.values()))  # legend lines
-    fig, axes = plt.subplots(1, len(by_cell), figsize=(width, height), sharey=True, squeeze=False)
-    column, colours = EVAL_COLUMNS["token_acc"], run_colours(rows)
-    for ax, (cell, at_cell) in zip(axes[0], by_cell.items(), strict=True):
-        for r in at_cell:
-            is_paused = r["ended"] == "paused"
-            steps, accs = [e[0] for e in r["evals"]], [100 * e[column] for e in r["evals"]]
-            ax.plot(steps, accs, color=colours[r["unit"], r["seed"]], ls="--" if is_paused else "-",
-                    label=f"{r['unit']} seed {r['seed']}" + (" (paused)" if is_paused else ""))  # fmt: skip
-        task = dict(cell)
-        title = ", ".join(f"{k} {v}" for k, v in task.items() if k not in ("name", "vocab"))
-        ax.set(title=f"{task['name']}: {title}", xlabel="step", ylim=(0, 101))
-        ax.legend(fontsize=6.5, loc="upper center", bbox_to_anchor=(0.5, -0.18), frameon=False)  # below the axes
-    axes[0][0].set_ylabel("held-out token accuracy (%)")
-    fig.suptitle("Held-out accuracy during training (every evaluation)", fontsize=10)
-    _save(fig, path)
+    with _figure(path, 1, len(by_cell), figsize=(width, height), sharey=True, squeeze=False) as (fig, axes):
+        column, colours = EVAL_COLUMNS["token_acc"], run_colours(rows)
+        for ax, (cell, at_cell) in zip(axes[0], by_cell.items(), strict=True):
+            for r in at_cell:
+                is_paused = r["ended"] == "paused"
+                steps, accs = [e[0] for e in r["evals"]], [100 * e[column] for e in r["evals"]]
+                ax.plot(steps, accs, color=colours[r["unit"], r["seed"]], ls="--" if is_paused else "-",
+                        label=f"{r['unit']} seed {r['seed']}" + (" (paused)" if is_paused else ""))  # fmt: skip
+            task = dict(cell)
+            title = ", ".join(f"{k} {v}" for k, v in task.items() if k not in ("name", "vocab"))
+            ax.set(title=f"{task['name']}: {title}", xlabel="step", ylim=(0, 101))
+            ax.legend(fontsize=6.5, loc="upper center", bbox_to_anchor=(0.5, -0.18), frameon=False)  # below the axes
+        axes[0][0].set_ylabel("held-out token accuracy (%)")
+        fig.suptitle("Held-out accuracy during training (every evaluation)", fontsize=10)
 
 
 def write_doc(plan: RunPlan, folder: Path, doc: Path) -> str:

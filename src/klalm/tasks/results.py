@@ -27,6 +27,12 @@ from klalm.tasks.cells import CELL_FIELDS, FAMILY_NAMES, Unit, row_key
 
 RATES_FILE = "rates.jsonl"
 PROGRESS_FILE = "progress.jsonl"
+EVAL_COLUMNS = {"token_acc": 2, "seq_acc": 3}  # where `compact_evals` puts each accuracy
+
+
+def compact_evals(evals: list[dict[str, float]]) -> list[list[float]]:
+    """A seed's evaluations as [step, loss, token accuracy, sequence accuracy] lists (result and progress rows)."""
+    return [[e["step"], round(e["loss"], 5), e["token_acc"], e["seq_acc"]] for e in evals]
 
 
 _Kind = tuple[Callable[[Any], bool], str]  # a field's test and what it must be

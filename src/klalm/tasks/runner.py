@@ -43,10 +43,19 @@ from klalm.errors import one_line
 from klalm.provenance import git_commit
 from klalm.tasks.cells import CELL_FIELDS, Unit, row_key
 from klalm.tasks.estimates import estimate_s
-from klalm.tasks.folders import PREFIX, Terminated, check_folder, check_results_folder, one_writer, refuse_input
+from klalm.tasks.folders import (
+    PREFIX,
+    Terminated,
+    check_folder,
+    check_plot,
+    check_results_folder,
+    one_writer,
+    read_results,
+    refuse_input,
+)
 from klalm.tasks.plans import RunPlan, apply_args, load_plan, plan_units
 from klalm.tasks.results import Results, UnitOutcome
-from klalm.tasks.states import check_states, remove_state, saved_states
+from klalm.tasks.states import check_states, locked, remove_state, saved_states
 from klalm.tasks.units import (
     Execution,
     evaluate_saved,
@@ -155,8 +164,9 @@ class GridBlock:
         self._stopping = False  # Ctrl-C or SIGTERM: start nothing more
         self._children: set[subprocess.Popen] = set()  # the units' processes running now
         self._signalled: set[subprocess.Popen] = set()  # those sent their one SIGINT by `stop`
-        if state is not None:  # a damaged state is refused now, not met by its unit mid-block and again at its end
-            check_states(state)
+        if state is not None and state.is_dir():  # a damaged state is refused now, not met by its unit mid-block
+            with locked(state, reading=True):  # and again at its end; read under the lock, as a save meanwhile
+                check_states(state)  # (a block checkpointing beside `plan`) removes the .pt a .json named
         for unit in {u.arch: u for u in self.units if self.free_seeds(u)}.values():
             self.estimate(unit, steps=0)  # an arch with no rates here and no prior fails now (KeyError), not mid-block
         if not read_only:
@@ -612,27 +622,12 @@ def _block(args: argparse.Namespace, plan: RunPlan) -> GridBlock:
                      getattr(args, "checkpoint_every_s", None), read_only=args.verb == "plan")  # fmt: skip
 
 
-def _plot(path: Path | None) -> None:
-    """Refuse a --plot file whose folder does not exist, before the table is computed."""
-    if path is not None and (path.is_dir() or not path.parent.is_dir()):
-        refuse_input(f"--plot {path}: " + ("is a folder" if path.is_dir() else f"folder {path.parent} does not exist"))
-
-
-def _results(folder: Path, families: list[str]) -> Results:
-    """An existing results folder's rows; a file in it that is not JSON lines is refused, naming file and line."""
-    check_folder(folder, "--results folder", exists=True)
-    try:
-        return Results(folder, families, create=False)
-    except (ValueError, OSError) as err:
-        refuse_input(one_line(err))
-
-
 def _check_report(args: argparse.Namespace, plan: RunPlan) -> None:
     """`report`: a results folder with rows of the plan's families (else every table would read 'not run', over
     what the document held) and a document with their markers, or an --out folder: before anything is written."""
     from klalm.markdown import fill_sections
 
-    results = _results(args.results, plan.families)
+    results = read_results(args.results, plan.families)
     rows = [row for family in plan.families for row in results.rows[family]]
     rows += [row for row in results.progress if row["family"] in plan.families]
     planned = {unit.key(seed) for unit in plan_units(plan) for seed in unit.seeds}
@@ -659,66 +654,34 @@ def _check_report(args: argparse.Namespace, plan: RunPlan) -> None:
 
 def run(args: argparse.Namespace) -> None:
     """`klalm-synthetic` (and scripts/run_synthetic.py) with its arguments parsed (`klalm.cli.synthetic_args`), for
-    every verb but merge and pack (`klalm.tasks.folders.run`).
+    every verb but those of `klalm.tasks.folders.run` (merge, pack, positions, curves).
 
     Input it cannot use (flags, plan, folders, files) ends it with one line on stderr before anything is written;
     Ctrl-C ends a block with one line too (exit code 130; SIGTERM: 143), after the units that failed before it,
     keeping every row written and recording its checkpoints' progress.
     """
-    from klalm.tasks.report import write_doc, write_folder  # lazy: matplotlib
+    from klalm.tasks.report import write_doc, write_folder
 
-    if args.verb in ("evaluate", "positions"):
-        from klalm.tasks.report import (
-            plot_positions,
-            positions_markdown,
-            run_colours,
-            run_positions,
-            training_curves,
-        )
+    if args.verb == "evaluate":
+        from klalm.tasks.report import plot_positions, positions_markdown
 
-        _plot(args.plot)
-        colours = None  # a paused unit's rows: numbered in their own order
-        if args.verb == "evaluate":
-            check_folder(args.state, "--state folder", exists=False)
-            try:
-                device = torch.device(args.device)
-            except RuntimeError as err:  # "gpu"
-                refuse_input(f"--device {args.device!r}: {one_line(err).split(' device type')[0]}")
-            if device.type == "cuda" and not torch.cuda.is_available():
-                refuse_input(f"--device {args.device!r}: torch sees no CUDA device here")
-            try:
-                rows = evaluate_saved(args.state, device) if args.state.is_dir() else []
-            except ValueError as err:  # a damaged state
-                refuse_input(one_line(err))
-            if not rows:
-                refuse_input(f"no paused unit in {args.state}")
-        else:
-            family, results = args.family, _results(args.results, [args.family])
-            rows = run_positions(results.rows[family], results.progress, family, args.archs, args.lengths,
-                                 args.depths)  # fmt: skip
-            if not rows:
-                refuse_input(f"no {family.upper()} row with accuracy by position in {args.results} matches")
-            # each run in the colour `curves` gives it, paused runs counted
-            colours = run_colours(training_curves(results.rows[family], results.progress, family, args.archs,
-                                                  args.lengths, args.depths))  # fmt: skip
-        print(positions_markdown(rows))
-        if args.plot is not None:
-            plot_positions(rows, args.plot, colours)
-        return
-    if args.verb == "curves":
-        from klalm.tasks.report import curve_steps, curves_markdown, plot_curves, training_curves
-
-        _plot(args.plot)
-        if any(step < 0 for step in args.steps):
-            refuse_input(f"--steps: steps must be >= 0, got {args.steps}")
-        results = _results(args.results, [args.family])
-        rows = training_curves(results.rows[args.family], results.progress, args.family, args.archs, args.lengths,
-                               args.depths)  # fmt: skip
+        check_plot(args.plot)
+        check_folder(args.state, "--state folder", exists=False)
+        try:
+            device = torch.device(args.device)
+        except RuntimeError as err:  # "gpu"
+            refuse_input(f"--device {args.device!r}: {one_line(err).split(' device type')[0]}")
+        if device.type == "cuda" and not torch.cuda.is_available():
+            refuse_input(f"--device {args.device!r}: torch sees no CUDA device here")
+        try:
+            rows = evaluate_saved(args.state, device) if args.state.is_dir() else []
+        except (ValueError, OSError) as err:  # a damaged state, or one of another code; a file it cannot read
+            refuse_input(one_line(err))
         if not rows:
-            refuse_input(f"no {args.family.upper()} run with evaluations in {args.results} matches")
-        print(curves_markdown(rows, args.steps or curve_steps(rows)))
-        if args.plot is not None:
-            plot_curves(rows, args.plot)
+            refuse_input(f"no paused unit in {args.state}")
+        print(positions_markdown(rows))
+        if args.plot is not None:  # a paused unit's rows: coloured in their own order
+            plot_positions(rows, args.plot)
         return
     if args.verb == "progress":
         check_folder(args.state, "state folder", exists=True)
@@ -728,7 +691,7 @@ def run(args: argparse.Namespace) -> None:
             try:  # the states read first: a damaged one leaves no --results folder behind
                 rows = paused_rows(args.state, args.commit or git_commit())
                 args.results.mkdir(parents=True, exist_ok=True)
-                held.enter_context(one_writer(args.results, "progress"))
+                held.enter_context(one_writer(args.results))
                 results = Results(args.results, [])
             except (ValueError, OSError) as err:  # a damaged state, a progress.jsonl not JSON lines, no folder made
                 refuse_input(one_line(err))
@@ -736,11 +699,10 @@ def run(args: argparse.Namespace) -> None:
         return
     if getattr(args, "state", None) is not None:
         check_folder(args.state, "--state folder", exists=False)
-    if args.verb in ("run", "plan"):
+    if args.verb in ("run", "plan"):  # a missing one is a new grid's: `run` makes it, `plan` lists every unit ready
         check_folder(args.results, "--results folder", exists=False)
-    if args.verb == "run":
         check_results_folder(args.results, args.state)
-    held = contextlib.ExitStack()  # `run`: the --results folder's lock (_one_writer), until the block ends
+    held = contextlib.ExitStack()  # `run`: the --results folder's lock (`one_writer`), until the block ends
     try:
         plan = apply_args(load_plan(args.plan), args)
         if args.verb == "report":
@@ -748,14 +710,14 @@ def run(args: argparse.Namespace) -> None:
             print(write_doc(plan, args.results, args.doc) if args.doc else write_folder(plan, args.results, args.out))
             return
         if args.verb == "run" and args.results.is_dir():  # before the block reads its rows or drops a state
-            held.enter_context(one_writer(args.results, "run"))
+            held.enter_context(one_writer(args.results))
         block = _block(args, plan)
         if args.verb == "plan":
             print(plan_table(block))
             return
         if not args.results.is_dir():  # a new folder: made once the block is set up
             args.results.mkdir(parents=True, exist_ok=True)
-            held.enter_context(one_writer(args.results, "run"))
+            held.enter_context(one_writer(args.results))
     except BrokenPipeError:  # the table's reader has gone (`plan ... | head`): not bad input; ended quietly above
         raise
     except (KeyError, ValueError, OSError) as err:  # a bad plan, knob, results folder or file, device

@@ -6,9 +6,9 @@ In a state folder, unit X is `X.json` (the unit, the step reached, the time spen
 the unit's cell and seeds (`units.state_name`). A save writes the .pt under the other of its two names (`X.pt`,
 `X.1.pt`), then the .json naming it, each to a temporary name and renamed, then removes the last save's .pt, all
 under the folder's lock (`locked`: `.lock`): a process killed between the two leaves the last pair whole (its .pt
-was not overwritten), and a reader that takes the lock (`pack_states`, `units.paused_rows`, `units.evaluate_saved`)
-finds the .pt its .json names; `swap_in_states` (`merge --state`) replaces the states under it too, so a save
-meanwhile waits and lands beside the new states.
+was not overwritten), and a reader that takes the lock (`pack_states`, `units.paused_rows`, `units.evaluate_saved`,
+a block's `check_states` in klalm.tasks.runner) finds the .pt its .json names; `swap_in_states` (`merge --state`)
+replaces the states under it too, so a save meanwhile waits and lands beside the new states.
 """
 
 from __future__ import annotations
@@ -81,6 +81,7 @@ def check_states(folder: Path) -> None:
     """Check, without loading any tensor, that every unit paused in `folder` has a readable .json (`saved_states`)
     and a whole .pt: a zip archive (torch.save's format), whose directory is at its end, so a copy cut short is not
     one, and whose members match their CRC-32s (torch.load does not check them: it loads damaged bytes as weights).
+    The caller holds the folder's lock (`locked`) where a save may come meanwhile.
 
     Raises:
         ValueError: naming the first file that is not so.

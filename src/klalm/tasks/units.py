@@ -20,6 +20,7 @@ import os
 import pickle
 import signal
 import sys
+import textwrap
 import threading
 import time
 from datetime import datetime, timezone
@@ -35,7 +36,7 @@ from klalm.tasks.base import SyntheticTask, materialize
 from klalm.tasks.cells import Unit
 from klalm.tasks.readouts import wrap_readout
 from klalm.tasks.registry import make_task
-from klalm.tasks.results import UnitOutcome
+from klalm.tasks.results import UnitOutcome, compact_evals
 from klalm.tasks.states import check_weights, locked, read_info, remove_state, saved_states, weights_file, weights_names
 from klalm.tasks.streams import FreshStream, SplitStream
 from klalm.tasks.train import (
@@ -159,21 +160,42 @@ def _load_state(folder: Path, unit: Unit, device: torch.device) -> dict[str, Any
     weights = weights_file(folder, name, info)
     check_weights(weights)  # torch.load would take damaged bytes as weights
     try:
-        return torch.load(weights, map_location=device, weights_only=True)
+        state = torch.load(weights, map_location=device, weights_only=True)
     except (RuntimeError, OSError, EOFError, pickle.UnpicklingError) as err:  # cut short, damaged, missing
         reason = one_line(err).split(". ")[0]  # torch adds sentences of advice
         raise ValueError(f"state file {weights} cannot be loaded: {reason}") from err
+    seeds = len(unit.seeds)  # another .pt in its place (torch.save of something else) held no members or evals
+    if not (isinstance(state, dict) and {"members", "evals", "spent"} <= state.keys()
+            and len(state["members"]) == len(state["evals"]) == seeds):  # fmt: skip
+        raise ValueError(f"state file {weights} is not a paused unit's state (members and evals of its {seeds} "
+                         "seed(s), spent)")  # fmt: skip
+    return state
 
 
-def _load_states(folder: Path) -> list[tuple[dict[str, Any], dict[str, Any]]]:
-    """The .json and the state (on the CPU) of every unit paused in `folder` ([] when the folder does not exist),
-    read under the folder's lock: a save meanwhile (a block pausing or checkpointing into it) had removed the .pt a
-    .json named between the two reads, and the state was refused as missing."""
+def _saved_unit(path: Path, info: dict[str, Any]) -> Unit:
+    """The unit of the state whose .json (`info`) is `path`; ValueError naming it where this code's Unit is not the
+    one that saved it (a field added or removed since): its fields make no Unit, or one named otherwise."""
+    try:
+        unit = Unit.from_dict(info["unit"])
+    except (TypeError, KeyError) as err:  # a field this code's Unit lacks or does not know
+        raise ValueError(f"state file {path} holds no unit this code knows (saved by other code?): "
+                         f"{one_line(err)}") from err  # fmt: skip
+    if state_name(unit) != path.stem:  # a field with a default added since: the same fields name another state
+        raise ValueError(f"state file {path} holds a unit that this code saves as {state_name(unit)}.json (saved by "
+                         "other code?)")  # fmt: skip
+    return unit
+
+
+def _load_states(folder: Path) -> list[tuple[Unit, dict[str, Any], dict[str, Any]]]:
+    """The unit, the .json and the state (on the CPU) of every unit paused in `folder` ([] when the folder does not
+    exist), read under the folder's lock: a save meanwhile (a block pausing or checkpointing into it) had removed the
+    .pt a .json named between the two reads, and the state was refused as missing. ValueError names a file that is
+    not a state this code can read."""
     if not folder.is_dir():
         return []
     with locked(folder, reading=True):
-        saved = saved_states(folder).values()
-        return [(info, _load_state(folder, Unit.from_dict(info["unit"]), torch.device("cpu"))) for info in saved]
+        units = [(_saved_unit(folder / f"{name}.json", info), info) for name, info in saved_states(folder).items()]
+        return [(unit, info, _load_state(folder, unit, torch.device("cpu"))) for unit, info in units]
 
 
 def paused_rows(folder: Path, commit: str) -> list[dict[str, Any]]:
@@ -182,8 +204,7 @@ def paused_rows(folder: Path, commit: str) -> list[dict[str, Any]]:
     States are not committed and do not outlive the machine that holds them; these rows are what a lost one leaves
     behind (klalm.tasks.results, progress.jsonl)."""
     rows = []
-    for saved, state in _load_states(folder):
-        unit = Unit.from_dict(saved["unit"])
+    for unit, saved, state in _load_states(folder):
         for seed, seed_evals in zip(unit.seeds, state["evals"], strict=True):
             last = seed_evals[-1] if seed_evals else {}
             rows.append({**unit.cell(), "seed": seed, "steps": saved["step"], "planned_steps": unit.train.steps,
@@ -198,27 +219,23 @@ def evaluate_saved(folder: Path, device: torch.device) -> list[dict[str, Any]]:
     held-out split (`train.evaluate`, so with per-position accuracy): one row per seed with the unit's label, arch,
     task, depth, seed, step, and the accuracy its last evaluation in training recorded (`recorded_token_acc`)."""
     rows = []
-    for saved, state in _load_states(folder):
-        unit = Unit.from_dict(saved["unit"])
+    for unit, saved, state in _load_states(folder):
         task = make_task(**unit.task)
         test = materialize(task, unit.num_test, DATA_SEED, "test")
         for seed, member_state, evals in zip(unit.seeds, state["members"], state["evals"], strict=True):
             member = build_member(unit, seed, device, None)
-            member.module.load_state_dict(member_state["module"])
+            try:
+                member.module.load_state_dict(member_state["module"])
+            except RuntimeError as err:  # missing or unexpected weights, other shapes: another model's
+                weights = weights_file(folder, state_name(unit), saved)
+                raise ValueError(f"state file {weights} holds weights that do not fit its unit's model (saved by "
+                                 f"other code?): {textwrap.shorten(str(err), 160)}") from err  # fmt: skip
             rows.append({"unit": unit.label(), "arch": unit.arch, "task": unit.task, "n_layers": unit.n_layers,
                          "seed": seed, "steps": saved["step"],
                          "recorded_token_acc": evals[-1]["token_acc"] if evals else None,
                          **evaluate(member.module, *test, unit.train.eval_batch_size, device,
                                     task.scored_per_row)})  # fmt: skip
     return rows
-
-
-EVAL_COLUMNS = {"token_acc": 2, "seq_acc": 3}  # where `compact_evals` puts each accuracy
-
-
-def compact_evals(evals: list[dict[str, float]]) -> list[list[float]]:
-    """A seed's evaluations as [step, loss, token accuracy, sequence accuracy] lists (result and progress rows)."""
-    return [[e["step"], round(e["loss"], 5), e["token_acc"], e["seq_acc"]] for e in evals]
 
 
 def state_mib(unit: Unit) -> float:
