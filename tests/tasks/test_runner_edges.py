@@ -833,6 +833,10 @@ def _notes(folder: Path) -> dict[int, list[str]]:
     return {int(p.name.split(".")[0]): p.read_text().splitlines() for p in folder.glob("*.child")}
 
 
+def _started(folder: Path) -> int:
+    return sum(bool(lines) and lines[0].startswith("started") for lines in _notes(folder).values())
+
+
 def _kill_all(pids) -> None:
     for pid in pids:
         with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -851,10 +855,10 @@ def test_ctrl_c_and_sigterm_reach_each_units_process_once(tmp_path, how):
     runner = subprocess.Popen([sys.executable, "-c", RUNNER, str(tmp_path), CHILD], start_new_session=True, env=env,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
     try:
-        until = time.time() + 60
-        while len(_notes(tmp_path)) < 2 and runner.poll() is None and time.time() < until:
+        until = time.time() + 60  # both units' processes have noted their start (a note file exists a moment before
+        while _started(tmp_path) < 2 and runner.poll() is None and time.time() < until:  # it holds its line)
             time.sleep(0.05)
-        assert len(_notes(tmp_path)) == 2, runner.communicate(timeout=30)
+        assert _started(tmp_path) == 2, runner.communicate(timeout=30)
         if how == "ctrl-c":
             os.killpg(runner.pid, signal.SIGINT)
         else:
