@@ -4,8 +4,10 @@
         --out kla_vs_gpt.png
     python scripts/plot_loss.py outputs/multirun/2026-11-29_16-00-00/*_kla_45m --out lr_sweep.png
 
-A run without a readable metrics file with a training loss, or an output it cannot write, ends it with one line
-(`plot_loss: <why>`) and exit status 1.
+`--out` names the image and its format by its suffix (.png, or another format matplotlib writes: .pdf, .svg, ...); a
+name without one (`--out foo`, once written as PNG bytes under that name) or with one matplotlib cannot write is
+refused before any run is read. A run without a readable metrics file with a training loss, or an output it cannot
+write, ends it with one line (`plot_loss: <why>`) and exit status 1.
 """
 
 from __future__ import annotations
@@ -18,12 +20,26 @@ from klalm.errors import one_line, refuse
 from klalm.train.plots import plot_losses
 
 
+def check_image_name(out: Path) -> None:
+    """Refuses an `--out` whose suffix names no format matplotlib writes, or that has none, in one line."""
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    formats = FigureCanvasBase.get_supported_filetypes()
+    suffix = out.suffix[1:].lower()
+    if suffix not in formats:
+        why = f"matplotlib cannot write .{suffix} files" if suffix else "no suffix names the image's format"
+        named = ", ".join(sorted(formats))
+        refuse("plot_loss", f"--out {out}: {why}; name it e.g. {out.with_suffix('.png')} (formats: {named})")
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="Plot loss curves of klalm runs (reads <run>/csv/metrics.csv).")
     parser.add_argument("runs", nargs="+", type=Path, help="run directories")
-    parser.add_argument("--out", type=Path, default=Path("loss.png"), help="output PNG")
+    out_help = "output image, its format named by its suffix: .png (or .pdf, .svg, ...); a name without one is refused"
+    parser.add_argument("--out", type=Path, default=Path("loss.png"), help=out_help)
     parser.add_argument("--title", default="", help="figure title")
     args = parser.parse_args(argv)
+    check_image_name(args.out)
     paths = {run.name if len(args.runs) == 1 else f"{run.parent.name}/{run.name}": run / "csv" / "metrics.csv"
              for run in args.runs}  # fmt: skip
     try:

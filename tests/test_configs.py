@@ -13,6 +13,7 @@ from hydra import compose, initialize_config_module
 from omegaconf import OmegaConf
 
 import klalm.train.app  # noqa: F401  (registers the config resolvers)
+from klalm.config_checks import resolve_target
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 EXPERIMENTS = sorted(p.stem for p in (CONFIGS / "experiment").glob("*.yaml"))
@@ -136,3 +137,27 @@ def test_callback_files_instantiate(name, tmp_path):
 def test_overlay_files_compose(override):
     cfg = _compose(["experiment=smoke", override])
     assert cfg.run_name == "smoke"
+
+
+def _targets(node, key: str):
+    """(key, target) of each `_target_` in a config file's tree, read as written (no interpolation resolved)."""
+    if isinstance(node, dict):
+        if "_target_" in node:
+            yield key, node["_target_"]
+        for name, value in node.items():
+            yield from _targets(value, f"{key}.{name}" if key else str(name))
+    elif isinstance(node, list):
+        for i, value in enumerate(node):
+            yield from _targets(value, f"{key}[{i}]")
+
+
+CONFIG_TARGETS = sorted(
+    (f"{path.relative_to(CONFIGS)}:{key or '.'}", target)
+    for path in CONFIGS.rglob("*.yaml")
+    for key, target in _targets(OmegaConf.to_container(OmegaConf.load(path), resolve=False), "")
+)
+
+
+@pytest.mark.parametrize(("where", "target"), CONFIG_TARGETS, ids=[where for where, _ in CONFIG_TARGETS])
+def test_every_config_target_resolves_and_passes_hydras_target_policy(where, target):
+    assert callable(resolve_target(where, OmegaConf.create({"_target_": target})))

@@ -48,6 +48,19 @@ def test_an_output_it_cannot_write_is_refused_in_one_line(tmp_path, capsys):
         plot_loss.main([str(tmp_path), "--out", str(tmp_path / "no" / "such" / "folder" / "loss.png")])
 
 
+@pytest.mark.parametrize(("name", "why"), [("loss", "no suffix names the image's format"),
+                                           ("loss.xyz", "matplotlib cannot write .xyz files")])  # fmt: skip
+def test_an_output_name_without_an_image_suffix_is_refused_in_one_line_before_any_run_is_read(tmp_path, name, why):
+    """`--out loss` wrote PNG bytes to a file named `loss` (and `--out loss.xyz` was refused only once every run was
+    read and plotted)."""
+    with pytest.raises(SystemExit) as exit_info:
+        plot_loss.main([str(tmp_path / "no-such-run"), "--out", str(tmp_path / name)])  # a run that is not read
+    assert exit_info.value.code.startswith(f"plot_loss: --out {tmp_path / name}: {why}; name it e.g. "
+                                           f"{tmp_path / 'loss.png'} (formats: ")  # fmt: skip
+    assert "\n" not in exit_info.value.code and list(tmp_path.iterdir()) == []
+    plot_loss.check_image_name(tmp_path / "loss.PDF")  # any suffix matplotlib writes, in either case
+
+
 def test_a_plot_cut_off_mid_write_leaves_the_old_image_whole(tmp_path, savefig_cut_off):
     """loss.png was written in place: a kill mid-write left a truncated image where the old one had been. The figure
     is closed all the same (pyplot kept it)."""

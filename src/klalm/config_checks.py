@@ -467,22 +467,40 @@ def check_target_arguments(key: str, node: DictConfig, target: Any) -> None:
 
 
 def resolve_target(key: str, node: DictConfig) -> Any:
-    """The callable that `node._target_` (the config at `key`) names, located as Hydra's instantiate locates it. A
-    target that cannot be (no dotted path, a missing module or name, a module that raises as it is imported, not a
-    callable) is refused in one line naming the key and the target, where Hydra printed four lines as each job built it.
+    """The callable that `node._target_` (the config at `key`) names, located and authorised as Hydra's instantiate
+    locates and authorises it: Hydra's target policy checks the name before anything is imported (a blocklisted target
+    such as `os.remove` or `shutil.rmtree`, or one that lets config data run code, is refused without importing its
+    module), and the identity of what the name resolves to after. A target that cannot be (no dotted path, refused by
+    the policy, a missing module or name, a module that raises as it is imported, not a callable) is refused in one
+    line naming the key and the target, where Hydra printed four lines as each job built it.
 
     Raises:
         ConfigError: naming `<key>._target_`, the target and why (for an import, the error the import raised)."""
+    from hydra._internal.target_policy import (  # the calls and their order of Hydra's instantiate (_resolve_target)
+        _EXPECTED_TARGET_POLICY_DIGEST,
+        _authorize_resolved_target_identity,
+        _authorize_target_name,
+        _target_policy_context,
+        _validated_target_policy,
+    )
     from hydra._internal.utils import _locate  # (hydra.utils.get_object logs its failure as an error first)
+    from hydra.errors import InstantiationException
 
     target = node._target_
     if not isinstance(target, str):
         raise ConfigError(f"{key}._target_={target!r} is invalid: must be a dotted path such as torch.optim.AdamW")
     try:
-        found = _locate(target)
-    except Exception as err:  # a relative path's ValueError, or whatever the import raised, wrapped in ImportError
-        cause = err.__cause__ if isinstance(err.__cause__, Exception) else err  # (its repr: one line)
-        raise ConfigError(f"{key}._target_={target} cannot be imported: {cause!r}") from err
+        with _target_policy_context(_validated_target_policy(_EXPECTED_TARGET_POLICY_DIGEST)):
+            _authorize_target_name(target, target, "")
+            try:
+                found = _locate(target)
+            except Exception as err:  # a relative path's ValueError, or whatever the import raised, in ImportError
+                cause = err.__cause__ if isinstance(err.__cause__, Exception) else err  # (its repr: one line)
+                raise ConfigError(f"{key}._target_={target} cannot be imported: {cause!r}") from err
+            _authorize_resolved_target_identity(found, target, "")
+    except InstantiationException as err:  # Hydra's refusal, in several lines
+        reason = " ".join(str(err).split())
+        raise ConfigError(f"{key}._target_={target} is refused by Hydra's target policy: {reason}") from err
     if not callable(found):
         raise ConfigError(f"{key}._target_={target} is not a callable but of type {type(found).__name__}")
     return found

@@ -20,7 +20,7 @@ from klalm.data import (
     prepare_shards,
 )
 from klalm.data.loader import NoDocumentsError
-from klalm.data.tokenizer import decode_tokens, load_tokenizer, train_bpe_tokenizer
+from klalm.data.tokenizer import decode_tokens, train_bpe_tokenizer
 
 from .conftest import read_texts
 
@@ -52,6 +52,20 @@ def test_validation_shards_shorter_than_a_batch_per_consumer_are_refused_before_
             f"batch of {batch}"
         )
     TextDataModule(source, gpt2_config, 1023, 1, 2, val_source=source, val_batch_size=windows // 2).setup("fit")
+
+
+def test_a_run_on_shards_hashes_its_tokenizer_once(shard_dir, gpt2_config, monkeypatch):
+    """The training and the validation shards' tokenizer checks each hashed the whole GPT-2 tokenizer (about half a
+    second each at a run's start)."""
+    from klalm.data import tokenizer
+
+    hashed = []
+    real = tokenizer.tokenizer_sha256
+    monkeypatch.setattr(tokenizer, "tokenizer_sha256", lambda tok: hashed.append(id(tok)) or real(tok))
+    source = {"kind": "shards", "path": str(shard_dir)}
+    module = TextDataModule(source, gpt2_config, 8, 1, val_source=source, val_batches=1)
+    module.train_dataloader(), module.val_dataloader(), module.val_dataloader()
+    assert hashed == [id(module.tokenizer)]
 
 
 def test_prepared_shards_decode_back_to_the_source_text(shard_dir, enwiki, gpt2):
@@ -113,7 +127,6 @@ def bpes(tmp_path_factory) -> dict:
 def test_too_few_windows_or_another_vocabulary_are_refused_as_user_errors(shard_dir, gpt2_config, bpes):
     """Both were plain ValueErrors, which klalm-train reported with Hydra's traceback, leaving the run folder."""
     from klalm.config_checks import ConfigError
-    from klalm.data.datamodule import _shard_dataset
     from klalm.data.loader import NoDocumentsError
 
     source = ShardSource(str(shard_dir))
@@ -123,7 +136,12 @@ def test_too_few_windows_or_another_vocabulary_are_refused_as_user_errors(shard_
     with pytest.raises(
         ConfigError, match=r"were tokenised with another tokenizer, .* \(vocab 50257, sha256 .*\), than"
     ):
-        _shard_dataset(source, load_tokenizer(bpes["a"]), "raise", 1, seq_len=8, batch_size=1)
+        _shard_loader(shard_dir, bpes["a"])
+
+
+def _shard_loader(folder, tokenizer_config):
+    """The training loader of a data module reading the shards in `folder` with the tokenizer of `tokenizer_config`."""
+    return TextDataModule({"kind": "shards", "path": str(folder)}, tokenizer_config, 8, 1).train_dataloader()
 
 
 @pytest.mark.parametrize("index", ["hashed", "older"])
@@ -131,20 +149,18 @@ def test_shards_of_another_tokenizer_of_the_same_size_are_refused_by_hash(tmp_pa
     """Only the vocabulary sizes were compared: a run trained on shards of another 300-token BPE, every id another
     token. An index written before the hash was recorded is still compared by vocabulary size."""
     from klalm.config_checks import ConfigError
-    from klalm.data.datamodule import _shard_dataset
 
     folder, (tok_a, tok_b) = tmp_path / "shards", (bpes[name]["name_or_path"] for name in "ab")
     prepare_shards({"kind": "files", "paths": f"{tok_a}.txt"}, bpes["a"], folder, progress=False)
     if index == "older":
         older = {k: v for k, v in json.loads((folder / "index.json").read_text()).items() if k != "tokenizer_sha256"}
         (folder / "index.json").write_text(json.dumps(older))
-    source = ShardSource(str(folder))
-    _shard_dataset(source, load_tokenizer(bpes["a"]), "raise", 1, seq_len=8, batch_size=1)  # its own: fine
+    _shard_loader(folder, bpes["a"])  # its own: fine
     if index == "older":
-        _shard_dataset(source, load_tokenizer(bpes["b"]), "raise", 1, seq_len=8, batch_size=1)  # as before
+        _shard_loader(folder, bpes["b"])  # as before
         return
     with pytest.raises(ConfigError) as err:
-        _shard_dataset(source, load_tokenizer(bpes["b"]), "raise", 1, seq_len=8, batch_size=1)
+        _shard_loader(folder, bpes["b"])
     assert re.fullmatch(
         rf"shards {folder} were tokenised with another tokenizer, {tok_a} \(vocab 300, sha256 [0-9a-f]{{12}}\), than "
         rf"the tokenizer config's, {tok_b} \(vocab 300, sha256 [0-9a-f]{{12}}\): train with the tokenizer they were "

@@ -6,7 +6,9 @@ import logging
 import math
 import os
 import shutil
+import signal
 import subprocess
+import sys
 
 import pytest
 import torch
@@ -61,6 +63,39 @@ def test_tiny_run_writes_metrics_checkpoints_export(tmp_path):
     ref = exported(ids).logits
     torch.testing.assert_close(from_ckpt(ids).logits, ref, rtol=0, atol=0)
     torch.testing.assert_close(from_dir(ids).logits, ref, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("during", ["final evaluation", "plot"])
+def test_a_sigterm_after_the_last_step_still_writes_the_summary(tmp_path, monkeypatch, during):
+    """A SIGTERM once the fit had ended (its checkpoint written) left no summary.json: in the final evaluation
+    Lightning's loop ended the run with exit status 0, and later (export, plot) the signal's default action ended the
+    process at once. The finish stops there, writes the summary and exits 143."""
+    from klalm.train import app
+
+    def sigterm():
+        assert signal.getsignal(signal.SIGTERM) != signal.SIG_DFL, "a SIGTERM here ends the run at once, unsummarised"
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    if during == "plot":
+        monkeypatch.setattr(app, "plot_losses", lambda *args, **kwargs: sigterm())
+    else:
+        step = module_lib.LMModule.validation_step
+
+        def validation_step(self, *args, **kwargs):
+            if self.trainer.state.fn == "validate":  # the final evaluation, not one during the fit
+                sigterm()
+            return step(self, *args, **kwargs)
+
+        monkeypatch.setattr(module_lib.LMModule, "validation_step", validation_step)
+    run_dir = tmp_path / "run"
+    overrides = [*TINY, *WITH_CKPT, "train.final_eval=true", "train.plot=true", "data.val_batches=3"]
+    with pytest.raises(SystemExit) as stopped:
+        run(compose_train(overrides, run_dir))
+    assert stopped.value.code == 143 and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["steps"] == 4 and summary["tokens_seen"] == 256
+    assert (summary["val_loss"] is None) == (during == "final evaluation")  # the evaluation was cut short
+    assert [p.name for p in list_checkpoints(run_dir)] == ["step-00000004.ckpt"]
 
 
 def test_resume_auto_continues_from_latest(tmp_path):
@@ -143,6 +178,25 @@ def test_a_target_that_cannot_be_resolved_is_refused_in_one_line_naming_it(tmp_p
     with pytest.raises(ConfigError) as built:
         instantiate_group(cfg, "optim")
     assert str(checked.value) == str(built.value) == f"optim._target_={target} {refusal}"
+
+
+@pytest.mark.parametrize("target", ["os.remove", "shutil.rmtree", "builtins.exit", "pty.spawn"])
+def test_a_target_hydra_refuses_is_refused_in_one_line_before_its_module_is_imported(monkeypatch, target):
+    """`resolve_target` located a target before Hydra's target policy had seen its name: a sweep's check of its jobs
+    (and a single run, once Hydra had refused the target in several lines) imported the module a config named, such
+    as `pty` for `pty.spawn`, which Hydra refuses to instantiate."""
+    from klalm.config_checks import check_partial_targets
+    from klalm.train.app import instantiate_group
+
+    monkeypatch.delitem(sys.modules, "pty", raising=False)  # not imported, as in a fresh run (put back after the test)
+    cfg = compose_train([*TINY, f"optim._target_={target}"])
+    with pytest.raises(ConfigError) as checked:
+        check_partial_targets(cfg)
+    with pytest.raises(ConfigError) as built:
+        instantiate_group(cfg, "optim")
+    assert str(checked.value) == str(built.value)
+    assert str(checked.value).startswith(f"optim._target_={target} is refused by Hydra's target policy: Target ")
+    assert "\n" not in str(checked.value) and "pty" not in sys.modules
 
 
 def test_wsd_bad_shape_fails_naming_the_key(tmp_path):

@@ -10,6 +10,7 @@ every time (wrapping around if the source is shorter), so every rank runs the sa
 
 from __future__ import annotations
 
+import functools
 import logging
 import signal
 from pathlib import Path
@@ -56,13 +57,16 @@ def resolve_rank(rank: int | None, world_size: int | None) -> tuple[int, int]:
     return (rank or 0), (world_size or 1)
 
 
-def _packed_dataset(source: Any, tokenizer: Any, on_bad_record: str, block_docs: int, **common: Any) -> Any:
-    return PackedTextDataset(source, tokenizer, on_bad_record=on_bad_record, block_docs=block_docs, **common)
+def _packed_dataset(source: Any, data: TextDataModule, **common: Any) -> Any:
+    return PackedTextDataset(
+        source, data.tokenizer, on_bad_record=data.on_bad_record, block_docs=data.block_docs, **common
+    )
 
 
-def _shard_dataset(source: Any, tokenizer: Any, on_bad_record: str, block_docs: int, **common: Any) -> Any:
-    """Refuses shards of another tokenizer (`same_tokenizer`: by hash, an older index by vocabulary size)."""
-    index, this = source.shards.index, tokenizer_meta(tokenizer)
+def _shard_dataset(source: Any, data: TextDataModule, **common: Any) -> Any:
+    """Refuses shards of another tokenizer than the data module's (`same_tokenizer`: by hash, an older index by
+    vocabulary size)."""
+    index, this = source.shards.index, data.tokenizer_meta
     if not same_tokenizer(index, this):
         raise ConfigError(
             f"shards {source.shards.path} were tokenised with another tokenizer, {tokenizer_label(index)}, than the "
@@ -141,6 +145,12 @@ class TextDataModule(L.LightningDataModule):
         self._train_loader: ResumableLoader | None = None
         self._pending_state: dict[str, Any] | None = None
 
+    @functools.cached_property
+    def tokenizer_meta(self) -> dict[str, Any]:
+        """The tokenizer's `tokenizer_meta`, which shards are checked against, computed when first asked for: once
+        for the training and the validation shards (hashing GPT-2's definition takes about half a second)."""
+        return tokenizer_meta(self.tokenizer)
+
     def sources(self) -> dict[str, Any]:
         """The plain configs this module reads: source, val_source, tokenizer, on_bad_record (what
         `klalm.data.prepare.prepare_dataset` takes)."""
@@ -159,9 +169,7 @@ class TextDataModule(L.LightningDataModule):
         kind = config["kind"]
         return DATASETS[kind](
             build_source(config),
-            self.tokenizer,
-            self.on_bad_record,
-            self.block_docs,
+            self,
             seq_len=self.seq_len,
             batch_size=self.batch_size if train else self.val_batch_size,
             rank=rank,

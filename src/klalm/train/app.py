@@ -12,12 +12,15 @@ A run leaves in its directory: `.hydra/` (the composed config), `checkpoints/`, 
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import logging
 import signal
 import sys
+import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -296,19 +299,61 @@ def finish(cfg: DictConfig, trainer: pl.Trainer, module: LMModule, datamodule: A
     A start that continues a run which had already written its summary (a resume of a finished run, perhaps for more
     steps) keeps that summary's last logged train/loss and perf/* values where it logged no step itself, and adds
     its wall time to the summary's: the summary describes the whole run, not the last start.
+
+    A SIGTERM during the finish (once the fit has put back the handler it found, which ended the process at once, or
+    in the evaluation, which Lightning ended with exit status 0) stops what it arrives in and skips the rest, but the
+    summary of the trained run is still written (without the evaluation's numbers where it was cut short); the run
+    then exits 143, as a stop during training does.
     """
     run_dir = Path(cfg.paths.run_dir)
-    if cfg.train.final_eval and module.last_val_step != trainer.global_step:  # not already run at the last step
-        for logger in trainer.loggers:  # an earlier start's final validation, which the checkpoint does not cover
-            if isinstance(logger, ContinuingCSVLogger):
-                logger.drop_validation_rows_at(trainer.global_step)
-        trainer.validate(module, datamodule=datamodule, verbose=False)
-    val = module.last_val if cfg.train.final_eval else {}
-    if cfg.train.export_hf:
-        export_hf(trainer, run_dir / HF_DIR, datamodule.tokenizer, max_length=cfg.data.seq_len)
-    skipped = skipped_records(trainer)  # every rank takes part
+    skipped = skipped_records(trainer)  # every rank takes part: first, so that no rank a stop ends waits in it
+    try:
+        with _sigterm_raises():
+            if cfg.train.final_eval and module.last_val_step != trainer.global_step:  # not run at the last step yet
+                for logger in trainer.loggers:  # an earlier start's final validation, which the checkpoint lacks
+                    if isinstance(logger, ContinuingCSVLogger):
+                        logger.drop_validation_rows_at(trainer.global_step)
+                trainer.validate(module, datamodule=datamodule, verbose=False)
+            if cfg.train.export_hf:
+                export_hf(trainer, run_dir / HF_DIR, datamodule.tokenizer, max_length=cfg.data.seq_len)
+            csv_path = run_dir / "csv" / "metrics.csv"
+            if trainer.is_global_zero and cfg.train.plot and csv_path.is_file():
+                plot_losses({cfg.run_name: csv_path}, run_dir / "loss.png", title=f"{cfg.run_name}: loss")
+            return _write_summary(cfg, trainer, module, skipped, started)
+    except SIGTERMException:
+        _write_summary(cfg, trainer, module, skipped, started)
+        log.warning("stopped by SIGTERM after the last step (%d); wrote the run's summary", trainer.global_step)
+        sys.exit(STOP_EXIT_CODES[signal.SIGTERM])
+
+
+@contextlib.contextmanager
+def _sigterm_raises() -> Iterator[None]:
+    """SIGTERM raises SIGTERMException where it arrives instead of ending the process at once (its default action,
+    the one handler replaced: not one that ignores or handles it); handlers are set in the main thread only."""
+    on_main = threading.current_thread() is threading.main_thread()
+    replace = on_main and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
+    previous = signal.signal(signal.SIGTERM, _raise_sigterm) if replace else None
+    try:
+        yield
+    finally:
+        if replace:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _raise_sigterm(signum: int, frame: Any) -> None:
+    raise SIGTERMException
+
+
+def _write_summary(
+    cfg: DictConfig, trainer: pl.Trainer, module: LMModule, skipped: dict[str, int] | None, started: float
+) -> dict[str, Any]:
+    """Writes `<run_dir>/summary.json` (rank 0; other ranks return {}): the run's final numbers, the final
+    evaluation's where it ran at the last step (`finish`)."""
     if not trainer.is_global_zero:
         return {}
+    run_dir = Path(cfg.paths.run_dir)
+    evaluated = cfg.train.final_eval and module.last_val_step == trainer.global_step
+    val = module.last_val if evaluated else {}
     metrics = next(c for c in trainer.callbacks if isinstance(c, StepMetrics))
     earlier = _read_summary(run_dir / "summary.json")
     logged = metrics.last_row or earlier  # no step logged in this start: the run's last logged values
@@ -326,9 +371,6 @@ def finish(cfg: DictConfig, trainer: pl.Trainer, module: LMModule, datamodule: A
         **{k: v for k, v in logged.items() if k.startswith(("train/loss", "perf/"))},
         "wall_s": round(earlier_wall_s + time.time() - started, 1),
     }
-    csv_path = run_dir / "csv" / "metrics.csv"
-    if cfg.train.plot and csv_path.is_file():
-        plot_losses({cfg.run_name: csv_path}, run_dir / "loss.png", title=f"{cfg.run_name}: loss")
     write_atomic(run_dir / "summary.json", json.dumps(summary, indent=2) + "\n")
     log.info("summary: %s", json.dumps(summary))
     return summary
