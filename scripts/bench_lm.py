@@ -61,7 +61,7 @@ import torch
 from hydra import compose, initialize_config_module
 from omegaconf import DictConfig
 
-from klalm.fileio import save_figure, write_atomic
+from klalm.fileio import image_name_problem, save_figure, write_atomic
 from klalm.provenance import git_commit
 from klalm.train.app import run
 
@@ -143,6 +143,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     for path in [*(args.merge or []), *(p.parent for p in (args.plot, args.out) if p is not None)]:
         if not path.exists():
             parser.error(f"no such {'file' if path in (args.merge or []) else 'folder'}: {path}")
+    if args.plot is not None and (why := image_name_problem(args.plot)) is not None:  # not once the sweep has run
+        parser.error(f"--plot {args.plot}: {why}")
     if args.repeats < 1:
         parser.error(f"--repeats {args.repeats} must be at least 1")
     if args.steps < 2 * args.log_every:

@@ -17,19 +17,8 @@ import csv
 from pathlib import Path
 
 from klalm.errors import one_line, refuse
+from klalm.fileio import image_name_problem
 from klalm.train.plots import plot_losses
-
-
-def check_image_name(out: Path) -> None:
-    """Refuses an `--out` whose suffix names no format matplotlib writes, or that has none, in one line."""
-    from matplotlib.backend_bases import FigureCanvasBase
-
-    formats = FigureCanvasBase.get_supported_filetypes()
-    suffix = out.suffix[1:].lower()
-    if suffix not in formats:
-        why = f"matplotlib cannot write .{suffix} files" if suffix else "no suffix names the image's format"
-        named = ", ".join(sorted(formats))
-        refuse("plot_loss", f"--out {out}: {why}; name it e.g. {out.with_suffix('.png')} (formats: {named})")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -39,7 +28,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", type=Path, default=Path("loss.png"), help=out_help)
     parser.add_argument("--title", default="", help="figure title")
     args = parser.parse_args(argv)
-    check_image_name(args.out)
+    why = image_name_problem(args.out)
+    if why is not None:
+        refuse("plot_loss", f"--out {args.out}: {why}")
     paths = {run.name if len(args.runs) == 1 else f"{run.parent.name}/{run.name}": run / "csv" / "metrics.csv"
              for run in args.runs}  # fmt: skip
     try:

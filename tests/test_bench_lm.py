@@ -122,6 +122,8 @@ def test_the_sweep_table_reads_by_t_and_names_the_smallest_t_a_model_overtakes_a
         (["--models", "kla_45m,gpt_45m,kla_45m"], "--models names kla_45m more than once"),
         (["--merge", "missing.json"], "no such file: missing.json"),
         (["--out", "no_folder/lm.md"], "no such folder: no_folder"),
+        (["--plot", "lm_sweep"], "--plot lm_sweep: no suffix names the image's format; name it e.g. lm_sweep.png ("),
+        (["--plot", "lm.xyz"], "--plot lm.xyz: matplotlib cannot write .xyz files; name it e.g. lm.png ("),
     ],
 )
 def test_bad_arguments_are_refused_in_one_line(argv, message, capsys, tmp_path, monkeypatch):

@@ -111,6 +111,20 @@ def save_figure(figure: Any, path: str | Path, **savefig: Any) -> None:
     write_atomic(path, image.getvalue())
 
 
+def image_name_problem(path: str | Path) -> str | None:
+    """Why `save_figure` should not write to `path`, for a one-line refusal of a command's image argument before any
+    work: its suffix names no format matplotlib writes (savefig refused it once the plot was drawn), or it has none
+    (savefig wrote PNG bytes under that name); None where it names one, in either case."""
+    from matplotlib.backend_bases import FigureCanvasBase  # (lazy: only a command that writes an image needs it)
+
+    path, formats = Path(path), FigureCanvasBase.get_supported_filetypes()
+    suffix = path.suffix[1:].lower()
+    if suffix in formats:
+        return None
+    why = f"matplotlib cannot write .{suffix} files" if suffix else "no suffix names the image's format"
+    return f"{why}; name it e.g. {path.with_suffix('.png')} (formats: {', '.join(sorted(formats))})"
+
+
 def flock_path(path: str | Path, flags: int = os.O_RDONLY, *, wait: bool = False) -> int | None:
     """An open descriptor of `path` (a folder, or a file: `flags` as os.open's, e.g. `os.O_CREAT | os.O_WRONLY`)
     holding an exclusive flock on it, which closing it releases, as the process's end does however it ends. Without

@@ -119,8 +119,8 @@ def test_a_run_folder_whose_checkpoints_go_beyond_its_export_is_refused(export, 
         f"overrides and resume={run})"
     )
     stale = (
-        f"{run}/hf was written before the run's checkpoint {later} (by modification time: the export records no step "
-        f"and the run has no summary.json with one){tail}"
+        f"{run}/hf was written before the run's checkpoint {later} (by modification time: neither the export nor the "
+        f"run's summary.json records the step it was made at){tail}"
     )
     for check in (check_checkpoint, lambda path: load_checkpoint(path, device="cpu")):
         with pytest.raises(CheckpointError, match=f"^{re.escape(stale)}$"):
@@ -162,9 +162,28 @@ def test_an_export_without_a_step_is_dated_by_the_runs_summary_not_by_modificati
     with pytest.raises(CheckpointError, match=f"^{re.escape(stale)}"):
         check_checkpoint(run)
     (run / "summary.json").write_text('{"steps": "7"}')  # no whole number: the times decide
-    stale = f"{run}/hf was written before the run's checkpoint {beyond} (by modification time: the export records no "
+    stale = f"{run}/hf was written before the run's checkpoint {beyond} (by modification time: neither the export "
     with pytest.raises(CheckpointError, match=f"^{re.escape(stale)}"):
         check_checkpoint(run)
+
+
+def test_the_summary_of_a_start_that_did_not_export_dates_no_export(export, tmp_path):
+    """A start stopped by a SIGTERM before its export (or run with train.export_hf=false) still writes its summary, at
+    its last step: an earlier start's export that records no step was then dated by that step and passed as current,
+    and the older weights were scored for the run's. Such a summary says `"exported": false` and dates no export."""
+    run = tmp_path / "run"
+    shutil.copytree(export.parent, run)
+    (run / "checkpoints").mkdir()
+    final = run / "checkpoints" / "step-00000007.ckpt"
+    final.write_bytes(b"not read")  # (only its name and time are)
+    written = (run / "hf" / MANIFEST).stat().st_mtime
+    os.utime(final, (written + 60, written + 60))  # written after the export
+    (run / "summary.json").write_text(json.dumps({"steps": 7, "exported": False}))
+    stale = f"{run}/hf was written before the run's checkpoint {final} (by modification time: neither the export "
+    with pytest.raises(CheckpointError, match=f"^{re.escape(stale)}"):
+        check_checkpoint(run)
+    (run / "summary.json").write_text(json.dumps({"steps": 7, "exported": True}))  # (then the export records step 7)
+    assert check_checkpoint(run) == "training"
 
 
 def test_a_runs_checkpoints_folder_is_refused_naming_the_run_folder(tmp_path):

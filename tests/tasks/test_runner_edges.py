@@ -263,6 +263,20 @@ def test_positions_and_curves_refuse_a_broken_results_file_and_a_plot_nowhere(tm
     assert sorted(p.name for p in tmp_path.iterdir()) == ["broken", "rows"]
 
 
+def test_a_plot_name_that_names_no_image_format_is_refused_before_the_table(tmp_path, capsys):
+    """`--plot positions` wrote PNG bytes to a file named `positions`, and `--plot p.xyz` ended in matplotlib's
+    traceback once the table was printed (scripts/plot_loss.py's --out is checked so: `image_name_problem`)."""
+    (tmp_path / "rows").mkdir()
+    (tmp_path / "rows" / "a5.jsonl").write_bytes((COMMITTED / "a5.jsonl").read_bytes())
+    rows, state = ["--results", str(tmp_path / "rows")], ["--state", str(tmp_path / "state")]
+    for name, why in (("p", "no suffix names the image's format"), ("p.xyz", "matplotlib cannot write .xyz files")):
+        plot = tmp_path / name
+        for argv in (["positions", *rows], ["curves", *rows], ["evaluate", *state]):
+            said = _refused([*argv, "--plot", str(plot)], f"--plot {plot}: {why}; name it e.g. {tmp_path / 'p.png'}")
+            assert said.startswith(f"klalm-synthetic: --plot {plot}: "), said
+    assert capsys.readouterr().out == "" and sorted(p.name for p in tmp_path.iterdir()) == ["rows"]
+
+
 def test_every_committed_results_row_has_the_fields_its_readers_index():
     for path in sorted(COMMITTED.glob("*.jsonl")):
         assert read_jsonl(path), path  # a row of the wrong shape raises ValueError naming it

@@ -65,19 +65,20 @@ def test_tiny_run_writes_metrics_checkpoints_export(tmp_path):
     torch.testing.assert_close(from_dir(ids).logits, ref, rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("during", ["final evaluation", "plot"])
+@pytest.mark.parametrize("during", ["final evaluation", "export", "plot"])
 def test_a_sigterm_after_the_last_step_still_writes_the_summary(tmp_path, monkeypatch, during):
     """A SIGTERM once the fit had ended (its checkpoint written) left no summary.json: in the final evaluation
     Lightning's loop ended the run with exit status 0, and later (export, plot) the signal's default action ended the
-    process at once. The finish stops there, writes the summary and exits 143."""
+    process at once. The finish stops there, writes the summary and exits 143. The summary says whether the export
+    was written (`exported`): an earlier start's export that records no step is dated by its steps only then."""
     from klalm.train import app
 
     def sigterm():
         assert signal.getsignal(signal.SIGTERM) != signal.SIG_DFL, "a SIGTERM here ends the run at once, unsummarised"
         os.kill(os.getpid(), signal.SIGTERM)
 
-    if during == "plot":
-        monkeypatch.setattr(app, "plot_losses", lambda *args, **kwargs: sigterm())
+    if during in ("export", "plot"):
+        monkeypatch.setattr(app, {"export": "export_hf", "plot": "plot_losses"}[during], lambda *a, **kw: sigterm())
     else:
         step = module_lib.LMModule.validation_step
 
@@ -88,13 +89,15 @@ def test_a_sigterm_after_the_last_step_still_writes_the_summary(tmp_path, monkey
 
         monkeypatch.setattr(module_lib.LMModule, "validation_step", validation_step)
     run_dir = tmp_path / "run"
-    overrides = [*TINY, *WITH_CKPT, "train.final_eval=true", "train.plot=true", "data.val_batches=3"]
+    overrides = [*TINY, *WITH_CKPT, "train.final_eval=true", "train.export_hf=true", "train.plot=true",
+                 "data.val_batches=3"]  # fmt: skip
     with pytest.raises(SystemExit) as stopped:
         run(compose_train(overrides, run_dir))
     assert stopped.value.code == 143 and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["steps"] == 4 and summary["tokens_seen"] == 256
     assert (summary["val_loss"] is None) == (during == "final evaluation")  # the evaluation was cut short
+    assert summary["exported"] == (during == "plot") == (run_dir / "hf" / "source.json").is_file()
     assert [p.name for p in list_checkpoints(run_dir)] == ["step-00000004.ckpt"]
 
 

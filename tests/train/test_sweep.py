@@ -123,6 +123,21 @@ def test_summary_plot_writes_nothing_before_any_loss_and_the_command_says_so(tmp
         main([str(tmp_path / "runs"), "--plot", str(tmp_path / "curves.png")])
 
 
+@pytest.mark.parametrize(("name", "why"), [("curves", "no suffix names the image's format"),
+                                           ("curves.xyz", "matplotlib cannot write .xyz files")])  # fmt: skip
+def test_a_plot_name_that_names_no_image_format_is_refused_before_the_table(tmp_path, capsys, name, why):
+    """`--plot curves` wrote PNG bytes to a file named `curves`, and `--plot curves.xyz` ended in matplotlib's
+    traceback after the table (scripts/plot_loss.py's --out is checked so: `image_name_problem`)."""
+    _fake_job(tmp_path / "runs" / "0_a", None, ["optim.lr=1e-3"])
+    (tmp_path / "runs" / "0_a" / "csv").mkdir()
+    (tmp_path / "runs" / "0_a" / "csv" / "metrics.csv").write_text("step,train/loss\n1,3.5\n")
+    with pytest.raises(SystemExit):
+        main([str(tmp_path / "runs"), "--plot", str(tmp_path / name)])
+    out, err = capsys.readouterr()
+    assert out == "" and f"error: --plot {tmp_path / name}: {why}; name it e.g. {tmp_path / 'curves.png'} (" in err
+    assert not (tmp_path / name).exists()
+
+
 def test_two_config_multirun_writes_job_dirs_and_summary(tmp_path):
     sweep_dir = tmp_path / "sweep"
     cmd = [sys.executable, "-m", "klalm.train", "-m", *TINY, "optim.lr=0.001,0.003", f"hydra.sweep.dir={sweep_dir}"]

@@ -11,7 +11,7 @@ Layout of a run directory (`paths.run_dir`; `klalm.train.checkpoint` writes it):
                                      it was made at and SHA256SUMS; `AutoModelForCausalLM.from_pretrained` after
                                      `import klalm`, or with trust_remote_code=True
     summary.json                     final numbers of the run's last finished start (`steps`: its last step,
-                                     where it exported, unless it ran with train.export_hf=false)
+                                     where it exported unless `exported` is false)
 
 `verify_checkpoint` checks a file against its sha256 and the safe loader before a resume uses it (a zip checkpoint
 carries no checksum that torch checks: flipped bytes inside a tensor would load silently). Checkpoints are read only
@@ -22,6 +22,7 @@ Python data and refuses anything else, so a planted `.ckpt` cannot run code.
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import os
 import pickle
@@ -196,8 +197,8 @@ def check_export_current(run_dir: Path) -> None:
     model without a word. The run's highest checkpoint step is compared with, in this order:
     - the step the export records (`klalm.models.export.export_step`);
     - for an export that records none (made before exports did), the `steps` of the run's `summary.json`, the last
-      step of its last finished start, which exports just before it writes the summary (a start run with
-      train.export_hf=false is the exception: it leaves an earlier export behind a later summary);
+      step of its last finished start, which exports just before it writes the summary (`_summary_export_step`: not
+      where the summary says that start did not export);
     - without either, the modification times of the newest checkpoint and the export, which a copy that did not keep
       them (`cp -r`) can put in any order.
 
@@ -213,7 +214,7 @@ def check_export_current(run_dir: Path) -> None:
     if step is not None:
         evidence = f"{export} holds the weights of step {step} (its {SOURCE})"
     else:
-        step = recorded_step(run_dir / SUMMARY_FILE, "steps")
+        step = _summary_export_step(run_dir / SUMMARY_FILE)
         evidence = f"{export} records no step, and the run's {SUMMARY_FILE} ends at step {step} (where it exported)"
     if step is not None:
         if checkpoint_step(newest) <= step:
@@ -224,13 +225,25 @@ def check_export_current(run_dir: Path) -> None:
         if newest.stat().st_mtime <= written.stat().st_mtime:
             return
         stale = (
-            f"{export} was written before the run's checkpoint {newest} (by modification time: the export records no "
-            f"step and the run has no {SUMMARY_FILE} with one)"
+            f"{export} was written before the run's checkpoint {newest} (by modification time: neither the export nor "
+            f"the run's {SUMMARY_FILE} records the step it was made at)"
         )
     raise CheckpointError(
         f"{stale}: name the one to load by its path, or finish the run to export it again (klalm-train with the "
         f"run's overrides and resume={run_dir})"
     )
+
+
+def _summary_export_step(summary: Path) -> int | None:
+    """The step a run's `summary.json` dates its export by: its `steps`, where the start that wrote it exported just
+    before. None where the summary holds no such step, or says `"exported": false` (a start with
+    train.export_hf=false, or one a SIGTERM stopped before its export: `klalm.train.app.finish`), which leaves an
+    earlier export behind a later summary; summaries written before they said so (their start exported) date it."""
+    try:
+        exported = json.loads(summary.read_text(encoding="utf-8")).get("exported")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return None if exported is False else recorded_step(summary, "steps")
 
 
 def model_state_from_checkpoint(checkpoint: dict[str, Any]) -> dict[str, torch.Tensor]:

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from klalm.errors import one_line, refuse
-from klalm.fileio import flocked
+from klalm.fileio import flocked, image_name_problem
 from klalm.provenance import git_commit
 from klalm.tasks.results import RESULTS_FILES, Results, is_results_folder, merge
 from klalm.tasks.states import (
@@ -68,9 +68,14 @@ def check_folder(path: Path, what: str, exists: bool) -> None:
 
 
 def check_plot(path: Path | None) -> None:
-    """Refuse a --plot file whose folder does not exist, before the table is computed."""
-    if path is not None and (path.is_dir() or not path.parent.is_dir()):
+    """Refuse a --plot file whose folder does not exist, or whose name names no image format (`image_name_problem`),
+    before the table is computed."""
+    if path is None:
+        return
+    if path.is_dir() or not path.parent.is_dir():
         refuse_input(f"--plot {path}: " + ("is a folder" if path.is_dir() else f"folder {path.parent} does not exist"))
+    if (why := image_name_problem(path)) is not None:
+        refuse_input(f"--plot {path}: {why}")
 
 
 def read_results(folder: Path, families: list[str]) -> Results:

@@ -302,11 +302,13 @@ def finish(cfg: DictConfig, trainer: pl.Trainer, module: LMModule, datamodule: A
 
     A SIGTERM during the finish (once the fit has put back the handler it found, which ended the process at once, or
     in the evaluation, which Lightning ended with exit status 0) stops what it arrives in and skips the rest, but the
-    summary of the trained run is still written (without the evaluation's numbers where it was cut short); the run
-    then exits 143, as a stop during training does.
+    summary of the trained run is still written (without the evaluation's numbers where it was cut short, and with
+    `exported` false where the export was: its `steps` then date no export); the run then exits 143, as a stop during
+    training does.
     """
     run_dir = Path(cfg.paths.run_dir)
     skipped = skipped_records(trainer)  # every rank takes part: first, so that no rank a stop ends waits in it
+    exported = False  # summary.json's `exported`: only then do its steps date an export without source.json
     try:
         with _sigterm_raises():
             if cfg.train.final_eval and module.last_val_step != trainer.global_step:  # not run at the last step yet
@@ -316,12 +318,13 @@ def finish(cfg: DictConfig, trainer: pl.Trainer, module: LMModule, datamodule: A
                 trainer.validate(module, datamodule=datamodule, verbose=False)
             if cfg.train.export_hf:
                 export_hf(trainer, run_dir / HF_DIR, datamodule.tokenizer, max_length=cfg.data.seq_len)
+                exported = True
             csv_path = run_dir / "csv" / "metrics.csv"
             if trainer.is_global_zero and cfg.train.plot and csv_path.is_file():
                 plot_losses({cfg.run_name: csv_path}, run_dir / "loss.png", title=f"{cfg.run_name}: loss")
-            return _write_summary(cfg, trainer, module, skipped, started)
+            return _write_summary(cfg, trainer, module, skipped, started, exported)
     except SIGTERMException:
-        _write_summary(cfg, trainer, module, skipped, started)
+        _write_summary(cfg, trainer, module, skipped, started, exported)
         log.warning("stopped by SIGTERM after the last step (%d); wrote the run's summary", trainer.global_step)
         sys.exit(STOP_EXIT_CODES[signal.SIGTERM])
 
@@ -345,10 +348,17 @@ def _raise_sigterm(signum: int, frame: Any) -> None:
 
 
 def _write_summary(
-    cfg: DictConfig, trainer: pl.Trainer, module: LMModule, skipped: dict[str, int] | None, started: float
+    cfg: DictConfig,
+    trainer: pl.Trainer,
+    module: LMModule,
+    skipped: dict[str, int] | None,
+    started: float,
+    exported: bool,
 ) -> dict[str, Any]:
     """Writes `<run_dir>/summary.json` (rank 0; other ranks return {}): the run's final numbers, the final
-    evaluation's where it ran at the last step (`finish`)."""
+    evaluation's where it ran at the last step (`finish`), and whether this start exported `hf/` at its last step
+    (`exported`: false with train.export_hf=false or where a SIGTERM came first; an export that records no step, an
+    earlier start's, is dated by `steps` only where it is true, `klalm.models.checkpoint.check_export_current`)."""
     if not trainer.is_global_zero:
         return {}
     run_dir = Path(cfg.paths.run_dir)
@@ -363,6 +373,7 @@ def _write_summary(
         "run_dir": str(run_dir),
         "params": sum(p.numel() for p in module.model.parameters()),
         "steps": trainer.global_step,
+        "exported": exported,
         "tokens_seen": module.tokens_seen,
         "skipped_steps": module.bad_steps_total,
         "skipped_records": skipped,

@@ -40,7 +40,7 @@ from klalm.config_checks import (
     unknown_key_message,
 )
 from klalm.errors import one_line
-from klalm.fileio import write_atomic
+from klalm.fileio import image_name_problem, write_atomic
 from klalm.train.plots import plot_losses, read_metric
 from klalm.train.rundir import RunDirTakenError, check_run_dir_free
 
@@ -378,6 +378,8 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if not args.sweep_dir.is_dir():
         parser.error(f"{args.sweep_dir} is not a folder")
+    if args.plot is not None and (why := image_name_problem(args.plot)) is not None:  # before the table, not after
+        parser.error(f"--plot {args.plot}: {why}")
     print(summary_table(args.sweep_dir), end="")
     if args.plot is not None and summary_plot(args.sweep_dir, args.plot) is None:
         sys.exit(f"no run under {args.sweep_dir} has logged a training loss (csv/metrics.csv): nothing plotted")
