@@ -75,15 +75,16 @@ def test_a_mistake_inside_a_section_is_refused_naming_the_key(tmp_path, changes,
      "trainer.strategy=fsdp"],
 )  # fmt: skip
 def test_an_override_of_the_trainer_the_study_launches_is_refused_naming_the_file(tmp_path, override):
-    """The spec's overrides follow a multi-GPU run's own `trainer=ddp trainer.devices=<--gpus>` on its command, so one
-    of these replaced the study's choice on every run (and gave each one-GPU sweep cell a trainer for several): they
-    passed unrefused. A one-device trainer (a CPU rehearsal's trainer=cpu) stays allowed."""
+    """The spec's overrides followed a multi-GPU run's own `trainer=ddp trainer.devices=<--gpus>` on its command, so
+    one of these replaced the study's choice on every run (and gave each one-GPU sweep cell a trainer for several):
+    they passed unrefused. A one-device trainer (a CPU rehearsal's trainer=cpu) stays allowed."""
     path = spec_file(tmp_path, overrides=["data.seq_len=32", override])  # (its models in yaml.safe_dump's order)
     key = override.lstrip("+").split("=")[0]
     refusal = (
         f"study spec {path}: overrides: '{override}' sets {key} for every model (gdn_45m, gpt_45m, gpt_kla_45m, "
         "kla_45m, mamba_45m), which the study sets itself: one GPU for a sweep cell, trainer=ddp "
-        "trainer.devices=<--gpus> for a run on several (a one-device trainer=cpu or gpu may stay)"
+        "trainer.devices=<--gpus> for a run on several (a one-device trainer=cpu or gpu may stay: the study's "
+        "trainer=ddp comes after it)"
     )
     with pytest.raises(ValueError, match=f"^{re.escape(refusal)}$"):
         load_spec(str(path))

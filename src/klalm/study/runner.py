@@ -133,12 +133,13 @@ def train_overrides(spec: Spec, recipe: Recipe, cell: Cell, lr: float, run_dir: 
 
 def train_command(overrides: list[str], gpus: int) -> list[str]:
     """`python -m klalm.train` on one GPU, or under torchrun (`klalm.train.torchrun`) with DDP over `gpus` GPUs of this
-    node."""
+    node: `trainer=ddp` after the overrides, so that a spec's one-device trainer (`trainer=cpu`, `trainer=gpu`) does
+    not replace it (of two choices of a Hydra group the later wins)."""
     if gpus == 1:
         return [sys.executable, "-m", "klalm.train", *overrides]
     launcher = [sys.executable, "-m", "klalm.train.torchrun", "--standalone", "--nnodes", "1"]
-    return [*launcher, "--nproc_per_node", str(gpus), "-m", "klalm.train", "trainer=ddp", f"trainer.devices={gpus}",
-            *overrides]  # fmt: skip
+    return [*launcher, "--nproc_per_node", str(gpus), "-m", "klalm.train", *overrides, "trainer=ddp",
+            f"trainer.devices={gpus}"]  # fmt: skip
 
 
 def _run_logged(command: list[str], log_path: Path, env: dict[str, str]) -> tuple[int, float]:

@@ -34,9 +34,9 @@ CELL_KEYS = {
     "hydra.run.dir": "the cell's run folder under --work",
 }
 # The trainer spans devices only as `klalm.study.runner.train_command` launches it: one GPU for a sweep cell, torchrun
-# with `trainer=ddp trainer.devices=<--gpus>` for a run on several, which the spec's overrides follow there. So they
-# may pick a one-device trainer (`trainer=cpu` for a rehearsal) but neither the devices nor a trainer over several
-# (configs/trainer/ddp.yaml, fsdp.yaml): it replaced the study's choice on every cell.
+# with `trainer=ddp trainer.devices=<--gpus>` after the spec's overrides for a run on several. So they may pick a
+# one-device trainer (`trainer=cpu` for a rehearsal; replaced there) but neither the devices nor a trainer over several
+# (configs/trainer/ddp.yaml, fsdp.yaml), which replaced the study's choice on every cell or gave a sweep cell one.
 MULTI_DEVICE_TRAINERS = ("ddp", "fsdp")
 DEVICE_KEYS = ("trainer.devices", "trainer.num_nodes", "trainer.strategy")  # what those trainer configs set
 
@@ -116,7 +116,7 @@ def _check_parts(spec: Spec, source: str) -> None:
             raise ValueError(f"study spec {source}: overrides: {override!r} sets {key} for every model "
                              f"({', '.join(spec.models)}), which the study sets itself: one GPU for a sweep cell, "
                              "trainer=ddp trainer.devices=<--gpus> for a run on several (a one-device trainer=cpu or "
-                             "gpu may stay)")  # fmt: skip
+                             "gpu may stay: the study's trainer=ddp comes after it)")  # fmt: skip
     if set(spec.eval) != _EVAL_KEYS:
         raise ValueError(f"study eval: keys must be {sorted(_EVAL_KEYS)}, got {sorted(spec.eval, key=str)}")
     tasks, limit = spec.eval["tasks"], spec.eval["limit"]
