@@ -103,17 +103,25 @@ def test_check_checkpoint_refuses_what_the_load_would_without_building_a_model(e
         check_checkpoint(tmp_path / "run2")
 
 
+def _run_with_checkpoint(export: Path, tmp_path: Path, step: int) -> tuple[Path, Path]:
+    """A copy of the export's run folder with a checkpoint of `step` written a minute after the export (only the
+    checkpoint's name and time are read): (the run folder, the checkpoint)."""
+    run = tmp_path / "run"
+    shutil.copytree(export.parent, run)
+    (run / "checkpoints").mkdir()
+    checkpoint = run / "checkpoints" / f"step-{step:08d}.ckpt"
+    checkpoint.write_bytes(b"not read")
+    written = (run / "hf" / MANIFEST).stat().st_mtime
+    os.utime(checkpoint, (written + 60, written + 60))
+    return run, checkpoint
+
+
 def test_a_run_folder_whose_checkpoints_go_beyond_its_export_is_refused(export, tmp_path):
     """A run resumed after its export writes checkpoints beyond it until it exports again: klalm-eval (and
     klalm-generate, load_model) of the run folder scored the older export without a word. The step an export records
     decides; an export that records none, in a run folder without a summary.json, is compared by modification time."""
-    run = tmp_path / "run"
-    shutil.copytree(export.parent, run)
-    (run / "checkpoints").mkdir()
-    later = run / "checkpoints" / "step-00000005.ckpt"
-    later.write_bytes(b"not read")  # (only its name and time are)
+    run, later = _run_with_checkpoint(export, tmp_path, 5)
     written = (run / "hf" / MANIFEST).stat().st_mtime
-    os.utime(later, (written + 60, written + 60))
     tail = (
         ": name the one to load by its path, or finish the run to export it again (klalm-train with the run's "
         f"overrides and resume={run})"
@@ -145,13 +153,7 @@ def test_an_export_without_a_step_is_dated_by_the_runs_summary_not_by_modificati
     without them (`cp -r` may write the final checkpoint after the export) was refused. The step in the run's
     summary.json, which the finishing start writes after its export, now decides; the times only without it, and the
     line says which of them did."""
-    run = tmp_path / "run"
-    shutil.copytree(export.parent, run)
-    (run / "checkpoints").mkdir()
-    final = run / "checkpoints" / "step-00000005.ckpt"
-    final.write_bytes(b"not read")  # (only its name and time are)
-    written = (run / "hf" / MANIFEST).stat().st_mtime
-    os.utime(final, (written + 60, written + 60))  # copied after the export
+    run, final = _run_with_checkpoint(export, tmp_path, 5)  # copied after the export
     (run / "summary.json").write_text(json.dumps({"steps": 5, "tokens_seen": 640}))
     assert check_checkpoint(run) == "training"
     beyond = final.rename(final.with_name("step-00000007.ckpt"))  # resumed for more steps, stopped before the export
@@ -171,13 +173,7 @@ def test_the_summary_of_a_start_that_did_not_export_dates_no_export(export, tmp_
     """A start stopped by a SIGTERM before its export (or run with train.export_hf=false) still writes its summary, at
     its last step: an earlier start's export that records no step was then dated by that step and passed as current,
     and the older weights were scored for the run's. Such a summary says `"exported": false` and dates no export."""
-    run = tmp_path / "run"
-    shutil.copytree(export.parent, run)
-    (run / "checkpoints").mkdir()
-    final = run / "checkpoints" / "step-00000007.ckpt"
-    final.write_bytes(b"not read")  # (only its name and time are)
-    written = (run / "hf" / MANIFEST).stat().st_mtime
-    os.utime(final, (written + 60, written + 60))  # written after the export
+    run, final = _run_with_checkpoint(export, tmp_path, 7)
     (run / "summary.json").write_text(json.dumps({"steps": 7, "exported": False}))
     stale = f"{run}/hf was written before the run's checkpoint {final} (by modification time: neither the export "
     with pytest.raises(CheckpointError, match=f"^{re.escape(stale)}"):
