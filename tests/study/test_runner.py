@@ -191,18 +191,25 @@ def test_read_recipe_checks_the_cells_budgets_not_the_experiments_own(tmp_path):
     assert [cell_tokens(spec, recipe, cell) for cell in (spec.sweep_cells()[0], spec.run_cells()[0])] == [16384, 32768]
 
 
-def test_a_cell_whose_evaluation_failed_is_evaluated_again_not_trained_again(small_spec, shard_folder, tmp_path,
-                                                                              monkeypatch):  # fmt: skip
-    """Its training done, a cell whose validation failed was trained from scratch in the next block: now the block
-    runs its evaluation only, unless the cell would be launched otherwise now (more staged data: another budget)."""
-    ran, codes = [], {"klalm.train": 0, "klalm.study.validate": 1}
+def _fake_launches(monkeypatch, codes: dict[str, int] | None = None) -> list[str]:
+    """Replaces the study's process launcher: each launch appends its module (`-m`) to the list returned and ends
+    after 12 s with codes[module] (0 where unnamed)."""
+    ran = []
 
     def run_logged(command, log_path, env):
         module = command[command.index("-m") + 1]
         ran.append(module)
-        return codes[module], 12.0
+        return (codes or {}).get(module, 0), 12.0
 
     monkeypatch.setattr(runner, "_run_logged", run_logged)
+    return ran
+
+
+def test_a_cell_whose_evaluation_failed_is_evaluated_again_not_trained_again(small_spec, shard_folder, tmp_path,
+                                                                              monkeypatch):  # fmt: skip
+    """Its training done, a cell whose validation failed was trained from scratch in the next block: now the block
+    runs its evaluation only, unless the cell would be launched otherwise now (more staged data: another budget)."""
+    ran = _fake_launches(monkeypatch, {"klalm.study.validate": 1})
     recipe = read_recipe(small_spec, shard_folder)
     cell, work = small_spec.sweep_cells()[0], tmp_path / "work"
     assert StudyRunner(small_spec, recipe, shard_folder, work, tmp_path, 1, 60, "abc").run_cell(cell, [0]) is None
@@ -221,13 +228,7 @@ def test_a_cell_whose_run_went_beyond_its_export_is_not_evaluated(small_spec, sh
     """The study evaluated <run>/hf by its path, past klalm-eval's check of a run folder: a cell resumed for more steps
     after its export (and stopped before it exported again) was scored on the older weights without a word. Now its
     evaluation is refused in one line naming the export and the later checkpoint; a current export is evaluated."""
-    ran = []
-
-    def run_logged(command, log_path, env):
-        ran.append(command[command.index("-m") + 1])
-        return 0, 6.0
-
-    monkeypatch.setattr(runner, "_run_logged", run_logged)
+    ran = _fake_launches(monkeypatch)
     recipe = read_recipe(small_spec, shard_folder)
     cell, work = small_spec.sweep_cells()[0], tmp_path / "work"
     block = StudyRunner(small_spec, recipe, shard_folder, work, tmp_path, 1, 60, "abc")
@@ -251,13 +252,7 @@ def test_a_cell_whose_run_went_beyond_its_export_is_not_evaluated(small_spec, sh
 def test_a_trained_json_without_training_seconds_is_trained_again(small_spec, shard_folder, tmp_path, monkeypatch,
                                                                    caplog, text):  # fmt: skip
     """A trained.json that parses but holds no {"train": seconds} was taken as trained (and its time used later)."""
-    ran = []
-
-    def run_logged(command, log_path, env):
-        ran.append(command[command.index("-m") + 1])
-        return 0, 12.0
-
-    monkeypatch.setattr(runner, "_run_logged", run_logged)
+    ran = _fake_launches(monkeypatch)
     recipe = read_recipe(small_spec, shard_folder)
     cell, work = small_spec.sweep_cells()[0], tmp_path / "work"
     StudyRunner(small_spec, recipe, shard_folder, work, tmp_path, 1, 60, "abc").train_cell(cell, [0])
