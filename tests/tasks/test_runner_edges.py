@@ -592,9 +592,9 @@ def test_evaluate_refuses_a_device_it_cannot_use_and_curves_a_negative_step(tmp_
 
 def test_evaluate_refuses_a_state_it_cannot_use_in_one_line_naming_the_file(tmp_path):
     """evaluate turned only ValueError into one line: a state whose weights are another model's (saved by other
-    code), another .pt in a state's place, a .json whose unit this code's Unit does not make (a field removed, or one
-    with a default added, since it was saved) or a file it cannot read ended in a traceback (RuntimeError, KeyError,
-    TypeError, OSError)."""
+    code), whose members hold no "module" or are not a list, another .pt in a state's place, a .json whose unit this
+    code's Unit does not make (a field removed, or one with a default added, since it was saved) or a file it cannot
+    read ended in a traceback (RuntimeError, KeyError, TypeError, OSError)."""
     import dataclasses
     import shutil
 
@@ -608,10 +608,16 @@ def test_evaluate_refuses_a_state_it_cannot_use_in_one_line_naming_the_file(tmp_
     units._save_state(good, unit, members, [[] for _ in unit.seeds], {"train_s": 1.0, "wall_s": 1.0, "blocks": 1})
     weights, fields = f"{name}.pt", dataclasses.asdict(unit)
 
-    def other_model(folder: Path) -> None:  # a parameter the model no longer has
-        state = torch.load(folder / weights, weights_only=True)
-        state["members"][0]["module"]["model.old_weight"] = torch.ones(2)
-        torch.save(state, folder / weights)
+    def saved_members(change):  # the .pt's members as other code saved them
+        def spoil(folder: Path) -> None:
+            state = torch.load(folder / weights, weights_only=True)
+            torch.save({**state, "members": change(state["members"])}, folder / weights)
+
+        return spoil
+
+    def other_model(members: list) -> list:  # a parameter the model no longer has
+        members[0]["module"]["model.old_weight"] = torch.ones(2)
+        return members
 
     def saved_unit(changed: dict):  # the .json's unit as other code saved it
         def spoil(folder: Path) -> None:
@@ -621,8 +627,13 @@ def test_evaluate_refuses_a_state_it_cannot_use_in_one_line_naming_the_file(tmp_
         return spoil
 
     cases = [
-        (other_model, weights, "holds weights that do not fit its unit's model (saved by other code?): Error(s) in "
-         'loading state_dict for TokenReadout: Unexpected key(s) in state_dict: "model.old_weight"'),
+        (saved_members(other_model), weights, "holds weights that do not fit its unit's model (saved by other "
+         "code?): Error(s) in loading state_dict for TokenReadout: Unexpected key(s) in state_dict: "
+         '"model.old_weight"'),
+        (saved_members(lambda members: [{"weights": m["module"]} for m in members]), weights,
+         'holds a member without its model\'s weights (a "module" state dict; saved by other code?)'),
+        (saved_members(lambda members: dict(enumerate(members))), weights,
+         "is not a paused unit's state (members and evals of its 1 seed(s), spent)"),  # not a list
         (lambda folder: torch.save({"weights": torch.ones(2)}, folder / weights), weights,
          "is not a paused unit's state (members and evals of its 1 seed(s), spent)"),
         (saved_unit({**fields, "old_field": 1}), f"{name}.json", "holds no unit this code knows (saved by other "
@@ -778,6 +789,49 @@ def test_merge_restores_the_states_of_a_call_whose_results_did_not_come_back(tmp
     _refused(["merge", "--from", str(tmp_path / "bare" / "none"), "--results", str(tmp_path / "dest"), "--state",
               str(tmp_path / "state_bare")], "does not exist")  # fmt: skip
     assert not (tmp_path / "state_bare").exists()
+
+
+def test_merge_refuses_a_state_of_other_code_before_it_merges_a_row_or_swaps_a_state(tmp_path):
+    """A state whose .json's unit this code's Unit does not make (a field added, or one it needs removed, since it was
+    saved) was read for its progress rows after the rows were merged and the states swapped in, and the --results
+    folder's progress.jsonl, where those rows go, was read then too: a ValueError traceback, the folders half updated.
+    Both are refused in one line, as `progress` and `evaluate` refuse them, nothing changed."""
+    import dataclasses
+
+    from klalm.tasks.states import pack_states
+
+    unit = _cpu_a5_unit()
+    name, fields = state_name(unit), dataclasses.asdict(unit)
+    call, dest, state = tmp_path / "call", tmp_path / "dest", tmp_path / "state"
+    (call / "synthetic").mkdir(parents=True)
+    rows = (COMMITTED / "a5.jsonl").read_text().splitlines()
+    (call / "synthetic" / "a5.jsonl").write_text(rows[1] + "\n")  # a new row
+    dest.mkdir()
+    (dest / "a5.jsonl").write_text(rows[0] + "\n")
+    _saved_state(state, _plan_units([*CPU_A5, "--a5-lengths", "5"])[0])  # the state a good merge would replace
+    before = {"dest": _files(dest), "state": _files(state)}
+    merge = ["merge", "--from", str(call / "synthetic"), "--results", str(dest), "--state", str(state)]
+    for changed, why in (
+        ({**fields, "old_field": 1}, "unexpected keyword argument 'old_field'"),
+        ({k: v for k, v in fields.items() if k != "num_test"}, "missing 1 required positional argument: 'num_test'"),
+    ):
+        _saved_state(tmp_path / "paused", unit)
+        info = json.loads((tmp_path / "paused" / f"{name}.json").read_text())
+        (tmp_path / "paused" / f"{name}.json").write_text(json.dumps({**info, "unit": changed}))
+        pack_states(tmp_path / "paused", call)
+        said = _refused(merge, why)
+        archive = "klalm-synthetic: state archive state.tar.00 holds a state this code cannot read: "
+        assert said.startswith(f"{archive}state file {name}.json holds no unit this code knows (saved by other code?)")
+        assert said.endswith(f"(kept {state})")
+        assert {"dest": _files(dest), "state": _files(state)} == before
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["call", "dest", "paused", "state"]  # no staging left
+    _saved_state(tmp_path / "paused", unit)  # a good state, and a progress.jsonl cut short
+    pack_states(tmp_path / "paused", call)
+    (dest / "progress.jsonl").write_text('{"family": "a5", "ta\n')
+    before = {"dest": _files(dest), "state": _files(state)}
+    _refused(merge, f"{dest / 'progress.jsonl'}:1: not a JSON row")
+    assert {"dest": _files(dest), "state": _files(state)} == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["call", "dest", "paused", "state"]
 
 
 def test_merge_of_a_missing_synthetic_folder_restores_the_parts_beside_it_and_refuses_a_typo(tmp_path, capsys):

@@ -25,10 +25,11 @@ from typing import Any, NoReturn
 from klalm.errors import one_line, refuse
 from klalm.fileio import flocked, image_name_problem
 from klalm.provenance import git_commit
-from klalm.tasks.results import RESULTS_FILES, Results, is_results_folder, merge
+from klalm.tasks.results import PROGRESS_FILE, RESULTS_FILES, Results, is_results_folder, merge, read_jsonl
 from klalm.tasks.states import (
     pack_states,
     saved_states,
+    staged_problem,
     state_files,
     state_parts,
     swap_in_states,
@@ -116,13 +117,22 @@ def _merge(args: argparse.Namespace) -> None:
 def _merge_into(args: argparse.Namespace, parts: list[Path]) -> None:
     """`merge`'s writes, its folders checked and --results held (`one_writer`)."""
     commit = args.commit or git_commit()
-    staged = None  # the parts unpacked beside --state and checked before any row is merged: a bad archive merges none
+    staged = None  # the parts unpacked beside --state and read before any row is merged: a bad archive merges none
     if args.state is not None and parts:
         try:
             staged = unpack_states(parts, args.state)
         except ValueError as err:
             refuse_input(f"{err} (kept {args.state})")
+        from klalm.tasks.units import paused_rows  # lazy: reading the states' evaluations loads them with torch
+
+        try:  # a call killed before its block's end recorded no progress: its checkpoints' evaluations
+            rows = paused_rows(staged, commit)
+        except (ValueError, OSError) as err:  # a state of other code (as `progress` and `evaluate` refuse it)
+            shutil.rmtree(staged)
+            refuse_input(f"{staged_problem(parts, staged, 'a state this code cannot read', err)} (kept {args.state})")
     try:
+        if staged is not None:  # the progress.jsonl the states' rows go to, read now: not after the merge and swap
+            read_jsonl(args.results / PROGRESS_FILE)
         added: dict[str, Any] = merge(args.source, args.results, commit)
     except ValueError as err:  # a file of either folder that is not JSON lines: nothing was appended
         if staged is not None:
@@ -130,10 +140,7 @@ def _merge_into(args: argparse.Namespace, parts: list[Path]) -> None:
         refuse_input(one_line(err))
     if args.state is not None:
         added["state"] = swap_in_states(staged, args.state) if staged else f"none came back: kept {args.state}"
-        if staged:  # a call killed before its block's end recorded no progress: its checkpoints' evaluations
-            from klalm.tasks.units import paused_rows  # lazy: reading the states' evaluations loads them with torch
-
-            rows = paused_rows(args.state, commit)
+        if staged:
             added["progress.jsonl from the state"] = Results(args.results, []).record_progress(rows)
     print(json.dumps(added))
 

@@ -127,11 +127,17 @@ def unpack_states(parts: list[Path], folder: Path) -> Path:
     except (tarfile.TarError, OSError, zlib.error) as err:
         shutil.rmtree(staging, ignore_errors=True)
         raise ValueError(f"state archive {names} cannot be unpacked: {err}") from err
-    except ValueError as err:  # from check_states: the file named as the archive holds it
+    except ValueError as err:  # from check_states
         shutil.rmtree(staging, ignore_errors=True)
-        damaged = str(err).replace(str(staging) + os.sep, "")
-        raise ValueError(f"state archive {names} holds a damaged state: {damaged}") from err
+        raise ValueError(staged_problem(parts, staging, "a damaged state", err)) from err
     return staging
+
+
+def staged_problem(parts: list[Path], staging: Path, what: str, err: Exception) -> str:
+    """The refusal of a state in the staging folder `unpack_states` unpacked `parts` into (`what`: "a damaged
+    state"), `err` naming its file: the file named as the archive's member (the staging folder is removed)."""
+    member = one_line(err).replace(str(staging) + os.sep, "")
+    return f"state archive {', '.join(p.name for p in parts)} holds {what}: {member}"
 
 
 def swap_in_states(staging: Path, folder: Path) -> dict[str, Any]:

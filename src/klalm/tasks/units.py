@@ -166,7 +166,7 @@ def _load_state(folder: Path, unit: Unit, device: torch.device) -> dict[str, Any
         raise ValueError(f"state file {weights} cannot be loaded: {reason}") from err
     seeds = len(unit.seeds)  # another .pt in its place (torch.save of something else) held no members or evals
     if not (isinstance(state, dict) and {"members", "evals", "spent"} <= state.keys()
-            and len(state["members"]) == len(state["evals"]) == seeds):  # fmt: skip
+            and all(isinstance(state[k], list) and len(state[k]) == seeds for k in ("members", "evals"))):  # fmt: skip
         raise ValueError(f"state file {weights} is not a paused unit's state (members and evals of its {seeds} "
                          "seed(s), spent)")  # fmt: skip
     return state
@@ -222,12 +222,15 @@ def evaluate_saved(folder: Path, device: torch.device) -> list[dict[str, Any]]:
     for unit, saved, state in _load_states(folder):
         task = make_task(**unit.task)
         test = materialize(task, unit.num_test, DATA_SEED, "test")
+        weights = weights_file(folder, state_name(unit), saved)
         for seed, member_state, evals in zip(unit.seeds, state["members"], state["evals"], strict=True):
+            if not (isinstance(member_state, dict) and isinstance(member_state.get("module"), dict)):
+                raise ValueError(f"state file {weights} holds a member without its model's weights (a \"module\" "
+                                 "state dict; saved by other code?)")  # fmt: skip
             member = build_member(unit, seed, device, None)
             try:
                 member.module.load_state_dict(member_state["module"])
             except RuntimeError as err:  # missing or unexpected weights, other shapes: another model's
-                weights = weights_file(folder, state_name(unit), saved)
                 raise ValueError(f"state file {weights} holds weights that do not fit its unit's model (saved by "
                                  f"other code?): {textwrap.shorten(str(err), 160)}") from err  # fmt: skip
             rows.append({"unit": unit.label(), "arch": unit.arch, "task": unit.task, "n_layers": unit.n_layers,
