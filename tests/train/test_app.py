@@ -9,6 +9,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
@@ -99,6 +100,31 @@ def test_a_sigterm_after_the_last_step_still_writes_the_summary(tmp_path, monkey
     assert (summary["val_loss"] is None) == (during == "final evaluation")  # the evaluation was cut short
     assert summary["exported"] == (during == "plot") == (run_dir / "hf" / "source.json").is_file()
     assert [p.name for p in list_checkpoints(run_dir)] == ["step-00000004.ckpt"]
+
+
+def test_a_sigterm_once_the_summary_is_written_counts_the_wall_time_once(tmp_path, monkeypatch):
+    """A SIGTERM that came just after the finish wrote summary.json (before it returned) had it written again, this
+    start's wall time added to the one just written as if an earlier start's: `wall_s` twice the run's."""
+    from klalm.train import app
+
+    write, signalled = app.write_atomic, []
+
+    def write_then_sigterm(path, data):
+        write(path, data)
+        if path.name == "summary.json" and not signalled:  # once: the second write runs under the default action
+            signalled.append(path)
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    monkeypatch.setattr(app, "write_atomic", write_then_sigterm)
+    run_dir = tmp_path / "run"
+    started = time.time()
+    with pytest.raises(SystemExit) as stopped:
+        run(compose_train([*TINY, *WITH_CKPT, "train.export_hf=true"], run_dir))
+    elapsed = time.time() - started
+    assert stopped.value.code == 143 and signalled
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["steps"] == 4 and summary["exported"] is True
+    assert 0 < summary["wall_s"] <= elapsed + 0.1  # (rounded to 0.1 s)
 
 
 def test_resume_auto_continues_from_latest(tmp_path):

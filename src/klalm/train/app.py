@@ -309,6 +309,7 @@ def finish(cfg: DictConfig, trainer: pl.Trainer, module: LMModule, datamodule: A
     run_dir = Path(cfg.paths.run_dir)
     skipped = skipped_records(trainer)  # every rank takes part: first, so that no rank a stop ends waits in it
     exported = False  # summary.json's `exported`: only then do its steps date an export without source.json
+    earlier = _read_summary(run_dir / "summary.json")  # an earlier start's: read before this start writes its own
     try:
         with _sigterm_raises():
             if cfg.train.final_eval and module.last_val_step != trainer.global_step:  # not run at the last step yet
@@ -322,9 +323,9 @@ def finish(cfg: DictConfig, trainer: pl.Trainer, module: LMModule, datamodule: A
             csv_path = run_dir / "csv" / "metrics.csv"
             if trainer.is_global_zero and cfg.train.plot and csv_path.is_file():
                 plot_losses({cfg.run_name: csv_path}, run_dir / "loss.png", title=f"{cfg.run_name}: loss")
-            return _write_summary(cfg, trainer, module, skipped, started, exported)
-    except SIGTERMException:
-        _write_summary(cfg, trainer, module, skipped, started, exported)
+            return _write_summary(cfg, trainer, module, skipped, started, exported, earlier)
+    except SIGTERMException:  # (written again where it came once the summary was: from the same earlier summary)
+        _write_summary(cfg, trainer, module, skipped, started, exported, earlier)
         log.warning("stopped by SIGTERM after the last step (%d); wrote the run's summary", trainer.global_step)
         sys.exit(STOP_EXIT_CODES[signal.SIGTERM])
 
@@ -354,18 +355,19 @@ def _write_summary(
     skipped: dict[str, int] | None,
     started: float,
     exported: bool,
+    earlier: dict[str, Any],
 ) -> dict[str, Any]:
     """Writes `<run_dir>/summary.json` (rank 0; other ranks return {}): the run's final numbers, the final
     evaluation's where it ran at the last step (`finish`), and whether this start exported `hf/` at its last step
     (`exported`: false with train.export_hf=false or where a SIGTERM came first; an export that records no step, an
-    earlier start's, is dated by `steps` only where it is true, `klalm.models.checkpoint.check_export_current`)."""
+    earlier start's, is dated by `steps` only where it is true, `klalm.models.checkpoint.check_export_current`).
+    `earlier` is the summary the run's earlier starts wrote (`_read_summary`), whose wall time this start's adds to."""
     if not trainer.is_global_zero:
         return {}
     run_dir = Path(cfg.paths.run_dir)
     evaluated = cfg.train.final_eval and module.last_val_step == trainer.global_step
     val = module.last_val if evaluated else {}
     metrics = next(c for c in trainer.callbacks if isinstance(c, StepMetrics))
-    earlier = _read_summary(run_dir / "summary.json")
     logged = metrics.last_row or earlier  # no step logged in this start: the run's last logged values
     earlier_wall_s = earlier["wall_s"] if isinstance(earlier.get("wall_s"), (int, float)) else 0
     summary = {
