@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -153,12 +154,19 @@ def test_bad_data_is_refused_and_leaves_the_output_as_it_was(name, files_args, t
     assert _files(out) == before  # the rerun used to truncate tokens-00000.bin under the old index.json
 
 
+def test_a_refused_run_removes_the_folders_it_made_above_a_new_out(files_args, tmp_path):
+    """`--out new/deeper/out` refused for bad data removed out/ but left new/deeper/ behind."""
+    (tmp_path / "empty.jsonl").write_text(json.dumps({"text": " "}) + "\n")
+    bad = [*files_args[:3], f"train={tmp_path / 'empty.jsonl'}", *files_args[4:], "--splits", "train"]
+    with pytest.raises(SystemExit, match="split 'train': bad record"):
+        run(parse_args([*bad, "--out", str(tmp_path / "new" / "deeper" / "out"), "--no-progress"]))
+    assert not (tmp_path / "new").exists()
+
+
 def test_some_splits_beside_kept_ones_of_another_vocabulary_are_refused(files_args, tmp_path, shared_data):
     """`--splits train` into a folder whose val/ another tokenizer wrote replaced train/ and tokenizer/ and left a
     folder no run could read; now refused in one line, the folder as it was. Here the kept index is one written
     before indexes recorded the tokenizer's hash: its vocabulary size is compared."""
-    import json
-
     out = tmp_path / "out"
     run(parse_args([*files_args, f"val={tmp_path / 'ok.jsonl'}", "--out", str(out), "--no-progress"]))
     index = out / "val" / "index.json"
@@ -198,6 +206,20 @@ def test_some_splits_beside_kept_ones_of_another_tokenizer_of_the_same_size_are_
     ), message
     assert _files(out) == before
     run(parse_args([*argv[:5], f"tokenizer={tmp_path / 'a'}", *argv[5:], "--splits", "val"]))  # the same one: fine
+
+
+@pytest.mark.parametrize("content", [b"\xff\xfe\x00junk", b"not json", b"[]"])  # the first: a line naming no file
+def test_a_kept_split_whose_index_is_not_one_is_named(content, files_args, tmp_path):
+    out = tmp_path / "out"
+    run(parse_args([*files_args, f"val={tmp_path / 'ok.jsonl'}", "--out", str(out), "--no-progress"]))
+    (out / "val" / "index.json").write_bytes(content)
+    before = _files(out)
+    with pytest.raises(SystemExit) as err:
+        run(parse_args([*files_args, "--splits", "train", "--out", str(out), "--no-progress"]))
+    assert err.value.code.startswith(
+        f"klalm-prepare-data: --data files: {out / 'val' / 'index.json'} is not a shard index"
+    )
+    assert _files(out) == before
 
 
 def test_a_bad_records_hint_names_the_override_that_skips_it(files_args, tmp_path):

@@ -264,7 +264,8 @@ def write_dataset(
     """Writes the splits of a `plan_dataset` plan and the tokenizer (see `prepare_dataset`).
 
     They are written into a temporary folder in ``out_dir`` and moved into place only once all are complete, so a
-    failure leaves a previous output whole and no new part (a new ``out_dir`` is removed again).
+    failure leaves a previous output whole and no new part (a new ``out_dir`` is removed again, with the folders above
+    it that were made for it).
 
     Raises:
         ValueError: a bad record, an unreadable file or no documents, naming the split; before any is read, a
@@ -272,7 +273,8 @@ def write_dataset(
         OSError: ``out_dir`` cannot be written.
     """
     out_dir = Path(out_dir)
-    made_out_dir = not out_dir.exists()
+    # the outermost folder that mkdir makes (out_dir or one above it), or None: a failed run removes what it made
+    made = next((p for p in reversed((out_dir, *out_dir.parents)) if not p.exists()), None)
     staging, lock = None, None
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -295,8 +297,8 @@ def write_dataset(
         tok.save_pretrained(str(staging / "tokenizer"))
         _swap_in(staging, out_dir, [*results, "tokenizer"])
     except BaseException:
-        if made_out_dir:
-            shutil.rmtree(out_dir, ignore_errors=True)
+        if made is not None:
+            shutil.rmtree(made, ignore_errors=True)
         raise
     finally:
         if lock is not None:  # closed first: NFS keeps an open file that is removed, and its folder with it
@@ -351,7 +353,7 @@ def _check_kept_splits(out_dir: Path, plan: dict[str, Any], tok: Any) -> None:
             try:
                 kept = json.loads(index_file.read_text())
                 same = same_tokenizer(kept, this)
-            except (json.JSONDecodeError, TypeError, AttributeError) as err:  # not JSON, or not an object
+            except (ValueError, TypeError, AttributeError) as err:  # not UTF-8, not JSON, not an object
                 raise ValueError(f"{index_file} is not a shard index ({one_line(err)})") from err
             if not same:
                 raise ValueError(
