@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import re
 import subprocess
 import sys
@@ -15,6 +16,9 @@ from klalm.cli import generate
 from klalm.eval.generate import DECODE
 
 PROMPT = "ROMEO:"
+# Bytes that are not UTF-8 (0xff), as Python hands them on from the command line and stdin: surrogate escapes.
+NOT_UTF8 = b"ab\xffc".decode("utf-8", "surrogateescape")
+NOT_UTF8_ERROR = "'utf-8' codec can't decode byte 0xff in position 2: invalid start byte"
 
 
 def _run(capsys, *argv: str) -> tuple[str, str]:
@@ -190,6 +194,35 @@ def test_a_non_finite_step_is_neither_returned_nor_streamed(tiny_checkpoints, gp
     assert recorder.ids == ids[0].tolist() and recorder.ended
 
 
+def test_ctrl_c_ends_the_command_in_one_line_keeping_what_was_printed(tiny_checkpoints, capsys, monkeypatch):
+    """Ctrl-C in the middle of a streamed sample: no traceback but `klalm-generate: interrupted` (exit status 130), the
+    text streamed so far kept on its own line, no further sample drawn."""
+    from klalm.models.sampling import sample_ids
+
+    class CtrlCAfterThreeTokens:
+        def __init__(self, streamer):
+            self.streamer, self.puts = streamer, 0
+
+        def put(self, value):
+            self.streamer.put(value)
+            self.puts += 1
+            if self.puts == 4:  # the prompt, then three new tokens
+                raise KeyboardInterrupt
+
+        def end(self):
+            self.streamer.end()
+
+    def interrupted(model, prompt_ids, *, streamer, **kwargs):
+        return sample_ids(model, prompt_ids, streamer=CtrlCAfterThreeTokens(streamer), **kwargs)
+
+    monkeypatch.setattr(generate_module, "sample_ids", interrupted)
+    with pytest.raises(SystemExit) as info:
+        generate([str(tiny_checkpoints[0]), "--prompt", PROMPT, "--max-new-tokens", "20", "--num-samples", "2"])
+    out, err = capsys.readouterr()
+    assert info.value.code == 130 and err.splitlines()[-1] == "klalm-generate: interrupted" and "Traceback" not in err
+    assert out.startswith(f"--- sample 1 (seed 0) ---\n{PROMPT}") and out.endswith("\n") and "sample 2" not in out
+
+
 def _refusal_cases(t: str, e: str) -> dict[str, tuple[list[str], str, bool]]:
     """name -> (arguments, what the one line says, whether it comes before any weights load), for the files that
     `_make_bad_files` writes into folder t and the export e."""
@@ -221,6 +254,8 @@ def _refusal_cases(t: str, e: str) -> dict[str, tuple[list[str], str, bool]]:
         "empty-prompt-file": ([e, "--prompt-file", f"{t}/empty.txt"], f"--prompt-file {t}/empty.txt is empty", True),
         "missing-prompt-file": ([e, "--prompt-file", f"{t}/no.txt"], f"--prompt-file {t}/no.txt: cannot be read", True),
         "prompt-file-is-a-folder": ([e, "--prompt-file", t], f"--prompt-file {t}: cannot be read", True),
+        "prompt-not-utf8": ([e, "--prompt", NOT_UTF8], f"--prompt is not UTF-8 text: {NOT_UTF8_ERROR}", True),
+        "stdin-not-utf8": ([e, "--prompt-file", "-"], f"--prompt-file stdin is not UTF-8 text: {NOT_UTF8_ERROR}", True),
         "device": ([e, "--device", "cuda"], "--device cuda: torch sees no CUDA GPU here", True),
         "device-unparsable": ([e, "--device", "gpu"], "--device gpu: not a device torch knows", True),
     }
@@ -242,6 +277,7 @@ def test_bad_input_is_refused_in_one_line(case, tiny_checkpoints, tmp_path, monk
         pytest.skip("a CUDA GPU is here")
     _make_bad_files(tmp_path)
     monkeypatch.chdir(tmp_path)  # (where a bare --tokenizer name would be a folder)
+    monkeypatch.setattr(sys, "stdin", io.StringIO(NOT_UTF8))  # (what --prompt-file - reads)
     argv, line, before_load = _refusal_cases(str(tmp_path), str(tiny_checkpoints[0]))[case]
     if before_load:  # refused from the flags and files alone
         monkeypatch.setattr(generate_module, "load_checkpoint", lambda *a, **k: pytest.fail("weights loaded"))

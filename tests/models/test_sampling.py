@@ -30,6 +30,19 @@ def test_sampling_is_seeded_restricted_to_top_k_and_keeps_global_rng():
     assert torch.equal(b, c)
 
 
+def test_a_tiny_temperature_samples_greedily_instead_of_failing():
+    """Scores over a temperature that small overflowed (1e-38) or divided by a float32 0 (1e-50, 1e-320): NaN
+    probabilities, and torch.multinomial's RuntimeError. Now a tiny temperature decodes greedily, its limit."""
+    torch.manual_seed(0)
+    model = build_model("gpt", preset="tiny", vocab_size=64).eval()
+    with torch.no_grad():
+        model.get_output_embeddings().weight.mul_(100)  # logits large enough to overflow over 1e-38
+    prompt = torch.tensor([[1, 2, 3]])
+    greedy = sample_ids(model, prompt, max_new_tokens=5, temperature=0)
+    for temperature in (1e-38, 1e-50, 1e-320):
+        assert torch.equal(sample_ids(model, prompt, max_new_tokens=5, temperature=temperature, seed=1), greedy)
+
+
 def test_sampling_decodes_through_generate_with_the_cache():
     """After the prompt, every new token is a one-token forward: generate() with the model's cache, not a re-run."""
     torch.manual_seed(0)

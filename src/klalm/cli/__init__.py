@@ -42,7 +42,7 @@ from klalm.config_checks import (
     sweep_value_message,
     unknown_key_message,
 )
-from klalm.errors import in_command_terms, one_line
+from klalm.errors import in_command_terms, one_line, refuse
 
 CONFIG_PATH = "pkg://klalm.configs"
 PRINT_TASKS_PATH = "--print-tasks-path"  # klalm-eval's one flag outside Hydra
@@ -375,13 +375,17 @@ def prepare_data(argv: list[str] | None = None) -> None:
 
 @quiet_when_the_reader_stops
 def generate(argv: list[str] | None = None) -> None:
-    """`klalm-generate`: sample text from a checkpoint (HF export, Lightning .ckpt or run folder) to stdout."""
-    from klalm.cli.generate_args import parse_args
+    """`klalm-generate`: sample text from a checkpoint (HF export, Lightning .ckpt or run folder) to stdout; Ctrl-C
+    ends it with one line and exit status 130, the samples printed so far kept."""
+    from klalm.cli.generate_args import PROG, parse_args
 
     args = parse_args(argv)
-    from klalm.eval.generate import run
+    try:
+        from klalm.eval.generate import run
 
-    run(args)
+        run(args)
+    except KeyboardInterrupt:
+        refuse(PROG, "interrupted", status=130)
 
 
 @quiet_when_the_reader_stops

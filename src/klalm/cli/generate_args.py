@@ -14,6 +14,7 @@ the documents a model is trained on), an unconditional sample as nanoGPT's sampl
 greedily. A sample ends after --max-new-tokens tokens or at the tokenizer's EOS; special tokens are not printed.
 A sample longer than the context the checkpoint was trained on gets a note on stderr. --tokenizer names a folder:
 the command is offline-first, and a hub id (a name that is not a folder) is refused.
+Ctrl-C ends it with one line (exit code 130), the text printed so far kept.
 """
 
 # The command line only (this docstring is its --help), with nothing heavier than omegaconf (klalm.config_checks):

@@ -37,12 +37,13 @@ def _fail(message: str) -> NoReturn:
 def read_prompt(args: argparse.Namespace) -> str | None:
     """The prompt text of --prompt or --prompt-file (its one trailing newline dropped); None: neither given.
 
-    Refuses (one line) an unreadable or empty prompt file and an empty --prompt.
+    Refuses (one line) an unreadable or empty prompt file, an empty --prompt and a prompt that is not UTF-8 (Python
+    hands on such bytes of the command line and of stdin as lone surrogates, which no tokenizer takes).
     """
     if args.prompt is not None:
         if not args.prompt:
             _fail("--prompt is empty (leave it out for an unconditional sample)")
-        return args.prompt
+        return _utf8(args.prompt, "--prompt")
     if args.prompt_file is None:
         return None
     source = "stdin" if args.prompt_file == "-" else args.prompt_file
@@ -56,7 +57,15 @@ def read_prompt(args: argparse.Namespace) -> str | None:
     text = text.removesuffix("\n")  # the newline an editor or `echo` ends the file with
     if not text:
         _fail(f"--prompt-file {source} is empty")
-    return text
+    return _utf8(text, f"--prompt-file {source}")
+
+
+def _utf8(text: str, flag: str) -> str:
+    """`text`, refused (one line naming `flag`) where it holds bytes that are not UTF-8 (as surrogate escapes)."""
+    try:
+        return text.encode("utf-8", "surrogateescape").decode("utf-8")
+    except UnicodeError as err:
+        _fail(f"{flag} is not UTF-8 text: {one_line(err)}")
 
 
 def prompt_ids(tokenizer: Any, prompt: str | None, flag: str) -> list[int]:
@@ -180,7 +189,7 @@ def run(args: argparse.Namespace) -> None:
 
     Bad input ends it with one line on stderr (exit code 1): --device, --tokenizer, the prompt and the checkpoint's
     files are checked before any weights load; a tokenizer that does not fit the model and a prompt that encodes to no
-    token once they have loaded.
+    token once they have loaded. Ctrl-C raises KeyboardInterrupt once the line a streamed sample stopped in is ended.
     """
     prompt = read_prompt(args)
     check_device(args.device)
@@ -217,16 +226,21 @@ def run(args: argparse.Namespace) -> None:
             print(f"--- sample {index + 1} (seed {seed}) ---", flush=True)
         streamer = None if args.no_stream else _text_streamer(tokenizer)
         started = time.perf_counter()
-        out = sample_ids(
-            model,
-            input_ids,
-            max_new_tokens=args.max_new_tokens,
-            temperature=args.temperature,
-            top_k=args.top_k,
-            seed=seed,
-            eos_token_id=tokenizer.eos_token_id,
-            streamer=streamer,
-        )
+        try:
+            out = sample_ids(
+                model,
+                input_ids,
+                max_new_tokens=args.max_new_tokens,
+                temperature=args.temperature,
+                top_k=args.top_k,
+                seed=seed,
+                eos_token_id=tokenizer.eos_token_id,
+                streamer=streamer,
+            )
+        except KeyboardInterrupt:
+            if streamer is not None:  # end the line the streamed text stopped in
+                print(flush=True)
+            raise
         seconds = time.perf_counter() - started
         text = tokenizer.decode(out[0].tolist(), **DECODE)
         if streamer is None:

@@ -48,12 +48,14 @@ def sample_ids(
     if temperature < 0 or top_k < 0:
         raise ValueError(f"temperature={temperature} and top_k={top_k} must be ≥ 0")
     options: dict[str, Any] = {"do_sample": False}
+    guard = _NonFiniteGuard()
+    processors = LogitsProcessorList([guard.processor])
     if temperature > 0:
-        options = {"do_sample": True, "temperature": temperature, "top_k": top_k, "top_p": 1.0}
+        options = {"do_sample": True, "temperature": 1.0, "top_k": top_k, "top_p": 1.0}  # (1.0: _Temperature's)
+        processors.append(_Temperature(temperature))
     devices = [prompt_ids.device] if prompt_ids.device.type == "cuda" else []
     was_training = model.training
     model.eval()
-    guard = _NonFiniteGuard()
     try:
         with torch.random.fork_rng(devices=devices), value_checks_suspended():
             torch.manual_seed(seed)
@@ -64,7 +66,7 @@ def sample_ids(
                 eos_token_id=eos_token_id,
                 pad_token_id=eos_token_id,
                 use_cache=True,
-                logits_processor=LogitsProcessorList([guard.processor]),
+                logits_processor=processors,
                 stopping_criteria=StoppingCriteriaList([guard.stop]),
                 streamer=None if streamer is None else _GuardedStreamer(streamer, guard),
                 **options,
@@ -104,6 +106,20 @@ class _NonFiniteGuard:
     def hit(self) -> bool:
         """Whether a step's logits were not finite."""
         return self.hit_at is not None
+
+
+class _Temperature(LogitsProcessor):
+    """The temperature, in place of generate's, which fails on a tiny one: the scores less their maximum (the softmax
+    is the same) over the temperature, the maximum kept at 0. A temperature so small that the scores over it overflow,
+    or that is 0 in their dtype, then gives -inf for all tokens but the most likely (sampling becomes greedy, its
+    limit), not inf or 0 / 0, whose NaN probabilities torch.multinomial refuses with an error."""
+
+    def __init__(self, temperature: float) -> None:
+        self.temperature = temperature
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        shifted = scores - scores.amax(dim=-1, keepdim=True)  # (finite: _NonFiniteGuard's processor comes first)
+        return torch.where(shifted == 0, shifted, shifted / self.temperature)
 
 
 class _GuardedStreamer:
