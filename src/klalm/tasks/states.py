@@ -119,14 +119,13 @@ def unpack_states(parts: list[Path], folder: Path) -> Path:
     staging = folder.with_name(folder.name + ".restoring")
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
-    names = ", ".join(p.name for p in parts)
     try:
         with tarfile.open(fileobj=io.BytesIO(_unsqueezed(b"".join(p.read_bytes() for p in parts)))) as archive:
             archive.extractall(staging, filter="data")
         check_states(staging)
     except (tarfile.TarError, OSError, zlib.error) as err:
         shutil.rmtree(staging, ignore_errors=True)
-        raise ValueError(f"state archive {names} cannot be unpacked: {err}") from err
+        raise ValueError(f"state archive {_archive_name(parts)} cannot be unpacked: {err}") from err
     except ValueError as err:  # from check_states
         shutil.rmtree(staging, ignore_errors=True)
         raise ValueError(staged_problem(parts, staging, "a damaged state", err)) from err
@@ -137,7 +136,12 @@ def staged_problem(parts: list[Path], staging: Path, what: str, err: Exception) 
     """The refusal of a state in the staging folder `unpack_states` unpacked `parts` into (`what`: "a damaged
     state"), `err` naming its file: the file named as the archive's member (the staging folder is removed)."""
     member = one_line(err).replace(str(staging) + os.sep, "")
-    return f"state archive {', '.join(p.name for p in parts)} holds {what}: {member}"
+    return f"state archive {_archive_name(parts)} holds {what}: {member}"
+
+
+def _archive_name(parts: list[Path]) -> str:
+    """How a refusal names the archive of state parts: their file names."""
+    return ", ".join(p.name for p in parts)
 
 
 def swap_in_states(staging: Path, folder: Path) -> dict[str, Any]:
